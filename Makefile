@@ -1,0 +1,35 @@
+# `make run`: set up, then train the default experiment on CPU. `make test`: set up, then the suite.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+JOB_DIR ?= /tmp/paxlike/stdlib_tiny
+PYTEST_ARGS ?= -n 2
+
+# Python >= 3.12 (jax 0.12 needs it): PATH first, then pyenv's versions.
+PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
+	  c=$$(command -v $$p 2>/dev/null) && $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$c; exit; }; \
+	done; for c in $$(pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python3 $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3; do \
+	  [ -x $$c ] && { echo $$c; exit; }; done)
+
+.PHONY: setup run test bench clean
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@if [ -z "$(PYTHON)" ]; then echo "paxlike needs Python >= 3.12 (jax 0.12). Install it (e.g. 'pyenv install 3.12') or pass PYTHON=/path/to/python3.12." >&2; exit 2; fi
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+run: setup
+	$(PY) -m paxlike.main --exp=lm.StdlibTiny --job_log_dir=$(JOB_DIR)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS) tests
+
+bench: setup
+	@for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV)

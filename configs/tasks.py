@@ -1,0 +1,22 @@
+"""Task building blocks: an experiment picks a model and data, these fill in the rest."""
+
+import fiddle as fdl
+
+from configs import meshes, optimizers
+from paxlike.centralized import centralized
+from paxlike.experiment import Task, TrainConfig
+
+
+def train_config(num_steps: int, log_every: int = 50, eval_every: int = 200,
+                 checkpoint_every: int = 200) -> fdl.Config[TrainConfig]:
+  return fdl.Config(TrainConfig, num_steps=num_steps, log_every=log_every,
+                    eval_every=eval_every, checkpoint_every=checkpoint_every)
+
+
+def centralized_task(model: fdl.Config, num_steps: int, peak_lr: float = 3e-3,
+                     **train) -> fdl.Config[Task]:
+  """Centralized training with AdamW on a warmup-cosine schedule, data-parallel mesh."""
+  return fdl.Config(
+      Task, model=model, optimizer=optimizers.adamw(peak_lr, num_steps),
+      algorithm=fdl.Partial(centralized), data=None, mesh=meshes.data_parallel(),
+      train=train_config(num_steps, **train))

@@ -1,0 +1,101 @@
+"""Orbax checkpoints of the train state plus a small JSON of run metadata (step, data position).
+
+Saves are async and atomic: Orbax writes into a temp dir and commits by rename, so a kill at any
+moment leaves only committed steps visible; stale temp dirs are cleaned up on open. Restores
+check every leaf's shape and dtype against the abstract state first, so a changed model is a
+clear error instead of a silent reshape.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from paxlike.errors import RunFailure, UserError
+
+
+class Checkpoints:
+  """The job's checkpoint directory: latest committed step, restore, async save."""
+
+  def __init__(self, directory: Path, max_to_keep: int, fallback: bool = False):
+    self.fallback = fallback
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, enable_async_checkpointing=True, cleanup_tmp_directories=True)
+    self._manager = ocp.CheckpointManager(
+        Path(directory).absolute(), options=options,
+        item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict] | None:
+    """(step, state, meta) from `step` (default: the latest committed), or None when there is none.
+
+    A corrupt step is a RunFailure naming it; with `fallback`, older steps are tried instead.
+    """
+    steps = sorted(self._manager.all_steps(), reverse=True)
+    if step is not None:
+      steps = [s for s in steps if s <= step]
+    for candidate in steps:
+      try:
+        return (candidate, *self._restore_step(candidate, abstract_state))
+      except UserError:
+        raise
+      except Exception as error:  # Orbax/tensorstore raise many kinds for damaged files.
+        message = f'checkpoint step {candidate} in {self._manager.directory} is unreadable ({type(error).__name__}: {_first_line(error)})'
+        if not self.fallback:
+          raise RunFailure(message + '; pass --restore_fallback to use the previous good step') from error
+        logging.warning('%s; falling back to an earlier step', message)
+    return None
+
+  def _restore_step(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+    saved = self._manager.item_metadata(step)['state']
+    _check_matches(saved, abstract_state, step)
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return restored['state'], dict(restored['meta'])
+
+  def save(self, step: int, state: Any, meta: dict) -> None:
+    """Starts an async save of `state` at `step`; returns once device buffers are copied out."""
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+
+  def wait(self) -> None:
+    """Blocks until every started save has committed."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.close()
+
+
+def _leaves_by_name(tree: Any) -> dict[str, Any]:
+  """`{'alg.opt_state.1.mu': leaf}`: the same names for a train state and Orbax's metadata of it."""
+  def part(key):
+    for attr in ('name', 'key', 'idx'):
+      if hasattr(key, attr):
+        return str(getattr(key, attr))
+    return str(key)
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {'.'.join(part(k) for k in path): leaf for path, leaf in flat}
+
+
+def _check_matches(saved: Any, abstract_state: Any, step: int) -> None:
+  """UserError unless the saved tree has the abstract state's leaves, shapes and dtypes."""
+  have = _leaves_by_name(saved)
+  for name, want in _leaves_by_name(abstract_state).items():
+    if name not in have:
+      raise UserError(f'checkpoint step {step} has no {name}; the train state changed since it '
+                      'was saved (another model, optimizer or algorithm?)')
+    got = have[name]
+    if tuple(got.shape) != tuple(want.shape) or np.dtype(got.dtype) != np.dtype(want.dtype):
+      raise UserError(f'checkpoint step {step}: {name} is {got.dtype}{list(got.shape)} but the '
+                      f'configured run needs {want.dtype}{list(want.shape)}; did the model change?')
+
+
+def _first_line(error: BaseException) -> str:
+  return (str(error).strip().splitlines() or [''])[0][:200]

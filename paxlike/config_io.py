@@ -1,0 +1,141 @@
+"""Task configs as data: overrides, safe JSON round-trips, and comparison with a job dir's run.
+
+Loading a serialized config imports only modules on an allow-list (no pickle anywhere), so a
+config file cannot run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import fiddle as fdl
+from fiddle import daglish, printing
+from fiddle.experimental import serialization
+
+from paxlike.errors import UserError
+
+ALLOWED_MODULES = ('builtins', 'fiddle', 'paxlike', 'experiments', 'configs', 'flax', 'optax',
+                   'jax', 'numpy', 'ml_dtypes')
+# Fields that may change between runs in one job dir, so a finished run can be extended.
+RESUMABLE_FIELDS = ('.train.num_steps', '.train.log_every', '.train.eval_every',
+                    '.train.checkpoint_every')
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+  """`'model.num_layers=2'` → `('model.num_layers', 2)`. Non-literals are taken as strings."""
+  path, sep, raw = text.partition('=')
+  path = path.strip()
+  if not sep or not path or not all(part.isidentifier() for part in path.split('.')):
+    raise UserError(f'--fdl_set={text!r} is not PATH=VALUE (e.g. train.num_steps=200)')
+  try:
+    return path, ast.literal_eval(raw.strip())
+  except (ValueError, SyntaxError):
+    if any(c in raw for c in '()[]{},\'"'):
+      raise UserError(f'--fdl_set {path}: cannot parse value {raw!r}') from None
+    return path, raw.strip()
+
+
+def _same_kind(old: Any, new: Any) -> bool:
+  if old is None or isinstance(old, fdl.Buildable):
+    return True
+  if isinstance(old, bool) or isinstance(new, bool):
+    return isinstance(old, bool) and isinstance(new, bool)
+  if isinstance(old, float):
+    return isinstance(new, (int, float))
+  if isinstance(old, (tuple, list)):
+    return isinstance(new, (tuple, list))
+  return isinstance(new, type(old))
+
+
+def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
+  """Sets each `PATH=VALUE` on `cfg`, checking the path exists and the value's type fits."""
+  for text in overrides:
+    path, value = parse_override(text)
+    *parents, last = daglish.parse_path('.' + path)
+    try:
+      parent = daglish.follow_path(cfg, tuple(parents)) if parents else cfg
+      old = getattr(parent, last.name)
+    except (AttributeError, KeyError, TypeError, ValueError):
+      raise UserError(f'--fdl_set {path}: no such field in the config') from None
+    if not isinstance(parent, fdl.Buildable):
+      raise UserError(f'--fdl_set {path}: {path.rsplit(".", 1)[0]} is not a config')
+    if not _same_kind(old, value):
+      raise UserError(f'--fdl_set {path}={value!r}: expected a {type(old).__name__} like {old!r}')
+    setattr(parent, last.name, tuple(value) if isinstance(value, list) else value)
+
+
+def build(cfg: fdl.Buildable) -> Any:
+  """`fdl.build`, turning config errors into one-line UserErrors."""
+  try:
+    return fdl.build(cfg)
+  except UserError as error:
+    raise UserError(error.args[0]) from None
+  except (TypeError, ValueError) as error:
+    raise UserError(f'invalid config: {str(error.args[0] if error.args else error).splitlines()[0]}') from None
+
+
+def to_json(cfg: fdl.Buildable) -> str:
+  return serialization.dump_json(cfg, indent=2)
+
+
+def to_text(cfg: fdl.Buildable) -> str:
+  return printing.as_str_flattened(cfg) + '\n'
+
+
+def _modules(node: Any) -> Iterable[str]:
+  if isinstance(node, dict):
+    if node.get('type') == 'pyref':
+      yield node.get('module', '')
+    for value in node.values():
+      yield from _modules(value)
+  elif isinstance(node, list):
+    for value in node:
+      yield from _modules(value)
+
+
+def from_json(text: str, source: str, allow: Iterable[str] = ()) -> fdl.Buildable:
+  """Loads a serialized config, importing only allow-listed modules."""
+  allowed = ALLOWED_MODULES + tuple(allow)
+  try:
+    modules = set(_modules(json.loads(text)))
+  except json.JSONDecodeError as error:
+    raise UserError(f'{source} is not valid JSON ({error.msg} at line {error.lineno})') from None
+  for module in sorted(modules):
+    if not any(module == a or module.startswith(a + '.') for a in allowed):
+      raise UserError(f'{source} imports {module!r}, which is not allowed; '
+                      f'pass --allow_import={module.split(".")[0]} if you trust it')
+  try:
+    return serialization.load_json(text)
+  except Exception as error:  # Fiddle raises many kinds for malformed documents.
+    raise UserError(f'{source} is not a valid serialized config ({type(error).__name__})') from None
+
+
+def load_file(path: str | Path, allow: Iterable[str] = ()) -> fdl.Buildable:
+  path = Path(path)
+  if not path.is_file():
+    raise UserError(f'config file {path} does not exist')
+  return from_json(path.read_text(), str(path), allow)
+
+
+def flatten(cfg: fdl.Buildable) -> dict[str, str]:
+  """`{path: repr}` of every leaf value and every callable in `cfg`."""
+  flat = {}
+  for value, path in daglish.iterate(cfg, memoized=False):
+    name = daglish.path_str(path)
+    if isinstance(value, fdl.Buildable):
+      fn = fdl.get_callable(value)
+      flat[name + '.<fn>'] = f'{fn.__module__}.{fn.__qualname__}'
+    elif not isinstance(value, (list, tuple, dict)):
+      flat[name] = repr(value)
+  return flat
+
+
+def differences(old: fdl.Buildable, new: fdl.Buildable) -> list[str]:
+  """Human-readable field differences, ignoring the fields a resumed run may change."""
+  a, b = flatten(old), flatten(new)
+  return [f'{key.lstrip(".")}: {a.get(key, "<unset>")} -> {b.get(key, "<unset>")}'
+          for key in sorted(set(a) | set(b))
+          if a.get(key) != b.get(key) and key not in RESUMABLE_FIELDS]

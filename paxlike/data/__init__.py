@@ -1,0 +1,18 @@
+"""Data: tfds builders over local corpora, client partitions and per-round batching.
+
+The trainer consumes a `DataSource` (`LmData` or `ImageData`); see sources.py.
+"""
+
+from paxlike.data.images import ImageData
+from paxlike.data.lm import LmData
+from paxlike.data.prefetch import Prefetcher
+from paxlike.data.prefetch import prefetch
+from paxlike.data.prepare import DATASETS
+from paxlike.data.prepare import load_split
+from paxlike.data.prepare import make_builder
+from paxlike.data.root import data_root
+from paxlike.data.root import prepared_dir
+from paxlike.data.sources import DataSource
+
+__all__ = ['DATASETS', 'DataSource', 'ImageData', 'LmData', 'Prefetcher', 'data_root',
+           'load_split', 'make_builder', 'prefetch', 'prepared_dir']

@@ -1,0 +1,150 @@
+"""Image classification data (digits, Fashion-MNIST, MNIST) with synthetic client partitions."""
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import numpy as np
+
+from paxlike.data import partition
+from paxlike.data import prepare
+from paxlike.data import root
+from paxlike.data import sources
+from paxlike.errors import UserError
+
+IMAGE_DATASETS = ('digits', 'fashion_mnist', 'mnist')
+IMAGE_PARTITIONS = ('iid', 'dirichlet', 'shards')
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrays:
+  """A split as arrays: uint8 images [N, H, W, 1], int32 labels [N]."""
+  images: np.ndarray
+  labels: np.ndarray
+  pixel_max: int
+  num_classes: int
+
+
+@functools.lru_cache(maxsize=8)
+def _arrays(dataset: str, split: str, dirs: tuple[str, str | None]) -> Arrays:
+  del dirs  # Only keys the cache.
+  rows = prepare.load_split(dataset, split)
+  examples = rows.__getitems__(list(range(len(rows))))
+  images = np.stack([e['image'] for e in examples])
+  labels = np.array([e['label'] for e in examples], np.int32)
+  images.flags.writeable = labels.flags.writeable = False
+  cls = prepare.DATASETS[dataset][0]
+  return Arrays(images, labels, cls.PIXEL_MAX, rows.dataset_info.features['label'].num_classes)
+
+
+def read_arrays(dataset: str, split: str) -> Arrays:
+  """A split's arrays, cached per process, per (prepared dir, data root)."""
+  return _arrays(dataset, split, (str(root.prepared_dir()), os.environ.get(root.DATA_DIR_ENV)))
+
+
+def image_batch(arrays: Arrays, index: np.ndarray, mask: np.ndarray) -> sources.Batch:
+  """inputs float32 [..., H, W, 1] in [0, 1], targets int32 [...], mask float32 [...]."""
+  return {'inputs': arrays.images[index].astype(np.float32) / np.float32(arrays.pixel_max),
+          'targets': arrays.labels[index], 'mask': mask.astype(np.float32)}
+
+
+@dataclasses.dataclass
+class ImageData:
+  """Image batches. The training split is partitioned into `num_clients` clients:
+  'iid', 'dirichlet' (label skew, `alpha`) or 'shards' (`shards_per_client` label-sorted
+  shards), all seeded by `partition_seed`; num_clients=1 is centralized training.
+
+  Each round a client draws local_steps x batch_size distinct examples; a client with fewer
+  than that cycles through a random permutation of its data. Eval: the whole test split in
+  order (or its first `num_eval_batches` batches); padding in the last batch has mask 0.
+  """
+
+  dataset: str = 'digits'
+  batch_size: int = 32
+  clients_per_round: int = 1
+  local_steps: int = 1
+  num_clients: int = 1
+  partition: str = 'iid'
+  alpha: float = 0.5
+  shards_per_client: int = 2
+  partition_seed: int = 0
+  sampling: str = 'uniform'
+  eval_batch_size: int = 256
+  num_eval_batches: int | None = None
+
+  def __post_init__(self):
+    sources.check_fields(
+        self, ['batch_size', 'clients_per_round', 'local_steps', 'num_clients',
+               'shards_per_client', 'eval_batch_size'],
+        {'dataset': IMAGE_DATASETS, 'partition': IMAGE_PARTITIONS,
+         'sampling': sources.SAMPLINGS})
+    if not self.alpha > 0:
+      raise UserError(f'ImageData.alpha must be > 0, got {self.alpha!r}')
+    if self.num_eval_batches is not None and self.num_eval_batches <= 0:
+      raise UserError(f'ImageData.num_eval_batches must be positive or None, '
+                      f'got {self.num_eval_batches!r}')
+    sources.check_cohort(self, self.num_clients)
+
+  @functools.cached_property
+  def train(self) -> Arrays:
+    return read_arrays(self.dataset, 'train')
+
+  @functools.cached_property
+  def test(self) -> Arrays:
+    return read_arrays(self.dataset, 'test')
+
+  @property
+  def num_classes(self) -> int:
+    return self.train.num_classes
+
+  @property
+  def image_shape(self) -> tuple[int, int, int]:
+    return self.train.images.shape[1:]
+
+  @functools.cached_property
+  def clients(self) -> list[np.ndarray]:
+    """Training-set indices of each client."""
+    labels, n = self.train.labels, len(self.train.labels)
+    shards = self.num_clients * (self.shards_per_client if self.partition == 'shards' else 1)
+    if shards > n:
+      raise UserError(f'ImageData: {shards} clients/shards for {n} {self.dataset} examples')
+    if self.partition == 'iid':
+      return partition.iid(n, self.num_clients, self.partition_seed)
+    if self.partition == 'dirichlet':
+      return partition.dirichlet(labels, self.num_clients, self.alpha, self.partition_seed)
+    return partition.shards(labels, self.num_clients, self.shards_per_client,
+                            self.partition_seed)
+
+  @functools.cached_property
+  def client_sizes(self) -> np.ndarray:
+    return partition.client_sizes(self.clients)
+
+  def round_batches(self, seed: int, step: int) -> tuple[sources.Batch, np.ndarray]:
+    """[clients_per_round, local_steps, batch_size, H, W, 1] batches and FedAvg weights."""
+    sizes, per_client = self.client_sizes, self.local_steps * self.batch_size
+    cohort = sources.sample_cohort(seed, step, sizes, self.clients_per_round, self.sampling)
+    rng = sources.round_rng(seed, step, sources.EXAMPLE_STREAM)
+    picks = []
+    for c in cohort:
+      n = int(sizes[c])
+      local = (rng.choice(n, per_client, replace=False) if n >= per_client
+               else rng.permutation(n)[np.arange(per_client) % n])
+      picks.append(self.clients[c][local])
+    index = np.stack(picks).reshape(len(cohort), self.local_steps, self.batch_size)
+    batch = image_batch(self.train, index, np.ones(index.shape, np.float32))
+    return batch, sources.cohort_weights(sizes, cohort, self.sampling)
+
+  def eval_batches(self) -> list[sources.Batch]:
+    """Fixed test batches in order; the last is padded with mask 0."""
+    n, b = len(self.test.labels), self.eval_batch_size
+    count = -(-n // b) if self.num_eval_batches is None else self.num_eval_batches
+    position = np.arange(count * b).reshape(count, b)
+    batch = image_batch(self.test, position % n, position < n)
+    return [{k: v[i] for k, v in batch.items()} for i in range(count)]
+
+  def describe(self) -> dict[str, Any]:
+    """Client and size statistics (sizes in examples)."""
+    return {'dataset': self.dataset, 'partition': self.partition,
+            'num_classes': self.num_classes, 'image_shape': self.image_shape,
+            'test_examples': int(len(self.test.labels)), **sources.size_stats(self.client_sizes)}

@@ -1,0 +1,156 @@
+"""Byte-level language-model data (vocab 256) from the stdlib and Shakespeare builders."""
+
+import dataclasses
+import functools
+import os
+from typing import Any, ClassVar
+
+import numpy as np
+
+from paxlike.data import partition
+from paxlike.data import prepare
+from paxlike.data import root
+from paxlike.data import sources
+from paxlike.errors import UserError
+
+LM_DATASETS = ('stdlib', 'shakespeare')
+LM_PARTITIONS = ('pooled', 'natural', 'iid')
+SEPARATOR = ord('\n')  # Appended to every document when documents are concatenated.
+
+
+@functools.lru_cache(maxsize=8)
+def _documents(dataset: str, split: str, dirs: tuple[str, str | None]) -> tuple[tuple, np.ndarray]:
+  """(uint8 texts, str client ids) of a split in source order (Shakespeare: speech index;
+  stdlib: path); `dirs` only keys the cache."""
+  del dirs
+  rows = prepare.load_split(dataset, split)
+  examples = rows.__getitems__(list(range(len(rows))))
+  examples.sort(key=lambda e: e['index'] if 'index' in e else e['path'])
+  texts = tuple(e['text'] for e in examples)
+  return texts, np.array([e['client_id'].decode('utf-8') for e in examples])
+
+
+def read_documents(dataset: str, split: str) -> tuple[tuple, np.ndarray]:
+  """Cached per process, per (prepared dir, data root)."""
+  return _documents(dataset, split, (str(root.prepared_dir()), os.environ.get(root.DATA_DIR_ENV)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Streams:
+  """Clients' token streams back to back: client c is tokens[starts[c]:starts[c] + sizes[c]]."""
+  tokens: np.ndarray
+  starts: np.ndarray
+  sizes: np.ndarray
+  names: tuple[str, ...]
+
+
+def concat_streams(texts: tuple, parts: list[np.ndarray], names: tuple[str, ...]) -> Streams:
+  """Each client's documents, each followed by SEPARATOR, concatenated once."""
+  sep = np.array([SEPARATOR], np.uint8)
+  pieces = [a for p in parts for i in p for a in (texts[i], sep)]
+  lengths = np.array([len(t) + 1 for t in texts], np.int64)
+  sizes = np.array([lengths[p].sum() for p in parts], np.int64)
+  starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+  return Streams(np.concatenate(pieces), starts, sizes, names)
+
+
+def windows(tokens: np.ndarray, starts: np.ndarray, sizes: np.ndarray, offsets: np.ndarray,
+            seq_len: int) -> sources.Batch:
+  """LM batch of windows of seq_len + 1 tokens at `offsets` within each stream (cyclic);
+  starts/sizes broadcast against offsets."""
+  pos = (offsets[..., None] + np.arange(seq_len + 1)) % sizes[..., None]
+  window = tokens[starts[..., None] + pos].astype(np.int32)
+  return {'inputs': window[..., :-1], 'targets': window[..., 1:],
+          'mask': np.ones(window[..., 1:].shape, np.float32)}
+
+
+@dataclasses.dataclass
+class LmData:
+  """Byte LM batches. partition: 'pooled' (one stream of all documents; each cohort member
+  samples it independently), 'natural' (one client per `client_id`: stdlib top-level module,
+  Shakespeare role) or 'iid' (documents dealt at random to `num_clients`, `partition_seed`).
+
+  Windows of seq_len + 1 bytes start at uniform offsets in a client's stream; a client
+  shorter than that cycles its stream (nothing is masked). Clients with fewer than
+  `min_client_chars` training bytes are left out of the training pool. Eval: evenly spaced
+  windows over the pooled test split.
+  """
+
+  dataset: str = 'stdlib'
+  seq_len: int = 128
+  batch_size: int = 16
+  clients_per_round: int = 1
+  local_steps: int = 1
+  partition: str = 'pooled'
+  sampling: str = 'uniform'
+  num_clients: int = 100
+  partition_seed: int = 0
+  min_client_chars: int = 0
+  eval_batch_size: int = 16
+  num_eval_batches: int = 8
+
+  vocab_size: ClassVar[int] = 256
+
+  def __post_init__(self):
+    sources.check_fields(
+        self, ['seq_len', 'batch_size', 'clients_per_round', 'local_steps', 'num_clients',
+               'eval_batch_size', 'num_eval_batches'],
+        {'dataset': LM_DATASETS, 'partition': LM_PARTITIONS, 'sampling': sources.SAMPLINGS})
+    if self.min_client_chars < 0:
+      raise UserError(f'LmData.min_client_chars must be >= 0, got {self.min_client_chars}')
+
+  @functools.cached_property
+  def train_streams(self) -> Streams:
+    """The training clients' streams (loads and, the first time, prepares the dataset)."""
+    texts, ids = read_documents(self.dataset, 'train')
+    if self.partition == 'pooled':
+      parts, names = [np.arange(len(texts))], ('pooled',)
+    elif self.partition == 'natural':
+      parts, names = partition.natural(ids), tuple(np.unique(ids).tolist())
+    else:
+      if self.num_clients > len(texts):
+        raise UserError(f'LmData.num_clients={self.num_clients} exceeds the {len(texts)} '
+                        f'{self.dataset} training documents')
+      parts = partition.iid(len(texts), self.num_clients, self.partition_seed)
+      names = tuple(f'client{i}' for i in range(self.num_clients))
+    streams = concat_streams(texts, parts, names)
+    keep = np.flatnonzero(streams.sizes >= self.min_client_chars)
+    if len(keep) < len(parts):
+      streams = concat_streams(texts, [parts[i] for i in keep], tuple(names[i] for i in keep))
+    if self.partition != 'pooled':
+      sources.check_cohort(self, len(streams.sizes))
+    return streams
+
+  def round_batches(self, seed: int, step: int) -> tuple[sources.Batch, np.ndarray]:
+    """[clients_per_round, local_steps, batch_size, seq_len] batches and FedAvg weights."""
+    s, k = self.train_streams, self.clients_per_round
+    if self.partition == 'pooled':
+      cohort = np.zeros(k, np.int64)
+    else:
+      cohort = sources.sample_cohort(seed, step, s.sizes, k, self.sampling)
+    rng = sources.round_rng(seed, step, sources.EXAMPLE_STREAM)
+    sizes = s.sizes[cohort][:, None, None]
+    offsets = rng.integers(0, np.maximum(sizes - self.seq_len, 1),
+                           size=(k, self.local_steps, self.batch_size))
+    batch = windows(s.tokens, s.starts[cohort][:, None, None], sizes, offsets, self.seq_len)
+    return batch, sources.cohort_weights(s.sizes, cohort, self.sampling)
+
+  @functools.cached_property
+  def eval_tokens(self) -> np.ndarray:
+    """The pooled test split as one stream."""
+    texts, _ = read_documents(self.dataset, 'test')
+    return concat_streams(texts, [np.arange(len(texts))], ('test',)).tokens
+
+  def eval_batches(self) -> list[sources.Batch]:
+    """`num_eval_batches` batches of evenly spaced windows over the test stream."""
+    n, count = len(self.eval_tokens), self.num_eval_batches * self.eval_batch_size
+    offsets = np.linspace(0, max(n - self.seq_len - 1, 0), count).astype(np.int64)
+    batch = windows(self.eval_tokens, np.int64(0), np.int64(n), offsets, self.seq_len)
+    return [{key: v.reshape(self.num_eval_batches, self.eval_batch_size, -1)[i]
+             for key, v in batch.items()} for i in range(self.num_eval_batches)]
+
+  def describe(self) -> dict[str, Any]:
+    """Client and size statistics (sizes in bytes = tokens)."""
+    return {'dataset': self.dataset, 'partition': self.partition,
+            'vocab_size': self.vocab_size, 'eval_tokens': int(len(self.eval_tokens)),
+            **sources.size_stats(self.train_streams.sizes)}

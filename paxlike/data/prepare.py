@@ -1,0 +1,83 @@
+"""Named datasets: build once under a file lock into prepared_dir(), then read with random access."""
+
+import contextlib
+import fcntl
+import pathlib
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import tensorflow_datasets as tfds
+
+from paxlike.data import digits
+from paxlike.data import idx
+from paxlike.data import root
+from paxlike.data import shakespeare
+from paxlike.data import stdlib
+from paxlike.errors import UserError
+
+# Short name -> (builder class, default constructor kwargs).
+DATASETS: dict[str, tuple[type[tfds.core.GeneratorBasedBuilder], dict[str, Any]]] = {
+    'stdlib': (stdlib.Stdlib, {}),
+    'shakespeare': (shakespeare.Shakespeare, {}),
+    'fashion_mnist': (idx.IdxImages, {'config': 'fashion_mnist'}),
+    'mnist': (idx.IdxImages, {'config': 'mnist'}),
+    'digits': (digits.Digits, {}),
+}
+
+
+def make_builder(name: str, **kwargs: Any) -> tfds.core.GeneratorBasedBuilder:
+  """The builder of dataset `name`, writing to prepared_dir(); `kwargs` (e.g. `config`,
+  `source_dir`, `source_file`) override the defaults."""
+  if name not in DATASETS:
+    raise UserError(f'unknown dataset {name!r}; known: {", ".join(sorted(DATASETS))}')
+  cls, defaults = DATASETS[name]
+  return cls(data_dir=str(root.prepared_dir()), file_format='array_record',
+             **{**defaults, **kwargs})
+
+
+@contextlib.contextmanager
+def _locked(path: pathlib.Path) -> Iterator[None]:
+  """Exclusive `flock` on `path` (created if needed) for the duration of the block."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, 'a') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _is_complete(path: pathlib.Path) -> bool:
+  # tfds writes into `incomplete.*` and renames, so the final directory is whole or absent.
+  return (path / 'dataset_info.json').is_file()
+
+
+def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
+  """Prepares `builder` unless done (one process at a time), then returns a read-only
+  builder over the prepared directory."""
+  final = pathlib.Path(builder.data_dir)
+  if not _is_complete(final):
+    lock = final.parent.parent / f'.{final.parent.name}-{final.name}.lock'
+    with _locked(lock):
+      if not _is_complete(final):
+        # Holding the lock, any incomplete dir of this variant is left by a killed process.
+        for stale in final.parent.glob(f'incomplete.*_{final.name}'):
+          shutil.rmtree(stale, ignore_errors=True)
+        tfds.disable_progress_bar()
+        with contextlib.redirect_stdout(sys.stderr):  # tfds prints its progress to stdout.
+          builder.download_and_prepare(download_dir=str(root.prepared_dir() / 'downloads'))
+  return tfds.builder_from_directory(str(final))
+
+
+def load_split(name_or_builder: str | tfds.core.DatasetBuilder, split: str,
+               **kwargs: Any) -> Sequence[dict[str, Any]]:
+  """Random-access data source of `split` ('train' | 'test'), preparing the data first if needed."""
+  builder = (make_builder(name_or_builder, **kwargs) if isinstance(name_or_builder, str)
+             else name_or_builder)
+  ready = prepare(builder)
+  if split not in ready.info.splits:
+    raise UserError(f'dataset {ready.name} has no split {split!r}; '
+                    f'it has {", ".join(ready.info.splits)}')
+  return ready.as_data_source(split=split)

@@ -1,0 +1,71 @@
+"""The experiment base class and the task it configures.
+
+An experiment is a small class: `task()` returns a `fdl.Config[Task]` (model, optimizer,
+algorithm, mesh, train settings) and `datasets()` returns the data config. `config()` joins
+them; that joined config is what `--fdl_set` edits, what `config.json` stores, and what
+`fdl.build` turns into a runnable `Task`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable
+
+import fiddle as fdl
+import flax.linen as nn
+import optax
+
+from paxlike.errors import UserError
+from paxlike.partitioning import MeshConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Loop settings. Steps are rounds for federated algorithms."""
+
+  num_steps: int = 1000
+  log_every: int = 50
+  eval_every: int = 200
+  checkpoint_every: int = 200
+  seed: int = 0
+  max_to_keep: int = 3
+  skip_nonfinite: bool = False  # Skip (and count) non-finite steps instead of failing.
+
+  def __post_init__(self):
+    for name in ('num_steps', 'log_every', 'eval_every', 'checkpoint_every', 'max_to_keep'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UserError(f'train.{name} must be a positive integer, got {value!r}')
+    if not isinstance(self.seed, int) or self.seed < 0:
+      raise UserError(f'train.seed must be a non-negative integer, got {self.seed!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """Everything a run needs, built from the experiment's config."""
+
+  model: nn.Module
+  optimizer: optax.GradientTransformation
+  algorithm: Callable[..., Any]  # builder(loss_fn, optimizer) -> Algorithm
+  data: Any                      # a paxlike.data DataSource
+  mesh: MeshConfig = MeshConfig()
+  train: TrainConfig = TrainConfig()
+
+
+class Experiment(abc.ABC):
+  """Subclass, implement `task()` and `datasets()`, and decorate with `@registry.register`."""
+
+  @abc.abstractmethod
+  def task(self) -> fdl.Config[Task]:
+    """The task config without its data."""
+
+  @abc.abstractmethod
+  def datasets(self) -> fdl.Config:
+    """The data config (a DataSource)."""
+
+  def config(self) -> fdl.Config[Task]:
+    """The full task config: `task()` with `data=datasets()`."""
+    cfg = self.task()
+    cfg.data = self.datasets()
+    return cfg

@@ -1,0 +1,87 @@
+"""Causal multi-head / grouped-query self-attention with rotary embeddings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+DType = Any
+
+# Logical names of the attention activations.
+HEADS_ACT = ('batch', 'length', 'heads', 'kv')
+KV_HEADS_ACT = ('batch', 'length', 'kv_heads', 'kv')
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
+  """Rotates features of x[B, T, N, H] by angles positions[T] * base^(-2i/H).
+
+  Uses the "rotate half" layout: feature i is paired with feature i + H/2.
+  Computed in float32 and cast back to x.dtype.
+  """
+  half = x.shape[-1] // 2
+  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angles = positions.astype(jnp.float32)[:, None] * freq  # [T, H/2]
+  sin = jnp.sin(angles)[:, None, :]  # [T, 1, H/2], broadcasts over heads
+  cos = jnp.cos(angles)[:, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+  """Causal self-attention; grouped-query when num_kv_heads < num_heads.
+
+  Parameters: query [embed, heads, kv], key/value [embed, kv_heads, kv],
+  out [heads, kv, embed]; no biases. `sliding_window=W` lets each query see
+  itself and the W - 1 previous tokens.
+  """
+
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope: bool = True
+  rope_base: float = 10_000.0
+  sliding_window: int | None = None
+  dtype: DType = jnp.float32
+  param_dtype: DType = jnp.float32
+
+  def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...],
+              fan_in_axes: tuple[int, ...]) -> jax.Array:
+    """A [shape] parameter named `names`, LeCun-normal over `fan_in_axes`, in self.dtype."""
+    # Not nn.DenseGeneral: it initialises multi-axis kernels flat, then unboxes them, which
+    # applies the N-d logical constraint to a 2-d array and fails under a mesh (flax 0.12.12).
+    fan_out_axes = tuple(a for a in range(len(shape)) if a not in fan_in_axes)
+    init = nn.initializers.lecun_normal(in_axis=fan_in_axes, out_axis=fan_out_axes)
+    kernel = self.param(name, nn.with_logical_partitioning(init, names), shape, self.param_dtype)
+    return jnp.asarray(kernel, self.dtype)
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x: [B, T, embed] -> [B, T, embed]."""
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f'num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}'
+      )
+    if self.sliding_window is not None and self.sliding_window < 1:
+      raise ValueError(f'sliding_window must be >= 1, got {self.sliding_window}')
+    d, n, n_kv, h = x.shape[-1], self.num_heads, self.num_kv_heads, self.head_dim
+    x = jnp.asarray(x, self.dtype)
+    wq = self._kernel('query', (d, n, h), ('embed', 'heads', 'kv'), (0,))
+    wk = self._kernel('key', (d, n_kv, h), ('embed', 'kv_heads', 'kv'), (0,))
+    wv = self._kernel('value', (d, n_kv, h), ('embed', 'kv_heads', 'kv'), (0,))
+    wo = self._kernel('out', (n, h, d), ('heads', 'kv', 'embed'), (0, 1))
+    q, k, v = (jnp.einsum('btd,dnh->btnh', x, w) for w in (wq, wk, wv))
+    if self.rope:
+      positions = jnp.arange(x.shape[1])
+      q = apply_rope(q, positions, self.rope_base)
+      k = apply_rope(k, positions, self.rope_base)
+    q = nn.with_logical_constraint(q, HEADS_ACT)
+    k = nn.with_logical_constraint(k, KV_HEADS_ACT)
+    v = nn.with_logical_constraint(v, KV_HEADS_ACT)
+    window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=window)
+    out = nn.with_logical_constraint(out, HEADS_ACT)
+    return jnp.einsum('btnh,nhd->btd', out, wo)

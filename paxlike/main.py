@@ -1,0 +1,134 @@
+"""paxlike's command line.
+
+  python -m paxlike.main --exp=lm.StdlibTiny --job_log_dir=/tmp/run [--fdl_set=train.num_steps=200]
+  python -m paxlike.main --list
+
+Exit codes: 0 success, 2 usage or config error, 1 runtime failure; errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+
+from absl import app, flags, logging
+
+from paxlike import config_io, job_dir, registry
+from paxlike.errors import RunFailure, UserError
+
+MODES = ('train', 'eval', 'decode', 'print_config')
+
+flags.DEFINE_string('exp', None, 'Registered experiment key or unique suffix, e.g. lm.StdlibTiny.')
+flags.DEFINE_string('job_log_dir', None, 'Directory for checkpoints, metrics and summaries.')
+flags.DEFINE_string('mode', 'train', f'One of {", ".join(MODES)}.')
+flags.DEFINE_bool('list', False, 'List the registered experiments and exit.')
+flags.DEFINE_multi_string('fdl_set', [], 'PATH=VALUE override of a task config field (repeatable).')
+flags.DEFINE_string('fdl_config', None, 'A serialized config.json to run instead of --exp.')
+flags.DEFINE_multi_string('fdl_fiddler', [], 'A fiddler from configs/fiddlers.py (or an allowed '
+                          'dotted name) applied to the config before the overrides.')
+flags.DEFINE_multi_string('allow_import', [], 'Extra module allowed in --fdl_config/--fdl_fiddler.')
+flags.DEFINE_string('data_dir', None, 'Data root (else $PAXLIKE_DATA_DIR, else ../shared/data).')
+flags.DEFINE_bool('allow_config_change', False, 'Resume a job dir whose saved config differs.')
+flags.DEFINE_bool('restore_fallback', False, 'Restore the newest readable checkpoint if the '
+                  'latest one is corrupt, instead of failing.')
+flags.DEFINE_string('prompt', 'def ', 'Decode: the text to continue.')
+flags.DEFINE_integer('decode_length', 200, 'Decode: number of bytes to sample.')
+flags.DEFINE_float('temperature', 0.8, 'Decode: sampling temperature (0 = greedy).')
+flags.DEFINE_integer('decode_seed', 0, 'Decode: sampling seed.')
+FLAGS = flags.FLAGS
+
+
+def resolve_fiddler(name: str):
+  """A fiddler function from configs.fiddlers, or an allowed dotted `module.function`."""
+  module_name, _, fn_name = name.rpartition('.')
+  module_name = module_name or 'configs.fiddlers'
+  allowed = config_io.ALLOWED_MODULES + tuple(FLAGS.allow_import)
+  if not any(module_name == a or module_name.startswith(a + '.') for a in allowed):
+    raise UserError(f'--fdl_fiddler={name}: module {module_name} is not allowed; see --allow_import')
+  try:
+    return getattr(importlib.import_module(module_name), fn_name)
+  except (ImportError, AttributeError):
+    raise UserError(f'--fdl_fiddler={name}: no such fiddler') from None
+
+
+def task_config():
+  """The config to run: --fdl_config or --exp, then fiddlers, then --fdl_set overrides."""
+  if FLAGS.fdl_config:
+    cfg = config_io.load_file(FLAGS.fdl_config, FLAGS.allow_import)
+  else:
+    if FLAGS.exp is None:
+      raise UserError('--exp is required (or --fdl_config); use --list to see the experiments')
+    registry.import_all()
+    cfg = registry.get(FLAGS.exp)().config()
+  for name in FLAGS.fdl_fiddler:
+    resolve_fiddler(name)(cfg)
+  config_io.apply_overrides(cfg, FLAGS.fdl_set)
+  return cfg
+
+
+def run(argv: list[str]) -> None:
+  """Dispatches on --mode. Raises UserError/RunFailure for the caller to turn into exit codes."""
+  if len(argv) > 1:
+    raise UserError(f'unexpected arguments: {" ".join(argv[1:])}')
+  if FLAGS.list:
+    registry.import_all()
+    print('\n'.join(registry.keys()))
+    return
+  if FLAGS.mode not in MODES:
+    raise UserError(f'--mode={FLAGS.mode!r} is not one of {", ".join(MODES)}')
+  if FLAGS.data_dir:
+    os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
+  cfg = task_config()
+  task = config_io.build(cfg)
+  if FLAGS.mode == 'print_config':
+    print(config_io.to_text(cfg), end='')
+    return
+  if not FLAGS.job_log_dir:
+    raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
+
+  from paxlike import decode, train  # Heavy imports only once a job really runs.
+  if FLAGS.mode == 'train':
+    directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change)
+    train.train(task, directory, restore_fallback=FLAGS.restore_fallback)
+    return
+  directory = job_dir.existing(FLAGS.job_log_dir)
+  setup, step, state = train.load_latest_state(task, directory)
+  if FLAGS.mode == 'eval':
+    print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in
+                                        train.evaluate(setup, state.alg.params).items()}}))
+  else:
+    print(decode.sample_text(task.model, state.alg.params, FLAGS.prompt, FLAGS.decode_length,
+                             FLAGS.temperature, FLAGS.decode_seed))
+
+
+def main(argv: list[str]) -> None:
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  try:
+    run(argv)
+  except UserError as error:
+    print(f'paxlike: error: {error}', file=sys.stderr)
+    sys.exit(2)
+  except RunFailure as error:
+    print(f'paxlike: failed: {error}', file=sys.stderr)
+    sys.exit(1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing with usage errors reported as one line and exit code 2."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as error:
+    print(f'paxlike: error: {error}', file=sys.stderr)
+    sys.exit(2)
+
+
+def run_cli() -> None:
+  """Console-script entry point."""
+  app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == '__main__':
+  run_cli()

@@ -1,0 +1,149 @@
+"""Device meshes from config, and logical-axis rules turned into `NamedSharding`s.
+
+A mesh is `ici` (devices inside a slice or host) times `dcn` (across slices or hosts), with
+one name per axis. Layers name their weights and activations with logical axes ('batch',
+'embed', 'mlp', ...); `rules` map those to mesh axes. Rules that name a mesh axis the mesh
+doesn't have map to None, so one rule table serves every mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from paxlike.errors import UserError
+
+# Mesh axes that split the batch, in the order they are folded into the batch dimension.
+BATCH_AXES = ('data', 'fsdp')
+CLIENTS_AXIS = 'clients'
+
+LogicalRules = tuple[tuple[str, Any], ...]
+
+DEFAULT_RULES: LogicalRules = (
+    ('batch', BATCH_AXES),
+    ('clients', CLIENTS_AXIS),
+    ('embed', 'fsdp'),
+    ('mlp', 'model'),
+    ('heads', 'model'),
+    ('kv_heads', 'model'),
+    ('vocab', 'model'),
+    ('kv', None),
+    ('length', None),
+    ('layers', None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Mesh shape and logical rules. A -1 in `ici` takes all devices left over."""
+
+  ici: tuple[int, ...] = (-1,)
+  dcn: tuple[int, ...] | None = None
+  axes: tuple[str, ...] = ('data',)
+  rules: LogicalRules = DEFAULT_RULES
+
+  def __post_init__(self):
+    if len(self.ici) != len(self.axes) or (self.dcn and len(self.dcn) != len(self.axes)):
+      raise UserError(f'mesh: ici={self.ici} dcn={self.dcn} and axes={self.axes} differ in length')
+    if len(set(self.axes)) != len(self.axes):
+      raise UserError(f'mesh: repeated axis name in {self.axes}')
+    if self.ici.count(-1) > 1 or any(s == 0 or s < -1 for s in self.ici + (self.dcn or ())):
+      raise UserError(f'mesh: bad shape ici={self.ici} dcn={self.dcn} (positive sizes, at most one -1)')
+
+
+def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[int, ...]:
+  """The full (ici × dcn) shape for `num_devices`, or a UserError saying why it can't fit."""
+  dcn = cfg.dcn or (1,) * len(cfg.axes)
+  known = math.prod(s for s in cfg.ici if s != -1) * math.prod(dcn)
+  ici = cfg.ici
+  if -1 in ici:
+    if num_devices % known:
+      raise UserError(f'mesh ici={cfg.ici} dcn={cfg.dcn} does not divide {num_devices} devices')
+    ici = tuple(num_devices // known if s == -1 else s for s in ici)
+  shape = tuple(i * d for i, d in zip(ici, dcn))
+  if math.prod(shape) != num_devices:
+    raise UserError(f'mesh {dict(zip(cfg.axes, shape))} needs {math.prod(shape)} devices, '
+                    f'but {num_devices} are available')
+  return shape
+
+
+def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A GSPMD (Auto-axes) mesh over `devices` (default: all global devices)."""
+  devices = list(devices if devices is not None else jax.devices())
+  shape = mesh_shape(cfg, len(devices))
+  if cfg.dcn and math.prod(cfg.dcn) > 1:
+    ici = tuple(s // d for s, d in zip(shape, cfg.dcn))
+    grid = mesh_utils.create_hybrid_device_mesh(ici, cfg.dcn, devices, allow_split_physical_axes=True)
+  else:
+    grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  return Mesh(grid, cfg.axes, axis_types=(AxisType.Auto,) * len(cfg.axes))
+
+
+def rules_for_mesh(rules: LogicalRules, mesh: Mesh) -> LogicalRules:
+  """`rules` with every mesh axis the mesh lacks (or has at size 1) dropped."""
+  def keep(axes):
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    kept = tuple(a for a in axes if a is not None and mesh.shape.get(a, 1) > 1)
+    return kept[0] if len(kept) == 1 else (kept or None)
+  return tuple((name, keep(axes)) for name, axes in rules)
+
+
+def logical_shardings(boxed_tree: Any, mesh: Mesh, rules: LogicalRules) -> Any:
+  """NamedShardings for a tree of `nn.LogicallyPartitioned` boxes (e.g. from `eval_shape(init)`).
+
+  A weight whose logical axis has no rule is an error: silent replication of a big weight is a
+  bug waiting to surface on a pod.
+  """
+  known = {name for name, _ in rules}
+  specs = nn.get_partition_spec(boxed_tree)
+  for spec in jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P)):
+    missing = [a for a in spec if a is not None and a not in known]
+    if missing:
+      raise UserError(f'logical axis {missing[0]!r} has no sharding rule; add it to mesh.rules')
+  return nn.logical_to_mesh_sharding(specs, mesh, rules_for_mesh(rules, mesh))
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+  """The mesh axes that split a batch dimension."""
+  return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+
+
+def round_batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of a `[clients, local_steps, batch, ...]` array: clients on 'clients', batch on data axes."""
+  clients = CLIENTS_AXIS if CLIENTS_AXIS in mesh.axis_names else None
+  return NamedSharding(mesh, P(clients, None, batch_axes(mesh) or None))
+
+
+def client_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of a `[clients]` vector (e.g. client weights)."""
+  return NamedSharding(mesh, P(CLIENTS_AXIS if CLIENTS_AXIS in mesh.axis_names else None))
+
+
+def check_divisible(mesh: Mesh, clients_per_round: int, batch_size: int) -> None:
+  """UserError unless the cohort and the per-client batch split evenly over the mesh."""
+  clients = mesh.shape.get(CLIENTS_AXIS, 1)
+  if clients_per_round % clients:
+    raise UserError(f'{clients_per_round} clients per round do not divide over mesh axis '
+                    f"'clients' of size {clients}")
+  shards = math.prod(mesh.shape[a] for a in batch_axes(mesh))
+  if batch_size % shards:
+    raise UserError(f'batch size {batch_size} does not divide over mesh axes '
+                    f'{batch_axes(mesh)} of total size {shards}')
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def host_to_global(tree: Any, sharding: NamedSharding) -> Any:
+  """Put host numpy arrays (the full global batch, same on every process) onto the mesh."""
+  def put(x: np.ndarray) -> jax.Array:
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+  return jax.tree.map(put, tree)

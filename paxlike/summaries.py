@@ -1,0 +1,122 @@
+"""Run outputs: `metrics.jsonl`, TensorBoard event files and the progress line.
+
+Only the primary process writes. On resume, rows after the restored step are dropped, so a run
+killed after logging but before checkpointing rewrites those rows instead of duplicating them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from tensorboardX import SummaryWriter
+
+TIMING_MARKERS = ('per_sec', 'time', 'mfu', 'flops', 'eta')
+
+
+def is_timing_field(name: str) -> bool:
+  """Timing fields are the ones allowed to differ between identical runs."""
+  return any(marker in name for marker in TIMING_MARKERS)
+
+
+def scalars(metrics: Mapping[str, Any]) -> dict[str, float | int]:
+  """Host scalars from a metrics dict: ints stay ints, the rest become Python floats."""
+  out = {}
+  for key, value in metrics.items():
+    value = np.asarray(value)
+    out[key] = int(value) if np.issubdtype(value.dtype, np.integer) else float(value)
+  return out
+
+
+def truncate_after(path: Path, step: int) -> None:
+  """Keeps the well-formed rows of a metrics.jsonl whose step is at most `step`."""
+  if not path.exists():
+    return
+  kept = []
+  for line in path.read_text().splitlines():
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      continue  # A row cut short by a kill.
+    if row.get('step', math.inf) <= step:
+      kept.append(line)
+  path.write_text(''.join(line + '\n' for line in kept))
+
+
+class RunWriter:
+  """Writes one metrics row per logged step, TensorBoard scalars, and a progress line."""
+
+  def __init__(self, job_dir: Path, start_step: int, num_steps: int, primary: bool = True):
+    self.primary = primary
+    self.num_steps = num_steps
+    self._last = (start_step, time.perf_counter())
+    self._metrics_path = job_dir / 'metrics.jsonl'
+    if primary:
+      truncate_after(self._metrics_path, start_step)
+      self._file = self._metrics_path.open('a')
+      self._tb = {split: SummaryWriter(str(job_dir / 'summaries' / split), purge_step=start_step + 1)
+                  for split in ('train', 'eval')}
+
+  def steps_per_sec(self, step: int) -> float:
+    """Steps per second since the previous call (or since the start)."""
+    last_step, last_time = self._last
+    now = time.perf_counter()
+    self._last = (step, now)
+    return (step - last_step) / max(now - last_time, 1e-9)
+
+  def write(self, step: int, train: Mapping[str, Any], evals: Mapping[str, Any] | None = None) -> dict:
+    """Writes the row for `step` and returns it."""
+    row = {'step': step, **scalars(train)}
+    row.update({f'eval_{k}': v for k, v in scalars(evals or {}).items()})
+    if not self.primary:
+      return row
+    self._file.write(json.dumps(row) + '\n')
+    self._file.flush()
+    for key, value in row.items():
+      if key == 'step':
+        continue
+      split, name = ('eval', key[5:]) if key.startswith('eval_') else ('train', key)
+      self._tb[split].add_scalar(name, value, step)
+    status(progress_line(row, self.num_steps))
+    return row
+
+  def flush(self) -> None:
+    if self.primary:
+      for tb in self._tb.values():
+        tb.flush()
+
+  def close(self) -> None:
+    if self.primary:
+      self._file.close()
+      for tb in self._tb.values():
+        tb.close()
+
+
+def status(message: str) -> None:
+  """One line of progress on stderr (absl's INFO logging is off by default: Orbax is chatty)."""
+  print(message, file=sys.stderr, flush=True)
+
+
+def progress_line(row: Mapping[str, Any], num_steps: int) -> str:
+  """`step 100/1000 (10%) loss 2.31 eval_loss 2.40 12.5 steps/s eta 1m12s`."""
+  step = row['step']
+  parts = [f'step {step}/{num_steps} ({100 * step // num_steps}%)', f"loss {row['loss']:.4f}"]
+  if 'eval_loss' in row:
+    parts.append(f"eval_loss {row['eval_loss']:.4f}")
+  rate = row.get('steps_per_sec')
+  if rate:
+    parts.append(f'{rate:.2f} steps/s eta {format_seconds((num_steps - step) / rate)}')
+  if 'mfu' in row:
+    parts.append(f"mfu {100 * row['mfu']:.1f}%")
+  return '  '.join(parts)
+
+
+def format_seconds(seconds: float) -> str:
+  minutes, secs = divmod(int(round(seconds)), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{secs:02d}s'

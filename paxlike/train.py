@@ -1,0 +1,235 @@
+"""The train loop, top to bottom: mesh → abstract state → init or restore → loop → final save.
+
+Every algorithm (centralized or federated) is an `(init, next)` pair; the loop only feeds it
+round batches `[clients, local_steps, batch, ...]` and client weights. Step s's batch and
+randomness are pure functions of `(seed, s)`, so a restarted run repeats an uninterrupted one.
+"""
+
+
+import dataclasses
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from clu import metrics as clu_metrics
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from paxlike import losses, partitioning
+from paxlike.checkpoint import Checkpoints
+from paxlike.errors import RunFailure, UserError
+from paxlike.experiment import Task
+from paxlike.summaries import RunWriter, status
+
+
+class TrainState(NamedTuple):
+  """What is checkpointed: the algorithm's state and the count of skipped non-finite steps."""
+
+  alg: Any
+  nonfinite_steps: jax.Array
+
+
+@dataclasses.dataclass
+class Setup:
+  """A task placed on a mesh: its jitted functions and the abstract (sharded) train state."""
+
+  task: Task
+  mesh: Mesh
+  init: Callable[[jax.Array], TrainState]
+  step: Callable[..., tuple[TrainState, dict]]
+  eval: Callable[[Any, dict], clu_metrics.Collection]
+  abstract_state: TrainState
+
+
+@clu_metrics.flax.struct.dataclass
+class EvalMetrics(clu_metrics.Collection):
+  loss: clu_metrics.Average.from_output('loss')
+  accuracy: clu_metrics.Average.from_output('accuracy')
+
+
+def setup(task: Task) -> Setup:
+  """Builds the mesh, shardings and jitted init/step/eval for `task`."""
+  mesh = partitioning.make_mesh(task.mesh)
+  data = task.data
+  partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size)
+  loss_fn = losses.model_loss_fn(task.model)
+  algorithm = task.algorithm(loss_fn, task.optimizer)
+  sample = data.eval_batches()[0]['inputs'][:1]
+
+  def init_params(rng):
+    return task.model.init({'params': rng, 'dropout': rng}, sample)['params']
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.rules_for_mesh(task.mesh.rules, mesh)):
+    param_shardings = partitioning.logical_shardings(
+        jax.eval_shape(init_params, jax.random.key(0)), mesh, task.mesh.rules)
+
+    def init(rng):
+      params = jax.lax.with_sharding_constraint(nn.meta.unbox(init_params(rng)), param_shardings)
+      return TrainState(algorithm.init(params), jnp.zeros((), jnp.int32))
+
+    rng_spec = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    state_shardings = jax.jit(init).lower(rng_spec).compile().output_shardings
+    abstract_state = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        jax.eval_shape(init, jax.random.key(0)), state_shardings)
+
+  def train_step(state, batches, weights, rng):
+    alg_state, metrics = algorithm.next(state.alg, batches, weights, rng)
+    new = TrainState(alg_state, state.nonfinite_steps)
+    if task.train.skip_nonfinite:
+      finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics.get('grad_norm', 0.0))
+      new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
+      new = new._replace(nonfinite_steps=state.nonfinite_steps + 1 - finite.astype(jnp.int32))
+      metrics = {**metrics, 'nonfinite_steps': new.nonfinite_steps}
+    return new, metrics
+
+  def eval_step(params, batch):
+    losses_, correct = losses.per_example_loss(
+        task.model.apply({'params': params}, batch['inputs'], deterministic=True), batch)
+    return EvalMetrics.single_from_model_output(
+        loss=losses_, accuracy=correct, mask=batch['mask'].astype(bool))
+
+  batch_sharding = partitioning.round_batch_sharding(mesh)
+  step = jax.jit(train_step, donate_argnums=0,
+                 in_shardings=(state_shardings, batch_sharding,
+                               partitioning.client_sharding(mesh), None),
+                 out_shardings=(state_shardings, None))
+  return Setup(task, mesh, jax.jit(init, out_shardings=state_shardings), step,
+               jax.jit(eval_step), abstract_state)
+
+
+def evaluate(s: Setup, params: Any) -> dict[str, float]:
+  """Pooled held-out loss and accuracy of `params`."""
+  eval_sharding = NamedSharding(s.mesh, P(partitioning.batch_axes(s.mesh) or None))
+  total = None
+  for batch in s.task.data.eval_batches():
+    update = s.eval(params, partitioning.host_to_global(batch, eval_sharding))
+    total = update if total is None else total.merge(update)
+  return {k: float(v) for k, v in total.compute().items()}
+
+
+class _StopSignal:
+  """Turns SIGTERM/SIGINT into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.received = None
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.received = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+  def should_stop(self, step: int) -> bool:
+    if jax.process_count() > 1:
+      return multihost_utils.reached_preemption_sync_point(step) or self.received is not None
+    return self.received is not None
+
+
+def round_inputs(s: Setup, step: int) -> tuple[Any, Any, jax.Array]:
+  """Step `step`'s sharded batches, client weights and rng: pure functions of (seed, step)."""
+  seed = s.task.train.seed
+  batches, weights = s.task.data.round_batches(seed, step)
+  batches = partitioning.host_to_global(batches, partitioning.round_batch_sharding(s.mesh))
+  weights = partitioning.host_to_global(np.asarray(weights, np.float32),
+                                        partitioning.client_sharding(s.mesh))
+  return batches, weights, jax.random.fold_in(jax.random.key(seed), step)
+
+
+def restore_or_init(s: Setup, checkpoints: Checkpoints) -> tuple[int, TrainState]:
+  """The latest committed (step, state), or (0, a fresh state)."""
+  restored = checkpoints.restore(s.abstract_state)
+  if restored is not None:
+    step, state, _ = restored
+    status(f'resumed from checkpoint step {step}')
+    return step, state
+  with jax.set_mesh(s.mesh):
+    return 0, s.init(jax.random.key(s.task.train.seed))
+
+
+def train(task: Task, job_dir: Path, *, restore_fallback: bool = False) -> dict[str, Any]:
+  """Trains `task` to `train.num_steps`, resuming from `job_dir` if it holds a checkpoint.
+
+  Returns the last metrics row. Raises RunFailure on a non-finite loss (nothing of the bad
+  state is saved). SIGTERM/SIGINT save the current step and return early.
+  """
+  cfg = task.train
+  s = setup(task)
+  primary = jax.process_index() == 0
+  checkpoints = Checkpoints(job_dir / 'checkpoints', cfg.max_to_keep, fallback=restore_fallback)
+  start, state = restore_or_init(s, checkpoints)
+  writer = RunWriter(job_dir, start, cfg.num_steps, primary=primary)
+  rules = partitioning.rules_for_mesh(task.mesh.rules, s.mesh)
+  last_row: dict[str, Any] = {}
+
+  def save(step: int) -> None:
+    checkpoints.save(step, state, {'step': step, 'data': {'seed': cfg.seed, 'next_step': step + 1}})
+
+  def finish(step: int, metrics: dict) -> dict:
+    """Host side of step `step`: finiteness check, eval, row, checkpoint."""
+    metrics = jax.device_get(metrics)
+    if not cfg.skip_nonfinite and not all(np.isfinite(metrics.get(k, 0.0)) for k in ('loss', 'grad_norm')):
+      raise RunFailure(f"non-finite loss at step {step}: loss={float(metrics['loss'])} "
+                       f"grad_norm={float(metrics.get('grad_norm', np.nan))}; "
+                       'the last checkpoint is untouched')
+    last = step == cfg.num_steps
+    evals = evaluate(s, state.alg.params) if step % cfg.eval_every == 0 or last else None
+    if step % cfg.log_every == 0 or evals is not None:
+      metrics = {**metrics, 'steps_per_sec': writer.steps_per_sec(step)}
+      return writer.write(step, metrics, evals)
+    return {}
+
+  try:
+    with _StopSignal() as stop, jax.set_mesh(s.mesh), nn.logical_axis_rules(rules):
+      pending = None  # (step, metrics) dispatched but not yet read back: ≤ 2 steps in flight.
+      for step in range(start + 1, cfg.num_steps + 1):
+        state, metrics = s.step(state, *round_inputs(s, step))
+        if pending:
+          last_row = finish(*pending) or last_row
+        pending = (step, metrics)
+        stopping = stop.should_stop(step)
+        save_now = step % cfg.checkpoint_every == 0 or step == cfg.num_steps or stopping
+        if save_now or step % cfg.eval_every == 0:  # These need this step's state: sync now.
+          last_row = finish(*pending) or last_row
+          pending = None
+        if save_now:
+          save(step)
+        if stopping and step < cfg.num_steps:
+          status(f'{stop.received or "preempted"}: saved step {step}, exiting')
+          break
+      if pending:
+        last_row = finish(*pending) or last_row
+      if start >= cfg.num_steps:
+        status(f'already trained to step {start}')
+  finally:
+    checkpoints.wait()
+    checkpoints.close()
+    writer.close()
+  return last_row
+
+
+def load_latest_state(task: Task, job_dir: Path) -> tuple[Setup, int, TrainState]:
+  """The setup and latest committed state of a job dir, for eval and decode."""
+  s = setup(task)
+  checkpoints = Checkpoints(job_dir / 'checkpoints', task.train.max_to_keep)
+  try:
+    restored = checkpoints.restore(s.abstract_state)
+  finally:
+    checkpoints.close()
+  if restored is None:
+    raise UserError(f'no checkpoint in {job_dir / "checkpoints"}; train first')
+  step, state, _ = restored
+  return s, step, state

@@ -1,0 +1,248 @@
+"""Behaviour of TransformerLM: shapes, masking, parameter counts, names, dtypes, training."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from paxlike.layers import TransformerLM
+from paxlike.layers.attention import apply_rope
+
+TINY = dict(vocab_size=64, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_len=32)
+LOGICAL_NAMES = {'vocab', 'embed', 'heads', 'kv_heads', 'kv', 'mlp', None}
+
+
+def _tokens(seed: int, shape=(2, 16), vocab: int = 64) -> jax.Array:
+  return jax.random.randint(jax.random.key(seed), shape, 0, vocab, dtype=jnp.int32)
+
+
+def _init(model: TransformerLM, tokens: jax.Array):
+  return model.init(jax.random.key(0), tokens)
+
+
+def _count(variables) -> int:
+  return sum(x.size for x in jax.tree.leaves(nn.unbox(variables)))
+
+
+def expected_params(vocab_size=256, num_layers=2, d_model=128, num_heads=4, num_kv_heads=None,
+                    d_ff=512, max_len=256, tied_embeddings=True, use_rmsnorm=True,
+                    gated_mlp=True, rope=True, sliding_window=None) -> int:
+  """Hand count: embeddings, per-layer attention + MLP + 2 norms, final norm, head."""
+  del sliding_window  # no parameters
+  head_dim = d_model // num_heads
+  kv_heads = num_kv_heads or num_heads
+  attn = d_model * num_heads * head_dim * 2 + d_model * kv_heads * head_dim * 2  # q, out; k, v
+  mlp = (3 if gated_mlp else 2) * d_model * d_ff
+  norm = d_model if use_rmsnorm else 2 * d_model
+  total = vocab_size * d_model + num_layers * (attn + mlp + 2 * norm) + norm
+  total += 0 if rope else max_len * d_model
+  return total + (0 if tied_embeddings else d_model * vocab_size)
+
+
+VARIANTS = [
+    {},
+    dict(rope=False, tied_embeddings=False),
+    dict(use_rmsnorm=False, gated_mlp=False, num_kv_heads=2),
+    dict(sliding_window=3, num_kv_heads=1),
+]
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_shapes_dtypes_and_param_count(variant):
+  model = TransformerLM(**TINY, **variant)
+  tokens = _tokens(0)
+  variables = _init(model, tokens)
+  logits = model.apply(variables, tokens)
+  assert logits.shape == (2, 16, 64) and logits.dtype == jnp.float32
+  assert np.isfinite(np.asarray(logits)).all()
+  assert _count(variables) == expected_params(**TINY, **variant)
+
+
+def test_default_param_count_literal():
+  # 256*128 embed + 2 * (4*128*128 attn + 3*128*512 mlp + 2*128 norms) + 128 final norm.
+  variables = _init(TransformerLM(), _tokens(0, (1, 8), 256))
+  assert _count(variables) == 557_696 == expected_params()
+
+
+def test_gqa_and_tied_embeddings_change_param_count():
+  tokens = _tokens(0)
+  full = _count(_init(TransformerLM(**TINY), tokens))
+  gqa = _count(_init(TransformerLM(**TINY, num_kv_heads=1), tokens))
+  untied = _count(_init(TransformerLM(**TINY, tied_embeddings=False), tokens))
+  head_dim = TINY['d_model'] // TINY['num_heads']
+  # k and v go from 4 heads to 1 in each layer; untying adds a [d_model, vocab] head.
+  assert full - gqa == TINY['num_layers'] * 2 * TINY['d_model'] * 3 * head_dim
+  assert untied - full == TINY['d_model'] * TINY['vocab_size']
+
+
+@pytest.mark.parametrize('variant', [{}, dict(rope=False), dict(num_kv_heads=1, sliding_window=5)])
+def test_causal(variant):
+  model = TransformerLM(**TINY, **variant)
+  tokens = _tokens(1)
+  variables = _init(model, tokens)
+  logits = model.apply(variables, tokens)
+  t = 7
+  changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 1) % 64)
+  logits_changed = model.apply(variables, changed)
+  prefix_only = model.apply(variables, tokens[:, : t + 1])
+  np.testing.assert_allclose(logits_changed[:, : t + 1], logits[:, : t + 1], atol=1e-5)
+  np.testing.assert_allclose(prefix_only, logits[:, : t + 1], atol=1e-5)
+  assert not np.allclose(logits_changed[:, t + 1:], logits[:, t + 1:], atol=1e-3)
+
+
+def test_sliding_window_limits_receptive_field():
+  window, layers = 4, 2
+  model = TransformerLM(**{**TINY, 'num_layers': layers}, sliding_window=window)
+  tokens = _tokens(2)
+  variables = _init(model, tokens)
+  logits = model.apply(variables, tokens)
+  t = 15
+  reach = layers * (window - 1)  # each layer looks window - 1 tokens further back
+  outside = tokens.at[:, t - reach - 1].add(1)
+  inside = tokens.at[:, t - reach].add(1)
+  np.testing.assert_allclose(model.apply(variables, outside)[:, t], logits[:, t], atol=1e-5)
+  assert not np.allclose(model.apply(variables, inside)[:, t], logits[:, t], atol=1e-3)
+
+
+def test_apply_rope_scores_depend_only_on_relative_position():
+  q, k = jax.random.normal(jax.random.key(0), (2, 1, 1, 1, 16))
+  score = lambda m, n: jnp.sum(apply_rope(q, jnp.array([m])) * apply_rope(k, jnp.array([n])))
+  np.testing.assert_allclose(score(3, 1), score(13, 11), rtol=1e-4)
+  np.testing.assert_allclose(score(0, 0), jnp.sum(q * k), rtol=1e-5)
+  assert abs(score(3, 1) - score(3, 2)) > 1e-3
+
+
+@pytest.mark.parametrize('rope', [True, False])
+def test_rope_is_translation_invariant(rope):
+  """With a sliding window, a position only sees a bounded suffix.
+
+  Put the same content after prefixes of different lengths: with rope (no
+  absolute position parameter) the logits that only see the shared content
+  are identical; with learned absolute positions they are not.
+  """
+  window, layers = 3, 2
+  model = TransformerLM(**{**TINY, 'num_layers': layers}, sliding_window=window, rope=rope)
+  content = _tokens(3, (1, 12))
+  a = jnp.concatenate([_tokens(4, (1, 3)), content], axis=1)
+  b = jnp.concatenate([_tokens(5, (1, 7)), content], axis=1)
+  variables = _init(model, a)
+  reach = layers * (window - 1)
+  logits_a = model.apply(variables, a)[:, -12 + reach:]
+  logits_b = model.apply(variables, b)[:, -12 + reach:]
+  assert np.allclose(logits_a, logits_b, atol=1e-4) == rope
+
+
+def test_bf16_compute_returns_float32_close_to_fp32():
+  tokens = _tokens(6)
+  fp32 = TransformerLM(**TINY)
+  variables = _init(fp32, tokens)
+  bf16 = TransformerLM(**TINY, dtype=jnp.bfloat16)
+  ref = fp32.apply(variables, tokens)
+  out = bf16.apply(variables, tokens)
+  assert out.dtype == jnp.float32
+  assert jax.tree.leaves(nn.unbox(_init(bf16, tokens)))[0].dtype == jnp.float32
+  np.testing.assert_allclose(out, ref, atol=0.1)
+  assert float(jnp.mean(jnp.abs(out - ref))) < 0.02
+
+
+def test_dropout_needs_rng_only_when_not_deterministic():
+  model = TransformerLM(**TINY, dropout_rate=0.5)
+  tokens = _tokens(7)
+  variables = _init(model, tokens)
+  plain = TransformerLM(**TINY).apply(variables, tokens)
+  np.testing.assert_allclose(model.apply(variables, tokens, deterministic=True), plain)
+  noisy = model.apply(variables, tokens, deterministic=False, rngs={'dropout': jax.random.key(1)})
+  assert not np.allclose(noisy, plain, atol=1e-3)
+
+
+def test_invalid_config_raises():
+  with pytest.raises(ValueError, match='num_kv_heads'):
+    _init(TransformerLM(**TINY, num_kv_heads=3), _tokens(0))
+  with pytest.raises(ValueError, match='max_len'):
+    _init(TransformerLM(**TINY, rope=False), _tokens(0, (1, 40)))
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_every_param_has_logical_names(variant):
+  variables = _init(TransformerLM(**TINY, **variant), _tokens(0))
+  boxes = jax.tree.leaves(variables, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  assert boxes and all(isinstance(b, nn.LogicallyPartitioned) for b in boxes)
+  for box in boxes:
+    assert len(box.names) == box.value.ndim and set(box.names) <= LOGICAL_NAMES
+  specs = nn.get_partition_spec(variables)
+  embed = specs['params']['embed']['embedding']
+  assert tuple(embed) == ('vocab', 'embed')
+  rules = [('mlp', 'model'), ('heads', 'model'), ('vocab', 'model')]
+  mesh_specs = nn.logical_to_mesh(specs, rules)
+  assert tuple(mesh_specs['params']['block_0']['mlp']['wo']['kernel']) == ('model', None)
+
+
+def test_training_reduces_loss():
+  model = TransformerLM(**TINY)
+  seq = jnp.tile(jnp.arange(8, dtype=jnp.int32), 4)[None]  # 0..7 repeated, [1, 32]
+  params = nn.unbox(_init(model, seq))['params']
+  opt = optax.adam(1e-2)
+
+  def loss_fn(p):
+    logits = model.apply({'params': p}, seq[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, seq[:, 1:]).mean()
+
+  @jax.jit
+  def step(p, state):
+    loss, grads = jax.value_and_grad(loss_fn)(p)
+    updates, state = opt.update(grads, state, p)
+    return optax.apply_updates(p, updates), state, loss
+
+  state = opt.init(params)
+  losses = []
+  for _ in range(20):
+    params, state, loss = step(params, state)
+    losses.append(float(loss))
+  assert losses[-1] < 0.25 * losses[0]
+
+
+SHARDED_SCRIPT = textwrap.dedent("""
+    import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from paxlike.layers import TransformerLM
+    assert jax.device_count() == 8
+    mesh = jax.make_mesh((4, 2), ('data', 'model'), axis_types=(AxisType.Auto,) * 2)
+    rules = [('batch', 'data'), ('mlp', 'model'), ('heads', 'model'), ('kv_heads', 'model'),
+             ('vocab', 'model'), ('embed', None), ('kv', None), ('length', None)]
+    model = TransformerLM(vocab_size=64, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64)
+    tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, 64, dtype=jnp.int32)
+    boxed = jax.jit(model.init)(jax.random.key(0), tokens)
+    params = nn.unbox(boxed)
+    ref = jax.jit(model.apply)(params, tokens)
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+    tokens = jax.device_put(tokens, NamedSharding(mesh, P('data', None)))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      init = jax.jit(lambda k, t: nn.unbox(model.init(k, t)), out_shardings=shardings)
+      sharded = init(jax.random.key(0), tokens)
+      apply = jax.jit(model.apply)
+      assert 'sharding_constraint' in apply.lower(sharded, tokens).as_text()
+      out = apply(sharded, tokens)
+    wo = sharded['params']['block_0']['mlp']['wo']['kernel']
+    assert wo.sharding.spec == P('model', None), wo.sharding
+    for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(params)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    assert out.sharding.spec[0] == 'data', out.sharding
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=1e-5)
+    print('SHARDED_OK')
+""")
+
+
+def test_sharded_apply_matches_single_device():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
+  proc = subprocess.run([sys.executable, '-c', SHARDED_SCRIPT], env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0 and 'SHARDED_OK' in proc.stdout, proc.stderr[-3000:]

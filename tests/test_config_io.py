@@ -1,0 +1,78 @@
+import copy
+
+import pytest
+
+from paxlike import config_io, registry
+from paxlike.errors import UserError
+
+
+@pytest.fixture
+def cfg():
+  registry.import_all()
+  return registry.get('lm.StdlibTiny')().config()
+
+
+def test_overrides_reach_the_built_objects(cfg):
+  config_io.apply_overrides(cfg, ['train.num_steps=7', 'model.num_layers=3',
+                                  'optimizer.learning_rate.peak_value=0.01',
+                                  'mesh.ici=(2,)', 'data.dataset=shakespeare'])
+  task = config_io.build(cfg)
+  assert task.train.num_steps == 7
+  assert task.model.num_layers == 3
+  assert task.mesh.ici == (2,)
+  assert task.data.dataset == 'shakespeare'
+  assert float(cfg.optimizer.learning_rate.peak_value) == 0.01
+
+
+@pytest.mark.parametrize('override, message', [
+    ('train.nope=1', 'no such field'),
+    ('nope.num_steps=1', 'no such field'),
+    ('train.num_steps=ten', 'expected a int'),
+    ('train.num_steps=1.5', 'expected a int'),
+    ('model.tied_embeddings=1', 'expected a bool'),
+    ('train.num_steps', 'not PATH=VALUE'),
+    ('=3', 'not PATH=VALUE'),
+    ('mesh.ici=(2,', 'cannot parse'),
+])
+def test_bad_overrides_are_one_line_user_errors(cfg, override, message):
+  with pytest.raises(UserError, match=message) as error:
+    config_io.apply_overrides(cfg, [override])
+  assert '\n' not in str(error.value)
+
+
+@pytest.mark.parametrize('override, message', [
+    ('train.num_steps=0', 'train.num_steps must be a positive integer'),
+    ('train.log_every=-5', 'train.log_every must be a positive integer'),
+    ('mesh.ici=(0,)', 'mesh: bad shape'),
+])
+def test_invalid_values_fail_at_build(cfg, override, message):
+  config_io.apply_overrides(cfg, [override])
+  with pytest.raises(UserError, match=message):
+    config_io.build(cfg)
+
+
+def test_json_round_trip_rebuilds_the_same_config(cfg):
+  config_io.apply_overrides(cfg, ['model.d_model=64'])
+  loaded = config_io.from_json(config_io.to_json(cfg), 'test')
+  assert loaded == cfg
+  assert config_io.flatten(loaded) == config_io.flatten(cfg)
+  assert config_io.build(loaded).model == config_io.build(cfg).model
+
+
+def test_loading_refuses_modules_off_the_allow_list(cfg):
+  text = config_io.to_json(cfg).replace('"paxlike.optim"', '"os"')
+  with pytest.raises(UserError, match="imports 'os', which is not allowed"):
+    config_io.from_json(text, 'evil.json')
+
+
+def test_corrupt_json_is_a_user_error(cfg):
+  with pytest.raises(UserError, match='not valid JSON'):
+    config_io.from_json(config_io.to_json(cfg)[:-40], 'cut.json')
+
+
+def test_differences_ignore_resumable_fields(cfg):
+  other = copy.deepcopy(cfg)
+  config_io.apply_overrides(other, ['train.num_steps=5000', 'train.log_every=1'])
+  assert config_io.differences(cfg, other) == []
+  config_io.apply_overrides(other, ['model.d_model=64'])
+  assert config_io.differences(cfg, other) == ['model.d_model: 128 -> 64']
