@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import fiddle as fdl
-from fiddle import daglish, printing
+from fiddle import daglish
 from fiddle.experimental import serialization
 
 from paxlike.errors import UserError
@@ -82,7 +82,8 @@ def to_json(cfg: fdl.Buildable) -> str:
 
 
 def to_text(cfg: fdl.Buildable) -> str:
-  return printing.as_str_flattened(cfg) + '\n'
+  """`path = value` per set field; `path.<fn>` names what each sub-config builds."""
+  return ''.join(f'{path.lstrip(".") or "<root>"} = {value}\n' for path, value in flatten(cfg).items())
 
 
 def _modules(node: Any) -> Iterable[str]:

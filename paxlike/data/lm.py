@@ -115,6 +115,8 @@ class LmData:
       names = tuple(f'client{i}' for i in range(self.num_clients))
     streams = concat_streams(texts, parts, names)
     keep = np.flatnonzero(streams.sizes >= self.min_client_chars)
+    if not len(keep):
+      raise UserError(f'LmData.min_client_chars={self.min_client_chars} leaves no client')
     if len(keep) < len(parts):
       streams = concat_streams(texts, [parts[i] for i in keep], tuple(names[i] for i in keep))
     if self.partition != 'pooled':

@@ -1,5 +1,6 @@
 """Prepares every real builder once per session into a temporary tfds dir."""
 
+import os
 import pathlib
 
 import pytest
@@ -12,8 +13,15 @@ REAL_DATASETS = ('digits', 'shakespeare', 'stdlib', 'fashion_mnist')
 
 @pytest.fixture(scope='session')
 def prepared_root(tmp_path_factory) -> pathlib.Path:
-  """A tfds dir holding all four real datasets, built from their local sources."""
-  path = tmp_path_factory.mktemp('tfds')
+  """A tfds dir holding all four real datasets, built from their local sources.
+
+  pytest-xdist workers share one dir (the run's common temp parent): the first to take
+  the preparation lock builds, the others wait and reuse it.
+  """
+  if 'PYTEST_XDIST_WORKER' not in os.environ:
+    path = tmp_path_factory.mktemp('tfds')
+  else:
+    path = tmp_path_factory.getbasetemp().parent / 'paxlike-tfds'
   with pytest.MonkeyPatch.context() as mp:
     mp.setenv(root.TFDS_DIR_ENV, str(path))
     for name in REAL_DATASETS:

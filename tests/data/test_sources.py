@@ -140,6 +140,8 @@ def test_invalid_fields_are_user_errors(cls, kwargs, field):
 def test_cohort_larger_than_natural_clients_is_a_user_error(prepared):
   with pytest.raises(UserError, match='clients_per_round'):
     cohort_lm(clients_per_round=10_000).round_batches(0, 0)
+  with pytest.raises(UserError, match='min_client_chars'):
+    cohort_lm(min_client_chars=10**9).round_batches(0, 0)
 
 
 def test_fiddle_configurable(prepared):

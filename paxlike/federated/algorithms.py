@@ -1,0 +1,211 @@
+"""One pseudo-gradient builder for FedAvg, FedOpt and DiLoCo, plus the client loop PAPA/BTM share.
+
+A round, written with the federated primitives: broadcast the server params → every client runs
+H local optimizer steps (`lax.scan` over the local-steps axis) → weighted mean of the client
+params → the server optimizer steps along the pseudo-gradient `params - weighted_mean(client)`.
+
+- FedAvg (McMahan et al. 2017): server `optax.sgd(1.0)`, so the new params are the weighted mean.
+- FedOpt (Reddi et al. 2021): any server optimizer; `fed_adam`, `fed_yogi`, `fed_adagrad`.
+- DiLoCo (Douillard et al. 2023): inner AdamW, outer Nesterov SGD, and each replica's inner
+  optimizer state persists across rounds, client-placed (leading axis = replicas) in the state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from paxlike import optim
+from paxlike.centralized import Algorithm
+from paxlike.errors import UserError
+from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
+                                          federated_program, federated_weighted_mean)
+from paxlike.losses import LossFn
+
+ClientUpdate = Callable[[Any, Any, Any, jax.Array], tuple[Any, Any, dict[str, jax.Array]]]
+
+
+class AlgorithmConfigError(UserError, ValueError):
+  """A bad algorithm argument or a cohort that does not fit it (a ValueError; CLI exit code 2)."""
+
+
+class PseudoGradientState(NamedTuple):
+  """Server params and server optimizer state; `client_opt_state` is DiLoCo's persistent inner
+  state with leading axis `num_replicas` (an empty `optax.EmptyState()` for FedAvg/FedOpt)."""
+
+  params: Any
+  server_opt_state: optax.OptState
+  client_opt_state: Any
+
+
+def cohort_size(batches: Any, local_steps: int | None = None) -> int:
+  """The number of clients (leading axis of `batches`); checks the local-steps axis if given."""
+  shapes = {jnp.shape(leaf)[:2] for leaf in jax.tree.leaves(batches)}
+  if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+    raise AlgorithmConfigError(
+        f'batches need common leading axes [clients, local_steps], got {shapes}.')
+  clients, steps = shapes.pop()
+  if local_steps is not None and steps != local_steps:
+    raise AlgorithmConfigError(
+        f'batches have {steps} local steps per client, the algorithm {local_steps}.')
+  return clients
+
+
+def client_update(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> ClientUpdate:
+  """`update(params, opt_state, batches, rng) -> (params, opt_state, stats)` for one client.
+
+  Runs one optimizer step per entry of the local-steps axis of `batches`. `stats` holds scalars:
+  `loss` (mean over the local steps), `loss_before` (the first step's loss, at the starting
+  params), `loss_after` (the final params on the last local batch, with the last step's rng) and
+  the loss_fn's aux values averaged over the local steps.
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def update(params, opt_state, batches, rng):
+    keys = jax.random.split(rng, jax.tree.leaves(batches)[0].shape[0])
+
+    def step(carry, inputs):
+      params, opt_state = carry
+      batch, key = inputs
+      (loss, aux), grads = grad_fn(params, batch, key)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state), (loss, aux)
+
+    (params, opt_state), (losses, aux) = jax.lax.scan(step, (params, opt_state), (batches, keys))
+    loss_after, _ = loss_fn(params, jax.tree.map(lambda x: x[-1], batches), keys[-1])
+    stats = {**jax.tree.map(lambda v: jnp.mean(v, axis=0), aux),
+             'loss': jnp.mean(losses), 'loss_before': losses[0], 'loss_after': loss_after}
+    return params, opt_state, stats
+
+  return update
+
+
+def round_metrics(stats: dict[str, jax.Array], weights: jax.Array, pseudo_grad: Any,
+                  client_opt_state: Any, clients: int) -> dict[str, jax.Array]:
+  """Weighted client stats plus `clients`, `pseudo_grad_norm` and the client learning rate
+  (when readable). Call inside the round's federated program."""
+  metrics = federated_weighted_mean(stats, weights)
+  metrics['clients'] = jnp.asarray(clients, jnp.int32)
+  metrics['pseudo_grad_norm'] = optax.tree.norm(pseudo_grad)
+  learning_rate = optim.learning_rate_of(client_opt_state)
+  if learning_rate is not None:  # Client-placed: every client runs the same schedule.
+    metrics['learning_rate'] = federated_mean(learning_rate)
+  return metrics
+
+
+def placed_init(optimizer: optax.GradientTransformation, clients: int) -> Callable[[Any], tuple]:
+  """`init(params) -> (client_params, client_opt_state)`: params broadcast to `clients` slots,
+  each with a fresh optimizer state (leading axis `clients` on every leaf)."""
+
+  @federated_program(clients=clients)
+  def init(params):
+    client_params = federated_broadcast(params)
+    return client_params, federated_map(optimizer.init, client_params)
+
+  return init
+
+
+def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
+                    local_steps: int, server_optimizer: optax.GradientTransformation,
+                    num_replicas: int | None = None) -> Algorithm:
+  """The FedAvg/FedOpt/DiLoCo round. With `num_replicas`, the client optimizer states are kept
+  across rounds (replica i always takes cohort slot i); without, every round starts them fresh."""
+  update = client_update(loss_fn, client_optimizer)
+
+  def init(params):
+    server_opt_state = server_optimizer.init(params)
+    if num_replicas is None:
+      return PseudoGradientState(params, server_opt_state, optax.EmptyState())
+    _, client_opt_state = placed_init(client_optimizer, num_replicas)(params)
+    return PseudoGradientState(params, server_opt_state, client_opt_state)
+
+  def next(state, batches, weights, rng):
+    clients = cohort_size(batches, local_steps)
+    if num_replicas is not None and clients != num_replicas:
+      raise AlgorithmConfigError(
+          f'the cohort has {clients} clients but the algorithm {num_replicas} replicas; '
+          'set clients_per_round = num_replicas.')
+
+    @federated_program(clients=clients)
+    def round_(state, batches, weights, rng):
+      client_params = federated_broadcast(state.params)
+      opt_state = (federated_map(client_optimizer.init, client_params) if num_replicas is None
+                   else state.client_opt_state)
+      keys = jax.random.split(rng, clients)
+      client_params, opt_state, stats = federated_map(
+          update, (client_params, opt_state, batches, keys))
+      mean = federated_weighted_mean(client_params, weights)
+      pseudo_grad = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), state.params, mean)
+      updates, server_opt_state = server_optimizer.update(
+          pseudo_grad, state.server_opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      metrics = round_metrics(stats, weights, pseudo_grad, opt_state, clients)
+      server_lr = optim.learning_rate_of(server_opt_state)
+      if server_lr is not None:
+        metrics['server_learning_rate'] = server_lr
+      kept = state.client_opt_state if num_replicas is None else opt_state
+      return PseudoGradientState(params, server_opt_state, kept), metrics
+
+    return round_(state, batches, weights, rng)
+
+  return Algorithm(init, next)
+
+
+def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
+            server_optimizer: optax.GradientTransformation = optax.sgd(1.0)) -> Algorithm:
+  """FedAvg: fresh client optimizer each round, server SGD on the pseudo-gradient (lr 1 =
+  plain weighted averaging of the client models)."""
+  return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer)
+
+
+def fed_opt(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
+            server_optimizer: optax.GradientTransformation) -> Algorithm:
+  """FedOpt (Reddi et al. 2021): FedAvg's clients with any server optimizer."""
+  return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer)
+
+
+def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
+             server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
+             tau: float = 1e-3) -> Algorithm:
+  """FedAdam: server `optax.adam(eps=tau)`. Unlike the paper's Algorithm 2, optax bias-corrects
+  both moments and starts the second moment at 0 (the paper at v₋₁ ≥ τ²); they agree once
+  β₂ᵗ is small (after a few hundred rounds at β₂ = 0.99)."""
+  server = optax.adam(server_learning_rate, b1=b1, b2=b2, eps=tau, eps_root=0.0)
+  return fed_opt(loss_fn, client_optimizer, local_steps, server)
+
+
+def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
+             server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
+             tau: float = 1e-3) -> Algorithm:
+  """FedYogi: optax's Yogi (what `optax.yogi` chains) with eps = τ and both accumulators
+  starting at τ² (the paper: m₋₁ = 0, v₋₁ = τ²). optax also bias-corrects the moments."""
+  server = optax.chain(
+      optax.scale_by_yogi(b1=b1, b2=b2, eps=tau, initial_accumulator_value=tau**2),
+      optax.scale_by_learning_rate(server_learning_rate))
+  return fed_opt(loss_fn, client_optimizer, local_steps, server)
+
+
+def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
+                local_steps: int, server_learning_rate: float = 1e-2,
+                tau: float = 1e-3) -> Algorithm:
+  """FedAdagrad: `optax.adagrad` with accumulator starting at τ² (the paper's v₋₁) and no eps,
+  so the step is Δ/√(τ² + ΣΔ²) where the paper has Δ/(√(τ² + ΣΔ²) + τ) (within a factor 2).
+  The paper's Algorithm 2 also applies server momentum β₁ here; optax's Adagrad has none."""
+  server = optax.adagrad(server_learning_rate, initial_accumulator_value=tau**2, eps=0.0)
+  return fed_opt(loss_fn, client_optimizer, local_steps, server)
+
+
+def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation, local_steps: int,
+           outer_optimizer: optax.GradientTransformation = optax.sgd(
+               0.7, momentum=0.9, nesterov=True),
+           num_replicas: int | None = None) -> Algorithm:
+  """DiLoCo: H inner steps per replica (inner state kept across rounds), then the outer
+  optimizer on the averaged pseudo-gradient. `num_replicas` is required and must equal the
+  cohort size; replica i always trains on cohort slot i."""
+  if num_replicas is None or num_replicas < 1:
+    raise AlgorithmConfigError(
+        f'diloco needs num_replicas >= 1 (the cohort size), got {num_replicas!r}.')
+  return pseudo_gradient(loss_fn, inner_optimizer, local_steps, outer_optimizer, num_replicas)

@@ -1,0 +1,252 @@
+"""Identities of the pseudo-gradient algorithms (FedAvg, FedOpt, DiLoCo) on linear regression."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from paxlike import optim
+from paxlike.errors import UserError
+from paxlike.federated import (diloco, fed_adagrad, fed_adam, fed_avg, fed_opt, fed_yogi,
+                               pseudo_gradient)
+
+D, B = 3, 8
+REQUIRED = {'loss', 'clients', 'loss_before', 'loss_after', 'pseudo_grad_norm'}
+
+
+def loss_fn(params, batch, rng):
+  del rng
+  residual = batch['x'] @ params['w'] + params['b'] - batch['y']
+  return jnp.mean(residual**2), {'mae': jnp.mean(jnp.abs(residual))}
+
+
+def _params(seed: int = 0):
+  return {'w': jax.random.normal(jax.random.key(seed), (D,)), 'b': jnp.float32(0.5)}
+
+
+def _batches(clients: int, steps: int, seed: int = 1, batch: int = B):
+  kx, ky = jax.random.split(jax.random.key(seed))
+  return {'x': jax.random.normal(kx, (clients, steps, batch, D)),
+          'y': jax.random.normal(ky, (clients, steps, batch))}
+
+
+def _run(alg, params, rounds, batches, weights, seed=0):
+  state, step = alg.init(params), jax.jit(alg.next)
+  metrics = None
+  for r in range(rounds):
+    state, metrics = step(state, batches, weights, jax.random.key(seed + r))
+  return state, metrics
+
+
+def _close(a, b, rtol=1e-5, atol=1e-6):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
+
+
+def _pooled_grad(params, batches, step):
+  pooled = jax.tree.map(lambda x: x[:, step].reshape(-1, *x.shape[3:]), batches)
+  return jax.grad(lambda p: loss_fn(p, pooled, None)[0])(params)
+
+
+@pytest.mark.parametrize('server_lr', [1.0, 0.5])
+def test_fedavg_one_local_step_is_pooled_gradient_descent(server_lr):
+  eta, params, batches = 0.1, _params(), _batches(4, 1)
+  alg = fed_avg(loss_fn, optax.sgd(eta), 1, optax.sgd(server_lr))
+  state, _ = _run(alg, params, 1, batches, jnp.full((4,), float(B)))
+  grad = _pooled_grad(params, batches, 0)
+  _close(state.params, jax.tree.map(lambda p, g: p - server_lr * eta * g, params, grad))
+
+
+def test_identical_clients_equal_one_client():
+  params, one = _params(), _batches(1, 3)
+  many = jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), one)
+  alg = fed_avg(loss_fn, optax.adam(0.05), 3, optax.sgd(0.8, momentum=0.5))
+  s1, m1 = _run(alg, params, 3, one, jnp.ones((1,)))
+  s4, m4 = _run(alg, params, 3, many, jnp.full((4,), 7.0))
+  _close(s4.params, s1.params)
+  _close({k: m4[k] for k in REQUIRED - {'clients'}}, {k: m1[k] for k in REQUIRED - {'clients'}})
+
+
+def test_fedopt_with_server_sgd1_is_fedavg():
+  params, batches, weights = _params(), _batches(3, 2), jnp.array([1.0, 2.0, 3.0])
+  avg, _ = _run(fed_avg(loss_fn, optax.sgd(0.1), 2), params, 3, batches, weights)
+  opt, _ = _run(fed_opt(loss_fn, optax.sgd(0.1), 2, optax.sgd(1.0)), params, 3, batches, weights)
+  _close(opt.params, avg.params)
+
+
+def test_weighted_mean_uses_weights():
+  eta, params, batches = 0.2, _params(), _batches(3, 1)
+  weights = jnp.array([1.0, 3.0, 6.0])
+  state, metrics = _run(fed_avg(loss_fn, optax.sgd(eta), 1), params, 1, batches, weights)
+  per_client = [jax.tree.map(lambda x: x[i, 0], batches) for i in range(3)]
+  grads = [jax.grad(lambda p: loss_fn(p, b, None)[0])(params) for b in per_client]
+  losses = np.array([loss_fn(params, b, None)[0] for b in per_client])
+  w = np.asarray(weights) / 10.0
+  want = jax.tree.map(lambda p, *g: p - eta * sum(wi * gi for wi, gi in zip(w, g)),
+                      params, *grads)
+  _close(state.params, want)
+  np.testing.assert_allclose(metrics['loss_before'], losses @ w, rtol=1e-5)
+  np.testing.assert_allclose(metrics['loss'], losses @ w, rtol=1e-5)  # One step: same batch.
+
+
+def test_fedopt_helpers_run_and_differ_from_fedavg():
+  params, batches, weights = _params(), _batches(2, 2), jnp.ones((2,))
+  avg, _ = _run(fed_avg(loss_fn, optax.sgd(0.1), 2), params, 2, batches, weights)
+  for builder in (fed_adam, fed_yogi, fed_adagrad):
+    state, metrics = _run(builder(loss_fn, optax.sgd(0.1), 2, server_learning_rate=0.05),
+                          params, 2, batches, weights)
+    assert all(np.isfinite(v).all() for v in jax.tree.leaves(state.params))
+    assert np.isfinite(metrics['loss']) and not np.allclose(state.params['w'], avg.params['w'])
+
+
+def test_fed_adam_is_optax_adam_on_pseudo_gradient():
+  params, batches, weights = _params(), _batches(2, 2), jnp.ones((2,))
+  got, _ = _run(fed_adam(loss_fn, optax.sgd(0.1), 2, 0.05, b1=0.8, b2=0.9, tau=1e-2),
+                params, 2, batches, weights)
+  server = optax.adam(0.05, b1=0.8, b2=0.9, eps=1e-2)
+  want, _ = _run(fed_opt(loss_fn, optax.sgd(0.1), 2, server), params, 2, batches, weights)
+  _close(got.params, want.params)
+
+
+def test_local_steps_axis_is_checked():
+  alg = fed_avg(loss_fn, optax.sgd(0.1), 2)
+  with pytest.raises(ValueError, match='local steps'):
+    alg.next(alg.init(_params()), _batches(2, 3), jnp.ones((2,)), jax.random.key(0))
+
+
+def test_diloco_h1_is_data_parallel_sgd():
+  eta, alpha, params, batches = 0.1, 0.7, _params(), _batches(4, 1)
+  alg = diloco(loss_fn, optax.sgd(eta), 1, optax.sgd(alpha), num_replicas=4)
+  state, step = alg.init(params), jax.jit(alg.next)
+  want = params
+  for r in range(3):
+    round_batches = jax.tree.map(lambda x: jnp.roll(x, r, axis=2), batches)
+    state, _ = step(state, round_batches, jnp.full((4,), float(B)), jax.random.key(r))
+    grad = _pooled_grad(want, round_batches, 0)
+    want = jax.tree.map(lambda p, g: p - alpha * eta * g, want, grad)
+  _close(state.params, want)
+
+
+def test_diloco_single_replica_is_inner_adamw():
+  inner, params, batches = optax.adamw(0.05, weight_decay=0.1), _params(), _batches(1, 3)
+  rounds = [jax.tree.map(lambda x: jnp.roll(x, r, axis=2) * (1 + r), batches) for r in range(4)]
+  alg = diloco(loss_fn, inner, 3, optax.sgd(1.0), num_replicas=1)
+  state, step = alg.init(params), jax.jit(alg.next)
+  want, opt_state = params, inner.init(params)
+  for r, round_batches in enumerate(rounds):
+    state, _ = step(state, round_batches, jnp.ones((1,)), jax.random.key(r))
+    for h in range(3):
+      batch = jax.tree.map(lambda x: x[0, h], round_batches)
+      grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(want)
+      updates, opt_state = inner.update(grads, opt_state, want)
+      want = optax.apply_updates(want, updates)
+  _close(state.params, want, rtol=1e-4, atol=1e-5)
+  assert int(state.client_opt_state[0].count[0]) == 12  # Inner Adam state persisted.
+
+
+def test_diloco_checks_replicas():
+  with pytest.raises(ValueError, match='num_replicas'):
+    diloco(loss_fn, optax.adamw(1e-3), 2)
+  alg = diloco(loss_fn, optax.adamw(1e-3), 2, num_replicas=3)
+  with pytest.raises(UserError, match='replicas'):  # Also a ValueError; the CLI exits 2.
+    alg.next(alg.init(_params()), _batches(2, 2), jnp.ones((2,)), jax.random.key(0))
+
+
+@pytest.mark.parametrize('name', ['fed_avg', 'diloco'])
+def test_metrics_keys_and_values(name):
+  inner = optim.sgd(0.1)  # inject_hyperparams: the learning rate is readable.
+  alg = (fed_avg(loss_fn, inner, 2) if name == 'fed_avg'
+         else diloco(loss_fn, inner, 2, num_replicas=3))
+  params, batches, weights = _params(), _batches(3, 2), jnp.array([1.0, 2.0, 3.0])
+  state, metrics = _run(alg, params, 1, batches, weights)
+  assert REQUIRED | {'learning_rate', 'mae'} <= set(metrics)
+  assert metrics['clients'].dtype == jnp.int32 and int(metrics['clients']) == 3
+  assert all(jnp.shape(v) == () for v in metrics.values())
+  np.testing.assert_allclose(metrics['learning_rate'], 0.1, rtol=1e-6)
+  first = [loss_fn(params, jax.tree.map(lambda x: x[i, 0], batches), None)[0] for i in range(3)]
+  np.testing.assert_allclose(metrics['loss_before'], np.dot(first, weights) / 6, rtol=1e-5)
+  assert metrics['loss_after'] < metrics['loss_before']
+  pseudo = jax.tree.map(jnp.subtract, params, state.params)  # Server lr: fed_avg 1.
+  if name == 'fed_avg':
+    np.testing.assert_allclose(metrics['pseudo_grad_norm'], optax.tree.norm(pseudo), rtol=1e-5)
+  no_lr = fed_avg(loss_fn, optax.sgd(0.1), 2)
+  assert 'learning_rate' not in _run(no_lr, params, 1, batches, weights)[1]
+
+
+# A round on a ('clients', 'data') = (2, 4) mesh of 8 CPU devices equals the 1-device round.
+
+_MESH_SCRIPT = textwrap.dedent("""
+  import json
+  import flax.linen as nn, jax, jax.numpy as jnp, numpy as np, optax
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+  from paxlike.federated import diloco, fed_avg
+  from paxlike.losses import model_loss_fn
+  assert jax.device_count() == 8, jax.devices()
+
+  class Tiny(nn.Module):
+    @nn.compact
+    def __call__(self, x, deterministic=True):
+      return nn.Dense(5)(nn.tanh(nn.Dense(16)(x)))
+
+  model, loss_fn = Tiny(), model_loss_fn(Tiny())
+  params = model.init(jax.random.key(0), jnp.ones((1, 6)))['params']
+  k1, k2 = jax.random.split(jax.random.key(1))
+  batches = {'inputs': jax.random.normal(k1, (4, 3, 8, 6)),
+             'targets': jax.random.randint(k2, (4, 3, 8), 0, 5),
+             'mask': jnp.ones((4, 3, 8))}
+  weights = jnp.array([8.0, 4.0, 8.0, 2.0])
+  algs = {'fed_avg': fed_avg(loss_fn, optax.sgd(0.3), 3, optax.sgd(0.9, momentum=0.5)),
+          'diloco': diloco(loss_fn, optax.adamw(0.01), 3, num_replicas=4)}
+  mesh = jax.make_mesh((2, 4), ('clients', 'data'), axis_types=(AxisType.Auto,) * 2)
+  results = {}
+  for name, alg in algs.items():
+    def two_rounds(params, batches, weights):
+      state = alg.init(params)
+      for r in range(2):
+        state, metrics = alg.next(state, batches, weights, jax.random.key(r))
+      return state, metrics
+    single = jax.jit(two_rounds)(params, batches, weights)
+    with jax.set_mesh(mesh):
+      sharded_batches = jax.device_put(batches, NamedSharding(mesh, P('clients', None, 'data')))
+      sharded_weights = jax.device_put(weights, NamedSharding(mesh, P('clients')))
+      sharded = jax.jit(two_rounds)(params, sharded_batches, sharded_weights)
+    close = jax.tree.map(lambda a, b: bool(np.allclose(a, b, rtol=1e-4, atol=1e-5)),
+                         single, sharded)
+    specs = [str(x.sharding.spec) for x in jax.tree.leaves(sharded[0])
+             if hasattr(x, 'sharding') and x.ndim and x.shape[0] == 4]
+    results[name] = {'close': all(jax.tree.leaves(close)),
+                     'loss': float(sharded[1]['loss']), 'client_specs': specs}
+  print('RESULTS=' + json.dumps(results))
+""")
+
+
+@pytest.fixture(scope='module')
+def mesh_results() -> dict:
+  repo = Path(__file__).resolve().parents[2]
+  env = dict(os.environ)
+  flags = env.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+  env['XLA_FLAGS'] = flags.strip()
+  env['JAX_PLATFORMS'] = 'cpu'
+  env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(repo), env.get('PYTHONPATH')]))
+  proc = subprocess.run([sys.executable, '-c', _MESH_SCRIPT], env=env, cwd=repo,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULTS='))
+  return json.loads(line.removeprefix('RESULTS='))
+
+
+@pytest.mark.parametrize('name', ['fed_avg', 'diloco'])
+def test_round_on_clients_mesh_matches_one_device(mesh_results, name):
+  result = mesh_results[name]
+  assert result['close'] and np.isfinite(result['loss'])
+  if name == 'diloco':  # The persistent inner state is sharded over the clients axis.
+    assert result['client_specs'] and all("'clients'" in s for s in result['client_specs'])

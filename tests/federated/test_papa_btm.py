@@ -1,0 +1,201 @@
+"""PAPA (population averaging) and BTM (branch-train-merge, ensemble) identities."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from paxlike import optim
+from paxlike.federated import btm, ensemble_log_probs, papa
+
+D, B, P = 3, 8, 4
+REQUIRED = {'loss', 'clients', 'loss_before', 'loss_after', 'pseudo_grad_norm'}
+
+
+def loss_fn(params, batch, rng):
+  del rng
+  residual = batch['x'] @ params['w'] + params['b'] - batch['y']
+  return jnp.mean(residual**2), {}
+
+
+def _params(seed: int = 0):
+  return {'w': jax.random.normal(jax.random.key(seed), (D,)), 'b': jnp.float32(0.5)}
+
+
+def _batches(clients: int, steps: int, seed: int = 1):
+  kx, ky = jax.random.split(jax.random.key(seed))
+  return {'x': jax.random.normal(kx, (clients, steps, B, D)),
+          'y': jax.random.normal(ky, (clients, steps, B))}
+
+
+def _close(a, b, rtol=1e-5, atol=1e-6):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
+
+
+def _mean(tree):
+  return jax.tree.map(lambda x: x.mean(0), tree)
+
+
+def _diverse(state, field):
+  """The state with its per-member params replaced by distinct random ones."""
+  members = jax.tree.map(lambda x: jax.random.normal(jax.random.key(7), x.shape),
+                         getattr(state, field))
+  return state._replace(**{field: members, 'params': _mean(members)})
+
+
+def _train_separately(optimizer, params, batches, slot, rounds):
+  opt_state = optimizer.init(params)
+  for _ in range(rounds):
+    for h in range(jax.tree.leaves(batches)[0].shape[1]):
+      batch = jax.tree.map(lambda x: x[slot, h], batches)
+      grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+  return params
+
+
+# PAPA.
+
+
+@pytest.mark.parametrize('variant', ['gradual', 'all', 'pairs'])
+def test_papa_averaging_keeps_population_mean(variant):
+  alg = papa(loss_fn, optax.sgd(0.0), P, alpha=0.9, every=1, variant=variant)
+  state = _diverse(alg.init(_params()), 'population')
+  before = state.population
+  state, metrics = jax.jit(alg.next)(state, _batches(P, 2), jnp.ones((P,)), jax.random.key(3))
+  _close(_mean(state.population), _mean(before))
+  _close(state.params, _mean(before))
+  assert int(metrics['averaged']) == 1 and int(state.round) == 1
+  mean = _mean(before)
+  if variant == 'gradual':
+    _close(state.population, jax.tree.map(lambda w, m: 0.9 * w + 0.1 * m, before, mean))
+  elif variant == 'all':
+    _close(state.population, jax.tree.map(lambda w, m: jnp.broadcast_to(m, w.shape), before, mean))
+  else:  # Each member is the average of itself and exactly one other, partners are mutual.
+    w_old, w_new = np.asarray(before['w']), np.asarray(state.population['w'])
+    partners = {}
+    for i, j in itertools.permutations(range(P), 2):
+      if np.allclose(w_new[i], (w_old[i] + w_old[j]) / 2, rtol=1e-5):
+        partners[i] = j
+    assert len(partners) == P and all(partners[partners[i]] == i for i in partners)
+
+
+def test_papa_alpha_one_trains_members_independently():
+  optimizer, params, batches = optax.sgd(0.1), _params(), _batches(P, 2)
+  alg = papa(loss_fn, optimizer, P, alpha=1.0, every=1)
+  state, step = alg.init(params), jax.jit(alg.next)
+  for r in range(3):
+    state, _ = step(state, batches, jnp.ones((P,)), jax.random.key(r))
+  for slot in range(P):
+    want = _train_separately(optimizer, params, batches, slot, 3)
+    _close(jax.tree.map(lambda x: x[slot], state.population), want)
+  _close(state.params, _mean(state.population))
+
+
+def test_papa_averages_every_k_rounds():
+  alg = papa(loss_fn, optax.sgd(0.0), P, every=2, variant='all')
+  state = _diverse(alg.init(_params()), 'population')
+  before, step = state.population, jax.jit(alg.next)
+  state, metrics = step(state, _batches(P, 1), jnp.ones((P,)), jax.random.key(0))
+  assert int(metrics['averaged']) == 0
+  _close(state.population, before)
+  state, metrics = step(state, _batches(P, 1), jnp.ones((P,)), jax.random.key(1))
+  assert int(metrics['averaged']) == 1 and int(state.round) == 2
+  np.testing.assert_allclose(np.ptp(np.asarray(state.population['w']), axis=0), 0, atol=1e-6)
+
+
+def test_papa_checks_arguments():
+  with pytest.raises(ValueError, match='variant'):
+    papa(loss_fn, optax.sgd(0.1), P, variant='soup')
+  alg = papa(loss_fn, optax.sgd(0.1), P)
+  with pytest.raises(ValueError, match='population'):
+    alg.next(alg.init(_params()), _batches(P - 1, 1), jnp.ones((P - 1,)), jax.random.key(0))
+
+
+# BTM.
+
+
+def test_btm_identical_experts_merge_to_seed():
+  seed = _params()
+  alg = btm(loss_fn, optax.sgd(0.0), 3)
+  state, metrics = jax.jit(alg.next)(alg.init(seed), _batches(3, 2), jnp.array([1.0, 2.0, 5.0]),
+                                     jax.random.key(0))
+  _close(state.params, seed)
+  np.testing.assert_allclose(metrics['pseudo_grad_norm'], 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize('merge_weights', [None, (0.5, 0.25, 0.25)])
+def test_btm_experts_train_alone_and_merge_by_weights(merge_weights):
+  optimizer, seed, batches = optax.adam(0.05), _params(), _batches(3, 2)
+  alg = btm(loss_fn, optimizer, 3, merge_weights=merge_weights)
+  state, step = alg.init(seed), jax.jit(alg.next)
+  for r, weights in enumerate([jnp.array([1.0, 2.0, 5.0]), jnp.array([3.0, 2.0, 1.0])]):
+    state, _ = step(state, batches, weights, jax.random.key(r))
+  experts = [_train_separately(optimizer, seed, batches, k, 2) for k in range(3)]
+  _close(jax.tree.map(lambda *e: jnp.stack(e), *experts), state.experts, rtol=1e-4)
+  np.testing.assert_allclose(state.domain_examples, [4.0, 4.0, 6.0])
+  mix = np.array(merge_weights or [4.0, 4.0, 6.0]) / sum(merge_weights or [4.0, 4.0, 6.0])
+  _close(state.params, jax.tree.map(lambda *e: sum(m * x for m, x in zip(mix, e)), *experts),
+         rtol=1e-4)
+
+
+@pytest.mark.parametrize('algorithm', ['papa', 'btm'])
+def test_metrics_keys(algorithm):
+  optimizer = optim.sgd(0.1)
+  alg = papa(loss_fn, optimizer, P) if algorithm == 'papa' else btm(loss_fn, optimizer, P)
+  params, batches = _params(), _batches(P, 2)
+  _, metrics = jax.jit(alg.next)(alg.init(params), batches, jnp.arange(1.0, P + 1),
+                                 jax.random.key(0))
+  assert REQUIRED | {'learning_rate'} <= set(metrics)
+  assert metrics['clients'].dtype == jnp.int32 and int(metrics['clients']) == P
+  first = np.array([loss_fn(params, jax.tree.map(lambda x: x[i, 0], batches), None)[0]
+                    for i in range(P)])
+  np.testing.assert_allclose(metrics['loss_before'], first @ np.arange(1.0, P + 1) / 10, rtol=1e-5)
+  assert np.isfinite(metrics['loss']) and metrics['loss_after'] < metrics['loss_before']
+
+
+# The BTM ensemble.
+
+V, T = 5, 6
+
+
+def bigram(params, tokens):
+  """A causal LM: position t's logits depend only on token t."""
+  return params['table'][tokens]
+
+
+def _experts(k: int):
+  return {'table': jax.random.normal(jax.random.key(11), (k, V, V)) * 2}
+
+
+def _tokens():
+  return jax.random.randint(jax.random.key(12), (2, T), 0, V)
+
+
+def test_ensemble_probs_sum_to_one():
+  log_probs = ensemble_log_probs(bigram, _experts(3), _tokens(), jnp.log(jnp.array([.2, .3, .5])))
+  assert log_probs.shape == (2, T, V)
+  np.testing.assert_allclose(jnp.exp(log_probs).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_ensemble_of_one_is_the_expert():
+  experts, tokens = _experts(1), _tokens()
+  want = jax.nn.log_softmax(bigram(jax.tree.map(lambda x: x[0], experts), tokens))
+  _close(ensemble_log_probs(bigram, experts, tokens), want, atol=1e-5)
+
+
+def test_ensemble_matches_bayes_rule_by_hand():
+  experts, tokens, prior = _experts(3), np.asarray(_tokens()), np.array([0.2, 0.3, 0.5])
+  got = np.exp(ensemble_log_probs(bigram, experts, tokens, jnp.log(prior)))
+  probs = np.asarray(jax.nn.softmax(experts['table'], -1))  # [K, V(prev), V(next)]
+  for b, t in itertools.product(range(2), range(T)):
+    likelihood = np.array([np.prod([probs[k, tokens[b, s - 1], tokens[b, s]]
+                                    for s in range(1, t + 1)]) for k in range(3)])
+    posterior = prior * likelihood / np.sum(prior * likelihood)
+    want = sum(posterior[k] * probs[k, tokens[b, t]] for k in range(3))
+    np.testing.assert_allclose(got[b, t], want, rtol=1e-4)

@@ -1,0 +1,37 @@
+"""Shared test helpers: run the CLI in a subprocess, read metrics rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from paxlike.summaries import is_timing_field
+
+REPO = Path(__file__).resolve().parents[1]
+# A few-second LM run: one layer, 20 steps, checkpoints every 10.
+TINY = ['--exp=lm.StdlibTiny', '--fdl_fiddler=tiny']
+
+
+def cli_env(devices: int = 1, **extra: str) -> dict[str, str]:
+  env = {**os.environ, 'PYTHONPATH': str(REPO), **extra}
+  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  return env
+
+
+def run_cli(*args: str, devices: int = 1, timeout: float = 300, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+  """`python -m paxlike.main ARGS`, capturing text output; asserts exit 0 when `check`."""
+  proc = subprocess.run([sys.executable, '-m', 'paxlike.main', *args], cwd=REPO, text=True,
+                        capture_output=True, timeout=timeout, env=env or cli_env(devices))
+  if check:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+def metric_rows(job_dir: Path, timing: bool = False) -> list[dict]:
+  """metrics.jsonl rows, without timing fields unless asked."""
+  rows = [json.loads(line) for line in (Path(job_dir) / 'metrics.jsonl').read_text().splitlines()]
+  return rows if timing else [{k: v for k, v in r.items() if not is_timing_field(k)} for r in rows]
