@@ -36,22 +36,40 @@ class Checkpoints:
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict] | None:
     """(step, state, meta) from `step` (default: the latest committed), or None when there is none.
 
-    A corrupt step is a RunFailure naming it; with `fallback`, older steps are tried instead.
+    A corrupt step is a RunFailure naming it. With `fallback`, older steps are tried instead,
+    and the corrupt ones are moved aside to `checkpoints.corrupt/` (kept, out of Orbax's way).
     """
     steps = sorted(self._manager.all_steps(), reverse=True)
     if step is not None:
       steps = [s for s in steps if s <= step]
+    corrupt = []
     for candidate in steps:
       try:
-        return (candidate, *self._restore_step(candidate, abstract_state))
+        restored = (candidate, *self._restore_step(candidate, abstract_state))
       except UserError:
         raise
       except Exception as error:  # Orbax/tensorstore raise many kinds for damaged files.
-        message = f'checkpoint step {candidate} in {self._manager.directory} is unreadable ({type(error).__name__}: {_first_line(error)})'
+        message = (f'checkpoint step {candidate} in {self._manager.directory} is unreadable '
+                   f'({type(error).__name__}: {_first_line(error)})')
         if not self.fallback:
           raise RunFailure(message + '; pass --restore_fallback to use the previous good step') from error
         logging.warning('%s; falling back to an earlier step', message)
+        corrupt.append(candidate)
+        continue
+      self._move_aside(corrupt)
+      return restored
+    self._move_aside(corrupt)
     return None
+
+  def _move_aside(self, steps: list[int]) -> None:
+    if not steps or jax.process_index() != 0:
+      return
+    directory = Path(self._manager.directory)
+    aside = directory.with_name(directory.name + '.corrupt')
+    aside.mkdir(exist_ok=True)
+    for step in steps:
+      (directory / str(step)).rename(aside / str(step))
+    self._manager.reload()
 
   def _restore_step(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     saved = self._manager.item_metadata(step)['state']
@@ -86,8 +104,12 @@ def _leaves_by_name(tree: Any) -> dict[str, Any]:
 
 def _check_matches(saved: Any, abstract_state: Any, step: int) -> None:
   """UserError unless the saved tree has the abstract state's leaves, shapes and dtypes."""
-  have = _leaves_by_name(saved)
-  for name, want in _leaves_by_name(abstract_state).items():
+  have, wanted = _leaves_by_name(saved), _leaves_by_name(abstract_state)
+  extra = sorted(set(have) - set(wanted))
+  if extra:
+    raise UserError(f'checkpoint step {step} has {extra[0]}, which the configured run lacks; '
+                    'the train state changed since it was saved (another optimizer or algorithm?)')
+  for name, want in wanted.items():
     if name not in have:
       raise UserError(f'checkpoint step {step} has no {name}; the train state changed since it '
                       'was saved (another model, optimizer or algorithm?)')

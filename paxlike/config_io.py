@@ -19,9 +19,10 @@ from paxlike.errors import UserError
 
 ALLOWED_MODULES = ('builtins', 'fiddle', 'paxlike', 'experiments', 'configs', 'flax', 'optax',
                    'jax', 'numpy', 'ml_dtypes')
-# Fields that may change between runs in one job dir, so a finished run can be extended.
+# Fields that may change between runs in one job dir: the intervals, so a finished run can be
+# extended, and the mesh, since checkpoints restore onto any mesh (the math is the same).
 RESUMABLE_FIELDS = ('.train.num_steps', '.train.log_every', '.train.eval_every',
-                    '.train.checkpoint_every')
+                    '.train.checkpoint_every', '.mesh.')
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -134,9 +135,25 @@ def flatten(cfg: fdl.Buildable) -> dict[str, str]:
   return flat
 
 
+def _value_at(cfg: fdl.Buildable, flat: dict[str, str], key: str) -> str:
+  """The repr at `key`, falling back to the default of a field left unset."""
+  if key in flat:
+    return flat[key]
+  try:
+    return repr(daglish.follow_path(cfg, daglish.parse_path(key)))
+  except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+    return '<unset>'
+
+
 def differences(old: fdl.Buildable, new: fdl.Buildable) -> list[str]:
-  """Human-readable field differences, ignoring the fields a resumed run may change."""
+  """Human-readable field differences (an unset field counts as its default), ignoring the
+  fields a resumed run may change."""
   a, b = flatten(old), flatten(new)
-  return [f'{key.lstrip(".")}: {a.get(key, "<unset>")} -> {b.get(key, "<unset>")}'
-          for key in sorted(set(a) | set(b))
-          if a.get(key) != b.get(key) and key not in RESUMABLE_FIELDS]
+  diffs = []
+  for key in sorted(set(a) | set(b)):
+    if key.startswith(RESUMABLE_FIELDS):
+      continue
+    before, after = _value_at(old, a, key), _value_at(new, b, key)
+    if before != after:
+      diffs.append(f'{key.lstrip(".")}: {before} -> {after}')
+  return diffs

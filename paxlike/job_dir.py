@@ -35,7 +35,10 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool) -> Path:
-  """Creates or reuses the job dir, refusing one that holds a run of a different config."""
+  """Creates or reuses the job dir, refusing one that holds a run of a different config.
+
+  Writes nothing into it: see `record_config`.
+  """
   path = _writable_dir(Path(job_log_dir).expanduser().absolute())
   saved = path / 'config.json'
   if saved.exists():
@@ -45,9 +48,14 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool) -> Path:
       shown = '; '.join(diffs[:3]) + ('; ...' if len(diffs) > 3 else '')
       raise UserError(f'{path} holds a run with a different config ({shown}); use another '
                       '--job_log_dir or pass --allow_config_change')
-  _write_atomic(saved, config_io.to_json(cfg))
-  _write_atomic(path / 'config.txt', config_io.to_text(cfg))
   return path
+
+
+def record_config(path: Path, cfg: fdl.Buildable) -> None:
+  """Writes config.json and config.txt (call once the run has restored, so a failed start
+  leaves the job dir as it was)."""
+  _write_atomic(path / 'config.json', config_io.to_json(cfg))
+  _write_atomic(path / 'config.txt', config_io.to_text(cfg))
 
 
 def existing(job_log_dir: str) -> Path:

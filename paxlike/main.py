@@ -37,6 +37,13 @@ flags.DEFINE_string('prompt', 'def ', 'Decode: the text to continue.')
 flags.DEFINE_integer('decode_length', 200, 'Decode: number of bytes to sample.')
 flags.DEFINE_float('temperature', 0.8, 'Decode: sampling temperature (0 = greedy).')
 flags.DEFINE_integer('decode_seed', 0, 'Decode: sampling seed.')
+flags.DEFINE_string('coordinator_address', None, 'Multi-process: host:port of process 0.')
+flags.DEFINE_integer('num_processes', None, 'Multi-process: number of processes.')
+flags.DEFINE_integer('process_id', None, 'Multi-process: this process, in [0, num_processes).')
+flags.DEFINE_integer('distributed_init_timeout', 300, 'Multi-process: seconds to wait for all '
+                     'processes to join.')
+flags.DEFINE_integer('heartbeat_timeout', 60, 'Multi-process: seconds after which a silent peer '
+                     'counts as dead and the survivors exit non-zero.')
 FLAGS = flags.FLAGS
 
 
@@ -88,10 +95,14 @@ def run(argv: list[str]) -> None:
   if not FLAGS.job_log_dir:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
 
-  from paxlike import decode, train  # Heavy imports only once a job really runs.
+  from paxlike import decode, distributed, train  # Heavy imports only once a job really runs.
+  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                         FLAGS.distributed_init_timeout, FLAGS.heartbeat_timeout)
   if FLAGS.mode == 'train':
+    setup = train.setup(task)  # Validates mesh, data and model before the job dir is touched.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change)
-    train.train(task, directory, restore_fallback=FLAGS.restore_fallback)
+    train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
+                on_start=lambda: job_dir.record_config(directory, cfg))
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = train.load_latest_state(task, directory)
@@ -109,11 +120,21 @@ def main(argv: list[str]) -> None:
   try:
     run(argv)
   except UserError as error:
-    print(f'paxlike: error: {error}', file=sys.stderr)
-    sys.exit(2)
+    exit_with(2, f'paxlike: error: {error}')
   except RunFailure as error:
-    print(f'paxlike: failed: {error}', file=sys.stderr)
-    sys.exit(1)
+    exit_with(1, f'paxlike: failed: {error}')
+
+
+def exit_with(code: int, message: str) -> None:
+  """Prints `message` as the last line on stderr and exits at once.
+
+  Skips interpreter teardown: after a failed Orbax restore, its asyncio machinery can print an
+  unrelated traceback while being garbage-collected, burying the one line that matters.
+  """
+  print(message, file=sys.stderr)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

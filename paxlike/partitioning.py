@@ -126,16 +126,18 @@ def client_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(CLIENTS_AXIS if CLIENTS_AXIS in mesh.axis_names else None))
 
 
-def check_divisible(mesh: Mesh, clients_per_round: int, batch_size: int) -> None:
-  """UserError unless the cohort and the per-client batch split evenly over the mesh."""
+def check_divisible(mesh: Mesh, clients_per_round: int, batch_size: int,
+                    eval_batch_size: int | None = None) -> None:
+  """UserError unless the cohort and the per-client (and eval) batches split evenly over the mesh."""
   clients = mesh.shape.get(CLIENTS_AXIS, 1)
   if clients_per_round % clients:
     raise UserError(f'{clients_per_round} clients per round do not divide over mesh axis '
                     f"'clients' of size {clients}")
   shards = math.prod(mesh.shape[a] for a in batch_axes(mesh))
-  if batch_size % shards:
-    raise UserError(f'batch size {batch_size} does not divide over mesh axes '
-                    f'{batch_axes(mesh)} of total size {shards}')
+  for name, size in (('batch size', batch_size), ('eval batch size', eval_batch_size)):
+    if size is not None and size % shards:
+      raise UserError(f'{name} {size} does not divide over mesh axes '
+                      f'{batch_axes(mesh)} of total size {shards}')
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

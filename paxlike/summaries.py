@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -45,7 +46,9 @@ def truncate_after(path: Path, step: int) -> None:
       continue  # A row cut short by a kill.
     if row.get('step', math.inf) <= step:
       kept.append(line)
-  path.write_text(''.join(line + '\n' for line in kept))
+  tmp = path.with_name(path.name + '.tmp')
+  tmp.write_text(''.join(line + '\n' for line in kept))
+  os.replace(tmp, path)  # A kill mid-write must not lose the rows being kept.
 
 
 class RunWriter:

@@ -56,17 +56,21 @@ def setup(task: Task) -> Setup:
   """Builds the mesh, shardings and jitted init/step/eval for `task`."""
   mesh = partitioning.make_mesh(task.mesh)
   data = task.data
-  partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size)
+  sample = data.eval_batches()[0]['inputs']
+  partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size, len(sample))
   loss_fn = losses.model_loss_fn(task.model)
   algorithm = task.algorithm(loss_fn, task.optimizer)
-  sample = data.eval_batches()[0]['inputs'][:1]
+  sample = sample[:1]
 
   def init_params(rng):
     return task.model.init({'params': rng, 'dropout': rng}, sample)['params']
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.rules_for_mesh(task.mesh.rules, mesh)):
-    param_shardings = partitioning.logical_shardings(
-        jax.eval_shape(init_params, jax.random.key(0)), mesh, task.mesh.rules)
+    try:
+      boxed_params = jax.eval_shape(init_params, jax.random.key(0))
+    except (ValueError, TypeError) as error:  # Flax layers validate their fields at trace time.
+      raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
+    param_shardings = partitioning.logical_shardings(boxed_params, mesh, task.mesh.rules)
 
     def init(rng):
       params = jax.lax.with_sharding_constraint(nn.meta.unbox(init_params(rng)), param_shardings)
@@ -160,17 +164,20 @@ def restore_or_init(s: Setup, checkpoints: Checkpoints) -> tuple[int, TrainState
     return 0, s.init(jax.random.key(s.task.train.seed))
 
 
-def train(task: Task, job_dir: Path, *, restore_fallback: bool = False) -> dict[str, Any]:
-  """Trains `task` to `train.num_steps`, resuming from `job_dir` if it holds a checkpoint.
+def train(s: Setup, job_dir: Path, *, restore_fallback: bool = False,
+          on_start: Callable[[], None] | None = None) -> dict[str, Any]:
+  """Trains `s.task` to `train.num_steps`, resuming from `job_dir` if it holds a checkpoint.
 
-  Returns the last metrics row. Raises RunFailure on a non-finite loss (nothing of the bad
-  state is saved). SIGTERM/SIGINT save the current step and return early.
+  `on_start` runs on the primary process once the state is restored (or initialised), before
+  anything is written. Returns the last metrics row. Raises RunFailure on a non-finite loss
+  (nothing of the bad state is saved). SIGTERM/SIGINT save the current step and return early.
   """
-  cfg = task.train
-  s = setup(task)
+  task, cfg = s.task, s.task.train
   primary = jax.process_index() == 0
   checkpoints = Checkpoints(job_dir / 'checkpoints', cfg.max_to_keep, fallback=restore_fallback)
   start, state = restore_or_init(s, checkpoints)
+  if on_start and primary:
+    on_start()
   writer = RunWriter(job_dir, start, cfg.num_steps, primary=primary)
   rules = partitioning.rules_for_mesh(task.mesh.rules, s.mesh)
   last_row: dict[str, Any] = {}

@@ -2,6 +2,7 @@
 
 import contextlib
 import fcntl
+import io
 import pathlib
 import shutil
 import sys
@@ -66,8 +67,10 @@ def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
         for stale in final.parent.glob(f'incomplete.*_{final.name}'):
           shutil.rmtree(stale, ignore_errors=True)
         tfds.disable_progress_bar()
-        with contextlib.redirect_stdout(sys.stderr):  # tfds prints its progress to stdout.
+        progress = io.StringIO()  # tfds prints progress to stdout; show it only on success,
+        with contextlib.redirect_stdout(progress):  # so a missing file stays a one-line error.
           builder.download_and_prepare(download_dir=str(root.prepared_dir() / 'downloads'))
+        sys.stderr.write(progress.getvalue())
   return tfds.builder_from_directory(str(final))
 
 

@@ -1,0 +1,173 @@
+"""Kills, preemption, corrupt checkpoints, NaNs and bad input: nothing committed is ever lost."""
+
+import hashlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, TINY, cli_env, metric_rows, run_cli
+
+pytestmark = pytest.mark.slow
+
+# 40 steps, a checkpoint every 5 and a row every 2: many places for a kill to land.
+LONG = [*TINY, '--fdl_set=train.num_steps=40', '--fdl_set=train.checkpoint_every=5',
+        '--fdl_set=train.log_every=2']
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+  """Path → content hash of every file under `directory`."""
+  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(directory.rglob('*')) if p.is_file()}
+
+
+def committed_steps(job: Path) -> list[int]:
+  return sorted(int(p.name) for p in (job / 'checkpoints').iterdir() if p.name.isdigit())
+
+
+def start(*args: str) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, '-m', 'paxlike.main', *args], cwd=REPO, env=cli_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def max_logged_step(job: Path) -> int:
+  try:
+    lines = (job / 'metrics.jsonl').read_text().splitlines()
+  except FileNotFoundError:
+    return 0
+  steps = [int(line.split(',')[0].split(':')[1]) for line in lines if line.endswith('}')]
+  return max(steps, default=0)
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory) -> Path:
+  job = tmp_path_factory.mktemp('long')
+  run_cli(*LONG, f'--job_log_dir={job}')
+  return job
+
+
+@pytest.fixture(scope='module')
+def tiny_job(tmp_path_factory) -> Path:
+  """A finished 20-step run with checkpoints at 10 and 20 (copy it before changing it)."""
+  job = tmp_path_factory.mktemp('tiny')
+  run_cli(*TINY, f'--job_log_dir={job}')
+  return job
+
+
+@pytest.mark.parametrize('trial', range(3))
+def test_sigkill_at_a_random_moment_then_restart_gives_identical_rows(uninterrupted, tmp_path, trial):
+  rng = random.Random(trial)
+  target = rng.randint(1, 38)
+  in_save = trial == 0  # One trial aims at an async save in flight.
+  proc = start(*LONG, f'--job_log_dir={tmp_path}')
+  deadline = time.monotonic() + 120
+  while proc.poll() is None and time.monotonic() < deadline:
+    ckpt = tmp_path / 'checkpoints'
+    saving = ckpt.exists() and any('tmp' in p.name for p in ckpt.iterdir())
+    if (in_save and saving) or (not in_save and max_logged_step(tmp_path) >= target):
+      proc.kill()
+      break
+    time.sleep(0.002)
+  proc.wait(timeout=60)
+  killed_at = max_logged_step(tmp_path)
+  run_cli(*LONG, f'--job_log_dir={tmp_path}')
+  assert metric_rows(tmp_path) == metric_rows(uninterrupted), f'killed after step {killed_at}'
+  assert not any('tmp' in p.name for p in (tmp_path / 'checkpoints').iterdir())
+
+
+def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
+  proc = start(*TINY, '--fdl_set=train.num_steps=100000', f'--job_log_dir={tmp_path}')
+  deadline = time.monotonic() + 120
+  while max_logged_step(tmp_path) < 7 and time.monotonic() < deadline:
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=60)
+  assert proc.returncode == 0, stderr[-2000:]
+  saved = committed_steps(tmp_path)[-1]
+  assert f'SIGTERM: saved step {saved}, exiting' in stderr
+  assert saved >= 7 and saved % 10 != 0  # A preemption save, not a periodic one.
+  proc = run_cli(*TINY, '--fdl_set=train.num_steps=100000', f'--job_log_dir={tmp_path}',
+                 '--mode=eval')
+  assert f'"step": {saved}' in proc.stdout
+
+
+def test_stale_temp_dir_is_ignored_and_cleaned(tiny_job, tmp_path):
+  job = tmp_path / 'job'
+  shutil.copytree(tiny_job, job)
+  stale = job / 'checkpoints' / '30.orbax-checkpoint-tmp'
+  (stale / 'state').mkdir(parents=True)
+  (stale / 'state' / 'junk').write_bytes(b'\0' * 100)
+  proc = run_cli(*TINY, '--fdl_set=train.num_steps=30', f'--job_log_dir={job}')
+  assert 'resumed from checkpoint step 20' in proc.stderr
+  assert not stale.exists()
+  assert committed_steps(job)[-1] == 30
+
+
+def _damage(step_dir: Path) -> None:
+  for path in step_dir.joinpath('state').rglob('*'):
+    if path.is_file() and path.stat().st_size > 0 and '_METADATA' not in path.name:
+      path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+
+
+def test_corrupt_committed_step_is_named_and_fallback_is_opt_in(tiny_job, tmp_path):
+  job = tmp_path / 'job'
+  shutil.copytree(tiny_job, job)
+  _damage(job / 'checkpoints' / '20')
+  before = snapshot(job)
+  proc = run_cli(*TINY, '--fdl_set=train.num_steps=30', f'--job_log_dir={job}', check=False)
+  assert proc.returncode == 1
+  last = proc.stderr.strip().splitlines()[-1]  # Tensorstore's threads may log above it.
+  assert last.startswith('paxlike: failed: checkpoint step 20 in ') and '--restore_fallback' in last
+  assert snapshot(job) == before
+  proc = run_cli(*TINY, '--fdl_set=train.num_steps=30', f'--job_log_dir={job}',
+                 '--restore_fallback')
+  assert 'resumed from checkpoint step 10' in proc.stderr
+
+
+def test_restore_checks_shapes_against_the_model(tiny_job, tmp_path):
+  job = tmp_path / 'job'
+  shutil.copytree(tiny_job, job)
+  before = snapshot(job)
+  proc = run_cli(*TINY, '--fdl_set=model.d_ff=256', '--allow_config_change',
+                 f'--job_log_dir={job}', check=False)
+  assert proc.returncode == 2
+  assert proc.stderr.startswith('paxlike: error: checkpoint step 20: alg.params.block_0.mlp')
+  assert 'did the model change?' in proc.stderr
+  assert snapshot(job) == before
+
+
+def test_restore_onto_other_meshes(tiny_job, tmp_path):
+  saved = tmp_path / 'saved'
+  run_cli(*TINY, '--fdl_fiddler=cpu8', '--fdl_set=train.num_steps=10', f'--job_log_dir={saved}',
+          devices=8)
+  for name, devices, mesh in (('8x1', 8, ['--fdl_fiddler=cpu8', '--fdl_set=mesh.ici=(8, 1)']),
+                              ('1', 1, [])):
+    job = tmp_path / name
+    shutil.copytree(saved, job)
+    proc = run_cli(*TINY, *mesh, f'--job_log_dir={job}', devices=devices)
+    assert 'resumed from checkpoint step 10' in proc.stderr
+    got, want = metric_rows(job), metric_rows(tiny_job)
+    assert [r['step'] for r in got] == [r['step'] for r in want]
+    assert [r['loss'] for r in got] == pytest.approx([r['loss'] for r in want], rel=1e-4)
+
+
+def test_nonfinite_loss_stops_with_the_step_and_keeps_the_checkpoint(tiny_job, tmp_path):
+  job = tmp_path / 'job'
+  shutil.copytree(tiny_job, job)
+  before = snapshot(job / 'checkpoints')
+  bad_lr = ['--fdl_set=optimizer.learning_rate.peak_value=1e30', '--allow_config_change']
+  proc = run_cli(*TINY, '--fdl_set=train.num_steps=40', *bad_lr, f'--job_log_dir={job}', check=False)
+  assert proc.returncode == 1
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith('paxlike: failed: non-finite loss at step 2')
+  assert snapshot(job / 'checkpoints') == before
+  proc = run_cli(*TINY, '--fdl_set=train.num_steps=30', '--fdl_set=train.skip_nonfinite=True',
+                 *bad_lr, f'--job_log_dir={job}')
+  rows = metric_rows(job)
+  assert rows[-1]['step'] == 30 and rows[-1]['nonfinite_steps'] >= 5
