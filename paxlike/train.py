@@ -20,7 +20,7 @@ from clu import metrics as clu_metrics
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from paxlike import losses, partitioning
+from paxlike import losses, partitioning, throughput
 from paxlike.checkpoint import Checkpoints
 from paxlike.errors import RunFailure, UserError
 from paxlike.experiment import Task
@@ -44,6 +44,8 @@ class Setup:
   step: Callable[..., tuple[TrainState, dict]]
   eval: Callable[[Any, dict], clu_metrics.Collection]
   abstract_state: TrainState
+  flops_per_device: float | None   # One step's FLOPs on one device, from XLA's cost analysis.
+  items_per_step: tuple[str, int]  # ('tokens', n) for LMs, ('examples', n) otherwise.
 
 
 @clu_metrics.flax.struct.dataclass
@@ -99,12 +101,19 @@ def setup(task: Task) -> Setup:
         loss=losses_, accuracy=correct, mask=batch['mask'].astype(bool))
 
   batch_sharding = partitioning.round_batch_sharding(mesh)
-  step = jax.jit(train_step, donate_argnums=0,
-                 in_shardings=(state_shardings, batch_sharding,
-                               partitioning.client_sharding(mesh), None),
-                 out_shardings=(state_shardings, None))
+  client_sharding = partitioning.client_sharding(mesh)
+  batches, weights = data.round_batches(task.train.seed, 1)
+  specs = (abstract_state,
+           jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding), batches),
+           jax.ShapeDtypeStruct(weights.shape, jnp.float32, sharding=client_sharding), rng_spec)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.rules_for_mesh(task.mesh.rules, mesh)):
+    step = jax.jit(train_step, donate_argnums=0,
+                   in_shardings=(state_shardings, batch_sharding, client_sharding, None),
+                   out_shardings=(state_shardings, None)).lower(*specs).compile()
+  item = 'tokens' if batches['inputs'].dtype.kind in 'iu' else 'examples'
   return Setup(task, mesh, jax.jit(init, out_shardings=state_shardings), step,
-               jax.jit(eval_step), abstract_state)
+               jax.jit(eval_step), abstract_state, throughput.step_flops_per_device(step),
+               (item, int(batches['mask'].size)))
 
 
 def evaluate(s: Setup, params: Any) -> dict[str, float]:
@@ -180,6 +189,7 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: bool = False,
     on_start()
   writer = RunWriter(job_dir, start, cfg.num_steps, primary=primary)
   rules = partitioning.rules_for_mesh(task.mesh.rules, s.mesh)
+  peak = throughput.peak_flops_per_sec(s.mesh.devices.flat[0].device_kind)
   last_row: dict[str, Any] = {}
 
   def save(step: int) -> None:
@@ -195,7 +205,10 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: bool = False,
     last = step == cfg.num_steps
     evals = evaluate(s, state.alg.params) if step % cfg.eval_every == 0 or last else None
     if step % cfg.log_every == 0 or evals is not None:
-      metrics = {**metrics, 'steps_per_sec': writer.steps_per_sec(step)}
+      rate = writer.steps_per_sec(step)
+      metrics = {**metrics, 'steps_per_sec': rate, **throughput.throughput_metrics(
+          rate, s.items_per_step[1], s.items_per_step[0], s.flops_per_device,
+          s.mesh.devices.size, peak)}
       return writer.write(step, metrics, evals)
     return {}
 

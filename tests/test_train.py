@@ -27,7 +27,9 @@ def test_job_dir_layout_and_rows(tiny_run):
   rows = metric_rows(job, timing=True)
   assert [r['step'] for r in rows] == [5, 10, 15, 20]
   for row in rows:
-    assert {'step', 'loss', 'learning_rate', 'steps_per_sec'} <= set(row)
+    assert {'step', 'loss', 'learning_rate', 'steps_per_sec', 'tokens_per_sec',
+            'tflops_per_sec'} <= set(row)
+    assert 'mfu' not in row  # No known peak on CPU.
   assert {'eval_loss', 'eval_accuracy'} <= set(rows[1]) and 'eval_loss' not in rows[0]
   assert rows[-1]['loss'] < rows[0]['loss']
   assert 'step 20/20' in proc.stderr
