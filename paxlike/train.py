@@ -7,6 +7,7 @@ randomness are pure functions of `(seed, s)`, so a restarted run repeats an unin
 
 
 import dataclasses
+import functools
 import signal
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from paxlike import losses, partitioning, throughput
 from paxlike.checkpoint import Checkpoints
+from paxlike.data.prefetch import Prefetcher
 from paxlike.errors import RunFailure, UserError
 from paxlike.experiment import Task
 from paxlike.summaries import RunWriter, status
@@ -55,34 +57,24 @@ class EvalMetrics(clu_metrics.Collection):
 
 
 def setup(task: Task) -> Setup:
-  """Builds the mesh, shardings and jitted init/step/eval for `task`."""
+  """Builds the mesh and shardings, and compiles init and the train step for `task`.
+
+  Everything a run can get wrong by configuration (mesh, batch divisibility, data, model
+  fields) fails here, before anything is written.
+  """
   mesh = partitioning.make_mesh(task.mesh)
   data = task.data
+  batches, weights = data.round_batches(task.train.seed, 1)
   sample = data.eval_batches()[0]['inputs']
   partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size, len(sample))
-  loss_fn = losses.model_loss_fn(task.model)
-  algorithm = task.algorithm(loss_fn, task.optimizer)
-  sample = sample[:1]
+  algorithm = task.algorithm(losses.model_loss_fn(task.model), task.optimizer)
 
   def init_params(rng):
-    return task.model.init({'params': rng, 'dropout': rng}, sample)['params']
+    return task.model.init({'params': rng, 'dropout': rng}, sample[:1])['params']
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.rules_for_mesh(task.mesh.rules, mesh)):
-    try:
-      boxed_params = jax.eval_shape(init_params, jax.random.key(0))
-    except (ValueError, TypeError) as error:  # Flax layers validate their fields at trace time.
-      raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
-    param_shardings = partitioning.logical_shardings(boxed_params, mesh, task.mesh.rules)
-
-    def init(rng):
-      params = jax.lax.with_sharding_constraint(nn.meta.unbox(init_params(rng)), param_shardings)
-      return TrainState(algorithm.init(params), jnp.zeros((), jnp.int32))
-
-    rng_spec = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-    state_shardings = jax.jit(init).lower(rng_spec).compile().output_shardings
-    abstract_state = jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        jax.eval_shape(init, jax.random.key(0)), state_shardings)
+  def init(rng):
+    params = jax.lax.with_sharding_constraint(nn.meta.unbox(init_params(rng)), param_shardings)
+    return TrainState(algorithm.init(params), jnp.zeros((), jnp.int32))
 
   def train_step(state, batches, weights, rng):
     alg_state, metrics = algorithm.next(state.alg, batches, weights, rng)
@@ -100,20 +92,29 @@ def setup(task: Task) -> Setup:
     return EvalMetrics.single_from_model_output(
         loss=losses_, accuracy=correct, mask=batch['mask'].astype(bool))
 
+  def spec(x, sharding):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+  rng_spec = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   batch_sharding = partitioning.round_batch_sharding(mesh)
   client_sharding = partitioning.client_sharding(mesh)
-  batches, weights = data.round_batches(task.train.seed, 1)
-  specs = (abstract_state,
-           jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding), batches),
-           jax.ShapeDtypeStruct(weights.shape, jnp.float32, sharding=client_sharding), rng_spec)
   with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.rules_for_mesh(task.mesh.rules, mesh)):
+    try:
+      boxed_params = jax.eval_shape(init_params, jax.random.key(0))
+    except (ValueError, TypeError) as error:  # Flax layers validate their fields at trace time.
+      raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
+    param_shardings = partitioning.logical_shardings(boxed_params, mesh, task.mesh.rules)
+    compiled_init = jax.jit(init).lower(rng_spec).compile()
+    state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
+    abstract_state = jax.tree.map(spec, jax.eval_shape(init, rng_spec), state_shardings)
     step = jax.jit(train_step, donate_argnums=0,
                    in_shardings=(state_shardings, batch_sharding, client_sharding, None),
-                   out_shardings=(state_shardings, None)).lower(*specs).compile()
+                   out_shardings=(state_shardings, None)).lower(
+                       abstract_state, jax.tree.map(lambda x: spec(x, batch_sharding), batches),
+                       spec(np.asarray(weights, np.float32), client_sharding), rng_spec).compile()
   item = 'tokens' if batches['inputs'].dtype.kind in 'iu' else 'examples'
-  return Setup(task, mesh, jax.jit(init, out_shardings=state_shardings), step,
-               jax.jit(eval_step), abstract_state, throughput.step_flops_per_device(step),
-               (item, int(batches['mask'].size)))
+  return Setup(task, mesh, compiled_init, step, jax.jit(eval_step), abstract_state,
+               throughput.step_flops_per_device(step), (item, int(batches['mask'].size)))
 
 
 def evaluate(s: Setup, params: Any) -> dict[str, float]:
@@ -152,14 +153,19 @@ class _StopSignal:
     return self.received is not None
 
 
-def round_inputs(s: Setup, step: int) -> tuple[Any, Any, jax.Array]:
-  """Step `step`'s sharded batches, client weights and rng: pure functions of (seed, step)."""
-  seed = s.task.train.seed
-  batches, weights = s.task.data.round_batches(seed, step)
+def host_round(s: Setup, step: int) -> tuple[dict, np.ndarray]:
+  """Step `step`'s host batches and client weights: a pure function of (seed, step)."""
+  return s.task.data.round_batches(s.task.train.seed, step)
+
+
+def round_inputs(s: Setup, step: int, host: tuple[dict, np.ndarray] | None = None
+                 ) -> tuple[Any, Any, jax.Array]:
+  """Step `step`'s sharded batches, client weights and rng (from `host` if already fetched)."""
+  batches, weights = host if host is not None else host_round(s, step)
   batches = partitioning.host_to_global(batches, partitioning.round_batch_sharding(s.mesh))
   weights = partitioning.host_to_global(np.asarray(weights, np.float32),
                                         partitioning.client_sharding(s.mesh))
-  return batches, weights, jax.random.fold_in(jax.random.key(seed), step)
+  return batches, weights, jax.random.fold_in(jax.random.key(s.task.train.seed), step)
 
 
 def restore_or_init(s: Setup, checkpoints: Checkpoints) -> tuple[int, TrainState]:
@@ -213,10 +219,11 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: bool = False,
     return {}
 
   try:
-    with _StopSignal() as stop, jax.set_mesh(s.mesh), nn.logical_axis_rules(rules):
+    with (_StopSignal() as stop, jax.set_mesh(s.mesh), nn.logical_axis_rules(rules),
+          Prefetcher(functools.partial(host_round, s), start + 1) as host_rounds):
       pending = None  # (step, metrics) dispatched but not yet read back: ≤ 2 steps in flight.
       for step in range(start + 1, cfg.num_steps + 1):
-        state, metrics = s.step(state, *round_inputs(s, step))
+        state, metrics = s.step(state, *round_inputs(s, step, host_rounds.get(step)))
         if pending:
           last_row = finish(*pending) or last_row
         pending = (step, metrics)
