@@ -1,6 +1,7 @@
 """Model sizes as Fiddle configs."""
 
 import fiddle as fdl
+import jax.numpy as jnp
 
 from paxlike.layers import CnnClassifier, MlpClassifier, TransformerLM
 
@@ -22,3 +23,45 @@ def mlp(num_classes: int = 10, hidden: tuple[int, ...] = (200, 200)) -> fdl.Conf
 def cnn(num_classes: int = 10) -> fdl.Config[CnnClassifier]:
   """The FedAvg CNN of McMahan et al. 2017."""
   return fdl.Config(CnnClassifier, num_classes=num_classes)
+
+
+# Llama-like sizes: RMSNorm, SwiGLU, rope, untied embeddings, no biases. The big ones compute in
+# bfloat16 with float32 params and scan over layers; each has a recommended mesh in
+# configs/sizes.py. Parameter counts are exact (tests/test_model_sizes.py checks them).
+
+
+def _llama(**fields) -> fdl.Config[TransformerLM]:
+  return fdl.Config(TransformerLM, tied_embeddings=False, use_rmsnorm=True, gated_mlp=True,
+                    rope=True, norm_eps=1e-5, **fields)
+
+
+def lm_tiny_llama() -> fdl.Config[TransformerLM]:
+  """459,392 parameters: the Llama architecture (GQA 4:2, untied) at CPU-test size, bytes."""
+  return _llama(vocab_size=256, num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
+                d_ff=384, max_len=256)
+
+
+def lm_125m() -> fdl.Config[TransformerLM]:
+  """134,105,856 parameters: GPT-3 Small shapes (12 × 768, 12 heads), SwiGLU d_ff 2048."""
+  return _llama(vocab_size=32_000, num_layers=12, d_model=768, num_heads=12, d_ff=2048,
+                max_len=2048, dtype=jnp.bfloat16, scan_layers=True)
+
+
+def lm_350m() -> fdl.Config[TransformerLM]:
+  """373,867,520 parameters: GPT-3 Medium shapes (24 × 1024, 16 heads), SwiGLU d_ff 2816."""
+  return _llama(vocab_size=32_000, num_layers=24, d_model=1024, num_heads=16, d_ff=2816,
+                max_len=2048, dtype=jnp.bfloat16, scan_layers=True, remat_policy='dots')
+
+
+def lm_1b() -> fdl.Config[TransformerLM]:
+  """1,100,048,384 parameters: TinyLlama-1.1B shapes (22 × 2048, GQA 32:4, d_ff 5632)."""
+  return _llama(vocab_size=32_000, num_layers=22, d_model=2048, num_heads=32, num_kv_heads=4,
+                d_ff=5632, max_len=2048, dtype=jnp.bfloat16, scan_layers=True,
+                remat_policy='dots')
+
+
+def lm_8b() -> fdl.Config[TransformerLM]:
+  """8,030,261,248 parameters: Llama-3-8B shapes (32 × 4096, GQA 32:8, d_ff 14336, 128k vocab)."""
+  return _llama(vocab_size=128_256, num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8,
+                d_ff=14_336, max_len=8192, rope_base=500_000.0, dtype=jnp.bfloat16,
+                scan_layers=True, remat_policy='full')

@@ -1,4 +1,4 @@
-"""Causal multi-head / grouped-query self-attention with rotary embeddings."""
+"""Causal multi-head / grouped-query self-attention with rotary embeddings and optional QK-norm."""
 
 from __future__ import annotations
 
@@ -36,7 +36,11 @@ class CausalSelfAttention(nn.Module):
 
   Parameters: query [embed, heads, kv], key/value [embed, kv_heads, kv],
   out [heads, kv, embed]; no biases. `sliding_window=W` lets each query see
-  itself and the W - 1 previous tokens.
+  itself and the W - 1 previous tokens. `qk_norm` RMS-normalises each query and
+  key head over its features (learned scale 'query_norm'/'key_norm', named
+  ('kv',)) before rope, as in Gemma 3 / Qwen 3. The attention itself is
+  `jax.nn.dot_product_attention` with `implementation=None`: the backend picks
+  its fused kernel (cuDNN flash attention on GPU) where shapes allow, else XLA.
   """
 
   num_heads: int
@@ -45,6 +49,8 @@ class CausalSelfAttention(nn.Module):
   rope: bool = True
   rope_base: float = 10_000.0
   sliding_window: int | None = None
+  qk_norm: bool = False
+  norm_eps: float = 1e-6
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
 
@@ -57,6 +63,12 @@ class CausalSelfAttention(nn.Module):
     init = nn.initializers.lecun_normal(in_axis=fan_in_axes, out_axis=fan_out_axes)
     kernel = self.param(name, nn.with_logical_partitioning(init, names), shape, self.param_dtype)
     return jnp.asarray(kernel, self.dtype)
+
+  def _head_norm(self, name: str) -> nn.RMSNorm:
+    """RMSNorm over the last (head feature) axis, scale named ('kv',)."""
+    scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('kv',))
+    return nn.RMSNorm(epsilon=self.norm_eps, scale_init=scale_init, dtype=self.dtype,
+                      param_dtype=self.param_dtype, name=name)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -74,6 +86,9 @@ class CausalSelfAttention(nn.Module):
     wv = self._kernel('value', (d, n_kv, h), ('embed', 'kv_heads', 'kv'), (0,))
     wo = self._kernel('out', (n, h, d), ('heads', 'kv', 'embed'), (0, 1))
     q, k, v = (jnp.einsum('btd,dnh->btnh', x, w) for w in (wq, wk, wv))
+    if self.qk_norm:
+      q = self._head_norm('query_norm')(q)
+      k = self._head_norm('key_norm')(k)
     if self.rope:
       positions = jnp.arange(x.shape[1])
       q = apply_rope(q, positions, self.rope_base)
@@ -82,6 +97,8 @@ class CausalSelfAttention(nn.Module):
     k = nn.with_logical_constraint(k, KV_HEADS_ACT)
     v = nn.with_logical_constraint(v, KV_HEADS_ACT)
     window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
-    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=window)
+    out = jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, local_window_size=window, implementation=None
+    )
     out = nn.with_logical_constraint(out, HEADS_ACT)
     return jnp.einsum('btnh,nhd->btd', out, wo)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from paxlike.layers.attention import CausalSelfAttention
 
@@ -17,24 +19,36 @@ MLP_ACT = ('batch', 'length', 'mlp')
 VOCAB_ACT = ('batch', 'length', 'vocab')
 
 
-def make_norm(use_rmsnorm: bool, dtype: DType, param_dtype: DType, name: str) -> nn.Module:
+MLP_ACTIVATIONS = {'silu': nn.silu, 'gelu': nn.gelu}
+# 'dots' saves matmul outputs without batch dims (the projections, not the [T, T] attention
+# scores), so the backward pass recomputes only the cheap elementwise ops and attention.
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def make_norm(use_rmsnorm: bool, dtype: DType, param_dtype: DType, name: str,
+              eps: float = 1e-6) -> nn.Module:
   """RMSNorm (scale only) or LayerNorm (scale and bias), params named ('embed',)."""
   scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('embed',))
   if use_rmsnorm:
-    return nn.RMSNorm(scale_init=scale_init, dtype=dtype, param_dtype=param_dtype, name=name)
+    return nn.RMSNorm(epsilon=eps, scale_init=scale_init, dtype=dtype, param_dtype=param_dtype,
+                      name=name)
   bias_init = nn.with_logical_partitioning(nn.initializers.zeros, ('embed',))
-  return nn.LayerNorm(
-      scale_init=scale_init, bias_init=bias_init, dtype=dtype, param_dtype=param_dtype, name=name
-  )
+  return nn.LayerNorm(epsilon=eps, scale_init=scale_init, bias_init=bias_init, dtype=dtype,
+                      param_dtype=param_dtype, name=name)
 
 
 class Mlp(nn.Module):
-  """Feed-forward block: SwiGLU (gated) or GELU, without biases."""
+  """Feed-forward block without biases: gated (SwiGLU with 'silu', GeGLU with 'gelu') or plain."""
 
   d_ff: int
   gated: bool = True
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
+  activation: str = 'silu'
 
   def _dense(self, x: jax.Array, features: int, names: tuple[str, str], name: str) -> jax.Array:
     kernel_init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
@@ -50,11 +64,12 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """x: [B, T, embed] -> [B, T, embed]."""
+    act = MLP_ACTIVATIONS[self.activation]
     if self.gated:
-      h = nn.silu(self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi_gate'))
+      h = act(self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi_gate'))
       h = h * self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi_up')
     else:
-      h = nn.gelu(self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi'))
+      h = act(self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi'))
     h = nn.with_logical_constraint(h, MLP_ACT)
     return self._dense(h, x.shape[-1], ('mlp', 'embed'), 'wo')
 
@@ -69,29 +84,46 @@ class DecoderBlock(nn.Module):
   dropout_rate: float = 0.0
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
+  mlp_activation: str = 'silu'
+  norm_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     """x: [B, T, embed] -> [B, T, embed]."""
-    h = make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, 'attn_norm')(x)
-    h = self.attention(h)
+    norm = lambda name: make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, name,
+                                  self.norm_eps)
+    h = self.attention(norm('attn_norm')(x))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     x = nn.with_logical_constraint(x + h, EMBED_ACT)
-    h = make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, 'mlp_norm')(x)
-    h = Mlp(self.d_ff, self.gated_mlp, self.dtype, self.param_dtype, name='mlp')(h)
+    h = Mlp(self.d_ff, self.gated_mlp, self.dtype, self.param_dtype, self.mlp_activation,
+            name='mlp')(norm('mlp_norm')(x))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return nn.with_logical_constraint(x + h, EMBED_ACT)
+
+
+def _scan_step(block: DecoderBlock, x: jax.Array, deterministic: bool) -> tuple[jax.Array, None]:
+  """One layer as an `nn.scan` body: the residual stream is the carry."""
+  return block(x, deterministic), None
 
 
 class TransformerLM(nn.Module):
   """Decoder-only LM: tokens int32[B, T] -> logits float32[B, T, vocab_size].
 
   `num_kv_heads=None` means num_heads (plain multi-head attention); fewer
-  gives grouped-query attention. `rope=False` adds a learned absolute position
-  embedding of `max_len` rows (then T <= max_len); with rope there is no
-  position parameter and `max_len` is unused. `sliding_window=W` lets each
-  token attend to itself and the W - 1 previous tokens. `dtype` is the compute
-  dtype; logits are always float32.
+  gives grouped-query attention (1: multi-query). `rope=False` adds a learned
+  absolute position embedding of `max_len` rows (then T <= max_len); with rope
+  there is no position parameter and `max_len` is unused. `sliding_window=W`
+  lets each token attend to itself and the W - 1 previous tokens.
+  `mlp_activation` is 'silu' or 'gelu'; None means 'silu' when `gated_mlp`
+  (SwiGLU) and 'gelu' otherwise, so `gated_mlp=True, mlp_activation='gelu'`
+  is GeGLU. `qk_norm` RMS-normalises query and key heads. `norm_eps` is the
+  epsilon of every norm.
+
+  Efficiency: `dtype` is the compute dtype (params stay `param_dtype`; logits
+  are always float32). `scan_layers` runs the layers as one `nn.scan`: params
+  live under 'blocks' with a leading 'layers' axis instead of 'block_{i}' (see
+  `stack_layers`). `remat_policy` is 'none', 'full' (recompute the whole block
+  in the backward pass) or 'dots' (keep the matmul outputs, recompute the rest).
   """
 
   vocab_size: int = 256
@@ -110,6 +142,11 @@ class TransformerLM(nn.Module):
   sliding_window: int | None = None
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
+  mlp_activation: str | None = None
+  qk_norm: bool = False
+  norm_eps: float = 1e-6
+  scan_layers: bool = False
+  remat_policy: str = 'none'
 
   def _check(self, seq_len: int) -> None:
     if self.d_model % self.num_heads:
@@ -118,9 +155,15 @@ class TransformerLM(nn.Module):
       raise ValueError(f'rope needs an even head dim, got {self.d_model // self.num_heads}')
     if not self.rope and seq_len > self.max_len:
       raise ValueError(f'sequence length {seq_len} exceeds max_len={self.max_len}')
+    if self.mlp_activation not in (None, *MLP_ACTIVATIONS):
+      raise ValueError(f'mlp_activation must be one of {sorted(MLP_ACTIVATIONS)} or None, '
+                       f'got {self.mlp_activation!r}')
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f'remat_policy must be one of {list(REMAT_POLICIES)}, '
+                       f'got {self.remat_policy!r}')
 
-  def _block(self, i: int) -> DecoderBlock:
-    """Layer i. The unbound (parent=None) attention is adopted by the block as 'attention'."""
+  def _block(self, name: str) -> DecoderBlock:
+    """A layer (or, scanned, the stack). The unbound attention is adopted as 'attention'."""
     attention = CausalSelfAttention(
         num_heads=self.num_heads,
         num_kv_heads=self.num_kv_heads or self.num_heads,
@@ -128,11 +171,18 @@ class TransformerLM(nn.Module):
         rope=self.rope,
         rope_base=self.rope_base,
         sliding_window=self.sliding_window,
+        qk_norm=self.qk_norm,
+        norm_eps=self.norm_eps,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         parent=None,
     )
-    return DecoderBlock(
+    block_cls = DecoderBlock
+    if self.remat_policy != 'none':
+      block_cls = nn.remat(block_cls, policy=REMAT_POLICIES[self.remat_policy],
+                           prevent_cse=not self.scan_layers, static_argnums=(2,))
+    activation = self.mlp_activation or ('silu' if self.gated_mlp else 'gelu')
+    return block_cls(
         attention,
         d_ff=self.d_ff,
         gated_mlp=self.gated_mlp,
@@ -140,8 +190,26 @@ class TransformerLM(nn.Module):
         dropout_rate=self.dropout_rate,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
-        name=f'block_{i}',
+        mlp_activation=activation,
+        norm_eps=self.norm_eps,
+        name=name,
     )
+
+  def _layers(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    """All decoder layers, unrolled ('block_{i}') or scanned ('blocks', stacked on 'layers')."""
+    if not self.scan_layers:
+      for i in range(self.num_layers):
+        x = self._block(f'block_{i}')(x, deterministic)
+      return x
+    scan = nn.scan(
+        functools.partial(_scan_step, deterministic=deterministic),
+        variable_axes={'params': 0},
+        split_rngs={'params': True, 'dropout': True},
+        length=self.num_layers,
+        metadata_params={nn.PARTITION_NAME: 'layers'},
+    )
+    x, _ = scan(self._block('blocks'), x)
+    return x
 
   @nn.compact
   def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
@@ -163,9 +231,8 @@ class TransformerLM(nn.Module):
       x = x + jnp.asarray(pos[: tokens.shape[1]], self.dtype)[None]
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, EMBED_ACT)
-    for i in range(self.num_layers):
-      x = self._block(i)(x, deterministic)
-    x = make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, 'final_norm')(x)
+    x = self._layers(x, deterministic)
+    x = make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, 'final_norm', self.norm_eps)(x)
     if self.tied_embeddings:
       logits = embed.attend(x)
     else:
@@ -179,3 +246,20 @@ class TransformerLM(nn.Module):
           name='lm_head',
       )(x)
     return nn.with_logical_constraint(logits.astype(jnp.float32), VOCAB_ACT)
+
+
+def stack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
+  """Unrolled params ('block_{i}') -> scanned params ('blocks', leaves stacked on axis 0)."""
+  blocks = [params[f'block_{i}'] for i in range(num_layers)]
+  rest = {k: v for k, v in params.items() if not k.startswith('block_')}
+  stack = lambda *xs: np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs)
+  return {**rest, 'blocks': jax.tree.map(stack, *blocks)}
+
+
+def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
+  """Scanned params ('blocks') -> unrolled params ('block_{i}')."""
+  rest = {k: v for k, v in params.items() if k != 'blocks'}
+  num_layers = jax.tree.leaves(params['blocks'])[0].shape[0]
+  layers = {f'block_{i}': jax.tree.map(lambda x, i=i: x[i], params['blocks'])
+            for i in range(num_layers)}
+  return {**rest, **layers}
