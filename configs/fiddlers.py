@@ -2,7 +2,7 @@
 
 import fiddle as fdl
 
-from configs import meshes
+from configs import meshes, sizes
 
 
 def tiny(cfg: fdl.Config) -> None:
@@ -18,3 +18,20 @@ def tiny(cfg: fdl.Config) -> None:
 def cpu8(cfg: fdl.Config) -> None:
   """A 4×2 data × model mesh, for 8 forced CPU devices."""
   cfg.mesh = meshes.data_model(2)
+
+
+def size_125m(cfg: fdl.Config) -> None:
+  """The 125M Llama-shaped LM and its recommended mesh."""
+  sizes.use_size(cfg, '125m')
+
+
+def size_350m(cfg: fdl.Config) -> None:
+  sizes.use_size(cfg, '350m')
+
+
+def size_1b(cfg: fdl.Config) -> None:
+  sizes.use_size(cfg, '1b')
+
+
+def size_8b(cfg: fdl.Config) -> None:
+  sizes.use_size(cfg, '8b')

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import fiddle as fdl
+import jax.numpy as jnp
 from fiddle import daglish
 from fiddle.experimental import serialization
 
@@ -51,6 +52,19 @@ def _same_kind(old: Any, new: Any) -> bool:
   return isinstance(new, type(old))
 
 
+DTYPES = ('float32', 'bfloat16', 'float16')
+
+
+def _is_dtype(value: Any) -> bool:
+  return any(value is getattr(jnp, name) for name in DTYPES)
+
+
+def _dtype_named(path: str, name: str) -> Any:
+  if name not in DTYPES:
+    raise UserError(f'--fdl_set {path}={name}: expected one of {", ".join(DTYPES)}')
+  return getattr(jnp, name)
+
+
 def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
   """Sets each `PATH=VALUE` on `cfg`, checking the path exists and the value's type fits."""
   for text in overrides:
@@ -63,6 +77,8 @@ def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
       raise UserError(f'--fdl_set {path}: no such field in the config') from None
     if not isinstance(parent, fdl.Buildable):
       raise UserError(f'--fdl_set {path}: {path.rsplit(".", 1)[0]} is not a config')
+    if _is_dtype(old) and isinstance(value, str):
+      value = _dtype_named(path, value)
     if not _same_kind(old, value):
       raise UserError(f'--fdl_set {path}={value!r}: expected a {type(old).__name__} like {old!r}')
     setattr(parent, last.name, tuple(value) if isinstance(value, list) else value)

@@ -90,7 +90,8 @@ def run(argv: list[str]) -> None:
   cfg = task_config()
   task = config_io.build(cfg)
   if FLAGS.mode == 'print_config':
-    print(config_io.to_text(cfg), end='')
+    from paxlike import model_stats
+    print(config_io.to_text(cfg) + model_stats.summary(task.model, task.data), end='')
     return
   if not FLAGS.job_log_dir:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')

@@ -80,3 +80,14 @@ def train_flops_per_example(model: nn.Module, sample: Any) -> float:
   lowered = jax.jit(model.apply).lower(variables, sample)
   return 3.0 * float(lowered.cost_analysis()['flops'])
 
+
+
+def summary(model: nn.Module, data: Any) -> str:
+  """`# params: ...` and training-FLOPs lines for `--mode=print_config`."""
+  if isinstance(model, TransformerLM):
+    seq_len = data.seq_len
+    return (f'# params: {param_count(model, seq_len):,}\n'
+            f'# train FLOPs per token (seq_len {seq_len}): {flops_per_token(model, seq_len):.4g}\n')
+  sample = jax.ShapeDtypeStruct((1, *data.image_shape), jnp.float32)
+  return (f'# params: {param_count(model, sample=sample):,}\n'
+          f'# train FLOPs per example: {train_flops_per_example(model, sample):.4g}\n')

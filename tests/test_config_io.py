@@ -76,3 +76,11 @@ def test_differences_ignore_resumable_fields(cfg):
   assert config_io.differences(cfg, other) == []
   config_io.apply_overrides(other, ['model.d_model=64'])
   assert config_io.differences(cfg, other) == ['model.d_model: 128 -> 64']
+
+
+def test_dtype_fields_take_dtype_names(cfg):
+  import jax.numpy as jnp
+  config_io.apply_overrides(cfg, ['model.dtype=bfloat16'])
+  assert config_io.build(cfg).model.dtype is jnp.bfloat16
+  with pytest.raises(UserError, match='expected one of float32, bfloat16, float16'):
+    config_io.apply_overrides(cfg, ['model.dtype=int8'])

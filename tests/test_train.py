@@ -136,3 +136,10 @@ def test_mesh_that_does_not_fit_is_a_config_error(tmp_path):
   assert proc.returncode == 2
   assert proc.stderr.strip() == ("paxlike: error: mesh {'data': 4, 'model': 2} needs 8 devices, "
                                  'but 1 are available')
+
+
+def test_print_config_shows_fields_and_model_size():
+  out = run_cli('--exp=StdlibTiny', '--mode=print_config', '--fdl_fiddler=size_125m').stdout
+  assert 'train.num_steps = 600' in out and 'model.d_model = 768' in out
+  assert '# params: 134,105,856' in out  # configs/sizes.py: the 125M Llama shape.
+  assert '# train FLOPs per token (seq_len 128):' in out
