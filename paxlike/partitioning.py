@@ -80,7 +80,13 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
   shape = mesh_shape(cfg, len(devices))
   if cfg.dcn and math.prod(cfg.dcn) > 1:
     ici = tuple(s // d for s, d in zip(shape, cfg.dcn))
-    grid = mesh_utils.create_hybrid_device_mesh(ici, cfg.dcn, devices, allow_split_physical_axes=True)
+    # Without TPU slices (CPU, GPU), each process is one DCN granule.
+    one_slice = len({getattr(d, 'slice_index', 0) for d in devices}) == 1
+    try:
+      grid = mesh_utils.create_hybrid_device_mesh(
+          ici, cfg.dcn, devices, process_is_granule=one_slice, allow_split_physical_axes=True)
+    except ValueError as error:
+      raise UserError(f'mesh dcn={cfg.dcn} does not match the hosts/slices: {error}') from None
   else:
     grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
   return Mesh(grid, cfg.axes, axis_types=(AxisType.Auto,) * len(cfg.axes))

@@ -53,7 +53,9 @@ def image_batch(arrays: Arrays, index: np.ndarray, mask: np.ndarray) -> sources.
 class ImageData:
   """Image batches. The training split is partitioned into `num_clients` clients:
   'iid', 'dirichlet' (label skew, `alpha`) or 'shards' (`shards_per_client` label-sorted
-  shards), all seeded by `partition_seed`; num_clients=1 is centralized training.
+  shards), all seeded by `partition_seed`; num_clients=1 is centralized training. Cohorts:
+  `sampling` 'uniform' or 'weighted' each round, or 'fixed' (slot i = client i every round;
+  needs clients_per_round = num_clients).
 
   Each round a client draws local_steps x batch_size distinct examples; a client with fewer
   than that cycles through a random permutation of its data. Eval: the whole test split in

@@ -14,7 +14,7 @@ from paxlike.data import sources
 from paxlike.errors import UserError
 
 LM_DATASETS = ('stdlib', 'shakespeare')
-LM_PARTITIONS = ('pooled', 'natural', 'iid')
+LM_PARTITIONS = ('pooled', 'natural', 'iid', 'domains')
 SEPARATOR = ord('\n')  # Appended to every document when documents are concatenated.
 
 
@@ -64,11 +64,33 @@ def windows(tokens: np.ndarray, starts: np.ndarray, sizes: np.ndarray, offsets: 
           'mask': np.ones(window[..., 1:].shape, np.float32)}
 
 
+def domain_parts(texts: tuple, ids: np.ndarray, k: int,
+                 dataset: str) -> tuple[list[np.ndarray], tuple[str, ...]]:
+  """`partition.domains` of the documents, each domain named `FIRST..LAST` after its first and
+  last natural client (in order of first appearance)."""
+  if k > len(np.unique(ids)):
+    raise UserError(f'LmData.num_clients={k} domains exceeds the {len(np.unique(ids))} '
+                    f'{dataset} natural clients')
+  parts = partition.domains(ids, [len(t) + 1 for t in texts], k)
+  names = []
+  for part in parts:
+    members = list(dict.fromkeys(ids[part].tolist()))  # Document order = first appearance.
+    names.append(f'{members[0]}..{members[-1]}' if len(members) > 1 else members[0])
+  return parts, tuple(names)
+
+
 @dataclasses.dataclass
 class LmData:
-  """Byte LM batches. partition: 'pooled' (one stream of all documents; each cohort member
-  samples it independently), 'natural' (one client per `client_id`: stdlib top-level module,
-  Shakespeare role) or 'iid' (documents dealt at random to `num_clients`, `partition_seed`).
+  """Byte LM batches. partition:
+  - 'pooled': one stream of all documents; every cohort slot samples it independently (the
+    data-parallel setting of DiLoCo and PAPA; `sampling` is moot);
+  - 'natural': one client per `client_id` (stdlib top-level module, Shakespeare role);
+  - 'iid': documents dealt at random to `num_clients` clients (`partition_seed`);
+  - 'domains': the natural clients grouped into `num_clients` domains (BTM experts, non-IID
+    DiLoCo replicas), see `partition.domains`: in order of first appearance (Shakespeare:
+    roughly by play; stdlib: by module path), cut into contiguous runs of near-equal size.
+  `sampling`: 'uniform' or 'weighted' cohorts each round (sources.sample_cohort), or 'fixed':
+  slot i is client i every round, which needs clients_per_round = the number of clients.
 
   Windows of seq_len + 1 bytes start at uniform offsets in a client's stream; a client
   shorter than that cycles its stream (nothing is masked). Clients with fewer than
@@ -98,6 +120,8 @@ class LmData:
         {'dataset': LM_DATASETS, 'partition': LM_PARTITIONS, 'sampling': sources.SAMPLINGS})
     if self.min_client_chars < 0:
       raise UserError(f'LmData.min_client_chars must be >= 0, got {self.min_client_chars}')
+    if self.partition in ('iid', 'domains'):  # Checked again once small clients are dropped.
+      sources.check_cohort(self, self.num_clients)
 
   @functools.cached_property
   def train_streams(self) -> Streams:
@@ -107,6 +131,8 @@ class LmData:
       parts, names = [np.arange(len(texts))], ('pooled',)
     elif self.partition == 'natural':
       parts, names = partition.natural(ids), tuple(np.unique(ids).tolist())
+    elif self.partition == 'domains':
+      parts, names = domain_parts(texts, ids, self.num_clients, self.dataset)
     else:
       if self.num_clients > len(texts):
         raise UserError(f'LmData.num_clients={self.num_clients} exceeds the {len(texts)} '

@@ -22,6 +22,34 @@ def natural(client_ids: Sequence) -> list[np.ndarray]:
   return np.split(order.astype(np.int64), np.cumsum(counts)[:-1])
 
 
+def contiguous_groups(sizes: Sequence[int], k: int) -> list[np.ndarray]:
+  """Items 0..n-1 (in order) cut into `k` non-empty contiguous runs of near-equal total size:
+  each cut sits at the item boundary nearest to a multiple of total/k."""
+  sizes = np.asarray(sizes, np.int64)
+  n = len(sizes)
+  if not 1 <= k <= n:
+    raise ValueError(f'cannot cut {n} items into {k} non-empty groups')
+  ends = np.cumsum(sizes)  # ends[i]: total size of items 0..i.
+  bounds = np.concatenate([[0], ends])  # bounds[c]: total size before cut c.
+  cuts = [0]
+  for j in range(1, k):
+    nearest = int(np.argmin(np.abs(bounds - ends[-1] * j / k)))
+    cuts.append(min(max(nearest, cuts[-1] + 1), n - (k - j)))  # Keep every group non-empty.
+  return np.split(np.arange(n, dtype=np.int64), cuts[1:])
+
+
+def domains(client_ids: Sequence, example_sizes: Sequence[int], k: int) -> list[np.ndarray]:
+  """Natural clients grouped into `k` domains: clients ordered by their first example (source
+  order), then cut into contiguous runs of near-equal total `example_sizes`. No seed: a pure
+  function of the data. Every natural client lands whole in one domain."""
+  clients = natural(client_ids)
+  order = np.argsort([p[0] for p in clients], kind='stable')
+  sizes = np.asarray(example_sizes, np.int64)
+  totals = [sizes[clients[c]].sum() for c in order]
+  return [np.sort(np.concatenate([clients[order[i]] for i in group]))
+          for group in contiguous_groups(totals, k)]
+
+
 def iid(num_examples: int, num_clients: int, seed: int) -> list[np.ndarray]:
   """A random permutation cut into `num_clients` near-equal parts."""
   perm = np.random.default_rng(seed).permutation(num_examples)

@@ -8,7 +8,7 @@ import numpy as np
 from paxlike.errors import UserError
 
 Batch = dict[str, np.ndarray]  # Exactly the keys 'inputs', 'targets', 'mask'.
-SAMPLINGS = ('uniform', 'weighted')
+SAMPLINGS = ('uniform', 'weighted', 'fixed')
 
 # Distinct streams so that the cohort of a round does not depend on batch shapes.
 COHORT_STREAM, EXAMPLE_STREAM = 0, 1
@@ -38,16 +38,20 @@ def round_rng(seed: int, step: int, stream: int) -> np.random.Generator:
 
 
 def sample_cohort(seed: int, step: int, sizes: np.ndarray, k: int, sampling: str) -> np.ndarray:
-  """`k` distinct client indices for round `step`: uniformly, or with probability
-  proportional to size ('weighted')."""
+  """`k` distinct client indices for round `step`: uniformly, with probability proportional to
+  size ('weighted'), or 'fixed': clients 0..k-1 in order every round, so slot i is always
+  client i (DiLoCo replicas, PAPA members, BTM experts keep their data)."""
+  if sampling == 'fixed':
+    return np.arange(k, dtype=np.int64)
   rng = round_rng(seed, step, COHORT_STREAM)
   p = sizes / sizes.sum() if sampling == 'weighted' else None
   return rng.choice(len(sizes), size=k, replace=False, p=p)
 
 
 def cohort_weights(sizes: np.ndarray, cohort: np.ndarray, sampling: str) -> np.ndarray:
-  """FedAvg weights: the clients' sizes under uniform sampling; ones under size-weighted
-  sampling (which already favours large clients, so size weights would count them twice)."""
+  """FedAvg weights: the clients' sizes under uniform and fixed sampling; ones under
+  size-weighted sampling (which already favours large clients, so size weights would count
+  them twice)."""
   if sampling == 'weighted':
     return np.ones(len(cohort), np.float32)
   return sizes[cohort].astype(np.float32)
@@ -67,8 +71,12 @@ def check_fields(obj: object, positive: Sequence[str], choices: dict[str, Sequen
 
 
 def check_cohort(obj: object, num_clients: int) -> None:
-  """A cohort is drawn without replacement, so it cannot exceed the client count."""
+  """A cohort is drawn without replacement, so it cannot exceed the client count; a fixed
+  cohort is every client (a client never trained is a config mistake)."""
   k = getattr(obj, 'clients_per_round')
+  if getattr(obj, 'sampling') == 'fixed' and k != num_clients:
+    raise UserError(f"{type(obj).__name__}: sampling='fixed' trains every client each round, "
+                    f'so clients_per_round={k} must equal the {num_clients} clients')
   if k > num_clients:
     raise UserError(f'{type(obj).__name__}.clients_per_round={k} exceeds the '
                     f'{num_clients} clients available')

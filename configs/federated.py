@@ -1,0 +1,103 @@
+"""Federated task building blocks: algorithms, client optimizers and the task they make.
+
+One cohort, one home. A round's cohort shape (clients per round × local steps) is read by the
+data (to make the batches) and by some algorithms (to check or keep per-client state), so it
+is set in exactly one place, and `matched_task` copies it into the other when the task is
+built:
+- `algorithm.local_steps` (FedAvg/FedOpt/DiLoCo) and `algorithm.num_replicas` (DiLoCo),
+  `.population` (PAPA), `.num_experts` (BTM) are the truth where the algorithm has them;
+- otherwise `data.local_steps` (PAPA, BTM) and `data.clients_per_round` (FedAvg/FedOpt) are.
+The data config is a `fdl.Partial`, so the fields it sets explicitly are known: setting a
+derived one (say `--fdl_set=data.local_steps=8` under FedAvg) to a different value is a
+one-line UserError naming the field to set instead.
+"""
+
+import functools
+from typing import Any
+
+import fiddle as fdl
+import optax
+
+from configs import meshes, tasks
+from paxlike import federated, optim
+from paxlike.errors import UserError
+from paxlike.experiment import Task, TrainConfig
+from paxlike.partitioning import MeshConfig
+
+# Algorithm argument -> the data field it determines.
+COHORT_ARGS = {'local_steps': 'local_steps', 'num_replicas': 'clients_per_round',
+               'population': 'clients_per_round', 'num_experts': 'clients_per_round'}
+
+
+def matched_task(model: Any, optimizer: optax.GradientTransformation, algorithm: Any,
+                 data: Any, mesh: MeshConfig = MeshConfig(),
+                 train: TrainConfig = TrainConfig()) -> Task:
+  """A Task whose data cohort matches its algorithm (see the module docstring). `data` is a
+  partial DataSource (its cohort fields are filled in) or a built one (they are checked)."""
+  derived = {}
+  for arg, field in COHORT_ARGS.items():
+    value = getattr(algorithm, 'keywords', {}).get(arg)
+    if value is None:
+      continue
+    given = (data.keywords.get(field, value) if isinstance(data, functools.partial)
+             else getattr(data, field))
+    if given != value:
+      raise UserError(f'data.{field}={given} disagrees with algorithm.{arg}={value}; '
+                      f'set algorithm.{arg} only')
+    derived[field] = value
+  if isinstance(data, functools.partial):
+    data = data(**derived)
+  return Task(model=model, optimizer=optimizer, algorithm=algorithm, data=data, mesh=mesh,
+              train=train)
+
+
+def federated_task(model: fdl.Config, algorithm: fdl.Partial, client_optimizer: fdl.Config,
+                   num_rounds: int, **train: int) -> fdl.Config[Task]:
+  """A federated task on a data-parallel mesh; `train` sets log/eval/checkpoint intervals."""
+  return fdl.Config(matched_task, model=model, optimizer=client_optimizer, algorithm=algorithm,
+                    data=None, mesh=meshes.data_parallel(),
+                    train=tasks.train_config(num_rounds, **train))
+
+
+def constant_adamw(learning_rate: float = 3e-3, weight_decay: float = 0.0) -> fdl.Config:
+  """AdamW at a constant rate (clipped at norm 1): FedAvg/FedOpt clients get a fresh optimizer
+  state every round, so a schedule would restart each round."""
+  return fdl.Config(optim.adamw, learning_rate=learning_rate, weight_decay=weight_decay)
+
+
+def constant_sgd(learning_rate: float = 0.1) -> fdl.Config:
+  return fdl.Config(optim.sgd, learning_rate=learning_rate)
+
+
+def fed_avg(local_steps: int, server_learning_rate: float = 1.0) -> fdl.Partial:
+  """FedAvg; server SGD at lr 1 is plain weighted model averaging."""
+  return fdl.Partial(federated.fed_avg, local_steps=local_steps,
+                     server_optimizer=constant_sgd(server_learning_rate))
+
+
+def fed_adam(local_steps: int, server_learning_rate: float = 1e-2,
+             tau: float = 1e-3) -> fdl.Partial:
+  """FedAdam (Reddi et al. 2021), β1 = 0.9, β2 = 0.99."""
+  return fdl.Partial(federated.fed_adam, local_steps=local_steps,
+                     server_learning_rate=server_learning_rate, tau=tau)
+
+
+def diloco(local_steps: int, num_replicas: int, outer_learning_rate: float = 0.7,
+           outer_momentum: float = 0.9) -> fdl.Partial:
+  """DiLoCo with the paper's outer Nesterov SGD; the inner optimizer is the task's."""
+  outer = fdl.Config(optim.sgd, learning_rate=outer_learning_rate, momentum=outer_momentum,
+                     nesterov=True)
+  return fdl.Partial(federated.diloco, local_steps=local_steps, num_replicas=num_replicas,
+                     outer_optimizer=outer)
+
+
+def papa(population: int, alpha: float = 0.99, every: int = 10,
+         variant: str = 'gradual') -> fdl.Partial:
+  """PAPA; local steps per round (and so the averaging period in steps) come from the data."""
+  return fdl.Partial(federated.papa, population=population, alpha=alpha, every=every,
+                     variant=variant)
+
+
+def btm(num_experts: int) -> fdl.Partial:
+  """Branch-train-merge, experts branched from the initial params, merged by example counts."""
+  return fdl.Partial(federated.btm, num_experts=num_experts)

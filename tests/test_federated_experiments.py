@@ -1,0 +1,158 @@
+"""The federated experiments end to end: each trains through the CLI, DiLoCo and PAPA resume
+exactly, a `clients` mesh axis on 8 devices matches 1 device, and cohort fields have one home."""
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from paxlike import config_io, registry
+from paxlike.errors import UserError
+from tests.helpers import REPO, cli_env, metric_rows, run_cli
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 4  # CI-sized: evals after rounds 2 and 4, checkpoints at 2 and 4.
+CI = [f'--fdl_set=train.num_steps={ROUNDS}', '--fdl_set=train.log_every=1',
+      '--fdl_set=train.eval_every=2', '--fdl_set=train.checkpoint_every=2']
+ONE_LAYER = ['--fdl_set=model.num_layers=1']
+# Experiment -> (cohort size, extra overrides that shrink the run).
+EXPERIMENTS = {
+    'ShakespeareFedAvg': (8, ONE_LAYER),
+    'ShakespeareFedAdam': (8, ONE_LAYER),
+    'ShakespeareDiLoCo': (4, ONE_LAYER),
+    'ShakespearePapa': (4, ONE_LAYER),
+    'ShakespeareBtm': (4, ONE_LAYER),
+    'ShakespeareCentralized': (None, ONE_LAYER),
+    'StdlibDiLoCo': (4, ONE_LAYER),
+    'DigitsFedAvg': (5, []),
+    'FashionMnistFedAvg': (3, ['--fdl_set=data.clients_per_round=3',
+                               '--fdl_set=data.num_eval_batches=2']),
+}
+CLIENTS_MESH = ['--fdl_set=mesh.ici=(2, 4)', "--fdl_set=mesh.axes=('clients', 'data')"]
+
+
+def cli_args(name: str) -> list[str]:
+  return [f'--exp=federated.{name}', *CI, *EXPERIMENTS[name][1]]
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """`trained(name)`: the job dir of one uninterrupted CI-sized run of `name` (run once)."""
+  jobs = {}
+
+  def run(name):
+    if name not in jobs:
+      jobs[name] = tmp_path_factory.mktemp(name)
+      run_cli(*cli_args(name), f'--job_log_dir={jobs[name]}')
+    return jobs[name]
+
+  return run
+
+
+@pytest.mark.parametrize('name', list(EXPERIMENTS))
+def test_experiment_trains_and_its_eval_loss_falls(trained, name):
+  rows = metric_rows(trained(name))
+  assert [r['step'] for r in rows] == list(range(1, ROUNDS + 1))
+  assert all(math.isfinite(r['loss']) for r in rows)
+  evals = [r['eval_loss'] for r in rows if 'eval_loss' in r]
+  assert len(evals) == 2 and evals[1] < evals[0], evals
+  clients = EXPERIMENTS[name][0]
+  if clients is not None:
+    assert {r['clients'] for r in rows} == {clients}
+    assert all(r['loss_after'] < r['loss_before'] for r in rows[1:])
+
+
+@pytest.mark.parametrize('name', ['ShakespeareDiLoCo', 'ShakespearePapa'])
+def test_resume_repeats_the_uninterrupted_run(trained, name, tmp_path):
+  half = f'--fdl_set=train.num_steps={ROUNDS // 2}'
+  run_cli(*cli_args(name), f'--job_log_dir={tmp_path}', half)
+  proc = run_cli(*cli_args(name), f'--job_log_dir={tmp_path}')
+  assert f'resumed from checkpoint step {ROUNDS // 2}' in proc.stderr
+  assert metric_rows(tmp_path) == metric_rows(trained(name))
+
+
+def test_clients_mesh_axis_on_8_devices_matches_one_device(trained, tmp_path):
+  run_cli(*cli_args('ShakespeareDiLoCo'), *CLIENTS_MESH, f'--job_log_dir={tmp_path}', devices=8)
+  reference, rows = metric_rows(trained('ShakespeareDiLoCo')), metric_rows(tmp_path)
+  assert [r.keys() for r in rows] == [r.keys() for r in reference]
+  for row, ref in zip(rows, reference):
+    assert row == pytest.approx(ref, rel=2e-4, abs=1e-6), row['step']
+
+
+SHARDING_SCRIPT = textwrap.dedent('''
+    import json
+    import jax
+    from paxlike import config_io, registry, train
+    registry.import_all()
+    cfg = registry.get('federated.ShakespeareDiLoCo')().config()
+    config_io.apply_overrides(cfg, ['model.num_layers=1', 'mesh.ici=(4, 2)',
+                                    "mesh.axes=('clients', 'data')"])
+    s = train.setup(config_io.build(cfg))
+    batches, weights, _ = train.round_inputs(s, 1)
+    def describe(x):
+      return [list(x.shape), str(x.sharding.spec), list(x.addressable_shards[0].data.shape)]
+    client_state = jax.tree.leaves(s.abstract_state.alg.client_opt_state)
+    print(json.dumps({'mesh': dict(s.mesh.shape),
+                      'batches': {k: describe(v) for k, v in batches.items()},
+                      'weights': describe(weights),
+                      'client_state': sorted({str(x.sharding.spec) for x in client_state
+                                              if x.ndim})}))
+''')
+
+
+def test_round_batches_on_a_4x2_clients_data_mesh():
+  proc = subprocess.run([sys.executable, '-c', SHARDING_SCRIPT], cwd=REPO, env=cli_env(8),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out['mesh'] == {'clients': 4, 'data': 2}
+  spec = "P('clients', None, 'data')"
+  for key in ('inputs', 'targets', 'mask'):  # [replicas, local_steps, batch, seq_len]
+    assert out['batches'][key] == [[4, 8, 8, 64], spec, [1, 8, 4, 64]]
+  assert out['weights'] == [[4], "P('clients',)", [1]]
+  assert out['client_state'] and all(s.startswith("P('clients'")
+                                     for s in out['client_state'])
+
+
+@pytest.fixture(scope='module')
+def configs():
+  registry.import_all()
+  return lambda name: registry.get(f'federated.{name}')().config()
+
+
+@pytest.mark.parametrize('name,overrides,expected', [
+    ('ShakespeareFedAvg', ['algorithm.local_steps=8', 'data.clients_per_round=16'], (8, 16)),
+    ('ShakespeareDiLoCo', ['algorithm.local_steps=2', 'algorithm.num_replicas=2',
+                           'data.num_clients=2'], (2, 2)),
+    ('ShakespearePapa', ['algorithm.population=6', 'data.local_steps=3'], (3, 6)),
+    ('ShakespeareBtm', ['algorithm.num_experts=2', 'data.num_clients=2'], (4, 2)),
+    ('FashionMnistFedAvg', ['algorithm.local_steps=1', 'data.local_steps=1'], (1, 10)),
+    ('ShakespeareCentralized', ['data.local_steps=2'], (2, 1)),
+])
+def test_cohort_fields_are_set_once(configs, name, overrides, expected):
+  cfg = configs(name)
+  config_io.apply_overrides(cfg, overrides)
+  data = config_io.build(cfg).data
+  assert (data.local_steps, data.clients_per_round) == expected
+
+
+@pytest.mark.parametrize('name,override,message', [
+    ('ShakespeareFedAvg', 'data.local_steps=3',
+     'data.local_steps=3 disagrees with algorithm.local_steps=4; set algorithm.local_steps only'),
+    ('ShakespearePapa', 'data.clients_per_round=2',
+     'data.clients_per_round=2 disagrees with algorithm.population=4; '
+     'set algorithm.population only'),
+    ('ShakespeareBtm', 'algorithm.num_experts=3',
+     "LmData: sampling='fixed' trains every client each round, so clients_per_round=3 must "
+     'equal the 4 clients'),
+])
+def test_cohort_mismatches_are_one_line_user_errors(configs, name, override, message):
+  cfg = configs(name)
+  config_io.apply_overrides(cfg, [override])
+  with pytest.raises(UserError) as error:
+    config_io.build(cfg)
+  assert str(error.value) == message
