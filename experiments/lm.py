@@ -13,8 +13,9 @@ class StdlibTiny(Experiment):
   """The default job: a 2-layer byte LM on this interpreter's standard library source.
 
   python -m paxlike.main --exp=lm.StdlibTiny --job_log_dir=/tmp/paxlike/stdlib_tiny
-  About 3 minutes on 2 CPU cores; eval_loss falls from 5.5 to about 1.9 nats/byte, well below
-  the stdlib's unigram byte entropy of about 3.3 nats.
+  About 2.5 minutes on 2 CPU cores (4-11 steps/s). eval_loss falls from 5.5 (untrained) to
+  1.82 at step 200 and 1.48 at step 600 nats/byte, far below the unigram byte entropy of the
+  held-out files (3.03 nats; 3.26 on the training files).
   """
 
   def task(self):

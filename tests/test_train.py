@@ -143,3 +143,15 @@ def test_print_config_shows_fields_and_model_size():
   assert 'train.num_steps = 600' in out and 'model.d_model = 768' in out
   assert '# params: 134,105,856' in out  # configs/sizes.py: the 125M Llama shape.
   assert '# train FLOPs per token (seq_len 128):' in out
+
+
+def test_default_experiment_beats_the_unigram_entropy(tmp_path):
+  import numpy as np
+  from paxlike.data import LmData
+  tokens = LmData(dataset='stdlib').eval_tokens
+  counts = np.bincount(tokens, minlength=256)
+  p = counts[counts > 0] / counts.sum()
+  unigram_entropy = float(-(p * np.log(p)).sum())  # nats per byte of the held-out split
+  run_cli('--exp=lm.StdlibTiny', '--fdl_set=train.num_steps=100', '--fdl_set=train.eval_every=100',
+          f'--job_log_dir={tmp_path}')
+  assert metric_rows(tmp_path)[-1]['eval_loss'] < unigram_entropy - 0.5
