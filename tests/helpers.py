@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -29,6 +30,12 @@ def run_cli(*args: str, devices: int = 1, timeout: float = 300, check: bool = Tr
   if check:
     assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+  """Path → content hash of every file under `directory`: to show nothing changed."""
+  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(directory.rglob('*')) if p.is_file()}
 
 
 def metric_rows(job_dir: Path, timing: bool = False) -> list[dict]:

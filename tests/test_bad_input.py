@@ -1,18 +1,12 @@
 """Every user error: exit code 2, one line on stderr, and the job dir left exactly as it was."""
 
-import hashlib
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, cli_env, run_cli
+from tests.helpers import TINY, cli_env, run_cli, snapshot
 
 pytestmark = pytest.mark.slow
-
-
-def snapshot(directory: Path) -> dict[str, str]:
-  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(directory.rglob('*')) if p.is_file()}
 
 
 @pytest.fixture(scope='module')

@@ -1,6 +1,5 @@
 """Kills, preemption, corrupt checkpoints, NaNs and bad input: nothing committed is ever lost."""
 
-import hashlib
 import os
 import random
 import shutil
@@ -12,19 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, cli_env, metric_rows, run_cli
+from tests.helpers import REPO, TINY, cli_env, metric_rows, run_cli, snapshot
 
 pytestmark = pytest.mark.slow
 
 # 40 steps, a checkpoint every 5 and a row every 2: many places for a kill to land.
 LONG = [*TINY, '--fdl_set=train.num_steps=40', '--fdl_set=train.checkpoint_every=5',
         '--fdl_set=train.log_every=2']
-
-
-def snapshot(directory: Path) -> dict[str, str]:
-  """Path → content hash of every file under `directory`."""
-  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(directory.rglob('*')) if p.is_file()}
 
 
 def committed_steps(job: Path) -> list[int]:
