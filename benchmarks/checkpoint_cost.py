@@ -1,0 +1,138 @@
+"""Step time with async Orbax checkpoints every 10 steps against none.
+
+    python benchmarks/checkpoint_cost.py [--exp lm.StdlibTiny] [--steps 30] [--every 10] [--quick]
+
+Runs the trainer's loop shape on `train.setup(task)`: `round_inputs` then `Setup.step` each
+step, reading back the previous step's metrics (≤ 2 in flight); on a checkpoint step it reads
+back the current metrics and calls `paxlike.checkpoint.Checkpoints.save` (async: it returns once
+the state is copied to host, and Orbax writes in the background). Repeats alternate between
+`none`, `sync_only` (the read-back every 10 steps, no save) and `async`; each timed window ends
+after its last step, then (untimed) waits for the saves still in flight, so no background write
+spills into the next window. `ratio` is async / none step time (median of the repeats' ratios;
+`ratio_best`: best window over best window). Goal: <= 1.03.
+`extra_ms_per_step` splits the difference into the read-back, the blocking part of `save()`
+(`save_call_ms` per save) and the rest (background writes); `--profile FILE` writes a cProfile
+of one extra `async` window (main thread only) and logs its top entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
+
+GOAL = 1.03
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--exp', default='lm.StdlibTiny')
+  parser.add_argument('--set', action='append', default=[], metavar='PATH=VALUE')
+  parser.add_argument('--steps', type=int, default=30, help='steps per timed window')
+  parser.add_argument('--every', type=int, default=10, help='checkpoint interval in steps')
+  parser.add_argument('--repeats', type=int, default=8)
+  parser.add_argument('--profile', type=Path, help='write a cProfile of one async window here')
+  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.steps, args.every, args.repeats = 4, 2, 1
+    args.set = ['model.num_layers=1', *args.set]
+  return args
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = parse_args(argv)
+  machine = common.machine()
+  import jax
+  from paxlike import config_io, registry, train
+  from paxlike.checkpoint import Checkpoints
+
+  registry.import_all()
+  cfg = registry.get(args.exp)().config()
+  config_io.apply_overrides(cfg, args.set)
+  task = config_io.build(cfg)
+  s = train.setup(task)
+  with jax.set_mesh(s.mesh):
+    run = {'state': s.init(jax.random.key(task.train.seed)), 'step': 0}
+  save_calls: list[float] = []
+
+  def window(checkpoints: Checkpoints | None, sync: bool = False) -> float:
+    """Steps/s of `args.steps` trainer-shaped steps; every `args.every` steps, with `sync` or
+    `checkpoints`, it reads back that step's metrics (the trainer's sync before a save), and
+    with `checkpoints` it also saves."""
+    state, first = run['state'], run['step'] + 1
+    start = time.perf_counter()
+    pending = None
+    for step in range(first, first + args.steps):
+      state, metrics = s.step(state, *train.round_inputs(s, step))
+      if pending is not None:
+        jax.device_get(pending)
+      pending = metrics
+      if (sync or checkpoints is not None) and step % args.every == 0:
+        jax.device_get(pending)
+        pending = None
+      if checkpoints is not None and step % args.every == 0:
+        began = time.perf_counter()
+        checkpoints.save(step, state, {'step': step, 'data': {'seed': 0, 'next_step': step + 1}})
+        save_calls.append(time.perf_counter() - began)
+    if pending is not None:
+      jax.device_get(pending)
+    elapsed = time.perf_counter() - start
+    run['state'], run['step'] = state, first + args.steps - 1
+    if checkpoints is not None:
+      checkpoints.wait()
+    return args.steps / elapsed
+
+  with tempfile.TemporaryDirectory(prefix='paxlike_ckpt_bench_') as directory:
+    checkpoints = Checkpoints(Path(directory) / 'checkpoints', max_to_keep=3)
+    try:
+      window(None)  # Warm up the step, then the first (slow) save.
+      window(checkpoints)
+      save_calls.clear()
+      values = common.alternate({'none': lambda: window(None),
+                                 'sync_only': lambda: window(None, sync=True),
+                                 'async': lambda: window(checkpoints)}, args.repeats)
+      if args.profile:
+        profile(lambda: window(checkpoints), args.profile)
+    finally:
+      checkpoints.close()
+  ratio = common.paired_ratio(values['none'], values['async'])
+  ms = {k: 1e3 / common.median(v) for k, v in values.items()}
+  save_ms = 1e3 * common.median(save_calls)
+  blocking = save_ms / args.every
+  common.emit({
+      'benchmark': 'checkpoint_cost', 'experiment': args.exp, 'overrides': args.set,
+      'steps': args.steps, 'every': args.every, 'repeats': args.repeats, 'machine': machine,
+      'ratio': ratio, 'ratio_best': max(values['none']) / max(values['async']),
+      'goal': GOAL, 'goal_met': ratio <= GOAL,
+      'steps_per_sec': common.median(values['async']),
+      'baseline_steps_per_sec': common.median(values['none']),
+      'step_time_ms': ms, 'save_call_ms': save_ms,
+      # Where the extra time per step goes: the read-back before each save (sync_only - none),
+      # the blocking part of save(), and the rest (Orbax's background writes sharing the CPU).
+      'extra_ms_per_step': {'sync': ms['sync_only'] - ms['none'], 'save_call': blocking,
+                            'background': ms['async'] - ms['sync_only'] - blocking},
+      'spread': {k: round(common.spread(v), 3) for k, v in values.items()},
+  })
+
+
+def profile(fn, path: Path) -> None:
+  """Runs `fn` under cProfile, writes the stats to `path` and logs the top entries."""
+  profiler = cProfile.Profile()
+  profiler.runcall(fn)
+  profiler.dump_stats(str(path))
+  text = io.StringIO()
+  pstats.Stats(profiler, stream=text).sort_stats('cumulative').print_stats(25)
+  common.log(text.getvalue())
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,146 @@
+"""Shared benchmark helpers: the ≤2-in-flight timing loop, alternating A/B repeats, medians,
+child processes that report JSON, and the one JSON line each benchmark prints.
+
+Not a benchmark itself: running it (as `make bench` runs every benchmarks/*.py) prints nothing.
+Imports no JAX at module level, so a parent process stays light and its children choose
+their own device count.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def log(message: str) -> None:
+  """Progress and diagnostics go to stderr; stdout carries only the JSON result."""
+  print(message, file=sys.stderr, flush=True)
+
+
+def emit(result: dict[str, Any]) -> None:
+  """Prints the benchmark's one JSON object on stdout."""
+  print(json.dumps(result, sort_keys=False), flush=True)
+
+
+def timed_loop(step: Callable[[], Any], n: int) -> float:
+  """Seconds for `n` calls of `step()`, blocking on each call's output before the call after
+  next is dispatched (≤ 2 steps in flight, as the trainer runs), and on the last at the end."""
+  import jax
+  start = time.perf_counter()
+  previous = None
+  for _ in range(n):
+    out = step()
+    if previous is not None:
+      jax.block_until_ready(previous)
+    previous = out
+  jax.block_until_ready(previous)
+  return time.perf_counter() - start
+
+
+def alternate(runs: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+  """Calls every run once per repeat, in A B, B A, A B, ... order so that drifting machine load
+  falls on both sides; returns each run's values in repeat order."""
+  names = list(runs)
+  values: dict[str, list[float]] = {name: [] for name in names}
+  for r in range(repeats):
+    for name in (names if r % 2 == 0 else names[::-1]):
+      values[name].append(runs[name]())
+      log(f'  repeat {r + 1}/{repeats} {name}: {values[name][-1]:.4g}')
+  return values
+
+
+def median(values: Sequence[float]) -> float:
+  return float(statistics.median(values))
+
+
+def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
+  """Median over repeats of numerator[i] / denominator[i] (pairs were measured back to back)."""
+  return median([a / b for a, b in zip(numerator, denominator)])
+
+
+def spread(values: Sequence[float]) -> float:
+  """(max - min) / median: how noisy the repeats were."""
+  return (max(values) - min(values)) / median(values) if values else 0.0
+
+
+def peak_rss_mb() -> float:
+  """This process's peak resident set size so far, in MiB (Linux reports KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child_env(devices: int = 1, **extra: str) -> dict[str, str]:
+  """The environment for a child that should see `devices` forced host (CPU) devices."""
+  env = {**os.environ, **extra}
+  flags = [f for f in env.get('XLA_FLAGS', '').split()
+           if not f.startswith('--xla_force_host_platform_device_count')]
+  env['XLA_FLAGS'] = ' '.join(flags + [f'--xla_force_host_platform_device_count={devices}'])
+  env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(REPO), env.get('PYTHONPATH')]))
+  return env
+
+
+def run_child(args: Sequence[str], env: dict[str, str] | None = None,
+              timeout: float = 1800) -> dict[str, Any]:
+  """Runs `python ARGS` with stderr passed through, and returns the JSON object that is the
+  last line of its stdout. Raises RuntimeError (with its exit code) if it fails."""
+  return run_children([args], env, timeout)[0]
+
+
+def run_children(commands: Sequence[Sequence[str]], env: dict[str, str] | None = None,
+                 timeout: float = 1800) -> list[dict[str, Any]]:
+  """`run_child` for several commands at once (all running together: use it only where the
+  children measure something other than time, such as memory)."""
+  procs = [subprocess.Popen([sys.executable, *args], cwd=REPO, env=env or child_env(),
+                            stdout=subprocess.PIPE, text=True) for args in commands]
+  results = []
+  for args, proc in zip(commands, procs):
+    out, _ = proc.communicate(timeout=timeout)
+    lines = out.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+      raise RuntimeError(f'{" ".join(args)} exited {proc.returncode}')
+    results.append(json.loads(lines[-1]))
+  return results
+
+
+def add_repo_to_path() -> None:
+  """Lets `python benchmarks/X.py` import paxlike, configs and experiments from this checkout."""
+  if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def machine() -> dict[str, Any]:
+  """What the numbers were measured on: cores and the load average at the start."""
+  return {'cpu_count': os.cpu_count(), 'load_avg_1m': round(os.getloadavg()[0], 2)}
+
+
+def profile_op_ms(fn: Callable[[], Any], directory: Path, top: int = 8) -> dict[str, float]:
+  """Runs `fn()` (blocking on its result) under `jax.profiler.trace` into `directory`, and
+  returns the XLA op time in ms by op kind (the fusion name without its number), summed over
+  threads, the `top` largest plus `total`. Open the trace in Perfetto or TensorBoard for more."""
+  import jax
+  with jax.profiler.trace(str(directory), create_perfetto_trace=True):
+    jax.block_until_ready(fn())
+  path = max(Path(directory).rglob('*.trace.json.gz'), key=lambda p: p.stat().st_mtime)
+  trace = json.loads(gzip.open(path).read())
+  kinds: collections.Counter = collections.Counter()
+  for event in trace['traceEvents'] if isinstance(trace, dict) else trace:
+    name = event.get('name', '')
+    if (event.get('ph') != 'X' or name.startswith(('$', 'PjitFunction')) or '::' in name
+        or 'ThreadPool' in name):
+      continue  # Python frames, dispatch and executor bookkeeping, not ops.
+    kinds[re.sub(r'[.\d]+$', '', name)] += event.get('dur', 0) / 1e3
+  out = {kind: round(ms, 1) for kind, ms in kinds.most_common(top)}
+  out['total'] = round(sum(kinds.values()), 1)
+  return out
+

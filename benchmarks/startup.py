@@ -1,0 +1,123 @@
+"""Time from process start to the first finished train step, split into phases.
+
+    python benchmarks/startup.py [--exp lm.StdlibTiny] [--repeats 3] [--quick]
+
+Each repeat is a fresh child process. The parent notes the wall clock just before it starts the
+child; the child notes it at each phase boundary:
+- `interpreter_s`: process start to the child's first statement (Python itself);
+- `import_s`: jax and paxlike (train loop, registry, every experiment module);
+- `init_s`: config build, `data_load_s` (the train and eval data, loaded and prepared once per
+  machine into the tfds cache), `train.setup` and the state init, minus their compilation;
+- `compile_s`: jaxpr tracing, lowering and XLA compilation (the time covered by
+  `jax.monitoring`'s compile events), mostly setup's step and init; the other phases exclude it;
+- `data_s`: the first step's batch (`train.round_inputs`);
+- `first_step_s`: running the first step to completion;
+- `total_s`: process start to the first step done.
+Medians over repeats; the first run on a machine also pays the tfds prepare (see `runs`).
+"""
+
+import time
+
+T0 = time.time()  # The child's first statement: the end of interpreter start-up.
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
+
+COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
+                  '/jax/core/compile/jaxpr_to_mlir_module_duration',
+                  '/jax/core/compile/backend_compile_duration')
+PHASES = ('interpreter_s', 'import_s', 'init_s', 'data_load_s', 'compile_s', 'data_s',
+          'first_step_s', 'total_s')
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--exp', default='lm.StdlibTiny')
+  parser.add_argument('--set', action='append', default=[], metavar='PATH=VALUE')
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--quick', action='store_true', help='one run of a 1-layer model')
+  parser.add_argument('--child', type=float, help=argparse.SUPPRESS)  # The parent's launch time.
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.repeats = 1
+    args.set = ['model.num_layers=1', *args.set]
+  return args
+
+
+def first_step(args: argparse.Namespace) -> dict[str, float]:
+  """Child: runs up to the first finished step and returns the phase durations."""
+  t_start = T0
+  import jax
+  from paxlike import config_io, registry, train
+  registry.import_all()
+  t_import = time.time()
+
+  spans: list[tuple[float, float]] = []  # (start, end) of each compile event.
+
+  def on_event(event: str, secs: float, **_) -> None:
+    if event in COMPILE_EVENTS:  # Reported as it ends.
+      now = time.time()
+      spans.append((now - secs, now))
+
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  cfg = registry.get(args.exp)().config()
+  config_io.apply_overrides(cfg, args.set)
+  task = config_io.build(cfg)
+  t_data = time.time()
+  task.data.round_batches(task.train.seed, 0)  # Loads (and caches) the train split.
+  task.data.eval_batches()                    # ... and the eval split.
+  data_load_s = time.time() - t_data
+  s = train.setup(task)
+  with jax.set_mesh(s.mesh):
+    state = jax.block_until_ready(s.init(jax.random.key(task.train.seed)))
+  t_init = time.time()
+  inputs = train.round_inputs(s, 1)
+  t_batch = time.time()
+  _, metrics = s.step(state, *inputs)
+  jax.block_until_ready(metrics)
+  t_step = time.time()
+  compiling = lambda a, b: covered(spans, a, b)
+  return {'interpreter_s': t_start - args.child, 'import_s': t_import - t_start,
+          'init_s': t_init - t_import - compiling(t_import, t_init), 'data_load_s': data_load_s,
+          'compile_s': compiling(t_import, t_step),
+          'data_s': t_batch - t_init - compiling(t_init, t_batch),
+          'first_step_s': t_step - t_batch - compiling(t_batch, t_step),
+          'total_s': t_step - args.child}
+
+
+def covered(spans: list[tuple[float, float]], begin: float, end: float) -> float:
+  """Time within [begin, end] covered by possibly overlapping spans (a jit traced inside
+  another reports its own trace event, nested in the outer one's)."""
+  total, reach = 0.0, begin
+  for a, b in sorted(spans):
+    a, b = max(a, reach), min(b, end)
+    if b > a:
+      total += b - a
+      reach = b
+  return total
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = parse_args(argv)
+  if args.child is not None:
+    common.emit(first_step(args))
+    return
+  machine = common.machine()
+  runs = []
+  for r in range(args.repeats):
+    child = [__file__, f'--exp={args.exp}', *(f'--set={s}' for s in args.set)]
+    runs.append(common.run_child([*child, f'--child={time.time()!r}']))
+    common.log(f'  run {r + 1}/{args.repeats}: ' +
+               ' '.join(f'{k} {v:.2f}' for k, v in runs[-1].items()))
+  common.emit({'benchmark': 'startup', 'experiment': args.exp, 'overrides': args.set,
+               'repeats': args.repeats, 'machine': machine,
+               **{k: round(common.median([r[k] for r in runs]), 3) for k in PHASES},
+               'runs': [{k: round(v, 3) for k, v in r.items()} for r in runs]})
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,125 @@
+"""Benchmarks, the GPU MFU script and the comparison report: each runs end to end at tiny sizes
+and prints what it promises. Timings are never asserted (the machine may be loaded)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, cli_env
+
+PNG = b'\x89PNG\r\n\x1a\n'
+
+
+def run_json(*args: str, timeout: float = 600, env: dict | None = None) -> dict:
+  """Runs a repo script (python file, or an executable), asserts exit 0 and one JSON line."""
+  command = list(args) if args[0].endswith('.sh') else [sys.executable, *args]
+  proc = subprocess.run(command, cwd=REPO, text=True, capture_output=True, timeout=timeout,
+                        env=env or cli_env(1))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.strip().splitlines()
+  assert len(lines) == 1, proc.stdout
+  return json.loads(lines[0])
+
+
+@pytest.mark.slow
+def test_overhead_reports_both_steps_and_the_ratio_per_device_count():
+  out = run_json('benchmarks/overhead.py', '--quick')
+  assert out['benchmark'] == 'overhead' and set(out['devices']) == {'1', '8'}
+  for devices, row in out['devices'].items():
+    assert row['devices'] == int(devices)
+    assert row['paxlike_steps_per_sec'] > 0 and row['baseline_steps_per_sec'] > 0
+    assert row['ratio'] > 0 and row['paxlike_with_data_steps_per_sec'] > 0
+    assert row['flops_per_device']['paxlike'] > 0 and set(row['all_reduces']) == {'paxlike', 'baseline'}
+  assert out['ratio'] == min(r['ratio'] for r in out['devices'].values())
+  assert isinstance(out['goal_met'], bool)
+
+
+@pytest.mark.slow
+def test_federated_round_compares_modes_agrees_and_records_memory():
+  out = run_json('benchmarks/federated_round.py', '--quick')
+  assert out['benchmark'] == 'federated_round' and out['data'] in (['real'], ['synthetic'])
+  [row] = out['cohorts']
+  assert row['cohort'] == 4 and out['ratio'] == row['ratio'] > 0
+  for mode in ('paxlike', 'loop', 'chunked'):
+    assert row[f'{mode}_rounds_per_sec'] > 0
+    assert row['xla_temp_mb'][mode] > 0 and row['peak_rss_mb'][mode] > 0
+  # The three ways of running a round compute the same FedAvg round.
+  for mode in ('loop', 'chunked'):
+    assert row['difference_from_paxlike'][mode]['relative'] < 1e-2
+
+
+def test_checkpoint_cost_reports_the_ratio_and_save_time():
+  out = run_json('benchmarks/checkpoint_cost.py', '--quick')
+  assert out['benchmark'] == 'checkpoint_cost' and out['ratio'] > 0
+  assert out['steps_per_sec'] > 0 and out['baseline_steps_per_sec'] > 0
+  assert out['save_call_ms'] > 0 and set(out['step_time_ms']) == {'none', 'sync_only', 'async'}
+  assert set(out['extra_ms_per_step']) == {'sync', 'save_call', 'background'}
+
+
+def test_startup_phases_add_up_to_the_total():
+  out = run_json('benchmarks/startup.py', '--quick')
+  phases = ('interpreter_s', 'import_s', 'init_s', 'compile_s', 'data_s', 'first_step_s')
+  assert all(out[k] >= 0 for k in phases) and out['compile_s'] > 0
+  assert sum(out[k] for k in phases) == pytest.approx(out['total_s'], abs=0.01)
+  assert 0 <= out['data_load_s'] <= out['init_s'] + 1e-3
+
+
+def test_gpu_mfu_dry_run_end_to_end_and_mfu_is_flops_over_peak():
+  env = {**cli_env(1), 'GPU_VENV': '/nonexistent/never-used'}
+  out = run_json('benchmarks/gpu_mfu.sh', '--dry-run', '--', '--peak-tflops=0.5', env=env)
+  assert out['dry_run'] and out['platform'] == 'cpu' and out['params'] > 0
+  assert out['batch'] == 8 and out['tried'][0] == {'batch': 8, 'result': 'ran'}
+  assert out['tokens_per_sec'] == pytest.approx(8 * out['seq_len'] / out['step_time_s'], rel=0.01)
+  assert out['mfu'] == pytest.approx(out['tflops_per_sec'] / 0.5)
+  assert out['scan_layers'] is True and out['missing_fields'] == []
+
+
+def test_gpu_mfu_without_a_gpu_skips_cleanly():
+  out = run_json('benchmarks/gpu_mfu.py')
+  assert out['benchmark'] == 'gpu_mfu' and 'skipped' in out
+
+
+def test_gpu_mfu_sh_rejects_bad_arguments():
+  proc = subprocess.run(['benchmarks/gpu_mfu.sh', '--cuda', '11'], cwd=REPO, text=True,
+                        capture_output=True)
+  assert proc.returncode == 2 and 'gpu_mfu: error' in proc.stderr
+
+
+@pytest.mark.slow
+def test_compare_writes_the_report_and_both_plots(tmp_path):
+  args = [sys.executable, 'scripts/compare.py', f'--out={tmp_path}', '--rounds=3', '--evals=1',
+          '--experiments=lm.StdlibTiny,lm.ShakespeareTiny', '--set=model.num_layers=1']
+  proc = subprocess.run(args, cwd=REPO, text=True, capture_output=True, timeout=600,
+                        env=cli_env(1))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = (tmp_path / 'report.md').read_text()
+  for name in ('lm.StdlibTiny', 'lm.ShakespeareTiny'):
+    row = next(line for line in report.splitlines() if line.startswith(f'| {name} |'))
+    cells = [c.strip() for c in row.strip('|').split('|')]
+    assert cells[1] == 'centralized' and cells[2] == '3' and float(cells[6]) > 0
+    assert cells[8] == '0'  # Centralized training communicates nothing.
+  for png in ('loss_vs_round.png', 'loss_vs_communication.png'):
+    assert (tmp_path / png).read_bytes()[:8] == PNG
+  again = subprocess.run(args, cwd=REPO, text=True, capture_output=True, timeout=600,
+                         env=cli_env(1))
+  assert again.returncode == 0 and again.stderr.count('reusing') == 2
+
+
+def test_plot_metrics_writes_a_png(tmp_path):
+  for name, losses in (('a', (3.0, 2.5, 2.0)), ('b', (3.1, 2.9, 2.4))):
+    (tmp_path / name).mkdir()
+    rows = [{'step': 10 * (i + 1), 'loss': v, 'eval_loss': v + 0.1} for i, v in enumerate(losses)]
+    rows.insert(1, {'step': 15, 'loss': 2.7})  # A train-only row: skipped for eval_loss.
+    (tmp_path / name / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  out = tmp_path / 'plots' / 'loss.png'
+  proc = subprocess.run([sys.executable, 'scripts/plot_metrics.py', str(out),
+                         str(tmp_path / 'a' / 'metrics.jsonl'), str(tmp_path / 'b' / 'metrics.jsonl')],
+                        cwd=REPO, text=True, capture_output=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert out.read_bytes()[:8] == PNG
+  bad = subprocess.run([sys.executable, 'scripts/plot_metrics.py', str(out),
+                        str(tmp_path / 'a' / 'metrics.jsonl'), '--key=nope'],
+                       cwd=REPO, text=True, capture_output=True, timeout=120)
+  assert bad.returncode == 2 and 'nope' in bad.stderr
