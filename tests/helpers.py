@@ -32,6 +32,14 @@ def run_cli(*args: str, devices: int = 1, timeout: float = 300, check: bool = Tr
   return proc
 
 
+def run_script(script: str, devices: int = 8, timeout: float = 300) -> str:
+  """Runs `python -c script` on `devices` forced CPU devices; its stdout, after asserting exit 0."""
+  proc = subprocess.run([sys.executable, '-c', script], cwd=REPO, text=True, capture_output=True,
+                        timeout=timeout, env=cli_env(devices, JAX_PLATFORMS='cpu'))
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return proc.stdout
+
+
 def snapshot(directory: Path) -> dict[str, str]:
   """Path → content hash of every file under `directory`: to show nothing changed."""
   return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()

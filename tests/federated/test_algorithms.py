@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +15,7 @@ from paxlike import optim
 from paxlike.errors import UserError
 from paxlike.federated import (diloco, fed_adagrad, fed_adam, fed_avg, fed_opt, fed_yogi,
                                pseudo_gradient)
+from tests.helpers import run_script
 
 D, B = 3, 8
 REQUIRED = {'loss', 'clients', 'loss_before', 'loss_after', 'pseudo_grad_norm'}
@@ -231,16 +228,8 @@ _MESH_SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope='module')
 def mesh_results() -> dict:
-  repo = Path(__file__).resolve().parents[2]
-  env = dict(os.environ)
-  flags = env.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
-  env['XLA_FLAGS'] = flags.strip()
-  env['JAX_PLATFORMS'] = 'cpu'
-  env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(repo), env.get('PYTHONPATH')]))
-  proc = subprocess.run([sys.executable, '-c', _MESH_SCRIPT], env=env, cwd=repo,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULTS='))
+  stdout = run_script(_MESH_SCRIPT)
+  line = next(l for l in stdout.splitlines() if l.startswith('RESULTS='))
   return json.loads(line.removeprefix('RESULTS='))
 
 

@@ -1,10 +1,8 @@
 """Data, FSDP and tensor parallelism (and mixes) on 8 forced CPU devices give 1-device losses."""
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
+
+from tests.helpers import run_script
 
 SCRIPT = textwrap.dedent("""
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
@@ -72,9 +70,4 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_fsdp_tensor_and_data_parallel_match_one_device():
-  root = Path(__file__).resolve().parents[2]
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
-  env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(root), env.get('PYTHONPATH')]))
-  proc = subprocess.run([sys.executable, '-c', SCRIPT], env=env, capture_output=True, text=True,
-                        timeout=300, cwd=root)
-  assert proc.returncode == 0 and 'SHARDING_OK' in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
+  assert 'SHARDING_OK' in run_script(SCRIPT)

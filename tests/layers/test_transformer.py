@@ -1,8 +1,5 @@
 """Behaviour of TransformerLM: shapes, masking, parameter counts, names, dtypes, training."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import fiddle as fdl
@@ -16,6 +13,7 @@ from fiddle.experimental import serialization
 
 from paxlike.layers import TransformerLM
 from paxlike.layers.attention import apply_rope
+from tests.helpers import run_script
 
 TINY = dict(vocab_size=64, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_len=32)
 LOGICAL_NAMES = {'vocab', 'embed', 'heads', 'kv_heads', 'kv', 'mlp', None}
@@ -252,9 +250,4 @@ SHARDED_SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_apply_matches_single_device():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
-  proc = subprocess.run([sys.executable, '-c', SHARDED_SCRIPT], env=env, capture_output=True,
-                        text=True, timeout=120)
-  assert proc.returncode == 0 and 'SHARDED_OK' in proc.stdout, proc.stderr[-3000:]
+  assert 'SHARDED_OK' in run_script(SHARDED_SCRIPT, timeout=120)

@@ -1,8 +1,5 @@
 """Behaviour of the image classifiers: shapes, parameter counts, names, dropout, training."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import flax.linen as nn
@@ -13,6 +10,7 @@ import optax
 import pytest
 
 from paxlike.layers import CnnClassifier, MlpClassifier
+from tests.helpers import run_script
 
 LOGICAL_NAMES = {'embed', 'mlp', None}
 
@@ -136,9 +134,4 @@ SHARDED_SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_apply_matches_single_device():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
-  proc = subprocess.run([sys.executable, '-c', SHARDED_SCRIPT], env=env, capture_output=True,
-                        text=True, timeout=120)
-  assert proc.returncode == 0 and 'SHARDED_OK' in proc.stdout, proc.stderr[-3000:]
+  assert 'SHARDED_OK' in run_script(SHARDED_SCRIPT, timeout=120)
