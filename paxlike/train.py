@@ -21,11 +21,12 @@ from clu import metrics as clu_metrics
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from paxlike import losses, partitioning, throughput
+from paxlike import losses, model_stats, partitioning, throughput
 from paxlike.checkpoint import Checkpoints
 from paxlike.data.prefetch import Prefetcher
 from paxlike.errors import RunFailure, UserError
 from paxlike.experiment import Task
+from paxlike.layers import TransformerLM
 from paxlike.summaries import RunWriter, status
 
 
@@ -46,7 +47,8 @@ class Setup:
   step: Callable[..., tuple[TrainState, dict]]
   eval: Callable[[Any, dict], clu_metrics.Collection]
   abstract_state: TrainState
-  flops_per_device: float | None   # One step's FLOPs on one device, from XLA's cost analysis.
+  flops_per_device: float | None   # One step's model FLOPs per device (LMs: 6N + attention
+                                   # per token; else XLA's count, which sees loop bodies once).
   items_per_step: tuple[str, int]  # ('tokens', n) for LMs, ('examples', n) otherwise.
 
 
@@ -113,8 +115,13 @@ def setup(task: Task) -> Setup:
                        abstract_state, jax.tree.map(lambda x: spec(x, batch_sharding), batches),
                        spec(np.asarray(weights, np.float32), client_sharding), rng_spec).compile()
   item = 'tokens' if batches['inputs'].dtype.kind in 'iu' else 'examples'
-  return Setup(task, mesh, compiled_init, step, jax.jit(eval_step), abstract_state,
-               throughput.step_flops_per_device(step), (item, int(batches['mask'].size)))
+  items = int(batches['mask'].size)
+  if isinstance(task.model, TransformerLM):  # Model FLOPs; XLA counts a loop body only once.
+    flops = model_stats.flops_per_token(task.model, batches['inputs'].shape[-1]) * items / mesh.size
+  else:
+    flops = throughput.step_flops_per_device(step)
+  return Setup(task, mesh, compiled_init, step, jax.jit(eval_step), abstract_state, flops,
+               (item, items))
 
 
 def evaluate(s: Setup, params: Any) -> dict[str, float]:

@@ -31,3 +31,16 @@ def test_step_flops_match_a_matmul_count():
   b = jnp.ones((128, 32), jnp.float32)
   compiled = jax.jit(jnp.matmul).lower(a, b).compile()
   assert throughput.step_flops_per_device(compiled) == pytest.approx(2 * 64 * 128 * 32, rel=0.05)
+
+
+def test_lm_step_flops_count_every_client_and_local_step():
+  from paxlike import config_io, model_stats, registry, train
+  registry.import_all()
+  cfg = registry.get('federated.ShakespeareFedAvg')().config()
+  config_io.apply_overrides(cfg, ['data.clients_per_round=2'])
+  task = config_io.build(cfg)
+  s = train.setup(task)
+  tokens = 2 * 4 * task.data.batch_size * task.data.seq_len  # clients × local steps × batch × seq
+  expected = model_stats.flops_per_token(task.model, task.data.seq_len) * tokens
+  assert s.items_per_step == ('tokens', tokens)
+  assert s.flops_per_device == pytest.approx(expected)
