@@ -124,7 +124,7 @@ def measure(args: argparse.Namespace) -> dict:
       'ratio_best': max(values['paxlike']) / max(values['baseline']),
       'spread': {k: round(common.spread(v), 3) for k, v in values.items()},
       # Where a gap would come from: extra work or extra collectives in the compiled step.
-      'flops_per_device': {'paxlike': s.flops_per_device,
+      'flops_per_device': {'paxlike': throughput.step_flops_per_device(s.step),
                            'baseline': throughput.step_flops_per_device(baseline_step)},
       'all_reduces': {'paxlike': all_reduces(s.step), 'baseline': all_reduces(baseline_step)},
   }
