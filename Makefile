@@ -28,8 +28,10 @@ run: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
+BENCHMARKS := overhead federated_round checkpoint_cost startup
+
 bench: setup
-	@for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+	@for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV)
