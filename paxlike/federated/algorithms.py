@@ -41,8 +41,10 @@ class PseudoGradientState(NamedTuple):
   client_opt_state: Any
 
 
-def cohort_size(batches: Any, local_steps: int | None = None) -> int:
-  """The number of clients (leading axis of `batches`); checks the local-steps axis if given."""
+def cohort_size(batches: Any, local_steps: int | None = None,
+                fixed: tuple[int, str] | None = None) -> int:
+  """The number of clients (leading axis of `batches`); checks the local-steps axis if given,
+  and with `fixed=(n, 'experts')` that the cohort is exactly the algorithm's n members."""
   shapes = {jnp.shape(leaf)[:2] for leaf in jax.tree.leaves(batches)}
   if len(shapes) != 1 or len(next(iter(shapes))) != 2:
     raise AlgorithmConfigError(
@@ -51,6 +53,10 @@ def cohort_size(batches: Any, local_steps: int | None = None) -> int:
   if local_steps is not None and steps != local_steps:
     raise AlgorithmConfigError(
         f'batches have {steps} local steps per client, the algorithm {local_steps}.')
+  if fixed is not None and clients != fixed[0]:
+    raise AlgorithmConfigError(
+        f'the cohort has {clients} clients but the algorithm has {fixed[0]} {fixed[1]}; '
+        f'set clients_per_round = {fixed[0]}, one fixed client per slot.')
   return clients
 
 
@@ -123,11 +129,8 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
     return PseudoGradientState(params, server_opt_state, client_opt_state)
 
   def next(state, batches, weights, rng):
-    clients = cohort_size(batches, local_steps)
-    if num_replicas is not None and clients != num_replicas:
-      raise AlgorithmConfigError(
-          f'the cohort has {clients} clients but the algorithm {num_replicas} replicas; '
-          'set clients_per_round = num_replicas.')
+    clients = cohort_size(batches, local_steps,
+                          None if num_replicas is None else (num_replicas, 'replicas'))
 
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):

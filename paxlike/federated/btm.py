@@ -52,11 +52,7 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
     return BtmState(params, experts, opt_state, jnp.zeros((num_experts,), jnp.float32))
 
   def next(state, batches, weights, rng):
-    clients = cohort_size(batches)
-    if clients != num_experts:
-      raise AlgorithmConfigError(
-          f'the cohort has {clients} clients but there are {num_experts} experts; '
-          'set clients_per_round = num_experts, one domain per slot.')
+    clients = cohort_size(batches, fixed=(num_experts, 'experts (one domain each)'))
 
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):

@@ -84,11 +84,7 @@ def papa(loss_fn: LossFn, optimizer: optax.GradientTransformation, population: i
     return pull_to_mean(members, 0.0 if variant == 'all' else alpha)
 
   def next(state, batches, weights, rng):
-    clients = cohort_size(batches)
-    if clients != population:
-      raise AlgorithmConfigError(
-          f'the cohort has {clients} clients but the population is {population}; '
-          'set clients_per_round = population.')
+    clients = cohort_size(batches, fixed=(population, 'population members'))
 
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):
