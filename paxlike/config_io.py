@@ -103,6 +103,11 @@ def to_text(cfg: fdl.Buildable) -> str:
   return ''.join(f'{path.lstrip(".") or "<root>"} = {value}\n' for path, value in flatten(cfg).items())
 
 
+def is_allowed(module: str, allow: Iterable[str] = ()) -> bool:
+  """Whether `module` is on the import allow-list (plus the user's `allow` additions)."""
+  return any(module == a or module.startswith(a + '.') for a in ALLOWED_MODULES + tuple(allow))
+
+
 def _modules(node: Any) -> Iterable[str]:
   if isinstance(node, dict):
     if node.get('type') == 'pyref':
@@ -116,13 +121,12 @@ def _modules(node: Any) -> Iterable[str]:
 
 def from_json(text: str, source: str, allow: Iterable[str] = ()) -> fdl.Buildable:
   """Loads a serialized config, importing only allow-listed modules."""
-  allowed = ALLOWED_MODULES + tuple(allow)
   try:
     modules = set(_modules(json.loads(text)))
   except json.JSONDecodeError as error:
     raise UserError(f'{source} is not valid JSON ({error.msg} at line {error.lineno})') from None
   for module in sorted(modules):
-    if not any(module == a or module.startswith(a + '.') for a in allowed):
+    if not is_allowed(module, allow):
       raise UserError(f'{source} imports {module!r}, which is not allowed; '
                       f'pass --allow_import={module.split(".")[0]} if you trust it')
   try:

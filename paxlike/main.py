@@ -51,8 +51,7 @@ def resolve_fiddler(name: str):
   """A fiddler function from configs.fiddlers, or an allowed dotted `module.function`."""
   module_name, _, fn_name = name.rpartition('.')
   module_name = module_name or 'configs.fiddlers'
-  allowed = config_io.ALLOWED_MODULES + tuple(FLAGS.allow_import)
-  if not any(module_name == a or module_name.startswith(a + '.') for a in allowed):
+  if not config_io.is_allowed(module_name, FLAGS.allow_import):
     raise UserError(f'--fdl_fiddler={name}: module {module_name} is not allowed; see --allow_import')
   try:
     return getattr(importlib.import_module(module_name), fn_name)

@@ -9,7 +9,6 @@ randomness are pure functions of `(seed, s)`, so a restarted run repeats an unin
 import dataclasses
 import functools
 import signal
-import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
