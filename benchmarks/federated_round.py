@@ -78,12 +78,13 @@ class SyntheticLm:
   clients_per_round: int
   local_steps: int
 
-  def round_batches(self, seed: int, step: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+  def round_batches(self, seed: int, step: int, clients: slice = slice(None),
+                    rows: slice = slice(None)) -> tuple[dict[str, np.ndarray], np.ndarray]:
     rng = np.random.default_rng([seed, step])
     shape = (self.clients_per_round, self.local_steps, self.batch_size, self.seq_len + 1)
-    tokens = rng.integers(0, 256, shape, dtype=np.int32)
+    tokens = rng.integers(0, 256, shape, dtype=np.int32)[clients, :, rows]
     return ({'inputs': tokens[..., :-1], 'targets': tokens[..., 1:],
-             'mask': np.ones(shape[:-1] + (self.seq_len,), np.float32)},
+             'mask': np.ones(tokens.shape[:-1] + (self.seq_len,), np.float32)},
             np.ones(self.clients_per_round, np.float32))
 
   def eval_batches(self) -> list[dict[str, np.ndarray]]:

@@ -98,6 +98,7 @@ def papa(population: int, alpha: float = 0.99, every: int = 10,
                      variant=variant)
 
 
-def btm(num_experts: int) -> fdl.Partial:
-  """Branch-train-merge, experts branched from the initial params, merged by example counts."""
-  return fdl.Partial(federated.btm, num_experts=num_experts)
+def btm(num_experts: int, seed_steps: int = 0) -> fdl.Partial:
+  """Branch-train-merge: experts branched from the initial params (after `seed_steps` rounds of
+  seed training on the pooled domains), merged by example counts."""
+  return fdl.Partial(federated.btm, num_experts=num_experts, seed_steps=seed_steps)

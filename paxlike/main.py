@@ -107,8 +107,9 @@ def run(argv: list[str]) -> None:
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = train.load_latest_state(task, directory)
   if FLAGS.mode == 'eval':
-    print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in
-                                        train.evaluate(setup, state.alg.params).items()}}))
+    evals, clients = train.evaluate(setup, state.alg)
+    print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in evals.items()},
+                      **({'eval_clients': clients} if clients else {})}))
   else:
     print(decode.sample_text(task.model, state.alg.params, FLAGS.prompt, FLAGS.decode_length,
                              FLAGS.temperature, FLAGS.decode_seed))

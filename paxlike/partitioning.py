@@ -151,7 +151,31 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def host_to_global(tree: Any, sharding: NamedSharding) -> Any:
-  """Put host numpy arrays (the full global batch, same on every process) onto the mesh."""
+  """Put host numpy arrays (the full global array, same on every process) onto the mesh."""
   def put(x: np.ndarray) -> jax.Array:
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+  return jax.tree.map(put, tree)
+
+
+def process_block(sharding: NamedSharding, shape: tuple[int, ...]) -> tuple[slice, ...]:
+  """The smallest box of a `shape` array (or of its leading dims) holding every shard this
+  process's devices own: what the process must load. The whole array on one process."""
+  indices = sharding.addressable_devices_indices_map(shape).values()
+  bounds = [[index[d].indices(n)[:2] for index in indices] for d, n in enumerate(shape)]
+  return tuple(slice(min(b[0] for b in dim), max(b[1] for b in dim)) for dim in bounds)
+
+
+def block_to_global(tree: Any, sharding: NamedSharding, block: tuple[slice, ...],
+                    leading_shape: tuple[int, ...]) -> Any:
+  """Put this process's `block` (from `process_block`) of each global array onto the mesh.
+
+  Leaves have the block's extent on the leading dims and their full extent on the rest; the
+  global arrays have `leading_shape` in front. Each device's shard is cut from the block.
+  """
+  def put(x: np.ndarray) -> jax.Array:
+    def shard(index: tuple[slice, ...]) -> np.ndarray:
+      local = tuple(slice(*(i - b.start for i in d.indices(n)[:2]))
+                    for d, b, n in zip(index, block, leading_shape))
+      return x[local + tuple(index[len(block):])]
+    return jax.make_array_from_callback((*leading_shape, *x.shape[len(block):]), sharding, shard)
   return jax.tree.map(put, tree)

@@ -1,4 +1,5 @@
-"""Run outputs: `metrics.jsonl`, TensorBoard event files and the progress line.
+"""Run outputs: `metrics.jsonl`, `eval_clients.jsonl` (per-client held-out metrics at each
+eval), TensorBoard event files and the progress line.
 
 Only the primary process writes. On resume, rows after the restored step are dropped, so a run
 killed after logging but before checkpointing rewrites those rows instead of duplicating them.
@@ -59,8 +60,10 @@ class RunWriter:
     self.num_steps = num_steps
     self._last = (start_step, time.perf_counter())
     self._metrics_path = job_dir / 'metrics.jsonl'
+    self._clients_path = job_dir / 'eval_clients.jsonl'
     if primary:
       truncate_after(self._metrics_path, start_step)
+      truncate_after(self._clients_path, start_step)
       self._file = self._metrics_path.open('a')
       self._tb = {split: SummaryWriter(str(job_dir / 'summaries' / split), purge_step=start_step + 1)
                   for split in ('train', 'eval')}
@@ -72,12 +75,16 @@ class RunWriter:
     self._last = (step, now)
     return (step - last_step) / max(now - last_time, 1e-9)
 
-  def write(self, step: int, train: Mapping[str, Any], evals: Mapping[str, Any] | None = None) -> dict:
-    """Writes the row for `step` and returns it."""
+  def write(self, step: int, train: Mapping[str, Any], evals: Mapping[str, Any] | None = None,
+            clients: Mapping[str, Mapping[str, float]] | None = None) -> dict:
+    """Writes the row for `step` (and its per-client eval table, if any) and returns the row."""
     row = {'step': step, **scalars(train)}
     row.update({f'eval_{k}': v for k, v in scalars(evals or {}).items()})
     if not self.primary:
       return row
+    if clients:
+      with self._clients_path.open('a') as f:
+        f.write(json.dumps({'step': step, 'clients': clients}) + '\n')
     self._file.write(json.dumps(row) + '\n')
     self._file.flush()
     for key, value in row.items():

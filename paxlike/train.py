@@ -16,13 +16,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from clu import metrics as clu_metrics
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from paxlike import losses, model_stats, partitioning, throughput
+from paxlike import evaluation, losses, model_stats, partitioning, throughput
 from paxlike.checkpoint import Checkpoints
 from paxlike.data.prefetch import Prefetcher
+from paxlike.data.sources import ClientEval
 from paxlike.errors import RunFailure, UserError
 from paxlike.experiment import Task
 from paxlike.layers import TransformerLM
@@ -44,17 +44,14 @@ class Setup:
   mesh: Mesh
   init: Callable[[jax.Array], TrainState]
   step: Callable[..., tuple[TrainState, dict]]
-  eval: Callable[[Any, dict], clu_metrics.Collection]
+  eval: Callable[[Any, dict, jax.Array], evaluation.Outputs]  # (alg state, batch, groups).
+  client_eval: ClientEval | None  # How eval splits into clients' held-out metrics.
   abstract_state: TrainState
   flops_per_device: float | None   # One step's model FLOPs per device (LMs: 6N + attention
                                    # per token; else XLA's count, which sees loop bodies once).
   items_per_step: tuple[str, int]  # ('tokens', n) for LMs, ('examples', n) otherwise.
-
-
-@clu_metrics.flax.struct.dataclass
-class EvalMetrics(clu_metrics.Collection):
-  loss: clu_metrics.Average.from_output('loss')
-  accuracy: clu_metrics.Average.from_output('accuracy')
+  round_shape: tuple[int, int, int]     # [clients, local_steps, batch] of a round's batches.
+  block: tuple[slice, slice, slice]     # The part of round_shape this process loads.
 
 
 def setup(task: Task) -> Setup:
@@ -87,12 +84,6 @@ def setup(task: Task) -> Setup:
       metrics = {**metrics, 'nonfinite_steps': new.nonfinite_steps}
     return new, metrics
 
-  def eval_step(params, batch):
-    losses_, correct = losses.per_example_loss(
-        task.model.apply({'params': params}, batch['inputs'], deterministic=True), batch)
-    return EvalMetrics.single_from_model_output(
-        loss=losses_, accuracy=correct, mask=batch['mask'].astype(bool))
-
   def spec(x, sharding):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
@@ -119,18 +110,27 @@ def setup(task: Task) -> Setup:
     flops = model_stats.flops_per_token(task.model, batches['inputs'].shape[-1]) * items / mesh.size
   else:
     flops = throughput.step_flops_per_device(step)
-  return Setup(task, mesh, compiled_init, step, jax.jit(eval_step), abstract_state, flops,
-               (item, items))
+  client_eval = data.client_eval() if hasattr(data, 'client_eval') else None
+  eval_step = evaluation.eval_step(task.model, client_eval.num_groups if client_eval else 1,
+                                   algorithm.ensemble)
+  round_shape = batches['mask'].shape[:3]
+  return Setup(task, mesh, compiled_init, step, jax.jit(eval_step), client_eval, abstract_state,
+               flops, (item, items), round_shape,
+               partitioning.process_block(batch_sharding, round_shape))
 
 
-def evaluate(s: Setup, params: Any) -> dict[str, float]:
-  """Pooled held-out loss and accuracy of `params`."""
+def evaluate(s: Setup, alg_state: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+  """Held-out metrics of `alg_state.params` (and of the algorithm's ensemble): pooled loss and
+  accuracy plus per-client summaries, and the per-client table (see evaluation.finish)."""
   eval_sharding = NamedSharding(s.mesh, P(partitioning.batch_axes(s.mesh) or None))
-  total = None
-  for batch in s.task.data.eval_batches():
-    update = s.eval(params, partitioning.host_to_global(batch, eval_sharding))
-    total = update if total is None else total.merge(update)
-  return {k: float(v) for k, v in total.compute().items()}
+  batches = s.task.data.eval_batches()
+  groups = (s.client_eval.groups if s.client_eval else
+            [np.zeros(b['mask'].shape, np.int32) for b in batches])
+  totals = None
+  for batch, group in zip(batches, groups):
+    batch, group = partitioning.host_to_global((batch, group), eval_sharding)
+    totals = evaluation.combine(totals, s.eval(alg_state, batch, group))
+  return evaluation.finish(totals, s.client_eval)
 
 
 class _StopSignal:
@@ -160,15 +160,18 @@ class _StopSignal:
 
 
 def host_round(s: Setup, step: int) -> tuple[dict, np.ndarray]:
-  """Step `step`'s host batches and client weights: a pure function of (seed, step)."""
-  return s.task.data.round_batches(s.task.train.seed, step)
+  """This process's block of step `step`'s batches, and the client weights: a pure function of
+  (seed, step)."""
+  clients, _, rows = s.block
+  return s.task.data.round_batches(s.task.train.seed, step, clients=clients, rows=rows)
 
 
 def round_inputs(s: Setup, step: int, host: tuple[dict, np.ndarray] | None = None
                  ) -> tuple[Any, Any, jax.Array]:
   """Step `step`'s sharded batches, client weights and rng (from `host` if already fetched)."""
   batches, weights = host if host is not None else host_round(s, step)
-  batches = partitioning.host_to_global(batches, partitioning.round_batch_sharding(s.mesh))
+  batches = partitioning.block_to_global(
+      batches, partitioning.round_batch_sharding(s.mesh), s.block, s.round_shape)
   weights = partitioning.host_to_global(np.asarray(weights, np.float32),
                                         partitioning.client_sharding(s.mesh))
   return batches, weights, jax.random.fold_in(jax.random.key(s.task.train.seed), step)
@@ -197,6 +200,10 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: bool = False,
   primary = jax.process_index() == 0
   checkpoints = Checkpoints(job_dir / 'checkpoints', cfg.max_to_keep, fallback=restore_fallback)
   start, state = restore_or_init(s, checkpoints)
+  if jax.process_count() > 1:
+    clients, _, rows = s.block
+    status(f'process {jax.process_index()} loads clients {clients.start}:{clients.stop}, rows '
+           f'{rows.start}:{rows.stop} of each {list(s.round_shape)} round batch')
   if on_start and primary:
     on_start()
   writer = RunWriter(job_dir, start, cfg.num_steps, primary=primary)
@@ -215,13 +222,14 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: bool = False,
                        f"grad_norm={float(metrics.get('grad_norm', np.nan))}; "
                        'the last checkpoint is untouched')
     last = step == cfg.num_steps
-    evals = evaluate(s, state.alg.params) if step % cfg.eval_every == 0 or last else None
+    evals, clients = (evaluate(s, state.alg) if step % cfg.eval_every == 0 or last
+                      else (None, None))
     if step % cfg.log_every == 0 or evals is not None:
       rate = writer.steps_per_sec(step)
       metrics = {**metrics, 'steps_per_sec': rate, **throughput.throughput_metrics(
           rate, s.items_per_step[1], s.items_per_step[0], s.flops_per_device,
           s.mesh.devices.size, peak)}
-      return writer.write(step, metrics, evals)
+      return writer.write(step, metrics, evals, clients)
     return {}
 
   try:

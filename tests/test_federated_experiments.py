@@ -25,7 +25,7 @@ EXPERIMENTS = {
     'ShakespeareFedAdam': (8, ONE_LAYER),
     'ShakespeareDiLoCo': (4, ONE_LAYER),
     'ShakespearePapa': (4, ONE_LAYER),
-    'ShakespeareBtm': (4, ONE_LAYER),
+    'ShakespeareBtm': (4, [*ONE_LAYER, '--fdl_set=algorithm.seed_steps=2']),  # Both phases.
     'ShakespeareCentralized': (None, ONE_LAYER),
     'StdlibDiLoCo': (4, ONE_LAYER),
     'DigitsFedAvg': (5, []),
@@ -64,6 +64,28 @@ def test_experiment_trains_and_its_eval_loss_falls(trained, name):
   if clients is not None:
     assert {r['clients'] for r in rows} == {clients}
     assert all(r['loss_after'] < r['loss_before'] for r in rows[1:])
+  if name == 'ShakespeareBtm':  # The experts as an ensemble, besides their merge.
+    ensemble = [r['eval_ensemble_loss'] for r in rows if 'eval_loss' in r]
+    assert ensemble[1] < ensemble[0]
+
+
+# Partitions whose clients have held-out data of their own (natural, domains, label skew).
+CLIENT_EVAL = ['ShakespeareFedAvg', 'ShakespeareBtm', 'ShakespeareDiLoCo', 'DigitsFedAvg',
+               'FashionMnistFedAvg']
+
+
+@pytest.mark.parametrize('name', CLIENT_EVAL)
+def test_per_client_held_out_metrics_are_logged_at_each_eval(trained, name):
+  job = trained(name)
+  evals = [r for r in metric_rows(job) if 'eval_loss' in r]
+  tables = [json.loads(line) for line in (job / 'eval_clients.jsonl').read_text().splitlines()]
+  assert [t['step'] for t in tables] == [r['step'] for r in evals]
+  for row, table in zip(evals, tables):
+    clients = table['clients']
+    assert row['eval_clients_evaluated'] == len(clients) > 0
+    client_losses = [c['loss'] for c in clients.values()]
+    assert row['eval_client_loss_mean'] == pytest.approx(sum(client_losses) / len(clients))
+    assert all(math.isfinite(x) and x > 0 for x in client_losses)
 
 
 @pytest.mark.parametrize('name', ['ShakespeareDiLoCo', 'ShakespearePapa'])
@@ -73,6 +95,9 @@ def test_resume_repeats_the_uninterrupted_run(trained, name, tmp_path):
   proc = run_cli(*cli_args(name), f'--job_log_dir={tmp_path}')
   assert f'resumed from checkpoint step {ROUNDS // 2}' in proc.stderr
   assert metric_rows(tmp_path) == metric_rows(trained(name))
+  tables = [d / 'eval_clients.jsonl' for d in (tmp_path, trained(name))]
+  assert [p.read_text() if p.exists() else None for p in tables] == [
+      p.read_text() if p.exists() else None for p in reversed(tables)]
 
 
 def test_clients_mesh_axis_on_8_devices_matches_one_device(trained, tmp_path):

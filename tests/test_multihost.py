@@ -9,6 +9,7 @@ JAX's preemption notifier catches SIGTERM, so nothing softer is a hard limit.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -166,6 +167,12 @@ def test_two_processes_match_one_process_with_eight_devices(single8, two_process
   assert sorted(p.name for p in logs.iterdir()) == ['process_0.log', 'process_1.log']
   assert 'step 20/20' in (logs / 'process_0.log').read_text()
   assert 'step 20/20' not in (logs / 'process_1.log').read_text()  # Only process 0 reports.
+  for i in (0, 1):  # Each process loads only its half of every batch (data axis over both).
+    found = re.search(r'process (\d) loads clients 0:1, rows (\d+):(\d+) of each \[1, 1, (\d+)\]',
+                      (logs / f'process_{i}.log').read_text())
+    assert found, f'process {i} does not say what it loads'
+    index, start, stop, batch = map(int, found.groups())
+    assert (index, start, stop) == (i, i * batch // 2, (i + 1) * batch // 2)
   assert {'config.json', 'config.txt', 'metrics.jsonl', 'summaries'} <= {p.name for p in job.iterdir()}
   assert committed(job, 10) and committed(job, 20)
 
@@ -249,6 +256,9 @@ def test_federated_clients_axis_spread_over_two_processes(tmp_path):
   assert rows and rows[-1]['step'] == 2
   assert all(r['loss'] == pytest.approx(r['loss']) for r in rows)  # Finite, not NaN.
   assert 'clients' in rows[-1]
+  for i in (0, 1):  # The 2-way clients axis spans the processes: each loads half the cohort.
+    log = (job_dir / 'logs' / f'process_{i}.log').read_text()
+    assert f'process {i} loads clients {2 * i}:{2 * i + 2}, rows 0:' in log, log[-2000:]
 
 
 def test_processes_do_not_outlive_a_killed_launcher(jobs, tmp_path):

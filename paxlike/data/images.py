@@ -122,8 +122,10 @@ class ImageData:
   def client_sizes(self) -> np.ndarray:
     return partition.client_sizes(self.clients)
 
-  def round_batches(self, seed: int, step: int) -> tuple[sources.Batch, np.ndarray]:
-    """[clients_per_round, local_steps, batch_size, H, W, 1] batches and FedAvg weights."""
+  def round_batches(self, seed: int, step: int, clients: slice = slice(None),
+                    rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
+    """[clients_per_round, local_steps, batch_size, H, W, 1] batches (only cohort slots
+    `clients` and batch rows `rows` of them) and the whole cohort's FedAvg weights."""
     sizes, per_client = self.client_sizes, self.local_steps * self.batch_size
     cohort = sources.sample_cohort(seed, step, sizes, self.clients_per_round, self.sampling)
     rng = sources.round_rng(seed, step, sources.EXAMPLE_STREAM)
@@ -134,6 +136,7 @@ class ImageData:
                else rng.permutation(n)[np.arange(per_client) % n])
       picks.append(self.clients[c][local])
     index = np.stack(picks).reshape(len(cohort), self.local_steps, self.batch_size)
+    index = index[clients, :, rows]  # Drawn whole, so a block equals a slice of the whole.
     batch = image_batch(self.train, index, np.ones(index.shape, np.float32))
     return batch, sources.cohort_weights(sizes, cohort, self.sampling)
 
@@ -144,6 +147,17 @@ class ImageData:
     position = np.arange(count * b).reshape(count, b)
     batch = image_batch(self.test, position % n, position < n)
     return [{k: v[i] for k, v in batch.items()} for i in range(count)]
+
+  def client_eval(self) -> sources.ClientEval | None:
+    """Groups = test labels; client c's mix = its training label distribution. None for one
+    client (centralized training)."""
+    if self.num_clients == 1:
+      return None
+    hist = np.stack([np.bincount(self.train.labels[c], minlength=self.num_classes)
+                     for c in self.clients]).astype(np.float64)
+    groups = [np.where(b['mask'] > 0, b['targets'], -1) for b in self.eval_batches()]
+    return sources.ClientEval(tuple(f'client{i}' for i in range(self.num_clients)), groups,
+                              hist / hist.sum(axis=1, keepdims=True))
 
   def describe(self) -> dict[str, Any]:
     """Client and size statistics (sizes in examples)."""

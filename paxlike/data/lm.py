@@ -149,8 +149,10 @@ class LmData:
       sources.check_cohort(self, len(streams.sizes))
     return streams
 
-  def round_batches(self, seed: int, step: int) -> tuple[sources.Batch, np.ndarray]:
-    """[clients_per_round, local_steps, batch_size, seq_len] batches and FedAvg weights."""
+  def round_batches(self, seed: int, step: int, clients: slice = slice(None),
+                    rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
+    """[clients_per_round, local_steps, batch_size, seq_len] batches (only cohort slots
+    `clients` and batch rows `rows` of them) and the whole cohort's FedAvg weights."""
     s, k = self.train_streams, self.clients_per_round
     if self.partition == 'pooled':
       cohort = np.zeros(k, np.int64)
@@ -160,7 +162,8 @@ class LmData:
     sizes = s.sizes[cohort][:, None, None]
     offsets = rng.integers(0, np.maximum(sizes - self.seq_len, 1),
                            size=(k, self.local_steps, self.batch_size))
-    batch = windows(s.tokens, s.starts[cohort][:, None, None], sizes, offsets, self.seq_len)
+    batch = windows(s.tokens, s.starts[cohort][clients, None, None], sizes[clients],
+                    offsets[clients, :, rows], self.seq_len)
     return batch, sources.cohort_weights(s.sizes, cohort, self.sampling)
 
   @functools.cached_property
@@ -169,13 +172,45 @@ class LmData:
     texts, _ = read_documents(self.dataset, 'test')
     return concat_streams(texts, [np.arange(len(texts))], ('test',)).tokens
 
-  def eval_batches(self) -> list[sources.Batch]:
-    """`num_eval_batches` batches of evenly spaced windows over the test stream."""
+  def _eval_offsets(self) -> np.ndarray:
+    """[num_eval_batches, eval_batch_size] evenly spaced window starts in the test stream."""
     n, count = len(self.eval_tokens), self.num_eval_batches * self.eval_batch_size
     offsets = np.linspace(0, max(n - self.seq_len - 1, 0), count).astype(np.int64)
-    batch = windows(self.eval_tokens, np.int64(0), np.int64(n), offsets, self.seq_len)
-    return [{key: v.reshape(self.num_eval_batches, self.eval_batch_size, -1)[i]
-             for key, v in batch.items()} for i in range(self.num_eval_batches)]
+    return offsets.reshape(self.num_eval_batches, self.eval_batch_size)
+
+  def eval_batches(self) -> list[sources.Batch]:
+    """`num_eval_batches` batches of evenly spaced windows over the test stream."""
+    n = np.int64(len(self.eval_tokens))
+    return [windows(self.eval_tokens, np.int64(0), n, offsets, self.seq_len)
+            for offsets in self._eval_offsets()]
+
+  def client_eval(self) -> sources.ClientEval | None:
+    """Natural and domain partitions: each eval target token belongs to the training client
+    (role, module, domain) that wrote its test document; documents of clients not trained
+    (below `min_client_chars`) are in no group. None for 'pooled' and 'iid' partitions,
+    whose clients have no held-out text of their own."""
+    if self.partition not in ('natural', 'domains'):
+      return None
+    names = self.train_streams.names
+    texts, ids = read_documents(self.dataset, 'test')
+    client_of = self._client_of_natural_id
+    doc_group = np.array([client_of.get(i, -1) for i in ids.tolist()], np.int64)
+    token_group = np.repeat(doc_group, [len(t) + 1 for t in texts])  # As concat_streams.
+    targets = np.arange(1, self.seq_len + 1)  # Window positions of the targets.
+    groups = [token_group[(offsets[:, None] + targets) % len(token_group)].astype(np.int32)
+              for offsets in self._eval_offsets()]
+    return sources.ClientEval(names, groups, np.eye(len(names)))
+
+  @functools.cached_property
+  def _client_of_natural_id(self) -> dict[str, int]:
+    """Training client index of each natural client id (its own, or its domain's)."""
+    index = {name: i for i, name in enumerate(self.train_streams.names)}
+    if self.partition == 'natural':
+      return index
+    texts, ids = read_documents(self.dataset, 'train')
+    parts, names = domain_parts(texts, ids, self.num_clients, self.dataset)
+    return {natural: index[name] for part, name in zip(parts, names) if name in index
+            for natural in np.unique(ids[part]).tolist()}
 
   def describe(self) -> dict[str, Any]:
     """Client and size statistics (sizes in bytes = tokens)."""

@@ -1,6 +1,7 @@
 """The protocol the trainer consumes, and helpers shared by the LM and image sources."""
 
 from collections.abc import Sequence
+import dataclasses
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -14,6 +15,26 @@ SAMPLINGS = ('uniform', 'weighted', 'fixed')
 COHORT_STREAM, EXAMPLE_STREAM = 0, 1
 
 
+@dataclasses.dataclass(frozen=True)
+class ClientEval:
+  """How the pooled eval splits into per-client held-out metrics.
+
+  Every eval target is in one group: `groups[i]` has the shape of eval batch i's mask (-1: in
+  no group). Client c's metric is the `mix[c]`-weighted sum over groups of each group's mean,
+  e.g. groups = LM clients and mix = identity (each client's own held-out text), or groups =
+  classes and mix = each client's training label distribution (the test set reweighted to the
+  client's label mix, exactly in expectation).
+  """
+
+  names: tuple[str, ...]
+  groups: list[np.ndarray]
+  mix: np.ndarray  # float64 [clients, num_groups], rows sum to 1.
+
+  @property
+  def num_groups(self) -> int:
+    return self.mix.shape[1]
+
+
 @runtime_checkable
 class DataSource(Protocol):
   """Per-round batches for the trainer; centralized training is 1 client x 1 local step."""
@@ -22,13 +43,21 @@ class DataSource(Protocol):
   local_steps: int
   batch_size: int
 
-  def round_batches(self, seed: int, step: int) -> tuple[Batch, np.ndarray]:
-    """Batches with leading axes [clients_per_round, local_steps, batch_size, ...] and
-    weights [clients_per_round] float32; a pure function of (seed, step)."""
+  def round_batches(self, seed: int, step: int, clients: slice = slice(None),
+                    rows: slice = slice(None)) -> tuple[Batch, np.ndarray]:
+    """Batches with leading axes [clients_per_round, local_steps, batch_size, ...], cut to
+    cohort slots `clients` and batch rows `rows` (one process's block), and the whole cohort's
+    weights [clients_per_round] float32; a pure function of (seed, step), so a block equals
+    the same slice of the whole."""
     ...
 
   def eval_batches(self) -> list[Batch]:
     """Pooled held-out data, fixed and deterministic, each leading [eval_batch_size, ...]."""
+    ...
+
+  def client_eval(self) -> ClientEval | None:
+    """The per-client split of `eval_batches()`, or None where clients have no held-out data
+    of their own (e.g. IID or pooled partitions)."""
     ...
 
 

@@ -2,10 +2,18 @@
 each; the result is their (weighted) parameter average, or an ensemble weighted by the domain
 posterior.
 
+The seed is the params passed to `init`, or, with `seed_steps` = S > 0, those trained for the
+first S rounds as ONE model on the pooled data of all cohort slots (the paper's seed phase):
+local step l is one optimizer update on all slots' step-l batches concatenated along the batch
+axis (the loss_fn's masked mean over the pooled batch; the slot weights are not used). After
+every seed round the experts are reset to the seed with fresh optimizer states, so round S + 1
+branches from it exactly. One compiled step serves both phases (`lax.cond` on the round count).
+
 Expert k trains only on cohort slot k (the data side feeds domain k's batches there every
 round), with its own optimizer state; experts and states are client-placed (leading axis =
-experts). `state.params` is the merged model: the weighted parameter average of the experts with
-`merge_weights`, or by default with the examples each domain has seen so far.
+experts). `state.params` is the current model: the seed during the seed phase, then the merged
+experts: their weighted parameter average with `merge_weights`, or by default with the examples
+each domain has seen so far.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from paxlike import optim
 from paxlike.centralized import Algorithm
 from paxlike.federated.algorithms import (AlgorithmConfigError, client_update, cohort_size,
                                           placed_init, round_metrics)
@@ -26,36 +35,58 @@ from paxlike.losses import LossFn
 
 
 class BtmState(NamedTuple):
-  """`params`: the merged experts; `experts`/`opt_state`: per expert, leading axis = experts;
-  `domain_examples`: float32 [experts], the example weights each expert has trained on."""
+  """`params`: the seed model during the seed phase, then the merged experts;
+  `experts`/`opt_state`: per expert, leading axis = experts; `domain_examples`: float32
+  [experts], the example weights each expert has trained on; `round`: int32 count of rounds
+  done; `seed_opt_state`: the seed model's optimizer state (`optax.EmptyState()` when
+  seed_steps = 0)."""
 
   params: Any
   experts: Any
   opt_state: Any
   domain_examples: jax.Array
+  round: jax.Array
+  seed_opt_state: Any
+
+
+def _cast_like(tree: Any, like: Any) -> Any:
+  return jax.tree.map(lambda x, ref: x.astype(ref.dtype), tree, like)
+
+
+def pool(batches: Any) -> Any:
+  """[clients, local_steps, B, ...] → [local_steps, clients·B, ...]: step l is every slot's
+  step-l batch, concatenated along the batch axis in slot order."""
+  return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(x.shape[1], -1, *x.shape[3:]),
+                      batches)
 
 
 def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: int,
-        merge_weights: Sequence[float] | None = None) -> Algorithm:
-  """BTM with `num_experts` experts branched from the params passed to `init` (the seed). Needs
-  cohort size = num_experts, slot k → domain k. Each round trains every expert for the batches'
-  local steps, then merges."""
+        merge_weights: Sequence[float] | None = None, seed_steps: int = 0) -> Algorithm:
+  """BTM with `num_experts` experts branched from the seed: the params passed to `init`, trained
+  centrally on the pooled cohort for the first `seed_steps` rounds. Needs cohort size =
+  num_experts, slot k → domain k. Each later round trains every expert for the batches' local
+  steps, then merges."""
   if num_experts < 1:
     raise AlgorithmConfigError(f'num_experts must be >= 1, got {num_experts}.')
   if merge_weights is not None and len(merge_weights) != num_experts:
     raise AlgorithmConfigError(
         f'merge_weights needs {num_experts} entries, got {len(merge_weights)}.')
+  if seed_steps < 0:
+    raise AlgorithmConfigError(f'seed_steps must be >= 0, got {seed_steps}.')
   update = client_update(loss_fn, optimizer)
+  branch = placed_init(optimizer, num_experts)
 
   def init(params):
-    experts, opt_state = placed_init(optimizer, num_experts)(params)
-    return BtmState(params, experts, opt_state, jnp.zeros((num_experts,), jnp.float32))
+    experts, opt_state = branch(params)
+    seed_opt_state = optimizer.init(params) if seed_steps else optax.EmptyState()
+    return BtmState(params, experts, opt_state, jnp.zeros((num_experts,), jnp.float32),
+                    jnp.zeros((), jnp.int32), seed_opt_state)
 
   def next(state, batches, weights, rng):
     clients = cohort_size(batches, fixed=(num_experts, 'experts (one domain each)'))
 
     @federated_program(clients=clients)
-    def round_(state, batches, weights, rng):
+    def expert_round(state, batches, weights, rng):
       keys = jax.random.split(rng, clients)
       experts, opt_state, stats = federated_map(
           update, (state.experts, state.opt_state, batches, keys))
@@ -65,11 +96,39 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
                             federated_weighted_mean(experts, mix), state.params)
       pseudo_grad = jax.tree.map(lambda p, m: p - m, state.params, merged)
       metrics = round_metrics(stats, weights, pseudo_grad, opt_state, clients)
-      return BtmState(merged, experts, opt_state, seen), metrics
+      return state._replace(params=merged, experts=experts, opt_state=opt_state,
+                            domain_examples=seen, round=state.round + 1), metrics
 
-    return round_(state, batches, weights, rng)
+    if not seed_steps:
+      return expert_round(state, batches, weights, rng)
 
-  return Algorithm(init, next)
+    like = jax.eval_shape(expert_round, state, batches, weights, rng)[1]  # lax.cond: same types.
+
+    def seed_round(state, batches, weights, rng):
+      del weights  # The pooled batch's masked mean weighs the slots.
+      params, seed_opt_state, stats = update(state.params, state.seed_opt_state, pool(batches),
+                                             rng)
+      pseudo_grad = jax.tree.map(lambda p, n: p - n, state.params, params)
+      metrics = {**stats, 'clients': jnp.asarray(clients, jnp.int32),
+                 'pseudo_grad_norm': optax.tree.norm(pseudo_grad)}
+      learning_rate = optim.learning_rate_of(seed_opt_state)
+      if learning_rate is not None:
+        metrics['learning_rate'] = learning_rate
+      experts, opt_state = branch(params)
+      return BtmState(params, experts, opt_state, jnp.zeros_like(state.domain_examples),
+                      state.round + 1, seed_opt_state), _cast_like(metrics, like)
+
+    return jax.lax.cond(state.round < seed_steps, seed_round, expert_round,
+                        state, batches, weights, rng)
+
+  def ensemble(state):
+    """The experts, with a domain prior ∝ the merge weights (uniform before any training)."""
+    mix = (state.domain_examples if merge_weights is None
+           else jnp.asarray(merge_weights, jnp.float32))
+    mix = jnp.where(mix.sum() > 0, mix, jnp.ones_like(mix))
+    return state.experts, jnp.log(mix / mix.sum())
+
+  return Algorithm(init, next, ensemble)
 
 
 def ensemble_log_probs(apply_fn: Callable[[Any, jax.Array], jax.Array], expert_params: Any,

@@ -150,3 +150,20 @@ def test_fiddle_configurable(prepared):
   data = fdl.build(config)
   assert data == LmData(dataset='shakespeare', seq_len=32, batch_size=2, partition='natural')
   assert fdl.build(fdl.Config(ImageData, num_clients=3)).num_classes == 10
+
+
+@pytest.mark.parametrize('make', [
+    lambda: cohort_lm(),
+    lambda: cohort_lm(partition='pooled', clients_per_round=4),
+    lambda: ImageData(dataset='digits', num_clients=50, partition='dirichlet', alpha=0.3,
+                      clients_per_round=6, local_steps=2, batch_size=10),
+], ids=['lm_natural', 'lm_pooled', 'image_dirichlet'])
+def test_a_process_block_equals_the_same_slice_of_the_whole_round(prepared, make):
+  """Each process loads only its block of a round; it must be that part of the global batch."""
+  data = make()
+  whole, weights = data.round_batches(5, 11)
+  for clients, rows in [(slice(0, 2), slice(4, 8)), (slice(2, None), slice(None, 2)),
+                        (slice(None), slice(None))]:
+    block, block_weights = make().round_batches(5, 11, clients=clients, rows=rows)
+    assert_same((block, block_weights), ({k: v[clients, :, rows] for k, v in whole.items()},
+                                         weights))

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from paxlike import optim
-from paxlike.federated import btm, ensemble_log_probs, papa
+from paxlike.federated import AlgorithmConfigError, btm, ensemble_log_probs, papa
 
 D, B, P = 3, 8, 4
 REQUIRED = {'loss', 'clients', 'loss_before', 'loss_after', 'pseudo_grad_norm'}
@@ -157,6 +157,81 @@ def test_metrics_keys(algorithm):
                     for i in range(P)])
   np.testing.assert_allclose(metrics['loss_before'], first @ np.arange(1.0, P + 1) / 10, rtol=1e-5)
   assert np.isfinite(metrics['loss']) and metrics['loss_after'] < metrics['loss_before']
+
+
+def _pooled(batches, step):
+  """Every slot's batch for local step `step`, concatenated along the batch axis."""
+  return jax.tree.map(lambda x: jnp.concatenate(list(x[:, step]), axis=0), batches)
+
+
+def _rounds(alg, state, rounds, weights=jnp.array([1.0, 2.0, 5.0])):
+  step = jax.jit(alg.next)
+  metrics = []
+  for r, batches in rounds:
+    state, m = step(state, batches, weights, jax.random.key(r))
+    metrics.append(m)
+  return state, metrics
+
+
+def test_btm_seed_phase_trains_one_model_on_the_pooled_cohort():
+  optimizer, seed, S = optax.adam(0.05), _params(), 2
+  rounds = [(r, _batches(3, 2, seed=10 + r)) for r in range(S)]
+  alg = btm(loss_fn, optimizer, 3, seed_steps=S)
+  state, metrics = _rounds(alg, alg.init(seed), rounds)
+  params, opt_state, first = seed, optimizer.init(seed), None
+  for _, batches in rounds:  # Plain optax: one update per local step on the pooled batch.
+    for h in range(2):
+      batch = _pooled(batches, h)
+      loss, grads = jax.value_and_grad(lambda p: loss_fn(p, batch, None)[0])(params)
+      first = loss if first is None else first
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+  _close(state.params, params, rtol=1e-4)
+  _close(state.seed_opt_state, opt_state, rtol=1e-4)
+  _close(state.experts, jax.tree.map(lambda x: jnp.stack([x] * 3), params), rtol=1e-4)
+  _close(state.opt_state, jax.tree.map(lambda x: jnp.stack([x] * 3), optimizer.init(params)))
+  np.testing.assert_array_equal(state.domain_examples, np.zeros(3))
+  assert int(state.round) == S
+  np.testing.assert_allclose(metrics[0]['loss_before'], first, rtol=1e-5)
+  assert int(metrics[0]['clients']) == 3
+
+
+def test_btm_after_the_seed_phase_is_btm_from_the_seed():
+  optimizer, S, R = optax.adam(0.05), 2, 3
+  rounds = [(r, _batches(3, 2, seed=10 + r)) for r in range(S + R)]
+  alg = btm(loss_fn, optimizer, 3, seed_steps=S)
+  state, _ = _rounds(alg, alg.init(_params()), rounds)
+  seeded, _ = _rounds(alg, alg.init(_params()), rounds[:S])
+  plain = btm(loss_fn, optimizer, 3)
+  want, _ = _rounds(plain, plain.init(seeded.params), rounds[S:])
+  for field in ('params', 'experts', 'opt_state', 'domain_examples'):
+    _close(getattr(state, field), getattr(want, field), rtol=1e-4)
+  assert int(state.round) == S + R
+
+
+def aux_loss_fn(params, batch, rng):
+  loss, _ = loss_fn(params, batch, rng)
+  return loss, {'accuracy': jnp.mean(jnp.abs(batch['x'] @ params['w']) < 1.0)}
+
+
+def test_btm_seed_and_expert_rounds_report_the_same_metrics():
+  alg = btm(aux_loss_fn, optim.sgd(0.1), P, seed_steps=1)
+  params, batches = _params(), _batches(P, 2)
+  state, (seed_metrics, expert_metrics) = _rounds(
+      alg, alg.init(params), [(0, batches), (1, batches)], weights=jnp.arange(1.0, P + 1))
+  assert REQUIRED | {'learning_rate', 'accuracy'} <= set(seed_metrics)
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), seed_metrics) == jax.tree.map(
+      lambda x: (x.shape, x.dtype), expert_metrics)
+  np.testing.assert_allclose(seed_metrics['learning_rate'], 0.1)
+  np.testing.assert_allclose(seed_metrics['loss_before'],
+                             loss_fn(params, _pooled(batches, 0), None)[0], rtol=1e-5)
+
+
+def test_btm_checks_arguments():
+  with pytest.raises(AlgorithmConfigError, match='seed_steps'):
+    btm(loss_fn, optax.sgd(0.1), 3, seed_steps=-1)
+  with pytest.raises(AlgorithmConfigError, match='merge_weights'):
+    btm(loss_fn, optax.sgd(0.1), 3, merge_weights=(1.0, 2.0))
 
 
 # The BTM ensemble.
