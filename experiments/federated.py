@@ -96,8 +96,8 @@ class ShakespearePapa(Experiment):
 
 @register
 class ShakespeareBtm(Experiment):
-  """Branch-train-merge: a seed model trained on all domains for the first third of the rounds,
-  then 4 experts branched from it, each on one domain of roles (runs of the text, roughly groups
+  """Branch-train-merge: a seed model trained on all domains for the first 10 rounds, then 4
+  experts branched from it, each on one domain of roles (runs of the text, roughly groups
   of plays). Evaluated as their size-weighted parameter average (eval_loss) and as the ensemble
   weighted by the domain posterior (eval_ensemble_loss).
 
@@ -106,7 +106,7 @@ class ShakespeareBtm(Experiment):
   """
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.btm(num_experts=4, seed_steps=ROUNDS // 3),
+    return fed.federated_task(models.lm_tiny(), fed.btm(num_experts=4, seed_steps=10),
                               fed.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
