@@ -58,7 +58,7 @@ def centralized(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> Alg
     (loss, aux), grads = jax.tree.map(lambda x: x / num_micro, total)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     new = CentralizedState(optax.apply_updates(state.params, updates), opt_state)
-    metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), **aux,
+    metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads), **aux,
                'learning_rate': optim.learning_rate_of(opt_state)}
     return new, metrics
 

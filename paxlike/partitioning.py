@@ -127,6 +127,11 @@ def round_batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(clients, None, batch_axes(mesh) or None))
 
 
+def eval_batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of a `[batch, ...]` eval array: batch on the data axes."""
+  return NamedSharding(mesh, P(batch_axes(mesh) or None))
+
+
 def client_sharding(mesh: Mesh) -> NamedSharding:
   """Sharding of a `[clients]` vector (e.g. client weights)."""
   return NamedSharding(mesh, P(CLIENTS_AXIS if CLIENTS_AXIS in mesh.axis_names else None))

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from paxlike import evaluation, losses, model_stats, partitioning, throughput
 from paxlike.checkpoint import Checkpoints
@@ -52,6 +52,7 @@ class Setup:
   items_per_step: tuple[str, int]  # ('tokens', n) for LMs, ('examples', n) otherwise.
   round_shape: tuple[int, int, int]     # [clients, local_steps, batch] of a round's batches.
   block: tuple[slice, slice, slice]     # The part of round_shape this process loads.
+  eval_rows: tuple[int, slice]          # Eval batch size, and the rows this process loads.
 
 
 def setup(task: Task) -> Setup:
@@ -114,21 +115,22 @@ def setup(task: Task) -> Setup:
   eval_step = evaluation.eval_step(task.model, client_eval.num_groups if client_eval else 1,
                                    algorithm.ensemble)
   round_shape = batches['mask'].shape[:3]
+  eval_rows = partitioning.process_block(partitioning.eval_batch_sharding(mesh), (len(sample),))
   return Setup(task, mesh, compiled_init, step, jax.jit(eval_step), client_eval, abstract_state,
                flops, (item, items), round_shape,
-               partitioning.process_block(batch_sharding, round_shape))
+               partitioning.process_block(batch_sharding, round_shape), (len(sample), *eval_rows))
 
 
 def evaluate(s: Setup, alg_state: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
   """Held-out metrics of `alg_state.params` (and of the algorithm's ensemble): pooled loss and
   accuracy plus per-client summaries, and the per-client table (see evaluation.finish)."""
-  eval_sharding = NamedSharding(s.mesh, P(partitioning.batch_axes(s.mesh) or None))
-  batches = s.task.data.eval_batches()
-  groups = (s.client_eval.groups if s.client_eval else
+  size, rows = s.eval_rows
+  batches = s.task.data.eval_batches(rows=rows)
+  groups = ([g[rows] for g in s.client_eval.groups] if s.client_eval else
             [np.zeros(b['mask'].shape, np.int32) for b in batches])
-  totals = None
+  sharding, totals = partitioning.eval_batch_sharding(s.mesh), None
   for batch, group in zip(batches, groups):
-    batch, group = partitioning.host_to_global((batch, group), eval_sharding)
+    batch, group = partitioning.block_to_global((batch, group), sharding, (rows,), (size,))
     totals = evaluation.combine(totals, s.eval(alg_state, batch, group))
   return evaluation.finish(totals, s.client_eval)
 

@@ -140,11 +140,11 @@ class ImageData:
     batch = image_batch(self.train, index, np.ones(index.shape, np.float32))
     return batch, sources.cohort_weights(sizes, cohort, self.sampling)
 
-  def eval_batches(self) -> list[sources.Batch]:
-    """Fixed test batches in order; the last is padded with mask 0."""
+  def eval_batches(self, rows: slice = slice(None)) -> list[sources.Batch]:
+    """Fixed test batches in order (rows `rows` of each); the last is padded with mask 0."""
     n, b = len(self.test.labels), self.eval_batch_size
     count = -(-n // b) if self.num_eval_batches is None else self.num_eval_batches
-    position = np.arange(count * b).reshape(count, b)
+    position = np.arange(count * b).reshape(count, b)[:, rows]
     batch = image_batch(self.test, position % n, position < n)
     return [{k: v[i] for k, v in batch.items()} for i in range(count)]
 

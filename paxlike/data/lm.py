@@ -178,10 +178,11 @@ class LmData:
     offsets = np.linspace(0, max(n - self.seq_len - 1, 0), count).astype(np.int64)
     return offsets.reshape(self.num_eval_batches, self.eval_batch_size)
 
-  def eval_batches(self) -> list[sources.Batch]:
-    """`num_eval_batches` batches of evenly spaced windows over the test stream."""
+  def eval_batches(self, rows: slice = slice(None)) -> list[sources.Batch]:
+    """`num_eval_batches` batches of evenly spaced windows over the test stream (rows `rows`
+    of each)."""
     n = np.int64(len(self.eval_tokens))
-    return [windows(self.eval_tokens, np.int64(0), n, offsets, self.seq_len)
+    return [windows(self.eval_tokens, np.int64(0), n, offsets[rows], self.seq_len)
             for offsets in self._eval_offsets()]
 
   def client_eval(self) -> sources.ClientEval | None:

@@ -51,8 +51,9 @@ class DataSource(Protocol):
     the same slice of the whole."""
     ...
 
-  def eval_batches(self) -> list[Batch]:
-    """Pooled held-out data, fixed and deterministic, each leading [eval_batch_size, ...]."""
+  def eval_batches(self, rows: slice = slice(None)) -> list[Batch]:
+    """Pooled held-out data, fixed and deterministic, each leading [eval_batch_size, ...] (cut
+    to rows `rows`: one process's block)."""
     ...
 
   def client_eval(self) -> ClientEval | None:

@@ -167,3 +167,7 @@ def test_a_process_block_equals_the_same_slice_of_the_whole_round(prepared, make
     block, block_weights = make().round_batches(5, 11, clients=clients, rows=rows)
     assert_same((block, block_weights), ({k: v[clients, :, rows] for k, v in whole.items()},
                                          weights))
+  evals = data.eval_batches()
+  for rows in (slice(0, 3), slice(3, None)):
+    for block, batch in zip(make().eval_batches(rows=rows), evals):
+      assert all(np.array_equal(block[k], batch[k][rows]) for k in KEYS)
