@@ -25,7 +25,8 @@ class Checkpoints:
   def __init__(self, directory: Path, max_to_keep: int, fallback: bool = False):
     self.fallback = fallback
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, enable_async_checkpointing=True, cleanup_tmp_directories=True)
+        max_to_keep=max_to_keep, enable_async_checkpointing=True, cleanup_tmp_directories=True,
+        enable_background_delete=True)  # Old steps are deleted off the train thread.
     self._manager = ocp.CheckpointManager(
         Path(directory).absolute(), options=options,
         item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})

@@ -31,6 +31,7 @@ CASES = {
     'zero batch': ([*TINY, '--fdl_set=data.batch_size=0'], 'batch_size'),
     'mesh too big': ([*TINY, '--fdl_fiddler=cpu8'], 'does not divide 1 devices'),
     'bad model': ([*TINY, '--fdl_set=model.num_heads=3'], 'invalid model config'),
+    'bad attention': ([*TINY, '--fdl_set=model.attention_impl=flash'], 'attention_impl must be'),
     'unknown mode': ([*TINY, '--mode=trian'], "--mode='trian' is not one of"),
     'unknown flag': ([*TINY, '--num_stepz=3'], 'Unknown command line flag'),
     'other config': ([*TINY, '--fdl_set=model.d_model=64'], 'holds a run with a different config'),

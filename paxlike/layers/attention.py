@@ -39,8 +39,9 @@ class CausalSelfAttention(nn.Module):
   itself and the W - 1 previous tokens. `qk_norm` RMS-normalises each query and
   key head over its features (learned scale 'query_norm'/'key_norm', named
   ('kv',)) before rope, as in Gemma 3 / Qwen 3. The attention itself is
-  `jax.nn.dot_product_attention` with `implementation=None`: the backend picks
-  its fused kernel (cuDNN flash attention on GPU) where shapes allow, else XLA.
+  `jax.nn.dot_product_attention(implementation=...)`: None lets JAX choose (XLA's
+  attention in jax 0.12, on every backend), 'xla' asks for it, and 'cudnn' for cuDNN's
+  fused flash attention (NVIDIA GPUs only; float16/bfloat16).
   """
 
   num_heads: int
@@ -53,6 +54,7 @@ class CausalSelfAttention(nn.Module):
   norm_eps: float = 1e-6
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
+  implementation: str | None = None
 
   def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...],
               fan_in_axes: tuple[int, ...]) -> jax.Array:
@@ -98,7 +100,7 @@ class CausalSelfAttention(nn.Module):
     v = nn.with_logical_constraint(v, KV_HEADS_ACT)
     window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
     out = jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, local_window_size=window, implementation=None
+        q, k, v, is_causal=True, local_window_size=window, implementation=self.implementation
     )
     out = nn.with_logical_constraint(out, HEADS_ACT)
     return jnp.einsum('btnh,nhd->btd', out, wo)

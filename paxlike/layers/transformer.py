@@ -147,6 +147,7 @@ class TransformerLM(nn.Module):
   norm_eps: float = 1e-6
   scan_layers: bool = False
   remat_policy: str = 'none'
+  attention_impl: str | None = None  # None (JAX picks), 'xla' or 'cudnn'.
 
   def _check(self, seq_len: int) -> None:
     if self.d_model % self.num_heads:
@@ -161,6 +162,8 @@ class TransformerLM(nn.Module):
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f'remat_policy must be one of {list(REMAT_POLICIES)}, '
                        f'got {self.remat_policy!r}')
+    if self.attention_impl not in (None, 'xla', 'cudnn'):
+      raise ValueError(f"attention_impl must be None, 'xla' or 'cudnn', got {self.attention_impl!r}")
 
   def _block(self, name: str) -> DecoderBlock:
     """A layer (or, scanned, the stack). The unbound attention is adopted as 'attention'."""
@@ -175,6 +178,7 @@ class TransformerLM(nn.Module):
         norm_eps=self.norm_eps,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
+        implementation=self.attention_impl,
         parent=None,
     )
     block_cls = DecoderBlock

@@ -91,3 +91,12 @@ def test_new_fields_round_trip_through_fiddle():
                    scan_layers=True, remat_policy='dots', dtype=jnp.bfloat16)
   rebuilt = fdl.build(serialization.load_json(serialization.dump_json(cfg)))
   assert rebuilt == fdl.build(cfg)
+
+
+def test_attention_impl_xla_is_the_default_and_bad_names_are_rejected():
+  params = _params(TransformerLM(**TINY))
+  default = TransformerLM(**TINY).apply({'params': params}, TOKENS)
+  xla = TransformerLM(**TINY, attention_impl='xla').apply({'params': params}, TOKENS)
+  np.testing.assert_array_equal(np.asarray(default), np.asarray(xla))
+  with pytest.raises(ValueError, match="attention_impl must be None, 'xla' or 'cudnn'"):
+    TransformerLM(**TINY, attention_impl='flash').init(jax.random.key(0), TOKENS)
