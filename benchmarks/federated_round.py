@@ -11,9 +11,9 @@ repeats, on the same device-resident round batches:
 - `loop`: FedJAX's `for_each_client` shape: one jitted local-training function (the same
   `client_update`: fresh client optimizer, H local steps) called per client from Python,
   blocking on the previous client's output, a jitted weighted accumulate, then the server step;
-- `chunked` (when `--chunk` divides the cohort): one jitted round that `lax.scan`s over chunks
-  of `--chunk` clients, vmapping inside a chunk and carrying only the weighted sum of client
-  params, so activation memory scales with the chunk instead of the cohort.
+- `chunked` (when `--chunk` is below the cohort): paxlike's step again with
+  `algorithm.client_chunk=--chunk`: `federated_map` runs `--chunk` clients at a time
+  (`lax.map(batch_size=)`), so activation memory scales with the chunk, not the cohort.
 All three start from the same params; `difference_from_paxlike` checks they agree after
 their first round. Peak memory:
 XLA's temp buffers of each compiled function, and the peak RSS of a fresh process per mode
@@ -127,7 +127,7 @@ class Modes:
     import flax.linen as nn
     import jax
     import optax
-    from paxlike import losses, train
+    from paxlike import losses
     from paxlike.federated import algorithms
 
     self.jax, self.task = jax, task
@@ -145,21 +145,13 @@ class Modes:
     self.fns: dict[str, Any] = {}
     self.state: dict[str, Any] = {}
 
+    chunked = 'chunked' in modes and chunk and chunk < self.cohort
+    if chunked:
+      with_chunk = functools.partial(task.algorithm, client_chunk=chunk)
+      params = self._build_paxlike('chunked', dataclasses.replace(task, algorithm=with_chunk))
     if 'paxlike' in modes:
-      s = train.setup(task)
-      with jax.set_mesh(s.mesh):
-        pax_state = s.init(jax.random.key(seed))
-      inputs = train.round_inputs(s, 1)
-      params = pax_state.alg.params
-      self.state['paxlike'] = pax_state
-
-      def pax_round(state):
-        state, metrics = s.step(state, *inputs)
-        return state, metrics['loss']
-
-      self.fns['paxlike'] = pax_round
-      self.temp_mb['paxlike'] = temp_mb(s.step)
-    else:
+      params = self._build_paxlike('paxlike', task)
+    elif not chunked:
       sample = host_batches['inputs'][0, 0, :1]
       init = lambda key: nn.meta.unbox(task.model.init(key, sample)['params'])
       params = jax.jit(init)(jax.random.key(seed))
@@ -169,8 +161,22 @@ class Modes:
     device_batches = jax.device_put(host_batches, jax.devices()[0])
     if 'loop' in modes:
       self._build_loop(device_batches, server0)
-    if 'chunked' in modes and chunk and self.cohort % chunk == 0 and chunk < self.cohort:
-      self._build_chunked(device_batches, server0, chunk)
+
+  def _build_paxlike(self, mode: str, task: Any) -> Any:
+    """`mode` runs the trainer's compiled step of `task`; returns its initial params."""
+    from paxlike import train
+    jax, s = self.jax, train.setup(task)
+    with jax.set_mesh(s.mesh):
+      self.state[mode] = s.init(jax.random.key(task.train.seed))
+    inputs = train.round_inputs(s, 1)
+
+    def pax_round(state):
+      state, metrics = s.step(state, *inputs)
+      return state, metrics['loss']
+
+    self.fns[mode] = pax_round
+    self.temp_mb[mode] = temp_mb(s.step)
+    return self.state[mode].alg.params
 
   def _server_step(self, params, server_opt_state, weighted_sum, weight_total):
     """FedAvg/FedOpt's server side: the optimizer on `params - weighted mean`. Returns the new
@@ -208,36 +214,9 @@ class Modes:
     self.state['loop'] = jax.tree.map(lambda x: x.copy(), server0)
     self.fns['loop'] = loop_round
 
-  def _build_chunked(self, batches: Any, server0: Any, chunk: int) -> None:
-    jax = self.jax
-    chunks = self.cohort // chunk
-    weights = jax.device_put(self.weights)
-
-    def chunked_round(server_state, batches, weights, rng):
-      params, server_opt_state = server_state
-      keys = jax.random.split(rng, self.cohort)
-      split = lambda x: x.reshape((chunks, chunk) + x.shape[1:])
-      xs = (jax.tree.map(split, batches), split(weights), split(keys))
-
-      def body(total, inputs):
-        b, w, k = inputs
-        client_params = jax.vmap(self.local, in_axes=(None, 0, 0))(params, b, k)
-        return jax.tree.map(lambda t, p: t + jax.numpy.tensordot(w, p, axes=1),
-                            total, client_params), None
-
-      zeros = jax.tree.map(jax.numpy.zeros_like, params)
-      total, _ = jax.lax.scan(body, zeros, xs)
-      return self._server_step(params, server_opt_state, total, weights.sum())
-
-    compiled = jax.jit(chunked_round, donate_argnums=0).lower(
-        server0, batches, weights, self.rng).compile()
-    self.temp_mb['chunked'] = temp_mb(compiled)
-    self.state['chunked'] = jax.tree.map(lambda x: x.copy(), server0)
-    self.fns['chunked'] = lambda st: compiled(st, batches, weights, self.rng)
-
   def params(self, mode: str) -> Any:
     state = self.state[mode]
-    return state.alg.params if mode == 'paxlike' else state[0]
+    return state.alg.params if mode in ('paxlike', 'chunked') else state[0]
 
   def round(self, mode: str) -> Any:
     """Runs one round of `mode`; returns a scalar metric of it to block on (the state itself

@@ -116,9 +116,11 @@ def placed_init(optimizer: optax.GradientTransformation, clients: int) -> Callab
 
 def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
                     local_steps: int, server_optimizer: optax.GradientTransformation,
-                    num_replicas: int | None = None) -> Algorithm:
+                    num_replicas: int | None = None, client_chunk: int | None = None
+                    ) -> Algorithm:
   """The FedAvg/FedOpt/DiLoCo round. With `num_replicas`, the client optimizer states are kept
-  across rounds (replica i always takes cohort slot i); without, every round starts them fresh."""
+  across rounds (replica i always takes cohort slot i); without, every round starts them fresh.
+  `client_chunk`: clients trained at a time (`federated_map(chunk=)`; None: all at once)."""
   update = client_update(loss_fn, client_optimizer)
 
   def init(params):
@@ -139,7 +141,7 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
                    else state.client_opt_state)
       keys = jax.random.split(rng, clients)
       client_params, opt_state, stats = federated_map(
-          update, (client_params, opt_state, batches, keys))
+          update, (client_params, opt_state, batches, keys), chunk=client_chunk)
       mean = federated_weighted_mean(client_params, weights)
       pseudo_grad = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), state.params, mean)
       updates, server_opt_state = server_optimizer.update(
@@ -158,57 +160,62 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
 
 
 def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
-            server_optimizer: optax.GradientTransformation = optax.sgd(1.0)) -> Algorithm:
+            server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
+            client_chunk: int | None = None) -> Algorithm:
   """FedAvg: fresh client optimizer each round, server SGD on the pseudo-gradient (lr 1 =
   plain weighted averaging of the client models)."""
-  return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer)
+  return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer,
+                         client_chunk=client_chunk)
 
 
 def fed_opt(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
-            server_optimizer: optax.GradientTransformation) -> Algorithm:
+            server_optimizer: optax.GradientTransformation,
+            client_chunk: int | None = None) -> Algorithm:
   """FedOpt (Reddi et al. 2021): FedAvg's clients with any server optimizer."""
-  return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer)
+  return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer,
+                         client_chunk=client_chunk)
 
 
 def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
-             tau: float = 1e-3) -> Algorithm:
+             tau: float = 1e-3, client_chunk: int | None = None) -> Algorithm:
   """FedAdam: server `optax.adam(eps=tau)`. Unlike the paper's Algorithm 2, optax bias-corrects
   both moments and starts the second moment at 0 (the paper at v₋₁ ≥ τ²); they agree once
   β₂ᵗ is small (after a few hundred rounds at β₂ = 0.99)."""
   server = optax.adam(server_learning_rate, b1=b1, b2=b2, eps=tau, eps_root=0.0)
-  return fed_opt(loss_fn, client_optimizer, local_steps, server)
+  return fed_opt(loss_fn, client_optimizer, local_steps, server, client_chunk)
 
 
 def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
-             tau: float = 1e-3) -> Algorithm:
+             tau: float = 1e-3, client_chunk: int | None = None) -> Algorithm:
   """FedYogi: optax's Yogi (what `optax.yogi` chains) with eps = τ and both accumulators
   starting at τ² (the paper: m₋₁ = 0, v₋₁ = τ²). optax also bias-corrects the moments."""
   server = optax.chain(
       optax.scale_by_yogi(b1=b1, b2=b2, eps=tau, initial_accumulator_value=tau**2),
       optax.scale_by_learning_rate(server_learning_rate))
-  return fed_opt(loss_fn, client_optimizer, local_steps, server)
+  return fed_opt(loss_fn, client_optimizer, local_steps, server, client_chunk)
 
 
 def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
                 local_steps: int, server_learning_rate: float = 1e-2,
-                tau: float = 1e-3) -> Algorithm:
+                tau: float = 1e-3, client_chunk: int | None = None) -> Algorithm:
   """FedAdagrad: `optax.adagrad` with accumulator starting at τ² (the paper's v₋₁) and no eps,
   so the step is Δ/√(τ² + ΣΔ²) where the paper has Δ/(√(τ² + ΣΔ²) + τ) (within a factor 2).
   The paper's Algorithm 2 also applies server momentum β₁ here; optax's Adagrad has none."""
   server = optax.adagrad(server_learning_rate, initial_accumulator_value=tau**2, eps=0.0)
-  return fed_opt(loss_fn, client_optimizer, local_steps, server)
+  return fed_opt(loss_fn, client_optimizer, local_steps, server, client_chunk)
 
 
 def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation, local_steps: int,
            outer_optimizer: optax.GradientTransformation = optax.sgd(
                0.7, momentum=0.9, nesterov=True),
-           num_replicas: int | None = None) -> Algorithm:
+           num_replicas: int | None = None, client_chunk: int | None = None) -> Algorithm:
   """DiLoCo: H inner steps per replica (inner state kept across rounds), then the outer
   optimizer on the averaged pseudo-gradient. `num_replicas` is required and must equal the
   cohort size; replica i always trains on cohort slot i."""
   if num_replicas is None or num_replicas < 1:
     raise AlgorithmConfigError(
         f'diloco needs num_replicas >= 1 (the cohort size), got {num_replicas!r}.')
-  return pseudo_gradient(loss_fn, inner_optimizer, local_steps, outer_optimizer, num_replicas)
+  return pseudo_gradient(loss_fn, inner_optimizer, local_steps, outer_optimizer, num_replicas,
+                         client_chunk)

@@ -61,11 +61,12 @@ def pool(batches: Any) -> Any:
 
 
 def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: int,
-        merge_weights: Sequence[float] | None = None, seed_steps: int = 0) -> Algorithm:
+        merge_weights: Sequence[float] | None = None, seed_steps: int = 0,
+        client_chunk: int | None = None) -> Algorithm:
   """BTM with `num_experts` experts branched from the seed: the params passed to `init`, trained
   centrally on the pooled cohort for the first `seed_steps` rounds. Needs cohort size =
   num_experts, slot k → domain k. Each later round trains every expert for the batches' local
-  steps, then merges."""
+  steps, then merges. `client_chunk`: experts trained at a time (`federated_map(chunk=)`)."""
   if num_experts < 1:
     raise AlgorithmConfigError(f'num_experts must be >= 1, got {num_experts}.')
   if merge_weights is not None and len(merge_weights) != num_experts:
@@ -89,7 +90,7 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
     def expert_round(state, batches, weights, rng):
       keys = jax.random.split(rng, clients)
       experts, opt_state, stats = federated_map(
-          update, (state.experts, state.opt_state, batches, keys))
+          update, (state.experts, state.opt_state, batches, keys), chunk=client_chunk)
       seen = state.domain_examples + weights.astype(jnp.float32)
       mix = seen if merge_weights is None else jnp.asarray(merge_weights, jnp.float32)
       merged = jax.tree.map(lambda m, p: m.astype(p.dtype),

@@ -64,9 +64,11 @@ def average_pairs(members: Any, rng: jax.Array) -> Any:
 
 
 def papa(loss_fn: LossFn, optimizer: optax.GradientTransformation, population: int,
-         alpha: float = 0.99, every: int = 10, variant: str = 'gradual') -> Algorithm:
+         alpha: float = 0.99, every: int = 10, variant: str = 'gradual',
+         client_chunk: int | None = None) -> Algorithm:
   """PAPA over `population` members; averaging every `every` rounds (one round = the batches'
-  local steps of training per member). Needs cohort size = population, slot j → member j."""
+  local steps of training per member). Needs cohort size = population, slot j → member j.
+  `client_chunk`: members trained at a time (`federated_map(chunk=)`; None: all at once)."""
   if variant not in VARIANTS:
     raise AlgorithmConfigError(f'variant must be one of {VARIANTS}, got {variant!r}.')
   if population < 1 or every < 1 or not 0.0 <= alpha <= 1.0:
@@ -91,7 +93,7 @@ def papa(loss_fn: LossFn, optimizer: optax.GradientTransformation, population: i
       train_rng, average_rng = jax.random.split(rng)
       keys = jax.random.split(train_rng, clients)
       members, opt_state, stats = federated_map(
-          update, (state.population, state.opt_state, batches, keys))
+          update, (state.population, state.opt_state, batches, keys), chunk=client_chunk)
       count = state.round + 1
       averaged = count % every == 0
       members = jax.lax.cond(averaged, average, lambda m, _: m, members, average_rng)

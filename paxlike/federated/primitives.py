@@ -249,13 +249,26 @@ def federated_mean(x: PyTree) -> PyTree:
     return jax.tree.map(lambda v: mean_p.bind(jnp.asarray(v), clients=clients), x)
 
 
-def federated_map(fn: Callable[..., PyTree], arg: PyTree) -> PyTree:
-    """Applies `fn` per client; a tuple `arg` is unpacked into fn's arguments."""
+def federated_map(fn: Callable[..., PyTree], arg: PyTree, chunk: int | None = None) -> PyTree:
+    """Applies `fn` per client; a tuple `arg` is unpacked into fn's arguments.
+
+    All clients at once (`vmap`) by default. With `chunk=k`, `k` clients at a time
+    (`lax.map(batch_size=k)`: vmap inside a chunk, a loop over chunks): the same result with
+    1/(clients/k) of the activation memory, and on CPU often faster (smaller operands stay in
+    cache). Chunks run one after another, so with a sharded `clients` mesh axis keep the
+    default.
+    """
     clients = _num_clients("federated_map")
     args = arg if isinstance(arg, tuple) else (arg,)
     _check_clients_placed(args, clients, "federated_map")
-    spmd_axis = CLIENTS_AXIS if _clients_mesh_active() else None
-    out = jax.vmap(fn, spmd_axis_name=spmd_axis)(*_constrain_clients(args))
+    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk must be a positive int or None, got {chunk!r}.")
+    args = _constrain_clients(args)
+    if chunk is None or chunk >= clients:
+        spmd_axis = CLIENTS_AXIS if _clients_mesh_active() else None
+        out = jax.vmap(fn, spmd_axis_name=spmd_axis)(*args)
+    else:
+        out = jax.lax.map(lambda a: fn(*a), args, batch_size=chunk)
     return _constrain_clients(out)
 
 
