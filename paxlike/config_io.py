@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
+import typing
 from typing import Any, Iterable
 
 import fiddle as fdl
@@ -52,6 +53,15 @@ def _same_kind(old: Any, new: Any) -> bool:
   return isinstance(new, type(old))
 
 
+def _allows_none(buildable: fdl.Buildable, name: str) -> bool:
+  """Whether the configured function's or class's annotation of `name` admits None."""
+  try:
+    hint = typing.get_type_hints(buildable.__fn_or_cls__).get(name)
+  except Exception:  # Unresolvable annotations: fall back to the value-kind check.
+    return False
+  return type(None) in typing.get_args(hint)
+
+
 DTYPES = ('float32', 'bfloat16', 'float16')
 
 
@@ -79,7 +89,7 @@ def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
       raise UserError(f'--fdl_set {path}: {path.rsplit(".", 1)[0]} is not a config')
     if _is_dtype(old) and isinstance(value, str):
       value = _dtype_named(path, value)
-    if not _same_kind(old, value):
+    if not (_same_kind(old, value) or value is None and _allows_none(parent, last.name)):
       raise UserError(f'--fdl_set {path}={value!r}: expected a {type(old).__name__} like {old!r}')
     setattr(parent, last.name, tuple(value) if isinstance(value, list) else value)
 

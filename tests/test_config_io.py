@@ -84,3 +84,12 @@ def test_dtype_fields_take_dtype_names(cfg):
   assert config_io.build(cfg).model.dtype is jnp.bfloat16
   with pytest.raises(UserError, match='expected one of float32, bfloat16, float16'):
     config_io.apply_overrides(cfg, ['model.dtype=int8'])
+
+
+def test_none_is_accepted_only_where_the_annotation_allows_it(cfg):
+  config_io.apply_overrides(cfg, ['data.num_eval_batches=None', 'model.num_kv_heads=None'])
+  assert cfg.data.num_eval_batches is None and cfg.model.num_kv_heads is None
+  assert config_io.build(cfg).data.num_eval_batches is None
+  for override in ('train.num_steps=None', 'data.seq_len=None'):
+    with pytest.raises(UserError, match='expected a int'):
+      config_io.apply_overrides(cfg, [override])

@@ -94,8 +94,9 @@ class LmData:
 
   Windows of seq_len + 1 bytes start at uniform offsets in a client's stream; a client
   shorter than that cycles its stream (nothing is masked). Clients with fewer than
-  `min_client_chars` training bytes are left out of the training pool. Eval: evenly spaced
-  windows over the pooled test split.
+  `min_client_chars` training bytes are left out of the training pool. Eval:
+  `num_eval_batches` batches of evenly spaced windows over the pooled test split (a sample), or
+  with None the whole split, tiled (every client's held-out text, for per-client eval).
   """
 
   dataset: str = 'stdlib'
@@ -109,15 +110,20 @@ class LmData:
   partition_seed: int = 0
   min_client_chars: int = 0
   eval_batch_size: int = 16
-  num_eval_batches: int = 8
+  num_eval_batches: int | None = 8
 
   vocab_size: ClassVar[int] = 256
 
   def __post_init__(self):
     sources.check_fields(
         self, ['seq_len', 'batch_size', 'clients_per_round', 'local_steps', 'num_clients',
-               'eval_batch_size', 'num_eval_batches'],
+               'eval_batch_size'],
         {'dataset': LM_DATASETS, 'partition': LM_PARTITIONS, 'sampling': sources.SAMPLINGS})
+    if self.num_eval_batches is not None and (
+        isinstance(self.num_eval_batches, bool) or not isinstance(self.num_eval_batches, int)
+        or self.num_eval_batches <= 0):
+      raise UserError(f'LmData.num_eval_batches must be a positive int or None, '
+                      f'got {self.num_eval_batches!r}')
     if self.min_client_chars < 0:
       raise UserError(f'LmData.min_client_chars must be >= 0, got {self.min_client_chars}')
     if self.partition in ('iid', 'domains'):  # Checked again once small clients are dropped.
@@ -173,17 +179,29 @@ class LmData:
     return concat_streams(texts, [np.arange(len(texts))], ('test',)).tokens
 
   def _eval_offsets(self) -> np.ndarray:
-    """[num_eval_batches, eval_batch_size] evenly spaced window starts in the test stream."""
-    n, count = len(self.eval_tokens), self.num_eval_batches * self.eval_batch_size
+    """[batches, eval_batch_size] window starts in the test stream: `num_eval_batches` batches
+    of evenly spaced windows, or (None) back-to-back windows tiling the whole stream."""
+    n, b = len(self.eval_tokens), self.eval_batch_size
+    if self.num_eval_batches is None:
+      windows_needed = -(-(n - 1) // self.seq_len)
+      return (np.arange(-(-windows_needed // b) * b, dtype=np.int64) * self.seq_len).reshape(-1, b)
+    count = self.num_eval_batches * b
     offsets = np.linspace(0, max(n - self.seq_len - 1, 0), count).astype(np.int64)
-    return offsets.reshape(self.num_eval_batches, self.eval_batch_size)
+    return offsets.reshape(self.num_eval_batches, b)
 
   def eval_batches(self, rows: slice = slice(None)) -> list[sources.Batch]:
-    """`num_eval_batches` batches of evenly spaced windows over the test stream (rows `rows`
-    of each)."""
-    n = np.int64(len(self.eval_tokens))
-    return [windows(self.eval_tokens, np.int64(0), n, offsets[rows], self.seq_len)
-            for offsets in self._eval_offsets()]
+    """The eval windows (`_eval_offsets`), rows `rows` of each batch. Tiled (None), targets
+    past the end of the stream, and the padding windows filling the last batch, have mask 0,
+    so every test byte after the first is a target exactly once."""
+    n = len(self.eval_tokens)
+    batches = []
+    for offsets in self._eval_offsets():
+      batch = windows(self.eval_tokens, np.int64(0), np.int64(n), offsets[rows], self.seq_len)
+      if self.num_eval_batches is None:
+        targets = offsets[rows, None] + np.arange(1, self.seq_len + 1)
+        batch['mask'] = (targets < n).astype(np.float32)
+      batches.append(batch)
+    return batches
 
   def client_eval(self) -> sources.ClientEval | None:
     """Natural and domain partitions: each eval target token belongs to the training client

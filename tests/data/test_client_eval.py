@@ -13,6 +13,7 @@ from paxlike.data import ImageData
 from paxlike.data import LmData
 from paxlike.data import lm
 from paxlike.data.sources import ClientEval
+from paxlike.errors import UserError
 from paxlike.summaries import RunWriter
 
 
@@ -115,3 +116,19 @@ def test_eval_clients_rows_after_the_restored_step_are_dropped_on_resume(tmp_pat
   rows = [json.loads(line) for line in (tmp_path / 'eval_clients.jsonl').read_text().splitlines()]
   assert rows == [{'step': 2, 'clients': {'a': {'loss': 2.0}}},
                   {'step': 4, 'clients': {'a': {'loss': 40.0}}}]
+
+
+def test_tiled_lm_eval_scores_every_test_byte_once_and_reaches_every_client(prepared):
+  data = LmData(dataset='shakespeare', partition='natural', seq_len=50, eval_batch_size=8,
+                num_eval_batches=None)
+  batches, stream = data.eval_batches(), data.eval_tokens
+  targets = np.concatenate([b['targets'][b['mask'] > 0] for b in batches])
+  assert np.array_equal(targets, stream[1:])  # In order, each once, nothing else.
+  assert all(b['inputs'].shape == (8, 50) for b in batches)
+  client_eval = data.client_eval()
+  grouped = np.concatenate([g[b['mask'] > 0] for g, b in zip(client_eval.groups, batches)])
+  texts, roles = lm.read_documents('shakespeare', 'test')
+  with_text = {r for r in roles.tolist() if r in data.train_streams.names}
+  assert {client_eval.names[g] for g in np.unique(grouped[grouped >= 0])} == with_text
+  with pytest.raises(UserError, match='num_eval_batches must be a positive int or None'):
+    LmData(num_eval_batches=0)
