@@ -87,6 +87,9 @@ class SyntheticLm:
              'mask': np.ones(tokens.shape[:-1] + (self.seq_len,), np.float32)},
             np.ones(self.clients_per_round, np.float32))
 
+  def client_eval(self) -> None:
+    return None  # Random bytes: no clients with held-out data.
+
   def eval_batches(self, rows: slice = slice(None)) -> list[dict[str, np.ndarray]]:
     batches, _ = SyntheticLm(self.seq_len, self.batch_size, 1, 1).round_batches(0, 0, rows=rows)
     return [{k: v[0, 0] for k, v in batches.items()}]

@@ -17,7 +17,7 @@ from clu import metrics as clu_metrics
 
 from paxlike import losses
 from paxlike.data.sources import ClientEval
-from paxlike.federated.btm import ensemble_log_probs
+from paxlike.federated.btm import ensemble_log_probs, mixture_log_probs
 
 # An algorithm's ensemble: state -> (stacked member params, log prior [members]).
 Ensemble = Callable[[Any], tuple[Any, jax.Array]]
@@ -55,10 +55,11 @@ def eval_step(model: nn.Module, num_groups: int, ensemble: Ensemble | None = Non
 
   def step(state, batch, groups):
     out = {'': results(apply(state.params, batch['inputs']), batch, groups)}
-    if ensemble is not None:
+    if ensemble is not None:  # LMs: mixed by the domain posterior; classifiers: by the prior.
       members, log_prior = ensemble(state)
-      log_probs = ensemble_log_probs(apply, members, batch['inputs'], log_prior)
-      out['ensemble_'] = results(log_probs, batch, groups)  # Normalised: CE of log-probs.
+      mix = (ensemble_log_probs if jnp.issubdtype(batch['inputs'].dtype, jnp.integer)
+             else mixture_log_probs)
+      out['ensemble_'] = results(mix(apply, members, batch['inputs'], log_prior), batch, groups)
     return out
 
   return step
@@ -68,7 +69,8 @@ def client_metrics(sums: np.ndarray, client_eval: ClientEval
                    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
   """(summary, table) of per-client held-out metrics from `group_sums` totals.
 
-  A client is evaluated when every group in its mix has eval targets. The summary gives the
+  A client is evaluated when every group in its mix has eval targets; the table gives their
+  number (`targets`: few targets, noisy numbers). The summary gives the
   number evaluated and the mean and tail over them: the 90th-percentile loss and the
   10th-percentile accuracy (the worst-off clients)."""
   loss_sum, correct_sum, count = np.asarray(sums, np.float64)
@@ -77,7 +79,9 @@ def client_metrics(sums: np.ndarray, client_eval: ClientEval
   group_accuracy = np.where(seen, correct_sum, 0.0) / np.maximum(count, 1.0)
   covered = ~((client_eval.mix > 0) & ~seen).any(axis=1)
   loss, accuracy = client_eval.mix @ group_loss, client_eval.mix @ group_accuracy
-  table = {name: {'loss': float(loss[c]), 'accuracy': float(accuracy[c])}
+  targets = (client_eval.mix > 0) @ count  # Eval targets behind each client's numbers.
+  table = {name: {'loss': float(loss[c]), 'accuracy': float(accuracy[c]),
+                  'targets': int(targets[c])}
            for c, name in enumerate(client_eval.names) if covered[c]}
   summary: dict[str, float] = {'clients_evaluated': int(covered.sum())}
   if covered.any():
@@ -108,5 +112,6 @@ def finish(totals: Outputs, client_eval: ClientEval | None
       metrics.update({prefix + k: v for k, v in summary.items()
                       if not (prefix and k == 'clients_evaluated')})
       for name, row in clients.items():
-        table.setdefault(name, {}).update({prefix + k: v for k, v in row.items()})
+        table.setdefault(name, {}).update({prefix + k: v for k, v in row.items()
+                                           if not (prefix and k == 'targets')})
   return metrics, table

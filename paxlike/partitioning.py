@@ -164,7 +164,9 @@ def host_to_global(tree: Any, sharding: NamedSharding) -> Any:
 
 def process_block(sharding: NamedSharding, shape: tuple[int, ...]) -> tuple[slice, ...]:
   """The smallest box of a `shape` array (or of its leading dims) holding every shard this
-  process's devices own: what the process must load. The whole array on one process."""
+  process's devices own: what the process loads. The whole array on one process; where a
+  process's shards are not contiguous (e.g. batch rows on two mesh axes in the wrong order),
+  the box also spans rows of other processes, which are loaded but not used."""
   indices = sharding.addressable_devices_indices_map(shape).values()
   bounds = [[index[d].indices(n)[:2] for index in indices] for d, n in enumerate(shape)]
   return tuple(slice(min(b[0] for b in dim), max(b[1] for b in dim)) for dim in bounds)
@@ -178,6 +180,11 @@ def block_to_global(tree: Any, sharding: NamedSharding, block: tuple[slice, ...]
   global arrays have `leading_shape` in front. Each device's shard is cut from the block.
   """
   def put(x: np.ndarray) -> jax.Array:
+    extent = tuple(b.stop - b.start for b in block)
+    if x.shape[:len(block)] != extent:
+      raise ValueError(f'a block {x.shape} does not match the process block {extent}: does the '
+                       'data source honour clients= and rows=?')
+
     def shard(index: tuple[slice, ...]) -> np.ndarray:
       local = tuple(slice(*(i - b.start for i in d.indices(n)[:2]))
                     for d, b, n in zip(index, block, leading_shape))

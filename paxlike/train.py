@@ -64,7 +64,8 @@ def setup(task: Task) -> Setup:
   mesh = partitioning.make_mesh(task.mesh)
   data = task.data
   batches, weights = data.round_batches(task.train.seed, 1)
-  sample = data.eval_batches()[0]['inputs']
+  eval_batch = data.eval_batches()[0]
+  sample = eval_batch['inputs']
   partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size, len(sample))
   algorithm = task.algorithm(losses.model_loss_fn(task.model), task.optimizer)
 
@@ -91,6 +92,10 @@ def setup(task: Task) -> Setup:
   rng_spec = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   batch_sharding = partitioning.round_batch_sharding(mesh)
   client_sharding = partitioning.client_sharding(mesh)
+  eval_sharding = partitioning.eval_batch_sharding(mesh)
+  client_eval = data.client_eval()
+  eval_step = evaluation.eval_step(task.model, client_eval.num_groups if client_eval else 1,
+                                   algorithm.ensemble)
   with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.rules_for_mesh(task.mesh.rules, mesh)):
     try:
       boxed_params = jax.eval_shape(init_params, jax.random.key(0))
@@ -105,18 +110,18 @@ def setup(task: Task) -> Setup:
                    out_shardings=(state_shardings, None)).lower(
                        abstract_state, jax.tree.map(lambda x: spec(x, batch_sharding), batches),
                        spec(np.asarray(weights, np.float32), client_sharding), rng_spec).compile()
+    compiled_eval = jax.jit(eval_step).lower(
+        abstract_state.alg, jax.tree.map(lambda x: spec(x, eval_sharding), eval_batch),
+        spec(np.zeros(eval_batch['mask'].shape, np.int32), eval_sharding)).compile()
   item = 'tokens' if batches['inputs'].dtype.kind in 'iu' else 'examples'
   items = int(batches['mask'].size)
   if isinstance(task.model, TransformerLM):  # Model FLOPs; XLA counts a loop body only once.
     flops = model_stats.flops_per_token(task.model, batches['inputs'].shape[-1]) * items / mesh.size
   else:
     flops = throughput.step_flops_per_device(step)
-  client_eval = data.client_eval() if hasattr(data, 'client_eval') else None
-  eval_step = evaluation.eval_step(task.model, client_eval.num_groups if client_eval else 1,
-                                   algorithm.ensemble)
   round_shape = batches['mask'].shape[:3]
-  eval_rows = partitioning.process_block(partitioning.eval_batch_sharding(mesh), (len(sample),))
-  return Setup(task, mesh, compiled_init, step, jax.jit(eval_step), client_eval, abstract_state,
+  eval_rows = partitioning.process_block(eval_sharding, (len(sample),))
+  return Setup(task, mesh, compiled_init, step, compiled_eval, client_eval, abstract_state,
                flops, (item, items), round_shape,
                partitioning.process_block(batch_sharding, round_shape), (len(sample), *eval_rows))
 

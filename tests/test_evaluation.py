@@ -51,3 +51,29 @@ def test_ensemble_loss_is_the_masked_nll_of_the_posterior_mixture():
   want = (nll[..., 0] * mask).sum() / mask.sum()
   assert _loss(out['ensemble_']) == pytest.approx(want, rel=1e-5)
   assert _loss(out['ensemble_']) != pytest.approx(_loss(out['']), rel=1e-3)
+
+
+def test_classifier_ensemble_is_the_prior_weighted_mixture():
+  from paxlike.layers.vision import MlpClassifier
+  model = MlpClassifier(num_classes=5, hidden=(8,))
+  inputs = jax.random.normal(jax.random.key(3), (6, 4, 4, 1))
+  batch = {'inputs': inputs, 'targets': jnp.arange(6) % 5, 'mask': jnp.ones(6)}
+  params = model.init(jax.random.key(0), inputs)['params']
+  alg = btm(losses.model_loss_fn(model), optax.sgd(0.1), num_experts=2)
+  state = alg.init(params)
+  experts = jax.tree.map(lambda x: x.at[1].multiply(-2.0), state.experts)
+  state = state._replace(experts=experts, domain_examples=jnp.array([3.0, 1.0]))
+  out = jax.jit(evaluation.eval_step(model, 1, alg.ensemble))(state, batch, jnp.zeros(6, jnp.int32))
+  probs = [jax.nn.softmax(model.apply({'params': jax.tree.map(lambda x: x[k], experts)}, inputs))
+           for k in range(2)]
+  mixture = 0.75 * np.asarray(probs[0]) + 0.25 * np.asarray(probs[1])
+  want = -np.log(mixture[np.arange(6), np.arange(6) % 5]).mean()
+  assert _loss(out['ensemble_']) == pytest.approx(want, rel=1e-5)
+
+
+def test_a_block_that_does_not_match_the_process_block_is_refused():
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from paxlike import partitioning
+  sharding = NamedSharding(jax.make_mesh((1,), ('data',)), P('data'))
+  with pytest.raises(ValueError, match='does not match the process block'):
+    partitioning.block_to_global(np.zeros((8, 3)), sharding, (slice(0, 4),), (8,))

@@ -140,22 +140,28 @@ class ImageData:
     batch = image_batch(self.train, index, np.ones(index.shape, np.float32))
     return batch, sources.cohort_weights(sizes, cohort, self.sampling)
 
-  def eval_batches(self, rows: slice = slice(None)) -> list[sources.Batch]:
-    """Fixed test batches in order (rows `rows` of each); the last is padded with mask 0."""
+  def _eval_positions(self) -> np.ndarray:
+    """[batches, eval_batch_size] test-set positions (past the end: padding)."""
     n, b = len(self.test.labels), self.eval_batch_size
     count = -(-n // b) if self.num_eval_batches is None else self.num_eval_batches
-    position = np.arange(count * b).reshape(count, b)[:, rows]
+    return np.arange(count * b).reshape(count, b)
+
+  def eval_batches(self, rows: slice = slice(None)) -> list[sources.Batch]:
+    """Fixed test batches in order (rows `rows` of each); the last is padded with mask 0."""
+    n, position = len(self.test.labels), self._eval_positions()[:, rows]
     batch = image_batch(self.test, position % n, position < n)
-    return [{k: v[i] for k, v in batch.items()} for i in range(count)]
+    return [{k: v[i] for k, v in batch.items()} for i in range(len(position))]
 
   def client_eval(self) -> sources.ClientEval | None:
     """Groups = test labels; client c's mix = its training label distribution. None for one
-    client (centralized training)."""
-    if self.num_clients == 1:
+    client (centralized training) and for IID clients (every mix is the pooled one)."""
+    if self.num_clients == 1 or self.partition == 'iid':
       return None
     hist = np.stack([np.bincount(self.train.labels[c], minlength=self.num_classes)
                      for c in self.clients]).astype(np.float64)
-    groups = [np.where(b['mask'] > 0, b['targets'], -1) for b in self.eval_batches()]
+    n = len(self.test.labels)
+    groups = [np.where(p < n, self.test.labels[p % n], -1).astype(np.int32)
+              for p in self._eval_positions()]
     return sources.ClientEval(tuple(f'client{i}' for i in range(self.num_clients)), groups,
                               hist / hist.sum(axis=1, keepdims=True))
 

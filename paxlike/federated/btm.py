@@ -8,6 +8,8 @@ local step l is one optimizer update on all slots' step-l batches concatenated a
 axis (the loss_fn's masked mean over the pooled batch; the slot weights are not used). After
 every seed round the experts are reset to the seed with fresh optimizer states, so round S + 1
 branches from it exactly. One compiled step serves both phases (`lax.cond` on the round count).
+The seed round trains on all slots' batches at once, so `client_chunk` does not bound its
+memory (nor, since `lax.cond` reserves the larger branch, the experts' rounds' with a seed).
 
 Expert k trains only on cohort slot k (the data side feeds domain k's batches there every
 round), with its own optimizer state; experts and states are client-placed (leading axis =
@@ -130,6 +132,23 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
     return state.experts, jnp.log(mix / mix.sum())
 
   return Algorithm(init, next, ensemble)
+
+
+def mixture_log_probs(apply_fn: Callable[[Any, jax.Array], jax.Array], expert_params: Any,
+                      inputs: jax.Array, log_prior: jax.Array) -> jax.Array:
+  """Log-probs [B, C] of the prior-weighted mixture of the experts' predictive distributions:
+  the ensemble for inputs without a context to infer the domain from (e.g. images)."""
+  experts = jax.tree.leaves(expert_params)[0].shape[0]
+
+  @federated_program(clients=experts)
+  def expert_log_probs(expert_params, inputs):
+    return federated_map(
+        lambda p, x: jax.nn.log_softmax(apply_fn(p, x).astype(jnp.float32), axis=-1),
+        (expert_params, federated_broadcast(inputs)))
+
+  log_probs = expert_log_probs(expert_params, inputs)  # [K, B, C]
+  prior = jnp.asarray(log_prior, jnp.float32).reshape(-1, *[1] * (log_probs.ndim - 1))
+  return jax.nn.logsumexp(prior + log_probs, axis=0)
 
 
 def ensemble_log_probs(apply_fn: Callable[[Any, jax.Array], jax.Array], expert_params: Any,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -268,6 +269,12 @@ def federated_map(fn: Callable[..., PyTree], arg: PyTree, chunk: int | None = No
         spmd_axis = CLIENTS_AXIS if _clients_mesh_active() else None
         out = jax.vmap(fn, spmd_axis_name=spmd_axis)(*args)
     else:
+        if _clients_mesh_active():
+            warnings.warn(
+                f"federated_map(chunk={chunk}) over a sharded 'clients' mesh axis runs the "
+                "chunks one after another, gathering each; use chunk=None there.",
+                stacklevel=2,
+            )
         out = jax.lax.map(lambda a: fn(*a), args, batch_size=chunk)
     return _constrain_clients(out)
 
