@@ -88,7 +88,7 @@ def test_per_client_held_out_metrics_are_logged_at_each_eval(trained, name):
     assert all(math.isfinite(x) and x > 0 for x in client_losses)
 
 
-@pytest.mark.parametrize('name', ['ShakespeareDiLoCo', 'ShakespearePapa'])
+@pytest.mark.parametrize('name', ['ShakespeareDiLoCo', 'ShakespearePapa', 'ShakespeareBtm'])
 def test_resume_repeats_the_uninterrupted_run(trained, name, tmp_path):
   half = f'--fdl_set=train.num_steps={ROUNDS // 2}'
   run_cli(*cli_args(name), f'--job_log_dir={tmp_path}', half)
