@@ -6,8 +6,9 @@
 The model is paxlike's `TransformerLM` in TinyLlama-1.1B shapes (`configs.models.lm_1b`):
 22 layers × d_model 2048, GQA 32:4, SwiGLU d_ff 5632, rope, RMSNorm, untied 32k vocab; bf16
 compute, float32 params, scan over layers and 'dots' remat (fields the layer lacks are dropped
-and listed under `missing_fields`). Attention is `jax.nn.dot_product_attention`; `--attention
-auto` traces it with cuDNN flash attention on GPU and falls back to XLA if cuDNN refuses.
+and listed under `missing_fields`). Attention is `jax.nn.dot_product_attention` with the model's
+`attention_impl`; `--attention auto` asks for cuDNN flash attention on GPU and falls back to
+XLA if cuDNN refuses.
 Training step: AdamW, mean cross-entropy, params and optimizer state donated.
 
 Batch search: candidates from `--batches`, largest first. Each is compiled; XLA's memory
@@ -24,11 +25,10 @@ object; without a GPU (and without --dry-run) it prints a `skipped` object and e
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
@@ -82,22 +82,6 @@ def build_model(args: argparse.Namespace) -> tuple[Any, list[str]]:
   return TransformerLM(**{k: v for k, v in fields.items() if k in known}), missing
 
 
-@contextlib.contextmanager
-def attention_implementation(impl: str) -> Iterator[None]:
-  """While tracing, make `jax.nn.dot_product_attention` use `impl` ('xla' leaves it alone)."""
-  import jax
-  original = jax.nn.dot_product_attention
-  if impl != 'xla':
-    def patched(*args, implementation=None, **kwargs):
-      del implementation
-      return original(*args, implementation=impl, **kwargs)
-    jax.nn.dot_product_attention = patched
-  try:
-    yield
-  finally:
-    jax.nn.dot_product_attention = original
-
-
 def is_oom(error: BaseException) -> bool:
   text = str(error)
   return 'RESOURCE_EXHAUSTED' in text or 'out of memory' in text.lower()
@@ -128,18 +112,26 @@ class Trainer:
     self.optimizer = optax.adamw(3e-4, b1=0.9, b2=0.95, weight_decay=0.1)
     sample = jnp.zeros((1, seq_len), jnp.int32)
     self.init_params = jax.jit(lambda key: nn.meta.unbox(model.init(key, sample)['params']))
-
-    def loss_fn(params, tokens):
-      logits = model.apply({'params': params}, tokens[:, :-1])
-      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-    def step(params, opt_state, tokens):
-      loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
-      updates, opt_state = self.optimizer.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), opt_state, loss
-
-    self.step = jax.jit(step, donate_argnums=(0, 1))
     self.state: tuple[Any, Any] | None = None
+    self._steps: dict[str, Any] = {}
+
+  def step_for(self, attention: str) -> Any:
+    """The jitted train step with `attention` ('xla' or 'cudnn') as the attention_impl."""
+    if attention not in self._steps:
+      import optax
+      jax, model = self.jax, self.model.clone(attention_impl=attention)
+
+      def loss_fn(params, tokens):
+        logits = model.apply({'params': params}, tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+      def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+      self._steps[attention] = jax.jit(step, donate_argnums=(0, 1))
+    return self._steps[attention]
 
   def fresh_state(self) -> None:
     """(Re)creates params and optimizer state (a failed donated step may have consumed them)."""
@@ -154,8 +146,7 @@ class Trainer:
     jax = self.jax
     specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.state)
     tokens = jax.ShapeDtypeStruct((batch, self.seq_len + 1), jax.numpy.int32)
-    with attention_implementation(attention):
-      return self.step.lower(*specs, tokens).compile()
+    return self.step_for(attention).lower(*specs, tokens).compile()
 
   def time_steps(self, compiled: Any, batch: int, warmup: int, steps: int) -> float:
     """Seconds per step after `warmup` steps."""

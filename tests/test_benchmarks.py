@@ -76,6 +76,12 @@ def test_gpu_mfu_dry_run_end_to_end_and_mfu_is_flops_over_peak():
   assert out['scan_layers'] is True and out['missing_fields'] == []
 
 
+def test_gpu_mfu_cudnn_request_reaches_the_model_and_falls_back_to_xla_on_cpu():
+  out = run_json('benchmarks/gpu_mfu.py', '--dry-run', '--attention=cudnn')
+  assert out['attention'] == 'xla' and 'cuDNN' in out['attention_fallback_error']
+  assert out['tried'][0] == {'batch': 8, 'result': 'ran'}
+
+
 def test_gpu_mfu_without_a_gpu_skips_cleanly():
   out = run_json('benchmarks/gpu_mfu.py')
   assert out['benchmark'] == 'gpu_mfu' and 'skipped' in out
