@@ -8,6 +8,7 @@ randomness are pure functions of `(seed, s)`, so a restarted run repeats an unin
 
 import dataclasses
 import functools
+import math
 import signal
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -48,7 +49,8 @@ class Setup:
   client_eval: ClientEval | None  # How eval splits into clients' held-out metrics.
   abstract_state: TrainState
   flops_per_device: float | None   # One step's model FLOPs per device (LMs: 6N + attention
-                                   # per token; else XLA's count, which sees loop bodies once).
+                                   # per token; else XLA's count of one micro-batch's gradient
+                                   # times clients × local steps: XLA sees a loop body once).
   items_per_step: tuple[str, int]  # ('tokens', n) for LMs, ('examples', n) otherwise.
   round_shape: tuple[int, int, int]     # [clients, local_steps, batch] of a round's batches.
   block: tuple[slice, slice, slice]     # The part of round_shape this process loads.
@@ -113,17 +115,26 @@ def setup(task: Task) -> Setup:
     compiled_eval = jax.jit(eval_step).lower(
         abstract_state.alg, jax.tree.map(lambda x: spec(x, eval_sharding), eval_batch),
         spec(np.zeros(eval_batch['mask'].shape, np.int32), eval_sharding)).compile()
+  round_shape = batches['mask'].shape[:3]
   item = 'tokens' if batches['inputs'].dtype.kind in 'iu' else 'examples'
   items = int(batches['mask'].size)
   if isinstance(task.model, TransformerLM):  # Model FLOPs; XLA counts a loop body only once.
     flops = model_stats.flops_per_token(task.model, batches['inputs'].shape[-1]) * items / mesh.size
   else:
-    flops = throughput.step_flops_per_device(step)
-  round_shape = batches['mask'].shape[:3]
+    flops = gradient_flops(losses.model_loss_fn(task.model), nn.meta.unbox(boxed_params),
+                           jax.tree.map(lambda x: x[0, 0], batches))
+    flops = flops and flops * math.prod(round_shape[:2]) / mesh.size
   eval_rows = partitioning.process_block(eval_sharding, (len(sample),))
   return Setup(task, mesh, compiled_init, step, compiled_eval, client_eval, abstract_state,
                flops, (item, items), round_shape,
                partitioning.process_block(batch_sharding, round_shape), (len(sample), *eval_rows))
+
+
+def gradient_flops(loss_fn: losses.LossFn, params: Any, batch: dict) -> float | None:
+  """XLA's FLOP count of one loss-and-gradient evaluation on `batch`, on one device."""
+  rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+  grad_fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+  return throughput.step_flops_per_device(grad_fn.lower(params, batch, rng).compile())
 
 
 def evaluate(s: Setup, alg_state: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:

@@ -44,3 +44,19 @@ def test_lm_step_flops_count_every_client_and_local_step():
   expected = model_stats.flops_per_token(task.model, task.data.seq_len) * tokens
   assert s.items_per_step == ('tokens', tokens)
   assert s.flops_per_device == pytest.approx(expected)
+
+
+def test_classifier_step_flops_count_every_client_and_local_step():
+  """An MLP's training FLOPs from its shapes: forward 2·in·out per layer, backward the weight
+  gradients (2·in·out) and the input gradients of every layer but the first."""
+  from paxlike import config_io, registry, train
+  registry.import_all()
+  cfg = registry.get('federated.DigitsFedAvg')().config()
+  config_io.apply_overrides(cfg, ['model.hidden=(32, 16)'])
+  task = config_io.build(cfg)
+  s = train.setup(task)
+  layers = [(64, 32), (32, 16), (16, 10)]  # 8x8 digits → 32 → 16 → 10 classes.
+  per_example = sum(4 * i * o for i, o in layers) + sum(2 * i * o for i, o in layers[1:])
+  examples = 5 * 5 * task.data.batch_size  # clients × local steps × batch
+  assert s.items_per_step == ('examples', examples)
+  assert s.flops_per_device == pytest.approx(per_example * examples, rel=0.1)
