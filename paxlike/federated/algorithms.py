@@ -41,6 +41,11 @@ class PseudoGradientState(NamedTuple):
   client_opt_state: Any
 
 
+def cast_like(tree: Any, like: Any) -> Any:
+  """`tree` with each leaf cast to the dtype of the matching leaf of `like`."""
+  return jax.tree.map(lambda x, ref: x.astype(ref.dtype), tree, like)
+
+
 def cohort_size(batches: Any, local_steps: int | None = None,
                 fixed: tuple[int, str] | None = None) -> int:
   """The number of clients (leading axis of `batches`); checks the local-steps axis if given,

@@ -29,8 +29,8 @@ import optax
 
 from paxlike import optim
 from paxlike.centralized import Algorithm
-from paxlike.federated.algorithms import (AlgorithmConfigError, client_update, cohort_size,
-                                          placed_init, round_metrics)
+from paxlike.federated.algorithms import (AlgorithmConfigError, cast_like, client_update,
+                                          cohort_size, placed_init, round_metrics)
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_program,
                                           federated_weighted_mean)
 from paxlike.losses import LossFn
@@ -49,10 +49,6 @@ class BtmState(NamedTuple):
   domain_examples: jax.Array
   round: jax.Array
   seed_opt_state: Any
-
-
-def _cast_like(tree: Any, like: Any) -> Any:
-  return jax.tree.map(lambda x, ref: x.astype(ref.dtype), tree, like)
 
 
 def pool(batches: Any) -> Any:
@@ -119,7 +115,7 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
         metrics['learning_rate'] = learning_rate
       experts, opt_state = branch(params)
       return BtmState(params, experts, opt_state, jnp.zeros_like(state.domain_examples),
-                      state.round + 1, seed_opt_state), _cast_like(metrics, like)
+                      state.round + 1, seed_opt_state), cast_like(metrics, like)
 
     return jax.lax.cond(state.round < seed_steps, seed_round, expert_round,
                         state, batches, weights, rng)
@@ -134,19 +130,25 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
   return Algorithm(init, next, ensemble)
 
 
-def mixture_log_probs(apply_fn: Callable[[Any, jax.Array], jax.Array], expert_params: Any,
-                      inputs: jax.Array, log_prior: jax.Array) -> jax.Array:
-  """Log-probs [B, C] of the prior-weighted mixture of the experts' predictive distributions:
-  the ensemble for inputs without a context to infer the domain from (e.g. images)."""
+def expert_log_probs(apply_fn: Callable[[Any, jax.Array], jax.Array], expert_params: Any,
+                     inputs: jax.Array) -> jax.Array:
+  """float32 log-softmax of every expert's outputs on the same `inputs`: [K, *outputs]."""
   experts = jax.tree.leaves(expert_params)[0].shape[0]
 
   @federated_program(clients=experts)
-  def expert_log_probs(expert_params, inputs):
+  def run(expert_params, inputs):
     return federated_map(
         lambda p, x: jax.nn.log_softmax(apply_fn(p, x).astype(jnp.float32), axis=-1),
         (expert_params, federated_broadcast(inputs)))
 
-  log_probs = expert_log_probs(expert_params, inputs)  # [K, B, C]
+  return run(expert_params, inputs)
+
+
+def mixture_log_probs(apply_fn: Callable[[Any, jax.Array], jax.Array], expert_params: Any,
+                      inputs: jax.Array, log_prior: jax.Array) -> jax.Array:
+  """Log-probs [B, C] of the prior-weighted mixture of the experts' predictive distributions:
+  the ensemble for inputs without a context to infer the domain from (e.g. images)."""
+  log_probs = expert_log_probs(apply_fn, expert_params, inputs)  # [K, B, C]
   prior = jnp.asarray(log_prior, jnp.float32).reshape(-1, *[1] * (log_probs.ndim - 1))
   return jax.nn.logsumexp(prior + log_probs, axis=0)
 
@@ -161,15 +163,8 @@ def ensemble_log_probs(apply_fn: Callable[[Any, jax.Array], jax.Array], expert_p
   posterior given the context x_0..x_t: posterior_k ∝ prior_k · Π_{1≤s≤t} p_k(x_s | x_<s)
   (x_0 is not scored), all in log space. Padding is not masked out of the context.
   """
-  experts = jax.tree.leaves(expert_params)[0].shape[0]
-
-  @federated_program(clients=experts)
-  def expert_log_probs(expert_params, tokens):
-    return federated_map(
-        lambda p, t: jax.nn.log_softmax(apply_fn(p, t).astype(jnp.float32), axis=-1),
-        (expert_params, federated_broadcast(tokens)))
-
-  log_probs = expert_log_probs(expert_params, tokens)  # [K, B, T, V]
+  log_probs = expert_log_probs(apply_fn, expert_params, tokens)  # [K, B, T, V]
+  experts = log_probs.shape[0]
   observed = jnp.take_along_axis(
       log_probs[:, :, :-1], tokens[None, :, 1:, None], axis=-1)[..., 0]  # [K, B, T-1]
   context = jnp.concatenate(

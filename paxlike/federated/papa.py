@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import optax
 
 from paxlike.centralized import Algorithm
-from paxlike.federated.algorithms import (AlgorithmConfigError, client_update, cohort_size,
-                                          placed_init, round_metrics)
+from paxlike.federated.algorithms import (AlgorithmConfigError, cast_like, client_update,
+                                          cohort_size, placed_init, round_metrics)
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program)
 from paxlike.losses import LossFn
@@ -42,15 +42,11 @@ class PapaState(NamedTuple):
   round: jax.Array
 
 
-def _cast_like(tree: Any, like: Any) -> Any:
-  return jax.tree.map(lambda x, ref: x.astype(ref.dtype), tree, like)
-
-
 def pull_to_mean(members: Any, alpha: float) -> Any:
   """w_j ← α·w_j + (1 − α)·mean(w) for every member (inside a federated program)."""
   mean = federated_broadcast(federated_mean(members))
   return federated_map(
-      lambda w, m: _cast_like(jax.tree.map(lambda a, b: alpha * a + (1 - alpha) * b, w, m), w),
+      lambda w, m: cast_like(jax.tree.map(lambda a, b: alpha * a + (1 - alpha) * b, w, m), w),
       (members, mean))
 
 
@@ -97,7 +93,7 @@ def papa(loss_fn: LossFn, optimizer: optax.GradientTransformation, population: i
       count = state.round + 1
       averaged = count % every == 0
       members = jax.lax.cond(averaged, average, lambda m, _: m, members, average_rng)
-      soup = _cast_like(federated_mean(members), state.params)
+      soup = cast_like(federated_mean(members), state.params)
       pseudo_grad = jax.tree.map(lambda p, s: p - s, state.params, soup)
       metrics = round_metrics(stats, weights, pseudo_grad, opt_state, clients)
       metrics['averaged'] = averaged.astype(jnp.int32)
