@@ -18,6 +18,7 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$REPO/scripts/launch_lib.sh"
 
 die() { echo "launch_local: error: $*" >&2; exit 2; }
 
@@ -41,13 +42,7 @@ DEVICES_PER_PROCESS="${DEVICES_PER_PROCESS:-$(( 8 / NUM_PROCESSES ))}"
 (( DEVICES_PER_PROCESS >= 1 )) || DEVICES_PER_PROCESS=1
 
 # The job dir (last --job_log_dir wins, as with absl flags) holds the logs.
-JOB_LOG_DIR=""
-for (( k = 0; k < ${#ARGS[@]}; k++ )); do
-  case "${ARGS[k]}" in
-    --job_log_dir=*) JOB_LOG_DIR="${ARGS[k]#--job_log_dir=}" ;;
-    --job_log_dir) (( k + 1 < ${#ARGS[@]} )) && JOB_LOG_DIR="${ARGS[k + 1]}" ;;
-  esac
-done
+JOB_LOG_DIR="$(last_job_log_dir "${ARGS[@]}")"
 if [[ -n "$JOB_LOG_DIR" ]]; then
   LOG_DIR="${JOB_LOG_DIR/#\~/$HOME}/logs"
 else

@@ -22,6 +22,7 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$REPO/scripts/launch_lib.sh"
 PROG=launch_slurm
 # Overlap collectives with compute; flags XLA does not know abort the job, so keep this short.
 GPU_XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true"
@@ -77,13 +78,7 @@ fi
 [[ "$RUN_NAME" =~ ^[A-Za-z0-9._-]+$ ]] || die "run name '$RUN_NAME' may only hold letters, digits, . _ -"
 
 # The job dir (last --job_log_dir wins, as with absl flags), else a per-run default.
-JOB_LOG_DIR=""
-for (( k = 0; k < ${#ARGS[@]}; k++ )); do
-  case "${ARGS[k]}" in
-    --job_log_dir=*) JOB_LOG_DIR="${ARGS[k]#--job_log_dir=}" ;;
-    --job_log_dir) (( k + 1 < ${#ARGS[@]} )) && JOB_LOG_DIR="${ARGS[k + 1]}" ;;
-  esac
-done
+JOB_LOG_DIR="$(last_job_log_dir "${ARGS[@]}")"
 JOB_LOG_DIR="${JOB_LOG_DIR:-$HOME/paxlike_runs/$RUN_NAME}"
 JOB_LOG_DIR="${JOB_LOG_DIR/#\~/$HOME}"
 [[ "$JOB_LOG_DIR" == /* ]] || JOB_LOG_DIR="$PWD/$JOB_LOG_DIR"
