@@ -7,26 +7,15 @@ its local steps are micro-batches whose gradients are averaged before one optimi
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from paxlike import optim
+from paxlike.algorithm import Algorithm
 from paxlike.losses import LossFn
-
-
-class Algorithm(NamedTuple):
-  """An optax-style pure pair. `next(state, batches, weights, rng) -> (state, metrics)`.
-
-  `ensemble(state) -> (stacked member params, log prior [members])`, for algorithms that keep
-  an ensemble besides `state.params` (BTM's experts); the trainer evaluates both.
-  """
-
-  init: Callable[[Any], Any]
-  next: Callable[[Any, Any, jax.Array, jax.Array], tuple[Any, dict[str, jax.Array]]]
-  ensemble: Callable[[Any], tuple[Any, jax.Array]] | None = None
 
 
 class CentralizedState(NamedTuple):

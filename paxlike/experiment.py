@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable
+from typing import TYPE_CHECKING
 
 import fiddle as fdl
 import flax.linen as nn
 import optax
 
+from paxlike.algorithm import AlgorithmBuilder
 from paxlike.errors import UserError
 from paxlike.partitioning import MeshConfig
+
+if TYPE_CHECKING:  # paxlike.data imports tfds; the annotation needs only the protocol.
+  from paxlike.data import DataSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +51,8 @@ class Task:
 
   model: nn.Module
   optimizer: optax.GradientTransformation
-  algorithm: Callable[..., Any]  # builder(loss_fn, optimizer) -> Algorithm
-  data: Any                      # a paxlike.data DataSource
+  algorithm: AlgorithmBuilder  # (loss_fn, optimizer) -> Algorithm
+  data: DataSource
   mesh: MeshConfig = MeshConfig()
   train: TrainConfig = TrainConfig()
 

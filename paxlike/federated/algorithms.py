@@ -19,17 +19,12 @@ import jax.numpy as jnp
 import optax
 
 from paxlike import optim
-from paxlike.centralized import Algorithm
-from paxlike.errors import UserError
+from paxlike.algorithm import Algorithm, AlgorithmConfigError, cohort_size
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program, federated_weighted_mean)
 from paxlike.losses import LossFn
 
 ClientUpdate = Callable[[Any, Any, Any, jax.Array], tuple[Any, Any, dict[str, jax.Array]]]
-
-
-class AlgorithmConfigError(UserError, ValueError):
-  """A bad algorithm argument or a cohort that does not fit it (a ValueError; CLI exit code 2)."""
 
 
 class PseudoGradientState(NamedTuple):
@@ -39,30 +34,6 @@ class PseudoGradientState(NamedTuple):
   params: Any
   server_opt_state: optax.OptState
   client_opt_state: Any
-
-
-def cast_like(tree: Any, like: Any) -> Any:
-  """`tree` with each leaf cast to the dtype of the matching leaf of `like`."""
-  return jax.tree.map(lambda x, ref: x.astype(ref.dtype), tree, like)
-
-
-def cohort_size(batches: Any, local_steps: int | None = None,
-                fixed: tuple[int, str] | None = None) -> int:
-  """The number of clients (leading axis of `batches`); checks the local-steps axis if given,
-  and with `fixed=(n, 'experts')` that the cohort is exactly the algorithm's n members."""
-  shapes = {jnp.shape(leaf)[:2] for leaf in jax.tree.leaves(batches)}
-  if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-    raise AlgorithmConfigError(
-        f'batches need common leading axes [clients, local_steps], got {shapes}.')
-  clients, steps = shapes.pop()
-  if local_steps is not None and steps != local_steps:
-    raise AlgorithmConfigError(
-        f'batches have {steps} local steps per client, the algorithm {local_steps}.')
-  if fixed is not None and clients != fixed[0]:
-    raise AlgorithmConfigError(
-        f'the cohort has {clients} clients but the algorithm has {fixed[0]} {fixed[1]}; '
-        f'set clients_per_round = {fixed[0]}, one fixed client per slot.')
-  return clients
 
 
 def client_update(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> ClientUpdate:
@@ -94,17 +65,24 @@ def client_update(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> C
   return update
 
 
-def round_metrics(stats: dict[str, jax.Array], weights: jax.Array, pseudo_grad: Any,
-                  client_opt_state: Any, clients: int) -> dict[str, jax.Array]:
-  """Weighted client stats plus `clients`, `pseudo_grad_norm` and the client learning rate
-  (when readable). Call inside the round's federated program."""
-  metrics = federated_weighted_mean(stats, weights)
-  metrics['clients'] = jnp.asarray(clients, jnp.int32)
-  metrics['pseudo_grad_norm'] = optax.tree.norm(pseudo_grad)
-  learning_rate = optim.learning_rate_of(client_opt_state)
-  if learning_rate is not None:  # Client-placed: every client runs the same schedule.
-    metrics['learning_rate'] = federated_mean(learning_rate)
+def round_metrics(stats: dict[str, jax.Array], pseudo_grad: Any, learning_rate: jax.Array | None,
+                  clients: int) -> dict[str, jax.Array]:
+  """A round's metrics: the (server-placed) client `stats`, plus `clients`, `pseudo_grad_norm`
+  and the client `learning_rate` where it is readable (not None)."""
+  metrics = {**stats, 'clients': jnp.asarray(clients, jnp.int32),
+             'pseudo_grad_norm': optax.tree.norm(pseudo_grad)}
+  if learning_rate is not None:
+    metrics['learning_rate'] = learning_rate
   return metrics
+
+
+def cohort_metrics(stats: dict[str, jax.Array], weights: jax.Array, pseudo_grad: Any,
+                   client_opt_state: Any, clients: int) -> dict[str, jax.Array]:
+  """`round_metrics` of client-placed stats (their weighted mean) and client optimizer states
+  (every client runs the same schedule: their mean rate). Call inside the federated program."""
+  learning_rate = optim.learning_rate_of(client_opt_state)
+  return round_metrics(federated_weighted_mean(stats, weights), pseudo_grad,
+                       None if learning_rate is None else federated_mean(learning_rate), clients)
 
 
 def placed_init(optimizer: optax.GradientTransformation, clients: int) -> Callable[[Any], tuple]:
@@ -152,7 +130,7 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
       updates, server_opt_state = server_optimizer.update(
           pseudo_grad, state.server_opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
-      metrics = round_metrics(stats, weights, pseudo_grad, opt_state, clients)
+      metrics = cohort_metrics(stats, weights, pseudo_grad, opt_state, clients)
       server_lr = optim.learning_rate_of(server_opt_state)
       if server_lr is not None:
         metrics['server_learning_rate'] = server_lr
@@ -167,16 +145,9 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
 def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
             server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
             client_chunk: int | None = None) -> Algorithm:
-  """FedAvg: fresh client optimizer each round, server SGD on the pseudo-gradient (lr 1 =
-  plain weighted averaging of the client models)."""
-  return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer,
-                         client_chunk=client_chunk)
-
-
-def fed_opt(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
-            server_optimizer: optax.GradientTransformation,
-            client_chunk: int | None = None) -> Algorithm:
-  """FedOpt (Reddi et al. 2021): FedAvg's clients with any server optimizer."""
+  """FedAvg, and FedOpt (Reddi et al. 2021) with any other `server_optimizer`: a fresh client
+  optimizer each round, then the server optimizer on the pseudo-gradient (SGD at lr 1, the
+  default, is plain weighted averaging of the client models)."""
   return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer,
                          client_chunk=client_chunk)
 
@@ -188,7 +159,7 @@ def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, lo
   both moments and starts the second moment at 0 (the paper at v₋₁ ≥ τ²); they agree once
   β₂ᵗ is small (after a few hundred rounds at β₂ = 0.99)."""
   server = optax.adam(server_learning_rate, b1=b1, b2=b2, eps=tau, eps_root=0.0)
-  return fed_opt(loss_fn, client_optimizer, local_steps, server, client_chunk)
+  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk)
 
 
 def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
@@ -199,7 +170,7 @@ def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, lo
   server = optax.chain(
       optax.scale_by_yogi(b1=b1, b2=b2, eps=tau, initial_accumulator_value=tau**2),
       optax.scale_by_learning_rate(server_learning_rate))
-  return fed_opt(loss_fn, client_optimizer, local_steps, server, client_chunk)
+  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk)
 
 
 def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
@@ -209,7 +180,7 @@ def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
   so the step is Δ/√(τ² + ΣΔ²) where the paper has Δ/(√(τ² + ΣΔ²) + τ) (within a factor 2).
   The paper's Algorithm 2 also applies server momentum β₁ here; optax's Adagrad has none."""
   server = optax.adagrad(server_learning_rate, initial_accumulator_value=tau**2, eps=0.0)
-  return fed_opt(loss_fn, client_optimizer, local_steps, server, client_chunk)
+  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk)
 
 
 def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation, local_steps: int,

@@ -28,9 +28,8 @@ import jax.numpy as jnp
 import optax
 
 from paxlike import optim
-from paxlike.centralized import Algorithm
-from paxlike.federated.algorithms import (AlgorithmConfigError, cast_like, client_update,
-                                          cohort_size, placed_init, round_metrics)
+from paxlike.algorithm import Algorithm, AlgorithmConfigError, cast_like, cohort_size
+from paxlike.federated.algorithms import client_update, cohort_metrics, placed_init, round_metrics
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_program,
                                           federated_weighted_mean)
 from paxlike.losses import LossFn
@@ -94,7 +93,7 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
       merged = jax.tree.map(lambda m, p: m.astype(p.dtype),
                             federated_weighted_mean(experts, mix), state.params)
       pseudo_grad = jax.tree.map(lambda p, m: p - m, state.params, merged)
-      metrics = round_metrics(stats, weights, pseudo_grad, opt_state, clients)
+      metrics = cohort_metrics(stats, weights, pseudo_grad, opt_state, clients)
       return state._replace(params=merged, experts=experts, opt_state=opt_state,
                             domain_examples=seen, round=state.round + 1), metrics
 
@@ -108,11 +107,8 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
       params, seed_opt_state, stats = update(state.params, state.seed_opt_state, pool(batches),
                                              rng)
       pseudo_grad = jax.tree.map(lambda p, n: p - n, state.params, params)
-      metrics = {**stats, 'clients': jnp.asarray(clients, jnp.int32),
-                 'pseudo_grad_norm': optax.tree.norm(pseudo_grad)}
-      learning_rate = optim.learning_rate_of(seed_opt_state)
-      if learning_rate is not None:
-        metrics['learning_rate'] = learning_rate
+      metrics = round_metrics(stats, pseudo_grad, optim.learning_rate_of(seed_opt_state),
+                              clients)
       experts, opt_state = branch(params)
       return BtmState(params, experts, opt_state, jnp.zeros_like(state.domain_examples),
                       state.round + 1, seed_opt_state), cast_like(metrics, like)

@@ -22,9 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paxlike.centralized import Algorithm
-from paxlike.federated.algorithms import (AlgorithmConfigError, cast_like, client_update,
-                                          cohort_size, placed_init, round_metrics)
+from paxlike.algorithm import Algorithm, AlgorithmConfigError, cast_like, cohort_size
+from paxlike.federated.algorithms import client_update, cohort_metrics, placed_init
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program)
 from paxlike.losses import LossFn
@@ -95,7 +94,7 @@ def papa(loss_fn: LossFn, optimizer: optax.GradientTransformation, population: i
       members = jax.lax.cond(averaged, average, lambda m, _: m, members, average_rng)
       soup = cast_like(federated_mean(members), state.params)
       pseudo_grad = jax.tree.map(lambda p, s: p - s, state.params, soup)
-      metrics = round_metrics(stats, weights, pseudo_grad, opt_state, clients)
+      metrics = cohort_metrics(stats, weights, pseudo_grad, opt_state, clients)
       metrics['averaged'] = averaged.astype(jnp.int32)
       return PapaState(soup, members, opt_state, count), metrics
 

@@ -32,261 +32,242 @@ from jax.interpreters import ad, batching, mlir
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-PyTree = Any
-F = TypeVar("F", bound=Callable[..., Any])
+from paxlike.partitioning import CLIENTS_AXIS
 
-CLIENTS_AXIS = "clients"
+PyTree = Any
+F = TypeVar('F', bound=Callable[..., Any])
 
 _CLIENTS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "federated_clients", default=None
-)
+    'federated_clients', default=None)
 
 
 # Placement.
 
 
 def federated_program(clients: int) -> Callable[[F], F]:
-    """Decorator: runs the function with `clients` clients (programs may nest)."""
-    if not isinstance(clients, int) or clients < 1:
-        raise ValueError(f"clients must be a positive int, got {clients!r}")
+  """Decorator: runs the function with `clients` clients (programs may nest)."""
+  if not isinstance(clients, int) or clients < 1:
+    raise ValueError(f'clients must be a positive int, got {clients!r}')
 
-    def decorator(fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            token = _CLIENTS.set(clients)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _CLIENTS.reset(token)
+  def decorator(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+      token = _CLIENTS.set(clients)
+      try:
+        return fn(*args, **kwargs)
+      finally:
+        _CLIENTS.reset(token)
 
-        return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]
 
-    return decorator
+  return decorator
 
 
 def _num_clients(op: str) -> int:
-    clients = _CLIENTS.get()
-    if clients is None:
-        raise RuntimeError(
-            f"{op} called outside a federated program; wrap the calling function "
-            "in @federated_program(clients=N)."
-        )
-    return clients
+  clients = _CLIENTS.get()
+  if clients is None:
+    raise RuntimeError(f'{op} called outside a federated program; wrap the calling function '
+                       'in @federated_program(clients=N).')
+  return clients
 
 
 def _check_clients_placed(tree: PyTree, clients: int, op: str) -> None:
-    for leaf in jax.tree.leaves(tree):
-        shape = jnp.shape(leaf)
-        if not shape or shape[0] != clients:
-            raise ValueError(
-                f"{op} expects clients-placed leaves with leading axis {clients}, "
-                f"got shape {shape}."
-            )
+  for leaf in jax.tree.leaves(tree):
+    shape = jnp.shape(leaf)
+    if not shape or shape[0] != clients:
+      raise ValueError(f'{op} expects clients-placed leaves with leading axis {clients}, '
+                       f'got shape {shape}.')
 
 
 # Sharding.
 
 
 def _clients_mesh_active() -> bool:
-    """Whether the ambient mesh has an Auto axis named `clients`."""
-    mesh = jax.sharding.get_abstract_mesh()  # Set by jax.set_mesh, also under jit.
-    legacy = getattr(_mesh_lib, "thread_resources", None)  # Legacy `with mesh:`.
-    if mesh.empty and legacy is not None:
-        mesh = legacy.env.physical_mesh
-    if mesh.empty:
-        return False
-    axis_types = dict(zip(mesh.axis_names, mesh.axis_types))
-    return axis_types.get(CLIENTS_AXIS) == AxisType.Auto
+  """Whether the ambient mesh has an Auto axis named `clients`."""
+  mesh = jax.sharding.get_abstract_mesh()  # Set by jax.set_mesh, also under jit.
+  legacy = getattr(_mesh_lib, 'thread_resources', None)  # Legacy `with mesh:`.
+  if mesh.empty and legacy is not None:
+    mesh = legacy.env.physical_mesh
+  if mesh.empty:
+    return False
+  axis_types = dict(zip(mesh.axis_names, mesh.axis_types))
+  return axis_types.get(CLIENTS_AXIS) == AxisType.Auto
 
 
 def _constrain_clients(tree: PyTree) -> PyTree:
-    """Shards the leading axis of every leaf over `clients`, if the mesh has it."""
-    if not _clients_mesh_active():
-        return tree
+  """Shards the leading axis of every leaf over `clients`, if the mesh has it."""
+  if not _clients_mesh_active():
+    return tree
 
-    def constrain(leaf: jax.Array) -> jax.Array:
-        spec = P(CLIENTS_AXIS, *[P.UNCONSTRAINED] * (leaf.ndim - 1))
-        return jax.lax.with_sharding_constraint(leaf, spec)
+  def constrain(leaf: jax.Array) -> jax.Array:
+    spec = P(CLIENTS_AXIS, *[P.UNCONSTRAINED] * (leaf.ndim - 1))
+    return jax.lax.with_sharding_constraint(leaf, spec)
 
-    return jax.tree.map(constrain, tree)
+  return jax.tree.map(constrain, tree)
 
 
 # The primitives.
 
-broadcast_p = Primitive("federated_broadcast")
-sum_p = Primitive("federated_sum")
-mean_p = Primitive("federated_mean")
+broadcast_p = Primitive('federated_broadcast')
+sum_p = Primitive('federated_sum')
+mean_p = Primitive('federated_mean')
 
 
 def _mean_dtype(dtype: Any) -> Any:
-    if jnp.issubdtype(dtype, jnp.inexact):
-        return dtype
-    return jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless x64.
+  if jnp.issubdtype(dtype, jnp.inexact):
+    return dtype
+  return jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless x64.
 
 
 def _broadcast_impl(x: jax.Array, *, clients: int) -> jax.Array:
-    return jnp.broadcast_to(x, (clients, *x.shape))
+  return jnp.broadcast_to(x, (clients, *x.shape))
 
 
 def _sum_impl(x: jax.Array, *, clients: int) -> jax.Array:
-    del clients
-    return jnp.sum(x, axis=0, dtype=x.dtype)
+  del clients
+  return jnp.sum(x, axis=0, dtype=x.dtype)
 
 
 def _mean_impl(x: jax.Array, *, clients: int) -> jax.Array:
-    del clients
-    return jnp.mean(x.astype(_mean_dtype(x.dtype)), axis=0)
+  del clients
+  return jnp.mean(x.astype(_mean_dtype(x.dtype)), axis=0)
 
 
 def _with_spec(aval: Any, spec: P) -> NamedSharding:
-    return NamedSharding(aval.sharding.mesh, spec)
+  return NamedSharding(aval.sharding.mesh, spec)
 
 
 def _broadcast_abstract(x: Any, *, clients: int) -> Any:
-    spec = P(None, *x.sharding.spec)
-    return x.update(shape=(clients, *x.shape), sharding=_with_spec(x, spec))
+  spec = P(None, *x.sharding.spec)
+  return x.update(shape=(clients, *x.shape), sharding=_with_spec(x, spec))
 
 
 def _reduce_abstract(x: Any, *, dtype: Any = None) -> Any:
-    if x.ndim == 0:
-        raise ValueError("federated reductions need a leading clients axis.")
-    spec = P(*x.sharding.spec[1:])
-    return x.update(shape=x.shape[1:], dtype=dtype, sharding=_with_spec(x, spec))
+  if x.ndim == 0:
+    raise ValueError('federated reductions need a leading clients axis.')
+  spec = P(*x.sharding.spec[1:])
+  return x.update(shape=x.shape[1:], dtype=dtype, sharding=_with_spec(x, spec))
 
 
 def _sum_abstract(x: Any, *, clients: int) -> Any:
-    del clients
-    return _reduce_abstract(x)
+  del clients
+  return _reduce_abstract(x)
 
 
 def _mean_abstract(x: Any, *, clients: int) -> Any:
-    del clients
-    dtype = _mean_dtype(x.dtype)
-    weak_type = x.weak_type if dtype == x.dtype else False
-    return _reduce_abstract(x, dtype=dtype).update(weak_type=weak_type)
+  del clients
+  dtype = _mean_dtype(x.dtype)
+  weak_type = x.weak_type if dtype == x.dtype else False
+  return _reduce_abstract(x, dtype=dtype).update(weak_type=weak_type)
 
 
 def _linear_jvp(prim: Primitive) -> Callable[..., tuple[Any, Any]]:
-    def jvp(primals: tuple[Any], tangents: tuple[Any], **params: Any):
-        (x,), (t,) = primals, tangents
-        out = prim.bind(x, **params)
-        if type(t) is ad.Zero:
-            return out, ad.Zero(out.aval.to_tangent_aval())
-        return out, prim.bind(t, **params)
+  def jvp(primals: tuple[Any], tangents: tuple[Any], **params: Any):
+    (x,), (t,) = primals, tangents
+    out = prim.bind(x, **params)
+    if type(t) is ad.Zero:
+      return out, ad.Zero(out.aval.to_tangent_aval())
+    return out, prim.bind(t, **params)
 
-    return jvp
+  return jvp
 
 
-def _transpose(
-    rule: Callable[[jax.Array, int], jax.Array],
-) -> Callable[..., list[Any]]:
-    def transpose(ct: Any, x: Any, *, clients: int) -> list[Any]:
-        if type(ct) is ad.Zero:
-            return [ad.Zero(x.aval.to_tangent_aval())]
-        return [rule(ct, clients)]
+def _transpose(rule: Callable[[jax.Array, int], jax.Array]) -> Callable[..., list[Any]]:
+  def transpose(ct: Any, x: Any, *, clients: int) -> list[Any]:
+    if type(ct) is ad.Zero:
+      return [ad.Zero(x.aval.to_tangent_aval())]
+    return [rule(ct, clients)]
 
-    return transpose
+  return transpose
 
 
 def _broadcast_batch(args: Any, dims: Any, *, clients: int) -> tuple[Any, int]:
-    (x,), (d,) = args, dims
-    return broadcast_p.bind(x, clients=clients), d + 1  # New axis goes in front.
+  (x,), (d,) = args, dims
+  return broadcast_p.bind(x, clients=clients), d + 1  # New axis goes in front.
 
 
 def _reduce_batch(prim: Primitive) -> Callable[..., tuple[Any, int]]:
-    def batch(args: Any, dims: Any, *, clients: int) -> tuple[Any, int]:
-        (x,), (d,) = args, dims
-        x = jnp.moveaxis(x, d, 1)  # Clients axis at 0, batch axis at 1.
-        return prim.bind(x, clients=clients), 0
+  def batch(args: Any, dims: Any, *, clients: int) -> tuple[Any, int]:
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 1)  # Clients axis at 0, batch axis at 1.
+    return prim.bind(x, clients=clients), 0
 
-    return batch
+  return batch
 
 
-for _prim, _impl, _abstract in (
-    (broadcast_p, _broadcast_impl, _broadcast_abstract),
-    (sum_p, _sum_impl, _sum_abstract),
-    (mean_p, _mean_impl, _mean_abstract),
-):
-    _prim.def_impl(_impl)
-    _prim.def_abstract_eval(_abstract)
-    mlir.register_lowering(_prim, mlir.lower_fun(_impl, multiple_results=False))
-    ad.primitive_jvps[_prim] = _linear_jvp(_prim)
+for _prim, _impl, _abstract in ((broadcast_p, _broadcast_impl, _broadcast_abstract),
+                                (sum_p, _sum_impl, _sum_abstract),
+                                (mean_p, _mean_impl, _mean_abstract)):
+  _prim.def_impl(_impl)
+  _prim.def_abstract_eval(_abstract)
+  mlir.register_lowering(_prim, mlir.lower_fun(_impl, multiple_results=False))
+  ad.primitive_jvps[_prim] = _linear_jvp(_prim)
 
 batching.primitive_batchers[broadcast_p] = _broadcast_batch
 batching.primitive_batchers[sum_p] = _reduce_batch(sum_p)
 batching.primitive_batchers[mean_p] = _reduce_batch(mean_p)
-ad.primitive_transposes[broadcast_p] = _transpose(
-    lambda ct, n: sum_p.bind(ct, clients=n)
-)
-ad.primitive_transposes[sum_p] = _transpose(
-    lambda ct, n: broadcast_p.bind(ct, clients=n)
-)
-ad.primitive_transposes[mean_p] = _transpose(
-    lambda ct, n: broadcast_p.bind(ct, clients=n) / n
-)
+ad.primitive_transposes[broadcast_p] = _transpose(lambda ct, n: sum_p.bind(ct, clients=n))
+ad.primitive_transposes[sum_p] = _transpose(lambda ct, n: broadcast_p.bind(ct, clients=n))
+ad.primitive_transposes[mean_p] = _transpose(lambda ct, n: broadcast_p.bind(ct, clients=n) / n)
 
 
 # Public operations.
 
 
 def federated_broadcast(x: PyTree) -> PyTree:
-    """Server → clients: adds a leading axis of size N to every leaf."""
-    clients = _num_clients("federated_broadcast")
-    out = jax.tree.map(lambda v: broadcast_p.bind(jnp.asarray(v), clients=clients), x)
-    return _constrain_clients(out)
+  """Server → clients: adds a leading axis of size N to every leaf."""
+  clients = _num_clients('federated_broadcast')
+  out = jax.tree.map(lambda v: broadcast_p.bind(jnp.asarray(v), clients=clients), x)
+  return _constrain_clients(out)
 
 
 def federated_sum(x: PyTree) -> PyTree:
-    """Clients → server: sums over the leading clients axis."""
-    clients = _num_clients("federated_sum")
-    _check_clients_placed(x, clients, "federated_sum")
-    return jax.tree.map(lambda v: sum_p.bind(jnp.asarray(v), clients=clients), x)
+  """Clients → server: sums over the leading clients axis."""
+  clients = _num_clients('federated_sum')
+  _check_clients_placed(x, clients, 'federated_sum')
+  return jax.tree.map(lambda v: sum_p.bind(jnp.asarray(v), clients=clients), x)
 
 
 def federated_mean(x: PyTree) -> PyTree:
-    """Clients → server: averages over the leading clients axis (always float)."""
-    clients = _num_clients("federated_mean")
-    _check_clients_placed(x, clients, "federated_mean")
-    return jax.tree.map(lambda v: mean_p.bind(jnp.asarray(v), clients=clients), x)
+  """Clients → server: averages over the leading clients axis (always float)."""
+  clients = _num_clients('federated_mean')
+  _check_clients_placed(x, clients, 'federated_mean')
+  return jax.tree.map(lambda v: mean_p.bind(jnp.asarray(v), clients=clients), x)
 
 
 def federated_map(fn: Callable[..., PyTree], arg: PyTree, chunk: int | None = None) -> PyTree:
-    """Applies `fn` per client; a tuple `arg` is unpacked into fn's arguments.
+  """Applies `fn` per client; a tuple `arg` is unpacked into fn's arguments.
 
-    All clients at once (`vmap`) by default. With `chunk=k`, `k` clients at a time
-    (`lax.map(batch_size=k)`: vmap inside a chunk, a loop over chunks): the same result with
-    1/(clients/k) of the activation memory, and on CPU often faster (smaller operands stay in
-    cache). Chunks run one after another, so with a sharded `clients` mesh axis keep the
-    default.
-    """
-    clients = _num_clients("federated_map")
-    args = arg if isinstance(arg, tuple) else (arg,)
-    _check_clients_placed(args, clients, "federated_map")
-    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
-        raise ValueError(f"chunk must be a positive int or None, got {chunk!r}.")
-    args = _constrain_clients(args)
-    if chunk is None or chunk >= clients:
-        spmd_axis = CLIENTS_AXIS if _clients_mesh_active() else None
-        out = jax.vmap(fn, spmd_axis_name=spmd_axis)(*args)
-    else:
-        if _clients_mesh_active():
-            warnings.warn(
-                f"federated_map(chunk={chunk}) over a sharded 'clients' mesh axis runs the "
-                "chunks one after another, gathering each; use chunk=None there.",
-                stacklevel=2,
-            )
-        out = jax.lax.map(lambda a: fn(*a), args, batch_size=chunk)
-    return _constrain_clients(out)
+  All clients at once (`vmap`) by default. With `chunk=k`, `k` clients at a time
+  (`lax.map(batch_size=k)`: vmap inside a chunk, a loop over chunks): the same result with
+  1/(clients/k) of the activation memory, and on CPU often faster (smaller operands stay in
+  cache). Chunks run one after another, so with a sharded `clients` mesh axis keep the
+  default.
+  """
+  clients = _num_clients('federated_map')
+  args = arg if isinstance(arg, tuple) else (arg,)
+  _check_clients_placed(args, clients, 'federated_map')
+  if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+    raise ValueError(f'chunk must be a positive int or None, got {chunk!r}.')
+  args = _constrain_clients(args)
+  if chunk is None or chunk >= clients:
+    spmd_axis = CLIENTS_AXIS if _clients_mesh_active() else None
+    out = jax.vmap(fn, spmd_axis_name=spmd_axis)(*args)
+  else:
+    if _clients_mesh_active():
+      warnings.warn(f"federated_map(chunk={chunk}) over a sharded 'clients' mesh axis runs the "
+                    'chunks one after another, gathering each; use chunk=None there.',
+                    stacklevel=2)
+    out = jax.lax.map(lambda a: fn(*a), args, batch_size=chunk)
+  return _constrain_clients(out)
 
 
 def federated_weighted_mean(x: PyTree, w: jax.Array) -> PyTree:
-    """Clients → server: sum_i w_i x_i / sum_i w_i, with `w` of shape [N]."""
-    clients = _num_clients("federated_weighted_mean")
-    w = jnp.asarray(w)
-    if w.shape != (clients,):
-        raise ValueError(f"weights must have shape ({clients},), got {w.shape}.")
-    weighted = federated_map(
-        lambda xi, wi: jax.tree.map(lambda v: v * wi, xi), (x, w)
-    )
-    total = federated_sum(w)
-    return jax.tree.map(lambda s: s / total, federated_sum(weighted))
+  """Clients → server: sum_i w_i x_i / sum_i w_i, with `w` of shape [N]."""
+  clients = _num_clients('federated_weighted_mean')
+  w = jnp.asarray(w)
+  if w.shape != (clients,):
+    raise ValueError(f'weights must have shape ({clients},), got {w.shape}.')
+  weighted = federated_map(lambda xi, wi: jax.tree.map(lambda v: v * wi, xi), (x, w))
+  total = federated_sum(w)
+  return jax.tree.map(lambda s: s / total, federated_sum(weighted))

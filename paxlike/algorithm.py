@@ -1,0 +1,64 @@
+"""The training-algorithm contract, which the trainer and every algorithm depend on.
+
+An algorithm is an optax-style pure pair `(init, next)` (centralized training is one, and so is
+every federated algorithm); `AlgorithmBuilder` is how a task names one: called with the model's
+loss and the task's optimizer, it returns the pair. Also here: the error for bad algorithm
+arguments, and the helpers every algorithm uses to read a round's batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from paxlike.errors import UserError
+from paxlike.losses import LossFn
+
+
+class Algorithm(NamedTuple):
+  """An optax-style pure pair. `init(params) -> state`; `next(state, batches, weights, rng) ->
+  (state, metrics)`, with `batches` leading `[clients, local_steps, ...]`, `weights` [clients]
+  and `state.params` the model to evaluate.
+
+  `ensemble(state) -> (stacked member params, log prior [members])`, for algorithms that keep
+  an ensemble besides `state.params` (BTM's experts); the trainer evaluates both.
+  """
+
+  init: Callable[[Any], Any]
+  next: Callable[[Any, Any, jax.Array, jax.Array], tuple[Any, dict[str, jax.Array]]]
+  ensemble: Callable[[Any], tuple[Any, jax.Array]] | None = None
+
+
+# builder(loss_fn, optimizer) -> Algorithm: what `Task.algorithm` holds (a `fdl.Partial` of one).
+AlgorithmBuilder = Callable[[LossFn, optax.GradientTransformation], Algorithm]
+
+
+class AlgorithmConfigError(UserError, ValueError):
+  """A bad algorithm argument or a cohort that does not fit it (a ValueError; CLI exit code 2)."""
+
+
+def cast_like(tree: Any, like: Any) -> Any:
+  """`tree` with each leaf cast to the dtype of the matching leaf of `like`."""
+  return jax.tree.map(lambda x, ref: x.astype(ref.dtype), tree, like)
+
+
+def cohort_size(batches: Any, local_steps: int | None = None,
+                fixed: tuple[int, str] | None = None) -> int:
+  """The number of clients (leading axis of `batches`); checks the local-steps axis if given,
+  and with `fixed=(n, 'experts')` that the cohort is exactly the algorithm's n members."""
+  shapes = {jnp.shape(leaf)[:2] for leaf in jax.tree.leaves(batches)}
+  if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+    raise AlgorithmConfigError(
+        f'batches need common leading axes [clients, local_steps], got {shapes}.')
+  clients, steps = shapes.pop()
+  if local_steps is not None and steps != local_steps:
+    raise AlgorithmConfigError(
+        f'batches have {steps} local steps per client, the algorithm {local_steps}.')
+  if fixed is not None and clients != fixed[0]:
+    raise AlgorithmConfigError(
+        f'the cohort has {clients} clients but the algorithm has {fixed[0]} {fixed[1]}; '
+        f'set clients_per_round = {fixed[0]}, one fixed client per slot.')
+  return clients
