@@ -8,7 +8,7 @@ have a leading axis of size N; a server-placed value is an ordinary pytree.
 primitives (`federated_broadcast`, `federated_sum`, `federated_mean`) with
 abstract eval, lowering, batching, JVP and transpose rules. Broadcast and sum
 are each other's transpose, so `jax.grad` of a federated program is again a
-federated program. `federated_map` is a `vmap` over clients and
+federated program. `federated_map` is a `vmap` over clients (axis name 'clients') and
 `federated_weighted_mean` is built from map and sum.
 
 When the ambient mesh (`jax.set_mesh(mesh)` or the legacy `with mesh:`) has an
@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax._src import mesh as _mesh_lib  # Only for the legacy `with mesh:` context.
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -113,7 +114,17 @@ sum_p = Primitive('federated_sum')
 mean_p = Primitive('federated_mean')
 
 
+def _sum_dtype(dtype: Any) -> Any:
+  """`jnp.sum`'s result dtype: bools and narrow ints widen to the default (u)int, so that
+  summing many clients neither ORs bools nor overflows int8."""
+  if dtype != np.bool_ and not jnp.issubdtype(dtype, np.integer):
+    return dtype  # Floats, complex, and float0 tangents.
+  wide = jnp.uint64 if jnp.issubdtype(dtype, np.unsignedinteger) else jnp.int64
+  return np.promote_types(dtype, jax.dtypes.canonicalize_dtype(wide))  # 32 bits unless x64.
+
+
 def _mean_dtype(dtype: Any) -> Any:
+  """`jnp.mean`'s result dtype: floats keep theirs, the rest is the default float."""
   if jnp.issubdtype(dtype, jnp.inexact):
     return dtype
   return jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless x64.
@@ -125,7 +136,7 @@ def _broadcast_impl(x: jax.Array, *, clients: int) -> jax.Array:
 
 def _sum_impl(x: jax.Array, *, clients: int) -> jax.Array:
   del clients
-  return jnp.sum(x, axis=0, dtype=x.dtype)
+  return jnp.sum(x, axis=0, dtype=_sum_dtype(x.dtype))
 
 
 def _mean_impl(x: jax.Array, *, clients: int) -> jax.Array:
@@ -142,23 +153,23 @@ def _broadcast_abstract(x: Any, *, clients: int) -> Any:
   return x.update(shape=(clients, *x.shape), sharding=_with_spec(x, spec))
 
 
-def _reduce_abstract(x: Any, *, dtype: Any = None) -> Any:
+def _reduce_abstract(x: Any, dtype: Any) -> Any:
   if x.ndim == 0:
     raise ValueError('federated reductions need a leading clients axis.')
   spec = P(*x.sharding.spec[1:])
-  return x.update(shape=x.shape[1:], dtype=dtype, sharding=_with_spec(x, spec))
+  weak_type = x.weak_type if dtype == x.dtype else False
+  return x.update(shape=x.shape[1:], dtype=dtype, weak_type=weak_type,
+                  sharding=_with_spec(x, spec))
 
 
 def _sum_abstract(x: Any, *, clients: int) -> Any:
   del clients
-  return _reduce_abstract(x)
+  return _reduce_abstract(x, _sum_dtype(x.dtype))
 
 
 def _mean_abstract(x: Any, *, clients: int) -> Any:
   del clients
-  dtype = _mean_dtype(x.dtype)
-  weak_type = x.weak_type if dtype == x.dtype else False
-  return _reduce_abstract(x, dtype=dtype).update(weak_type=weak_type)
+  return _reduce_abstract(x, _mean_dtype(x.dtype))
 
 
 def _linear_jvp(prim: Primitive) -> Callable[..., tuple[Any, Any]]:
@@ -222,7 +233,8 @@ def federated_broadcast(x: PyTree) -> PyTree:
 
 
 def federated_sum(x: PyTree) -> PyTree:
-  """Clients → server: sums over the leading clients axis."""
+  """Clients → server: sums over the leading clients axis, promoting like `jnp.sum` (bools and
+  narrow ints to the default int)."""
   clients = _num_clients('federated_sum')
   _check_clients_placed(x, clients, 'federated_sum')
   return jax.tree.map(lambda v: sum_p.bind(jnp.asarray(v), clients=clients), x)
@@ -238,11 +250,13 @@ def federated_mean(x: PyTree) -> PyTree:
 def federated_map(fn: Callable[..., PyTree], arg: PyTree, chunk: int | None = None) -> PyTree:
   """Applies `fn` per client; a tuple `arg` is unpacked into fn's arguments.
 
-  All clients at once (`vmap`) by default. With `chunk=k`, `k` clients at a time
+  All clients at once (`vmap`) by default, with the clients axis named 'clients' inside `fn`
+  (as in FAX), so that `fn` can reduce or gather across clients: `lax.psum(v, 'clients')`,
+  `lax.all_gather(v, 'clients')`, `lax.axis_index('clients')`. With `chunk=k`, `k` clients at a time
   (`lax.map(batch_size=k)`: vmap inside a chunk, a loop over chunks): the same result with
   1/(clients/k) of the activation memory, and on CPU often faster (smaller operands stay in
-  cache). Chunks run one after another, so with a sharded `clients` mesh axis keep the
-  default.
+  cache). Chunks run one after another, so collectives over 'clients' are unavailable there,
+  and with a sharded `clients` mesh axis keep the default.
   """
   clients = _num_clients('federated_map')
   args = arg if isinstance(arg, tuple) else (arg,)
@@ -252,7 +266,7 @@ def federated_map(fn: Callable[..., PyTree], arg: PyTree, chunk: int | None = No
   args = _constrain_clients(args)
   if chunk is None or chunk >= clients:
     spmd_axis = CLIENTS_AXIS if _clients_mesh_active() else None
-    out = jax.vmap(fn, spmd_axis_name=spmd_axis)(*args)
+    out = jax.vmap(fn, axis_name=CLIENTS_AXIS, spmd_axis_name=spmd_axis)(*args)
   else:
     if _clients_mesh_active():
       warnings.warn(f"federated_map(chunk={chunk}) over a sharded 'clients' mesh axis runs the "
@@ -263,11 +277,16 @@ def federated_map(fn: Callable[..., PyTree], arg: PyTree, chunk: int | None = No
 
 
 def federated_weighted_mean(x: PyTree, w: jax.Array) -> PyTree:
-  """Clients → server: sum_i w_i x_i / sum_i w_i, with `w` of shape [N]."""
+  """Clients → server: sum_i w_i x_i / sum_i w_i, with `w` of shape [N]; always float, like
+  `jnp.average` (ints are converted before they are weighted)."""
   clients = _num_clients('federated_weighted_mean')
   w = jnp.asarray(w)
   if w.shape != (clients,):
     raise ValueError(f'weights must have shape ({clients},), got {w.shape}.')
-  weighted = federated_map(lambda xi, wi: jax.tree.map(lambda v: v * wi, xi), (x, w))
+  w = w.astype(_mean_dtype(w.dtype))
+
+  def weigh(xi, wi):  # In the mean's dtype (like jnp.average), so that ints cannot overflow.
+    return jax.tree.map(lambda v: v.astype(_mean_dtype(jnp.result_type(v, wi))) * wi, xi)
+
   total = federated_sum(w)
-  return jax.tree.map(lambda s: s / total, federated_sum(weighted))
+  return jax.tree.map(lambda s: s / total, federated_sum(federated_map(weigh, (x, w))))
