@@ -158,7 +158,7 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_the_checkpoint(tiny_job, t
   proc = run_cli(*TINY, '--fdl_set=train.num_steps=40', *bad_lr, f'--job_log_dir={job}', check=False)
   assert proc.returncode == 1
   last = proc.stderr.strip().splitlines()[-1]
-  assert last.startswith('paxlike: failed: non-finite loss at step 2')
+  assert last.startswith('paxlike: failed: non-finite gradient at step 22: loss=')
   assert snapshot(job / 'checkpoints') == before
   proc = run_cli(*TINY, '--fdl_set=train.num_steps=30', '--fdl_set=train.skip_nonfinite=True',
                  *bad_lr, f'--job_log_dir={job}')
