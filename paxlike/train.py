@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from paxlike import evaluation, losses, model_stats, partitioning, throughput
-from paxlike.checkpoint import Checkpoints
+from paxlike.checkpoint import Checkpoints, Fallback
 from paxlike.data.prefetch import Prefetcher
 from paxlike.data.sources import ClientEval
 from paxlike.errors import RunFailure, UserError
@@ -215,7 +215,7 @@ def restore_or_init(s: Setup, checkpoints: Checkpoints) -> tuple[int, TrainState
     return 0, s.init(jax.random.key(s.task.train.seed))
 
 
-def train(s: Setup, job_dir: Path, *, restore_fallback: bool = False,
+def train(s: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
           on_start: Callable[[], None] | None = None) -> dict[str, Any]:
   """Trains `s.task` to `train.num_steps`, resuming from `job_dir` if it holds a checkpoint.
 
