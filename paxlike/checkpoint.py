@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -18,11 +18,18 @@ import orbax.checkpoint as ocp
 
 from paxlike.errors import RunFailure, UserError
 
+# What a restore does when a committed step is unreadable: fail ('off'), use the newest readable
+# step ('previous'; every step unreadable is still a failure), or also allow starting again from
+# step 0 when none is readable ('from_scratch'). Unreadable steps are moved aside, never deleted.
+Fallback = Literal['off', 'previous', 'from_scratch']
+FALLBACKS: tuple[Fallback, ...] = ('off', 'previous', 'from_scratch')
+
 
 class Checkpoints:
   """The job's checkpoint directory: latest committed step, restore, async save."""
 
-  def __init__(self, directory: Path, max_to_keep: int, fallback: bool = False):
+  def __init__(self, directory: Path, max_to_keep: int, fallback: Fallback = 'off'):
+    assert fallback in FALLBACKS, fallback
     self.fallback = fallback
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, enable_async_checkpointing=True, cleanup_tmp_directories=True,
@@ -37,8 +44,9 @@ class Checkpoints:
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict] | None:
     """(step, state, meta) from `step` (default: the latest committed), or None when there is none.
 
-    A corrupt step is a RunFailure naming it. With `fallback`, older steps are tried instead,
-    and the corrupt ones are moved aside to `checkpoints.corrupt/` (kept, out of Orbax's way).
+    A corrupt step is a RunFailure naming it. With a `fallback`, older steps are tried instead,
+    and the corrupt ones are moved aside to `checkpoints.corrupt/` (kept, out of Orbax's way);
+    when none is readable, only 'from_scratch' moves them and returns None, else RunFailure.
     """
     steps = sorted(self._manager.all_steps(), reverse=True)
     if step is not None:
@@ -52,13 +60,20 @@ class Checkpoints:
       except Exception as error:  # Orbax/tensorstore raise many kinds for damaged files.
         message = (f'checkpoint step {candidate} in {self._manager.directory} is unreadable '
                    f'({type(error).__name__}: {_first_line(error)})')
-        if not self.fallback:
+        if self.fallback == 'off':
           raise RunFailure(message + '; pass --restore_fallback to use the previous good step') from error
         logging.warning('%s; falling back to an earlier step', message)
         corrupt.append(candidate)
         continue
       self._move_aside(corrupt)
       return restored
+    if corrupt and self.fallback != 'from_scratch':
+      raise RunFailure(f'every checkpoint step in {self._manager.directory} is unreadable '
+                       f'(steps {", ".join(map(str, corrupt))}); pass '
+                       '--restore_fallback=from_scratch to move them aside and start from step 0')
+    if corrupt:
+      logging.warning('every checkpoint step is unreadable (%s): moved aside, starting from step 0',
+                      ', '.join(map(str, corrupt)))
     self._move_aside(corrupt)
     return None
 

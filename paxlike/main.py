@@ -19,6 +19,7 @@ from paxlike import config_io, job_dir, registry
 from paxlike.errors import RunFailure, UserError
 
 MODES = ('train', 'eval', 'decode', 'print_config')
+FALLBACKS = ('off', 'previous', 'from_scratch')  # checkpoint.FALLBACKS, without importing Orbax.
 
 flags.DEFINE_string('exp', None, 'Registered experiment key or unique suffix, e.g. lm.StdlibTiny.')
 flags.DEFINE_string('job_log_dir', None, 'Directory for checkpoints, metrics and summaries.')
@@ -31,8 +32,20 @@ flags.DEFINE_multi_string('fdl_fiddler', [], 'A fiddler from configs/fiddlers.py
 flags.DEFINE_multi_string('allow_import', [], 'Extra module allowed in --fdl_config/--fdl_fiddler.')
 flags.DEFINE_string('data_dir', None, 'Data root (else $PAXLIKE_DATA_DIR, else ../shared/data).')
 flags.DEFINE_bool('allow_config_change', False, 'Resume a job dir whose saved config differs.')
-flags.DEFINE_bool('restore_fallback', False, 'Restore the newest readable checkpoint if the '
-                  'latest one is corrupt, instead of failing.')
+
+
+class _FallbackParser(flags.EnumParser):
+  """`--restore_fallback` alone (or =true) means `previous`; `--norestore_fallback` means `off`."""
+
+  def parse(self, argument):
+    return super().parse({'true': 'previous', 'false': 'off'}.get(str(argument).lower(), argument))
+
+
+flags.DEFINE_flag(flags.Flag(
+    _FallbackParser(FALLBACKS), flags.ArgumentSerializer(), 'restore_fallback', 'off',
+    'If the latest checkpoint is corrupt: off (fail), previous (restore the newest readable '
+    'step; fail if none is), from_scratch (as previous, but start from step 0 if none is).',
+    boolean=True))
 flags.DEFINE_string('prompt', 'def ', 'Decode: the text to continue.')
 flags.DEFINE_integer('decode_length', 200, 'Decode: number of bytes to sample.')
 flags.DEFINE_float('temperature', 0.8, 'Decode: sampling temperature (0 = greedy).')

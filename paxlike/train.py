@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from paxlike import evaluation, losses, model_stats, partitioning, throughput
-from paxlike.checkpoint import Checkpoints
+from paxlike.checkpoint import Checkpoints, Fallback
 from paxlike.data.prefetch import Prefetcher
 from paxlike.data.sources import ClientEval
 from paxlike.errors import RunFailure, UserError
@@ -81,12 +81,12 @@ def setup(task: Task) -> Setup:
   def train_step(state, batches, weights, rng):
     alg_state, metrics = algorithm.next(state.alg, batches, weights, rng)
     new = TrainState(alg_state, state.nonfinite_steps)
+    finite = all_finite((alg_state, metrics['loss'], metrics.get('grad_norm', 0.0)))
     if task.train.skip_nonfinite:
-      finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics.get('grad_norm', 0.0))
       new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
       new = new._replace(nonfinite_steps=state.nonfinite_steps + 1 - finite.astype(jnp.int32))
       metrics = {**metrics, 'nonfinite_steps': new.nonfinite_steps}
-    return new, metrics
+    return new, {**metrics, FINITE: finite}
 
   def spec(x, sharding):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
@@ -128,6 +128,15 @@ def setup(task: Task) -> Setup:
   return Setup(task, mesh, compiled_init, step, compiled_eval, client_eval, abstract_state,
                flops, (item, items), round_shape,
                partitioning.process_block(batch_sharding, round_shape), (len(sample), *eval_rows))
+
+
+FINITE = 'finite'  # The step's metric: are its loss, grad norm and whole new state finite?
+
+
+def all_finite(tree: Any) -> jax.Array:
+  """Whether every floating-point value in `tree` is finite: one fused reduction."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
 
 
 def gradient_flops(loss_fn: losses.LossFn, params: Any, batch: dict) -> float | None:
@@ -206,7 +215,7 @@ def restore_or_init(s: Setup, checkpoints: Checkpoints) -> tuple[int, TrainState
     return 0, s.init(jax.random.key(s.task.train.seed))
 
 
-def train(s: Setup, job_dir: Path, *, restore_fallback: bool = False,
+def train(s: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
           on_start: Callable[[], None] | None = None) -> dict[str, Any]:
   """Trains `s.task` to `train.num_steps`, resuming from `job_dir` if it holds a checkpoint.
 
@@ -235,9 +244,12 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: bool = False,
   def finish(step: int, metrics: dict) -> dict:
     """Host side of step `step`: finiteness check, eval, row, checkpoint."""
     metrics = jax.device_get(metrics)
-    if not cfg.skip_nonfinite and not all(np.isfinite(metrics.get(k, 0.0)) for k in ('loss', 'grad_norm')):
-      raise RunFailure(f"non-finite loss at step {step}: loss={float(metrics['loss'])} "
-                       f"grad_norm={float(metrics.get('grad_norm', np.nan))}; "
+    if not metrics.pop(FINITE) and not cfg.skip_nonfinite:  # Raised before this step is saved.
+      what = ('loss' if not np.isfinite(metrics['loss']) else
+              'gradient' if not np.isfinite(metrics.get('grad_norm', 0.0)) else
+              'parameters or optimizer state')
+      norm = f" grad_norm={float(metrics['grad_norm'])}" if 'grad_norm' in metrics else ''
+      raise RunFailure(f"non-finite {what} at step {step}: loss={float(metrics['loss'])}{norm}; "
                        'the last checkpoint is untouched')
     last = step == cfg.num_steps
     evals, clients = (evaluate(s, state.alg) if step % cfg.eval_every == 0 or last

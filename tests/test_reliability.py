@@ -113,14 +113,36 @@ def test_corrupt_committed_step_is_named_and_fallback_is_opt_in(tiny_job, tmp_pa
   shutil.copytree(tiny_job, job)
   _damage(job / 'checkpoints' / '20')
   before = snapshot(job)
-  proc = run_cli(*TINY, '--fdl_set=train.num_steps=30', f'--job_log_dir={job}', check=False)
+  proc = run_cli(*TINY, f'--job_log_dir={job}', check=False)
   assert proc.returncode == 1
   last = proc.stderr.strip().splitlines()[-1]  # Tensorstore's threads may log above it.
   assert last.startswith('paxlike: failed: checkpoint step 20 in ') and '--restore_fallback' in last
   assert snapshot(job) == before
-  proc = run_cli(*TINY, '--fdl_set=train.num_steps=30', f'--job_log_dir={job}',
-                 '--restore_fallback')
+  proc = run_cli(*TINY, f'--job_log_dir={job}', '--restore_fallback')
   assert 'resumed from checkpoint step 10' in proc.stderr
+  assert committed_steps(job) == [10, 20]  # 20 retrained, the damaged one kept aside:
+  assert (job / 'checkpoints.corrupt' / '20' / 'state').is_dir()
+  assert metric_rows(job) == metric_rows(tiny_job)
+
+
+def test_every_step_corrupt_is_an_error_unless_from_scratch(tiny_job, tmp_path):
+  job = tmp_path / 'job'
+  shutil.copytree(tiny_job, job)
+  _damage(job / 'checkpoints' / '10')
+  _damage(job / 'checkpoints' / '20')
+  before = snapshot(job)
+  for fallback in ('--restore_fallback', '--restore_fallback=previous'):
+    proc = run_cli(*TINY, f'--job_log_dir={job}', fallback, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f'paxlike: failed: every checkpoint step in {job / "checkpoints"} is unreadable (steps 20, '
+        '10); pass --restore_fallback=from_scratch to move them aside and start from step 0')
+    assert snapshot(job) == before
+  proc = run_cli(*TINY, f'--job_log_dir={job}', '--restore_fallback=from_scratch')
+  assert 'resumed' not in proc.stderr
+  assert sorted(p.name for p in (job / 'checkpoints.corrupt').iterdir()) == ['10', '20']
+  assert committed_steps(job) == [10, 20]
+  assert metric_rows(job) == metric_rows(tiny_job)
 
 
 def test_restore_checks_shapes_against_the_model(tiny_job, tmp_path):
@@ -158,7 +180,7 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_the_checkpoint(tiny_job, t
   proc = run_cli(*TINY, '--fdl_set=train.num_steps=40', *bad_lr, f'--job_log_dir={job}', check=False)
   assert proc.returncode == 1
   last = proc.stderr.strip().splitlines()[-1]
-  assert last.startswith('paxlike: failed: non-finite loss at step 2')
+  assert last.startswith('paxlike: failed: non-finite gradient at step 22: loss=')
   assert snapshot(job / 'checkpoints') == before
   proc = run_cli(*TINY, '--fdl_set=train.num_steps=30', '--fdl_set=train.skip_nonfinite=True',
                  *bad_lr, f'--job_log_dir={job}')

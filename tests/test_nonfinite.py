@@ -1,0 +1,78 @@
+"""A step whose loss, gradient or new state is non-finite is never saved or kept, for every
+algorithm: the trainer checks the whole new state, not only the loss the algorithm reports."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from paxlike import config_io, train
+from paxlike.checkpoint import Checkpoints
+from tests.helpers import metric_rows, run_cli
+
+pytestmark = pytest.mark.slow
+
+# FedAvg with one local step: the clients' loss is finite, but the update sends params to ±inf.
+DIGITS = ['--exp=federated.DigitsFedAvg', '--fdl_set=algorithm.local_steps=1',
+          '--fdl_set=train.checkpoint_every=1', '--fdl_set=train.log_every=1',
+          '--fdl_set=train.eval_every=100', '--fdl_set=train.max_to_keep=10']
+EXPLODE = ['--fdl_set=optimizer.learning_rate=1e30',
+           '--fdl_set=algorithm.server_optimizer.learning_rate=1e30']
+
+
+def test_all_finite_looks_at_every_float_leaf_and_ignores_the_rest():
+  tree = {'w': jnp.ones((3,)), 'count': jnp.array(7), 'key': jax.random.key(0),
+          'opt': (jnp.zeros((2, 2), jnp.bfloat16),)}
+  assert bool(train.all_finite(tree))
+  for bad in (jnp.inf, -jnp.inf, jnp.nan):
+    assert not bool(train.all_finite({**tree, 'opt': (jnp.zeros((2, 2), jnp.bfloat16).at[1, 0].set(bad),)}))
+
+
+def restored_states(job) -> dict[int, train.TrainState]:
+  """Every committed step of `job`, restored with the run's own config."""
+  s = train.setup(config_io.build(config_io.load_file(job / 'config.json')))
+  checkpoints = Checkpoints(job / 'checkpoints', 10)
+  try:
+    steps = sorted(int(p.name) for p in (job / 'checkpoints').iterdir() if p.name.isdigit())
+    return {step: checkpoints.restore(s.abstract_state, step)[1] for step in steps}
+  finally:
+    checkpoints.close()
+
+
+def finite_leaves(state: train.TrainState) -> bool:
+  return all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.alg)
+             if jnp.issubdtype(jnp.result_type(x), jnp.inexact))
+
+
+def test_exploding_federated_round_exits_1_and_no_checkpoint_holds_a_nonfinite_value(tmp_path):
+  proc = run_cli(*DIGITS, '--fdl_set=train.num_steps=3', *EXPLODE, f'--job_log_dir={tmp_path / "a"}',
+                 check=False)  # The issue's repro: round 1's loss is finite, its params are not.
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      'paxlike: failed: non-finite parameters or optimizer state at step 1: loss=2.2463455200195312; '
+      'the last checkpoint is untouched')
+  assert not any(p.name.isdigit() for p in (tmp_path / 'a' / 'checkpoints').iterdir())
+  # Three good rounds, then a resume whose client step overflows float32 in round 4.
+  job = tmp_path / 'b'
+  run_cli(*DIGITS, '--fdl_set=train.num_steps=3', f'--job_log_dir={job}')
+  proc = run_cli(*DIGITS, '--fdl_set=train.num_steps=6', '--fdl_set=optimizer.learning_rate=1e38',
+                 '--allow_config_change', f'--job_log_dir={job}', check=False)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      'paxlike: failed: non-finite parameters or optimizer state at step 4: loss=')
+  states = restored_states(job)
+  assert sorted(states) == [1, 2, 3]
+  assert all(finite_leaves(state) for state in states.values())
+
+
+def test_skip_nonfinite_keeps_the_last_finite_federated_state(tmp_path):
+  run_cli(*DIGITS, '--fdl_set=train.num_steps=3', *EXPLODE, '--fdl_set=train.skip_nonfinite=True',
+          f'--job_log_dir={tmp_path}')
+  assert [r['nonfinite_steps'] for r in metric_rows(tmp_path)] == [1, 2, 3]
+  assert all(np.isfinite(r['eval_loss']) for r in metric_rows(tmp_path) if 'eval_loss' in r)
+  s = train.setup(config_io.build(config_io.load_file(tmp_path / 'config.json')))
+  initial = s.init(jax.random.key(s.task.train.seed))  # Every round blew up: nothing was applied.
+  for step, state in restored_states(tmp_path).items():
+    assert int(state.nonfinite_steps) == step
+    for got, want in zip(jax.tree.leaves(state.alg.params), jax.tree.leaves(initial.alg.params)):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
