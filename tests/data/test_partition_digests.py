@@ -1,0 +1,75 @@
+"""Pinned digests of the real partitions: which client holds which examples.
+
+A job dir's clients are a function of its saved config. A refactor of the partition code, or a
+numpy whose random streams differ, that reshuffles them would silently change every existing
+run on resume; these digests make it fail here instead. If a change is meant to reshuffle, say
+so in its commit and update the digest.
+"""
+
+import hashlib
+import sys
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from paxlike.data import ImageData, LmData
+from paxlike.data.lm import Streams
+
+
+def digest(clients: Streams | list[np.ndarray]) -> str:
+  """sha256 over the training clients in order. LM streams: each client's name and bytes (its
+  documents, in order, as it trains on them); images: each client's example indices."""
+  h = hashlib.sha256()
+  if isinstance(clients, Streams):
+    for name, start, size in zip(clients.names, clients.starts, clients.sizes):
+      h.update(f'{name}\0{size}\0'.encode())
+      h.update(clients.tokens[start:start + size].tobytes())
+    return h.hexdigest()
+  for client in clients:
+    h.update(f'{len(client)}\0'.encode())
+    h.update(np.asarray(client, np.int64).tobytes())
+  return h.hexdigest()
+
+
+# The partitions of the registered experiments (experiments/federated.py); partition_seed is 0
+# throughout. Label shards (FashionMnistFedAvg) are pinned on digits: the same code, without
+# loading 60,000 images (~10 s).
+PINNED: dict[str, tuple[Callable[[], Streams | list[np.ndarray]], str]] = {
+    'shakespeare by role (FedAvg, FedAdam, PAPA)': (
+        lambda: LmData(dataset='shakespeare', partition='natural').train_streams,
+        'a1c076a5899c14a44b9723cf514e5693bb39b35ed8d7183e6e62a46d7945bff7'),
+    'shakespeare in 4 domains (DiLoCo, BTM)': (
+        lambda: LmData(dataset='shakespeare', partition='domains', num_clients=4).train_streams,
+        'b44b841714b2cfa2c12f7aa3198076350d64c302f5adfdbab84ac74007215e3f'),
+    'shakespeare iid, 10 clients': (
+        lambda: LmData(dataset='shakespeare', partition='iid', num_clients=10).train_streams,
+        'b5b16e173d74d3ec5fa45a8d938505bfaa542815383a9beb8ec3e69ddd88dee9'),
+    'digits dirichlet(0.3), 20 clients (DigitsFedAvg)': (
+        lambda: ImageData(dataset='digits', partition='dirichlet', alpha=0.3,
+                          num_clients=20).clients,
+        'edf13d7aa5037c9f06eb9907c4ca8fe411952d5bbc27d70ec79fab7f5a9d31fc'),
+    'digits 2 shards each, 20 clients': (
+        lambda: ImageData(dataset='digits', partition='shards', num_clients=20,
+                          shards_per_client=2).clients,
+        'c69fa6641198fa81e20618ec92ab1f5dd96a1abbb09e1b03c1d81eaff896e2bf'),
+}
+# The stdlib is the running interpreter's own (its prepared data is keyed by the full version,
+# see data/stdlib.py), so its partition is pinned per Python version.
+STDLIB_BY_MODULE = {
+    '3.12.1': '5f03a4e32c2dc4ef425d401f0b15d87cde89215ab27f7dfa2a8314d53febc7ee',
+}
+
+
+@pytest.mark.parametrize('name', PINNED)
+def test_real_partition_is_unchanged(prepared, name):
+  clients, pinned = PINNED[name]
+  assert digest(clients()) == pinned
+
+
+def test_stdlib_by_module_is_unchanged(prepared):
+  version = '.'.join(map(str, sys.version_info[:3]))
+  if version not in STDLIB_BY_MODULE:
+    pytest.skip(f'no stdlib digest pinned for Python {version}')
+  streams = LmData(dataset='stdlib', partition='natural').train_streams
+  assert digest(streams) == STDLIB_BY_MODULE[version]
