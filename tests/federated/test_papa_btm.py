@@ -293,6 +293,13 @@ def test_btm_checks_arguments():
     btm(loss_fn, optax.sgd(0.1), 3, merge_weights=(1.0, 2.0))
 
 
+@pytest.mark.parametrize('merge_weights', [(0.0, 0.0, 0.0), (1.0, -1.0, 0.5)])
+def test_btm_merge_weights_need_a_positive_sum(merge_weights):
+  """All-zero weights would divide by zero (NaN merged params); negative ones are no mixture."""
+  with pytest.raises(AlgorithmConfigError, match='merge_weights must be >= 0'):
+    btm(loss_fn, optax.sgd(0.1), 3, merge_weights=merge_weights)
+
+
 # The BTM ensemble.
 
 V, T = 5, 6
