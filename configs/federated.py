@@ -91,11 +91,13 @@ def diloco(local_steps: int, num_replicas: int, outer_learning_rate: float = 0.7
                      outer_optimizer=outer)
 
 
-def papa(population: int, alpha: float = 0.99, every: int = 10,
-         variant: str = 'gradual') -> fdl.Partial:
-  """PAPA; local steps per round (and so the averaging period in steps) come from the data."""
+def papa(population: int, alpha: float = 0.99, every: int = 10, variant: str = 'gradual',
+         same_init: bool = False) -> fdl.Partial:
+  """PAPA, averaging every `every` rounds: every × local_steps SGD steps (local steps come from
+  the data; the paper's periods are in paxlike/federated/papa.py). Members start from their own
+  random inits unless `same_init`."""
   return fdl.Partial(federated.papa, population=population, alpha=alpha, every=every,
-                     variant=variant)
+                     variant=variant, same_init=same_init)
 
 
 def btm(num_experts: int, seed_steps: int = 0) -> fdl.Partial:

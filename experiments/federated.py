@@ -79,8 +79,11 @@ class ShakespeareDiLoCo(Experiment):
 
 @register
 class ShakespearePapa(Experiment):
-  """PAPA: a population of 4 on the pooled speeches, each its own windows and AdamW state;
-  every 2 rounds of 5 steps each member moves 1% to the mean (α 0.99, the paper's every 10).
+  """PAPA: a population of 4 on the pooled speeches, each from its own random init with its own
+  windows and AdamW state; every 2 rounds of 5 local steps, i.e. every 10 SGD steps (the
+  paper's PAPA period, counted in SGD steps), each member moves 1% to the mean (α 0.99). For
+  PAPA-all or PAPA-2 (`algorithm.variant='all'` or `'pairs'`) the paper's period is a few
+  epochs instead: `algorithm.every` = epochs × steps per epoch / 5.
 
   python -m paxlike.main --exp=federated.ShakespearePapa --job_log_dir=/tmp/papa
   With --fdl_set=train.num_steps=30: eval_loss 2.38 (untrained 5.55), docs/federated_results.md.

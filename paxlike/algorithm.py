@@ -25,11 +25,16 @@ class Algorithm(NamedTuple):
 
   `ensemble(state) -> (stacked member params, log prior [members])`, for algorithms that keep
   an ensemble besides `state.params` (BTM's experts); the trainer evaluates both.
+
+  `seeded_init(init_params, rng) -> state`, for algorithms that draw their own initial params
+  with `init_params(key) -> params` (PAPA's members, each from its own key); the trainer calls
+  it instead of `init(init_params(rng))`.
   """
 
   init: Callable[[Any], Any]
   next: Callable[[Any, Any, jax.Array, jax.Array], tuple[Any, dict[str, jax.Array]]]
   ensemble: Callable[[Any], tuple[Any, jax.Array]] | None = None
+  seeded_init: Callable[[Callable[[jax.Array], Any], jax.Array], Any] | None = None
 
 
 # builder(loss_fn, optimizer) -> Algorithm: what `Task.algorithm` holds (a `fdl.Partial` of one).

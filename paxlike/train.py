@@ -75,8 +75,11 @@ def setup(task: Task) -> Setup:
     return task.model.init({'params': rng, 'dropout': rng}, sample[:1])['params']
 
   def init(rng):
-    params = jax.lax.with_sharding_constraint(nn.meta.unbox(init_params(rng)), param_shardings)
-    return TrainState(algorithm.init(params), jnp.zeros((), jnp.int32))
+    def params_at(key):
+      return jax.lax.with_sharding_constraint(nn.meta.unbox(init_params(key)), param_shardings)
+    alg_state = (algorithm.init(params_at(rng)) if algorithm.seeded_init is None
+                 else algorithm.seeded_init(params_at, rng))
+    return TrainState(alg_state, jnp.zeros((), jnp.int32))
 
   def train_step(state, batches, weights, rng):
     alg_state, metrics = algorithm.next(state.alg, batches, weights, rng)

@@ -69,6 +69,9 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
   if merge_weights is not None and len(merge_weights) != num_experts:
     raise AlgorithmConfigError(
         f'merge_weights needs {num_experts} entries, got {len(merge_weights)}.')
+  if merge_weights is not None and (min(merge_weights) < 0 or sum(merge_weights) <= 0):
+    raise AlgorithmConfigError(
+        f'merge_weights must be >= 0 with a positive sum, got {tuple(merge_weights)}.')
   if seed_steps < 0:
     raise AlgorithmConfigError(f'seed_steps must be >= 0, got {seed_steps}.')
   update = client_update(loss_fn, optimizer)
