@@ -88,9 +88,10 @@ def run(argv: list[str]) -> None:
     os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
   cfg = task_config()
   task = config_io.build(cfg)
-  from paxlike import model_stats
+  from paxlike import memory, model_stats
   if FLAGS.mode == 'print_config':
-    print(config_io.to_text(cfg) + model_stats.summary(task.model, task.data), end='')
+    print(config_io.to_text(cfg) + model_stats.summary(task.model, task.data)
+          + memory.summary(task), end='')
     return
   if not FLAGS.job_log_dir:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
