@@ -122,6 +122,21 @@ def test_gpu_mfu_sh_rejects_bad_arguments():
 
 
 @pytest.mark.slow
+def test_weak_scaling_quick_grows_cohort_with_devices_and_plots(tmp_path):
+  png = tmp_path / 'weak.png'
+  out = run_json('benchmarks/weak_scaling.py', '--quick', f'--png={png}')
+  assert out['benchmark'] == 'weak_scaling' and out['png'] == str(png)
+  assert png.read_bytes()[:8] == PNG
+  points = out['points']
+  assert [(p['devices'], p['cohort']) for p in points] == [(1, 2), (2, 4)]
+  assert [p['mesh'] for p in points] == [{'clients': 1, 'data': 1}, {'clients': 2, 'data': 1}]
+  for p in points:
+    assert p['round_s'] > 0
+    assert p['efficiency'] == pytest.approx(points[0]['round_s'] / p['round_s'])
+  assert out['min_efficiency'] == min(p['efficiency'] for p in points)
+
+
+@pytest.mark.slow
 def test_compare_writes_the_report_and_both_plots(tmp_path):
   args = [sys.executable, 'scripts/compare.py', f'--out={tmp_path}', '--rounds=3', '--evals=1',
           '--experiments=lm.StdlibTiny,lm.ShakespeareTiny', '--set=model.num_layers=1']
