@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# MFU of a ~1.1B-parameter bf16 decoder LM on one NVIDIA GPU (H100/H200), as one JSON line.
+# MFU of lm.Llama1B on one NVIDIA GPU (H100/H200), trainer next to bare step, as one JSON line.
 #
 #   benchmarks/gpu_mfu.sh [--dry-run|--quick] [--python PATH] [--cuda 12|13] [--venv DIR]
 #                         [-- <benchmarks/gpu_mfu.py args, e.g. --batches 32,16 --steps 20>]
 #
 # Needs only the package registries: makes a venv (default /tmp/paxlike-gpu-venv, reused on the
-# next run) and pip-installs jax[cudaNN] at the jax version pinned in constraints.txt, plus flax
-# and optax under the same constraints. The CUDA major follows the driver (>= 580: 13, else 12)
+# next run) and pip-installs jax[cudaNN] at the jax version pinned in constraints.txt, plus this
+# project's dependencies under the same constraints. The CUDA major follows the driver (>= 580: 13, else 12)
 # unless --cuda says. --python PATH skips the install and uses an interpreter that already has
 # a GPU jax (e.g. on a machine with no registry access). Then runs benchmarks/gpu_mfu.py under
-# a TIME_LIMIT (default 290 s) wall-clock limit; the model search keeps to --budget-s (240 s).
+# a TIME_LIMIT (default 290 s) wall-clock limit.
 # --dry-run (alias --quick) installs nothing: it prints the install command it would run and
-# runs a tiny model on CPU with the repo's .venv (or --python), to check this script end to end.
+# runs gpu_mfu.py --quick on CPU with the repo's .venv (or --python), to check this script.
 # Prints only the JSON on stdout; progress goes to stderr. Exit code: gpu_mfu.py's.
 set -euo pipefail
 
@@ -64,24 +64,24 @@ cuda_major() {
 }
 
 if (( DRY_RUN )); then
-  say "dry run: would install 'jax[cuda${CUDA:-<12|13 by driver>}]==$JAX_PIN' flax optax into $VENV"
+  say "dry run: would install 'jax[cuda${CUDA:-<12|13 by driver>}]==$JAX_PIN' $REPO into $VENV"
   if [[ -z "$PYTHON_BIN" ]]; then
     PYTHON_BIN="$REPO/.venv/bin/python"
     [[ -x "$PYTHON_BIN" ]] || PYTHON_BIN="$(find_python)" || die "no Python >= 3.12 found"
   fi
   export JAX_PLATFORMS=cpu
-  set -- --dry-run "$@"
+  set -- --quick "$@"
 elif [[ -z "$PYTHON_BIN" ]]; then
   CUDA="${CUDA:-$(cuda_major)}"
   STAMP="$VENV/.paxlike-jax-$JAX_PIN-cuda$CUDA"
   if [[ ! -f "$STAMP" ]]; then
     BASE_PYTHON="$(find_python)" || die "needs Python >= 3.12 (jax $JAX_PIN); install one or pass --python"
-    say "installing jax[cuda$CUDA]==$JAX_PIN, flax, optax into $VENV (one-time)"
+    say "installing jax[cuda$CUDA]==$JAX_PIN and paxlike's dependencies into $VENV (one-time)"
     began=$SECONDS
     [[ -x "$VENV/bin/python" ]] || "$BASE_PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip >&2
     "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" \
-      "jax[cuda$CUDA]==$JAX_PIN" flax optax >&2
+      "jax[cuda$CUDA]==$JAX_PIN" "$REPO" >&2
     touch "$STAMP"
     say "installed in $((SECONDS - began)) s"
   fi

@@ -2,7 +2,7 @@
 
 import fiddle as fdl
 
-from configs import models, tasks
+from configs import models, sizes, tasks
 from paxlike.data import LmData
 from paxlike.experiment import Experiment
 from paxlike.registry import register
@@ -37,3 +37,68 @@ class ShakespeareTiny(Experiment):
 
   def datasets(self):
     return fdl.Config(LmData, dataset='shakespeare', seq_len=128, batch_size=16)
+
+
+class _Llama(Experiment):
+  """A Llama-shaped LM of `SIZE` (configs/sizes.py: model, mesh) on bytes of this Python's
+  standard library, at seq 2048 in bfloat16 (float32 params), `BATCH` sequences per step.
+
+  The data is byte-level (token ids < 256, so most of the 32k vocab is idle). For a real
+  tokenizer, plug in a data source of token ids with the same fields as `LmData` (e.g. a tfds
+  builder of SentencePiece-encoded text) and set `model.vocab_size` to its vocabulary.
+  `--mode=print_config` prints the per-device memory estimate (paxlike/memory.py).
+  """
+
+  SIZE, BATCH, PEAK_LR = '1b', 16, 3e-4
+
+  def task(self):
+    size = sizes.SIZES[self.SIZE]
+    cfg = tasks.centralized_task(size.model(), num_steps=20_000, peak_lr=self.PEAK_LR,
+                                 log_every=10, eval_every=1000, checkpoint_every=1000)
+    cfg.mesh = size.mesh()
+    return cfg
+
+  def datasets(self):
+    return fdl.Config(LmData, dataset='stdlib', seq_len=2048, batch_size=self.BATCH,
+                      eval_batch_size=self.BATCH)
+
+
+@register
+class Llama125M(_Llama):
+  """125M Llama, batch 32 × 2048 on one H200 (data parallel beyond).
+
+  python -m paxlike.main --exp=lm.Llama125M --job_log_dir=/tmp/paxlike/llama125m
+  """
+
+  SIZE, BATCH, PEAK_LR = '125m', 32, 6e-4
+
+
+@register
+class Llama350M(_Llama):
+  """350M Llama, batch 32 × 2048 on one H200 (FSDP beyond).
+
+  python -m paxlike.main --exp=lm.Llama350M --job_log_dir=/tmp/paxlike/llama350m
+  """
+
+  SIZE, BATCH, PEAK_LR = '350m', 32, 3e-4
+
+
+@register
+class Llama1B(_Llama):
+  """TinyLlama-1.1B shapes, batch 16 × 2048 on one H200 (FSDP beyond).
+
+  python -m paxlike.main --exp=lm.Llama1B --job_log_dir=/tmp/paxlike/llama1b
+  """
+
+  SIZE, BATCH, PEAK_LR = '1b', 16, 3e-4
+
+
+@register
+class Llama8B(_Llama):
+  """Llama-3-8B shapes for a pod: FSDP × tensor parallel 4, global batch 256 × 2048
+  (`--mode=print_config` prints the memory per device at 8, 64 and 256 devices).
+
+  python -m paxlike.main --exp=lm.Llama8B --job_log_dir=gs://.../llama8b  # via scripts/launch_*
+  """
+
+  SIZE, BATCH, PEAK_LR = '8b', 256, 1.5e-4

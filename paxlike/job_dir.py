@@ -51,11 +51,11 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool) -> Path:
   return path
 
 
-def record_config(path: Path, cfg: fdl.Buildable) -> None:
-  """Writes config.json and config.txt (call once the run has restored, so a failed start
-  leaves the job dir as it was)."""
+def record_config(path: Path, cfg: fdl.Buildable, notes: str = '') -> None:
+  """Writes config.json and config.txt, `notes` (e.g. '# attention kernel: cudnn') ending the
+  latter (call once the run has restored, so a failed start leaves the job dir as it was)."""
   _write_atomic(path / 'config.json', config_io.to_json(cfg))
-  _write_atomic(path / 'config.txt', config_io.to_text(cfg))
+  _write_atomic(path / 'config.txt', config_io.to_text(cfg) + notes)
 
 
 def existing(job_log_dir: str) -> Path:

@@ -101,9 +101,10 @@ def run(argv: list[str]) -> None:
     os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
   cfg = task_config()
   task = config_io.build(cfg)
+  from paxlike import memory, model_stats
   if FLAGS.mode == 'print_config':
-    from paxlike import model_stats
-    print(config_io.to_text(cfg) + model_stats.summary(task.model, task.data), end='')
+    print(config_io.to_text(cfg) + model_stats.summary(task.model, task.data)
+          + memory.summary(task), end='')
     return
   if not FLAGS.job_log_dir:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
@@ -114,8 +115,10 @@ def run(argv: list[str]) -> None:
   if FLAGS.mode == 'train':
     setup = train.setup(task)  # Validates mesh, data and model before the job dir is touched.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change)
+    notes = model_stats.kernel_line(task.model, task.data)
+    print(notes[2:], end='', file=sys.stderr)  # The resolved attention kernel, at start-up.
     train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
-                on_start=lambda: job_dir.record_config(directory, cfg))
+                on_start=lambda: job_dir.record_config(directory, cfg, notes))
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = train.load_latest_state(task, directory)

@@ -82,11 +82,19 @@ def train_flops_per_example(model: nn.Module, sample: Any) -> float:
 
 
 
+def kernel_line(model: nn.Module, data: Any) -> str:
+  """`# attention kernel: NAME` for an LM (what 'auto' resolves to here), else ''. Raises
+  UserError when the model forces a kernel this platform cannot run."""
+  if not isinstance(model, TransformerLM):
+    return ''
+  return f'# attention kernel: {model.attention_kernel(data.seq_len)}\n'
+
+
 def summary(model: nn.Module, data: Any) -> str:
-  """`# params: ...` and training-FLOPs lines for `--mode=print_config`."""
+  """`# params: ...`, training-FLOPs and attention-kernel lines for `--mode=print_config`."""
   if isinstance(model, TransformerLM):
     seq_len = data.seq_len
-    return (f'# params: {param_count(model, seq_len):,}\n'
+    return (kernel_line(model, data) + f'# params: {param_count(model, seq_len):,}\n'
             f'# train FLOPs per token (seq_len {seq_len}): {flops_per_token(model, seq_len):.4g}\n')
   sample = jax.ShapeDtypeStruct((1, *data.image_shape), jnp.float32)
   return (f'# params: {param_count(model, sample=sample):,}\n'

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import fiddle as fdl
 import pytest
 
 from tests.helpers import REPO, cli_env
@@ -66,31 +67,73 @@ def test_startup_phases_add_up_to_the_total():
   assert 0 <= out['data_load_s'] <= out['init_s'] + 1e-3
 
 
-def test_gpu_mfu_dry_run_end_to_end_and_mfu_is_flops_over_peak():
-  env = {**cli_env(1), 'GPU_VENV': '/nonexistent/never-used'}
-  out = run_json('benchmarks/gpu_mfu.sh', '--dry-run', '--', '--peak-tflops=0.5', env=env)
-  assert out['dry_run'] and out['platform'] == 'cpu' and out['params'] > 0
-  assert out['batch'] == 8 and out['tried'][0] == {'batch': 8, 'result': 'ran'}
-  assert out['tokens_per_sec'] == pytest.approx(8 * out['seq_len'] / out['step_time_s'], rel=0.01)
-  assert out['mfu'] == pytest.approx(out['tflops_per_sec'] / 0.5)
-  assert out['scan_layers'] is True and out['missing_fields'] == []
+def _platform() -> str:
+  import jax
+  return jax.devices()[0].platform
 
 
-def test_gpu_mfu_cudnn_request_reaches_the_model_and_falls_back_to_xla_on_cpu():
-  out = run_json('benchmarks/gpu_mfu.py', '--dry-run', '--attention=cudnn')
-  assert out['attention'] == 'xla' and 'cuDNN' in out['attention_fallback_error']
-  assert out['tried'][0] == {'batch': 8, 'result': 'ran'}
+@pytest.mark.slow
+def test_gpu_mfu_quick_times_trainer_and_bare_step_and_the_federated_round():
+  """Runs on any host (CPU here, the GPU on a GPU host); MFU is model FLOPs × rate / peak."""
+  from configs.models import lm_125m
+  from paxlike import model_stats
+  out = run_json('benchmarks/gpu_mfu.py', '--quick', '--peak-tflops=0.5')
+  assert out['quick'] and out['platform'] == _platform() and out['exp'] == 'lm.Llama1B'
+  lm, fed = out['lm'], out['federated']
+  assert lm['round_shape'] == [1, 1, 8] and lm['tokens_per_step'] == 8 * 32
+  assert lm['ratio'] == pytest.approx(lm['trainer_steps_per_sec'] / lm['bare_steps_per_sec'])
+  for kind in ('trainer', 'bare'):
+    assert lm[f'{kind}_mfu'] == pytest.approx(
+        lm['flops_per_step'] * lm[f'{kind}_steps_per_sec'] / 0.5e12)
+  assert lm['attention_kernel'] == ('cudnn' if _platform() == 'gpu' else 'xla')
+  # The round counts every client's every local step: 4 clients × 2 steps × 8 × 64 tokens.
+  assert fed['round_shape'] == [4, 2, 8] and fed['tokens_per_step'] == 4 * 2 * 8 * 64
+  model = fdl.build(lm_125m())
+  model = model.clone(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, d_ff=128,
+                      vocab_size=256)
+  assert fed['flops_per_step'] == pytest.approx(
+      model_stats.flops_per_token(model, 64) * fed['tokens_per_step'])
+  assert fed['trainer_mfu'] == pytest.approx(
+      fed['flops_per_step'] * fed['trainer_steps_per_sec'] / 0.5e12)
 
 
-def test_gpu_mfu_without_a_gpu_skips_cleanly():
+def test_gpu_mfu_without_quick_skips_on_cpu():
+  if _platform() == 'gpu':
+    pytest.skip('a GPU host runs the full benchmark: benchmarks/device_check.sh')
   out = run_json('benchmarks/gpu_mfu.py')
   assert out['benchmark'] == 'gpu_mfu' and 'skipped' in out
+
+
+def test_gpu_mfu_forced_cudnn_without_a_gpu_is_one_line_exit_2():
+  if _platform() == 'gpu':
+    pytest.skip('cuDNN is there: the quick run above uses it')
+  proc = subprocess.run([sys.executable, 'benchmarks/gpu_mfu.py', '--quick', '--only=bare',
+                         '--fdl_set=model.attention_impl=cudnn'], cwd=REPO, text=True,
+                        capture_output=True, timeout=600, env=cli_env(1))
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and lines[-1].startswith('gpu_mfu: error: '), proc.stderr[-2000:]
+  assert 'cuDNN flash attention cannot run here' in lines[-1] and proc.stdout == ''
 
 
 def test_gpu_mfu_sh_rejects_bad_arguments():
   proc = subprocess.run(['benchmarks/gpu_mfu.sh', '--cuda', '11'], cwd=REPO, text=True,
                         capture_output=True)
   assert proc.returncode == 2 and 'gpu_mfu: error' in proc.stderr
+
+
+@pytest.mark.slow
+def test_weak_scaling_quick_grows_cohort_with_devices_and_plots(tmp_path):
+  png = tmp_path / 'weak.png'
+  out = run_json('benchmarks/weak_scaling.py', '--quick', f'--png={png}')
+  assert out['benchmark'] == 'weak_scaling' and out['png'] == str(png)
+  assert png.read_bytes()[:8] == PNG
+  points = out['points']
+  assert [(p['devices'], p['cohort']) for p in points] == [(1, 2), (2, 4)]
+  assert [p['mesh'] for p in points] == [{'clients': 1, 'data': 1}, {'clients': 2, 'data': 1}]
+  for p in points:
+    assert p['round_s'] > 0
+    assert p['efficiency'] == pytest.approx(points[0]['round_s'] / p['round_s'])
+  assert out['min_efficiency'] == min(p['efficiency'] for p in points)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from fiddle.experimental import serialization
 from configs import models
 from configs.sizes import SIZES, use_size
 from paxlike import model_stats, partitioning
-from paxlike.layers import CnnClassifier
+from paxlike.layers import CnnClassifier, TransformerLM
 
 # Published counts: TinyLlama-1.1B has 1,100,048,384 parameters, Llama-3-8B 8,030,261,248.
 EXPECTED = {'tiny': 459_392, '125m': 134_105_856, '350m': 373_867_520, '1b': 1_100_048_384,
@@ -106,3 +106,65 @@ def test_use_size_sets_model_and_mesh():
   assert cfg.model == models.lm_8b() and fdl.build(cfg.mesh).axes == ('fsdp', 'model')
   with pytest.raises(ValueError, match='unknown size'):
     use_size(cfg, '70b')
+
+
+LLAMAS = {'lm.Llama125M': '125m', 'lm.Llama350M': '350m', 'lm.Llama1B': '1b', 'lm.Llama8B': '8b'}
+
+
+def _llama_task(key: str):
+  from paxlike import config_io, registry
+  registry.import_all()
+  return config_io.build(registry.get(key)().config())
+
+
+@pytest.mark.parametrize('key', LLAMAS)
+def test_llama_experiments_are_their_size_at_seq_2048_in_bf16(key):
+  task = _llama_task(key)
+  size = SIZES[LLAMAS[key]]
+  assert task.model == fdl.build(size.model()) and task.mesh == fdl.build(size.mesh())
+  assert task.data.seq_len == 2048 and task.model.dtype == jnp.bfloat16
+  assert task.data.dataset == 'stdlib'  # A real local corpus.
+  assert task.model.attention_impl == 'auto'
+
+
+def test_memory_estimate_of_params_and_optimizer_matches_an_independent_count():
+  """1B on 1 and 8 devices (FSDP shards every parameter): float32 params and gradients,
+  AdamW's two float32 moments (plus a few scalars), split 8 ways."""
+  from paxlike import memory
+  task = _llama_task('lm.Llama1B')
+  n = EXPECTED['1b']
+  for devices in (1, 8):
+    est = memory.estimate(task, devices)
+    assert est.mesh == {'fsdp': devices}
+    assert est.params == est.gradients == n * 4 / devices
+    assert 2 * n * 4 / devices <= est.optimizer < (2 * n * 4 + 1024) / devices
+
+
+def test_memory_estimate_of_activations_by_hand():
+  """A 2-layer d64 model: 'dots' keeps per layer input 64 + q,k,v (4+2+2)·16 + out 64 + gate
+  and up 2·128 + MLP out 64 = 576 bf16 elements, the head 2·256 float32 logits + 64 elements."""
+  from paxlike import memory
+  model = TransformerLM(vocab_size=256, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
+                        d_ff=128, dtype=jnp.bfloat16, remat_policy='dots')
+  per_token = 2 * 576 * 2 + 2 * 256 * 4 + 64 * 2
+  assert memory.activation_bytes_per_token(model, 32, 'cudnn') == per_token
+  full = model.clone(remat_policy='full')
+  # 'none' adds two norm outputs 2·64, attention out 64, residual 64, act and product 2·128:
+  # 576 + 512 = 1088 elements, plus the float32 log-sum-exp of 4 heads with a flash kernel.
+  none_layer = 1088 * 2 + 4 * 4
+  assert memory.activation_bytes_per_token(full, 32, 'cudnn') == (
+      2 * 64 * 2 + none_layer + 2 * 256 * 4 + 64 * 2)
+  # XLA attention keeps the probabilities: 4 heads × (32 + 1)/2 keys on average.
+  assert (memory.activation_bytes_per_token(model.clone(remat_policy='none'), 32, 'xla')
+          - memory.activation_bytes_per_token(model.clone(remat_policy='none'), 32, 'cudnn')
+          == 2 * (4 * 16.5 * 2 - 4 * 4))
+
+
+@pytest.mark.slow
+def test_print_config_of_the_8b_prints_the_memory_per_device():
+  from tests.helpers import run_cli
+  out = run_cli('--exp=lm.Llama8B', '--mode=print_config').stdout
+  lines = [l for l in out.splitlines() if l.startswith('# memory per device')]
+  assert [l.split(' devices')[0] for l in lines] == [
+      '# memory per device on 8', '# memory per device on 64', '# memory per device on 256']
+  assert '(fsdp 16 × model 4)' in lines[1] and '# params: 8,030,261,248' in out

@@ -8,6 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from paxlike.layers import attention_kernels
+
 DType = Any
 
 # Logical names of the attention activations.
@@ -38,10 +40,9 @@ class CausalSelfAttention(nn.Module):
   out [heads, kv, embed]; no biases. `sliding_window=W` lets each query see
   itself and the W - 1 previous tokens. `qk_norm` RMS-normalises each query and
   key head over its features (learned scale 'query_norm'/'key_norm', named
-  ('kv',)) before rope, as in Gemma 3 / Qwen 3. The attention itself is
-  `jax.nn.dot_product_attention(implementation=...)`: None lets JAX choose (XLA's
-  attention in jax 0.12, on every backend), 'xla' asks for it, and 'cudnn' for cuDNN's
-  fused flash attention (NVIDIA GPUs only; float16/bfloat16).
+  ('kv',)) before rope, as in Gemma 3 / Qwen 3. `implementation` names the attention
+  kernel: 'auto' (cuDNN flash on NVIDIA GPUs, Pallas splash on TPU, XLA otherwise), 'xla',
+  'cudnn' or 'splash'; see `attention_kernels.resolve`.
   """
 
   num_heads: int
@@ -54,7 +55,7 @@ class CausalSelfAttention(nn.Module):
   norm_eps: float = 1e-6
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
-  implementation: str | None = None
+  implementation: str = 'auto'
 
   def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...],
               fan_in_axes: tuple[int, ...]) -> jax.Array:
@@ -98,9 +99,11 @@ class CausalSelfAttention(nn.Module):
     q = nn.with_logical_constraint(q, HEADS_ACT)
     k = nn.with_logical_constraint(k, KV_HEADS_ACT)
     v = nn.with_logical_constraint(v, KV_HEADS_ACT)
-    window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
-    out = jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, local_window_size=window, implementation=self.implementation
-    )
+    kernel = attention_kernels.resolve(
+        self.implementation, dtype=q.dtype, num_heads=n, num_kv_heads=n_kv, head_dim=h,
+        seq_len=x.shape[1], sliding_window=self.sliding_window)
+    out = attention_kernels.attend(q, k, v, kernel, self.sliding_window,
+                                   nn.logical_to_mesh_axes(HEADS_ACT),
+                                   nn.logical_to_mesh_axes(KV_HEADS_ACT))
     out = nn.with_logical_constraint(out, HEADS_ACT)
     return jnp.einsum('btnh,nhd->btd', out, wo)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from paxlike.layers import attention_kernels
 from paxlike.layers.attention import CausalSelfAttention
 
 DType = Any
@@ -124,6 +125,8 @@ class TransformerLM(nn.Module):
   live under 'blocks' with a leading 'layers' axis instead of 'block_{i}' (see
   `stack_layers`). `remat_policy` is 'none', 'full' (recompute the whole block
   in the backward pass) or 'dots' (keep the matmul outputs, recompute the rest).
+  `attention_impl` names the attention kernel; 'auto' picks the fastest this platform runs
+  (`attention_kernel` says which).
   """
 
   vocab_size: int = 256
@@ -147,7 +150,7 @@ class TransformerLM(nn.Module):
   norm_eps: float = 1e-6
   scan_layers: bool = False
   remat_policy: str = 'none'
-  attention_impl: str | None = None  # None (JAX picks), 'xla' or 'cudnn'.
+  attention_impl: str = 'auto'  # 'auto', 'xla', 'cudnn' or 'splash': see attention_kernels.
 
   def _check(self, seq_len: int) -> None:
     if self.d_model % self.num_heads:
@@ -162,8 +165,18 @@ class TransformerLM(nn.Module):
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f'remat_policy must be one of {list(REMAT_POLICIES)}, '
                        f'got {self.remat_policy!r}')
-    if self.attention_impl not in (None, 'xla', 'cudnn'):
-      raise ValueError(f"attention_impl must be None, 'xla' or 'cudnn', got {self.attention_impl!r}")
+    if self.attention_impl not in attention_kernels.IMPLS:
+      raise ValueError(f'attention_impl must be one of {", ".join(attention_kernels.IMPLS)}, '
+                       f'got {self.attention_impl!r}')
+
+  def attention_kernel(self, seq_len: int) -> str:
+    """The attention kernel that runs at `seq_len` on this platform ('xla', 'cudnn' or
+    'splash'); raises UserError when a forced `attention_impl` cannot run here."""
+    return attention_kernels.resolve(
+        self.attention_impl, dtype=self.dtype, num_heads=self.num_heads,
+        num_kv_heads=self.num_kv_heads or self.num_heads,
+        head_dim=self.d_model // self.num_heads, seq_len=seq_len,
+        sliding_window=self.sliding_window)
 
   def _block(self, name: str) -> DecoderBlock:
     """A layer (or, scanned, the stack). The unbound attention is adopted as 'attention'."""

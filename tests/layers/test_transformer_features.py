@@ -72,7 +72,7 @@ def test_norm_eps_is_used():
                          big_eps.apply({'params': params}, TOKENS), atol=1e-3)
 
 
-def test_attention_lets_the_backend_choose_the_kernel(monkeypatch):
+def test_attention_on_cpu_asks_jax_for_xla_attention_with_the_window(monkeypatch):
   calls = []
   real = jax.nn.dot_product_attention
 
@@ -80,9 +80,9 @@ def test_attention_lets_the_backend_choose_the_kernel(monkeypatch):
     calls.append(kwargs)
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(attention_lib.jax.nn, 'dot_product_attention', spy)
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', spy)
   TransformerLM(**TINY, sliding_window=4).init(jax.random.key(0), TOKENS)
-  assert calls and all(c['implementation'] is None and c['is_causal'] for c in calls)
+  assert calls and all(c['implementation'] == 'xla' and c['is_causal'] for c in calls)
   assert calls[0]['local_window_size'] == (3, 0)
 
 
@@ -93,10 +93,13 @@ def test_new_fields_round_trip_through_fiddle():
   assert rebuilt == fdl.build(cfg)
 
 
-def test_attention_impl_xla_is_the_default_and_bad_names_are_rejected():
+def test_attention_impl_auto_is_the_default_and_is_xla_on_cpu_and_bad_names_are_rejected():
+  assert TransformerLM.__dataclass_fields__['attention_impl'].default == 'auto'
+  assert attention_lib.CausalSelfAttention.__dataclass_fields__['implementation'].default == 'auto'
+  assert TransformerLM(**TINY).attention_kernel(16) == 'xla'  # This suite runs on CPU.
   params = _params(TransformerLM(**TINY))
   default = TransformerLM(**TINY).apply({'params': params}, TOKENS)
   xla = TransformerLM(**TINY, attention_impl='xla').apply({'params': params}, TOKENS)
   np.testing.assert_array_equal(np.asarray(default), np.asarray(xla))
-  with pytest.raises(ValueError, match="attention_impl must be None, 'xla' or 'cudnn'"):
+  with pytest.raises(ValueError, match='attention_impl must be one of auto, xla, cudnn, splash'):
     TransformerLM(**TINY, attention_impl='flash').init(jax.random.key(0), TOKENS)

@@ -1,0 +1,149 @@
+"""Which attention kernel runs, and the TPU (Pallas splash) kernel itself.
+
+`attention_impl` names: 'auto' (the default) picks per platform and shape: cuDNN's fused flash
+attention on NVIDIA GPUs when a tiny probe of it (forward and backward, this dtype, head dim and
+head counts) compiles, Pallas splash attention on TPU when the sequence length splits into
+128-multiple blocks, XLA's attention otherwise (a fallback is said once in the log). 'xla',
+'cudnn' and 'splash' force one; a forced kernel the platform cannot run is a config error
+(`UserError`, exit 2), never a silent fallback.
+
+Every kernel computes the same causal (optionally sliding-window) grouped-query attention on
+q [B, T, N, H], k and v [B, T, K, H] with N a multiple of K, softmax scale 1/sqrt(H).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from paxlike.errors import UserError
+
+IMPLS = ('auto', 'xla', 'cudnn', 'splash')
+SPLASH_BLOCKS = (512, 256, 128)  # Tried largest first; one must divide the sequence length.
+
+
+def splash_block(seq_len: int) -> int | None:
+  """The splash tile size for `seq_len`, or None when no 128-multiple block divides it."""
+  return next((b for b in SPLASH_BLOCKS if seq_len % b == 0), None)
+
+
+@functools.lru_cache(maxsize=None)
+def _splash_kernel(seq_len: int, groups: int, window: int | None, interpret: bool) -> Any:
+  """A single-example MQA splash kernel: q [groups, T, H], k and v [T, H] -> [groups, T, H]."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only module.
+  shape = (seq_len, seq_len)
+  head_mask = (splash.CausalMask(shape) if window is None
+               else splash.LocalMask(shape, window_size=(window - 1, 0), offset=0))
+  block = splash_block(seq_len)
+  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                            block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                            block_q_dq=block, block_kv_dq=block)
+  return splash.make_splash_mqa_single_device(
+      splash.MultiHeadMask([head_mask] * groups), block_sizes=sizes, interpret=interpret)
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None = None,
+                     interpret: bool = False) -> jax.Array:
+  """Causal GQA attention with the Pallas splash kernel, unsharded (see `attend` for meshes).
+
+  Each kv head serves its `N // K` query heads as one MQA kernel call, vmapped over batch and kv
+  heads. `interpret=True` runs the kernel in Pallas' interpreter (any platform; for tests).
+  """
+  b, t, n, h = q.shape
+  kv = k.shape[2]
+  if splash_block(t) is None:
+    raise UserError(f"attention_impl='splash' needs a sequence length divisible by 128, got {t}")
+  kernel = _splash_kernel(t, n // kv, sliding_window, interpret)
+  scale = jnp.asarray(1 / np.sqrt(h), q.dtype)
+  grouped_q = (q * scale).transpose(0, 2, 1, 3).reshape(b, kv, n // kv, t, h)
+  out = jax.vmap(jax.vmap(kernel))(grouped_q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
+  return out.reshape(b, n, t, h).transpose(0, 2, 1, 3)
+
+
+def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None,
+                    q_spec: Any, kv_spec: Any) -> jax.Array:
+  """`splash_attention` per shard under the current mesh (a Pallas call is not partitioned by
+  XLA). Shards split batch and heads only; kv heads are repeated when they are sharded
+  differently from the query heads, so each shard keeps whole GQA groups."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return splash_attention(q, k, v, sliding_window)
+  if q_spec[1] is not None:
+    raise UserError("attention_impl='splash' cannot run with the sequence ('length') sharded")
+  if tuple(kv_spec)[2:3] != tuple(q_spec)[2:3]:
+    groups = q.shape[2] // k.shape[2]
+    k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
+    kv_spec = q_spec
+  fn = functools.partial(splash_attention, sliding_window=sliding_window)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
+                       check_vma=False)(q, k, v)
+
+
+@functools.lru_cache(maxsize=None)
+def cudnn_refusal(dtype: str, num_heads: int, num_kv_heads: int, head_dim: int,
+                  sliding_window: int | None) -> str | None:
+  """Why cuDNN flash attention cannot run these shapes here (None when its forward and backward
+  compile). Compiles a [1, 128] probe once per shape."""
+  if jax.devices()[0].platform != 'gpu':
+    return f'no NVIDIA GPU (platform {jax.devices()[0].platform})'
+  window = None if sliding_window is None else (sliding_window - 1, 0)
+  attn = functools.partial(jax.nn.dot_product_attention, is_causal=True,
+                           local_window_size=window, implementation='cudnn')
+  loss = lambda q, k, v: attn(q, k, v).astype(jnp.float32).sum()
+  q = jax.ShapeDtypeStruct((1, 128, num_heads, head_dim), jnp.dtype(dtype))
+  kv = jax.ShapeDtypeStruct((1, 128, num_kv_heads, head_dim), jnp.dtype(dtype))
+  try:
+    jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).compile()
+  except Exception as error:  # cuDNN and XLA refuse with several exception types.
+    return f'{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}'
+  return None
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(message: str) -> None:
+  logging.warning(message)
+
+
+def resolve(impl: str, *, dtype: Any, num_heads: int, num_kv_heads: int, head_dim: int,
+            seq_len: int, sliding_window: int | None = None) -> str:
+  """The kernel that runs for `impl` on this platform: 'xla', 'cudnn' or 'splash'.
+
+  Raises UserError for an unknown name, or a forced kernel this platform cannot run.
+  """
+  if impl not in IMPLS:
+    raise UserError(f'attention_impl must be one of {", ".join(IMPLS)}, got {impl!r}')
+  platform = jax.devices()[0].platform
+  if impl == 'xla':
+    return impl
+  if impl == 'splash' or (impl == 'auto' and platform == 'tpu'):
+    why = ('needs a TPU' if platform != 'tpu' else
+           None if splash_block(seq_len) else f'needs seq_len % 128 == 0, got {seq_len}')
+    if why is None:
+      return 'splash'
+    if impl == 'splash':
+      raise UserError(f"attention_impl='splash' {why} (platform {platform})")
+    _say_once(f'attention_impl=auto: XLA attention (splash {why})')
+    return 'xla'
+  if impl == 'cudnn' or platform == 'gpu':
+    why = cudnn_refusal(jnp.dtype(dtype).name, num_heads, num_kv_heads, head_dim, sliding_window)
+    if why is None:
+      return 'cudnn'
+    if impl == 'cudnn':
+      raise UserError(f"attention_impl='cudnn': cuDNN flash attention cannot run here: {why}")
+    _say_once(f'attention_impl=auto: XLA attention (cuDNN refused: {why})')
+  return 'xla'
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, kernel: str, sliding_window: int | None,
+           q_spec: Any = None, kv_spec: Any = None) -> jax.Array:
+  """Causal GQA attention with a resolved `kernel`; specs place splash's shards on the mesh."""
+  if kernel == 'splash':
+    return _sharded_splash(q, k, v, sliding_window, q_spec, kv_spec)
+  window = None if sliding_window is None else (sliding_window - 1, 0)
+  return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=window,
+                                      implementation=kernel)

@@ -1,0 +1,93 @@
+"""Attention kernels: 'auto' resolution per platform, the Pallas splash kernel (run in Pallas'
+interpreter on CPU) against XLA's attention, and forced kernels the platform lacks as exit 2."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from paxlike.errors import UserError
+from paxlike.layers import attention_kernels
+from tests.helpers import TINY, run_cli
+
+B, T, N, K, H = 2, 256, 4, 2, 16
+
+
+def _qkv(dtype=jnp.float32):
+  keys = jax.random.split(jax.random.key(0), 3)
+  return (jax.random.normal(keys[0], (B, T, N, H), dtype),
+          jax.random.normal(keys[1], (B, T, K, H), dtype),
+          jax.random.normal(keys[2], (B, T, K, H), dtype))
+
+
+def _xla(q, k, v, window):
+  return attention_kernels.attend(q, k, v, 'xla', window)
+
+
+def _splash(q, k, v, window):
+  return attention_kernels.splash_attention(q, k, v, window, interpret=True)
+
+
+def _loss_grads(attn, q, k, v):
+  """Gradients of a loss that weighs every output feature differently (so no symmetry hides
+  a wrong dq, dk or dv)."""
+  weights = jnp.cos(jnp.arange(H, dtype=jnp.float32))
+  return jax.grad(lambda q, k, v: (attn(q, k, v) * weights).sum(), argnums=(0, 1, 2))(q, k, v)
+
+
+@pytest.mark.parametrize('window', [None, 100])
+def test_splash_kernel_in_interpret_mode_equals_xla_forward_and_gradients(window):
+  q, k, v = _qkv()
+  np.testing.assert_allclose(_splash(q, k, v, window), _xla(q, k, v, window), rtol=1e-5,
+                             atol=1e-5)
+  for got, want in zip(_loss_grads(functools.partial(_splash, window=window), q, k, v),
+                       _loss_grads(functools.partial(_xla, window=window), q, k, v)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_splash_kernel_sees_the_causal_mask():
+  q, k, v = _qkv()
+  # Changing the last key and value must not change any earlier query's output.
+  out = _splash(q, k, v, None)
+  changed = _splash(q, k.at[:, -1].add(3.0), v.at[:, -1].add(3.0), None)
+  np.testing.assert_array_equal(out[:, :-1], changed[:, :-1])
+  assert not np.allclose(out[:, -1], changed[:, -1])
+
+
+def test_auto_resolves_to_xla_on_cpu_and_forced_kernels_the_platform_lacks_are_user_errors():
+  shape = dict(dtype=jnp.bfloat16, num_heads=N, num_kv_heads=K, head_dim=128, seq_len=2048)
+  assert jax.devices()[0].platform == 'cpu'
+  assert attention_kernels.resolve('auto', **shape) == 'xla'
+  assert attention_kernels.resolve('xla', **shape) == 'xla'
+  with pytest.raises(UserError, match='cuDNN flash attention cannot run here: no NVIDIA GPU'):
+    attention_kernels.resolve('cudnn', **shape)
+  with pytest.raises(UserError, match="attention_impl='splash' needs a TPU"):
+    attention_kernels.resolve('splash', **shape)
+  with pytest.raises(UserError, match='attention_impl must be one of'):
+    attention_kernels.resolve('flash', **shape)
+
+
+def test_splash_block_needs_a_128_multiple():
+  assert attention_kernels.splash_block(2048) == 512
+  assert attention_kernels.splash_block(384) == 128
+  assert attention_kernels.splash_block(200) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', ['print_config', 'train', 'eval', 'decode'])
+def test_cli_forced_cudnn_on_cpu_is_one_line_exit_2_in_every_mode(tmp_path, mode):
+  proc = run_cli(*TINY, f'--mode={mode}', f'--job_log_dir={tmp_path}',
+                 '--fdl_set=model.attention_impl=cudnn', check=False)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+  assert lines[0].startswith("paxlike: error: attention_impl='cudnn': cuDNN flash attention")
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_cli_logs_the_resolved_kernel_and_writes_it_to_config_txt(tmp_path):
+  proc = run_cli(*TINY, f'--job_log_dir={tmp_path}', '--fdl_set=train.num_steps=2')
+  assert 'attention kernel: xla' in proc.stderr
+  assert (tmp_path / 'config.txt').read_text().endswith('# attention kernel: xla\n')
