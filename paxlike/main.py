@@ -114,8 +114,9 @@ def run(argv: list[str]) -> None:
   if FLAGS.mode == 'train':
     setup = train.setup(task)  # Validates mesh, data and model before the job dir is touched.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change)
-    train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
-                on_start=lambda: job_dir.record_config(directory, cfg))
+    with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
+      train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
+                  on_start=lambda: job_dir.record_config(directory, cfg))
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = train.load_latest_state(task, directory)
