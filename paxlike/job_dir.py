@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import socket
 import sys
@@ -49,7 +50,14 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool) -> Path:
   path = _writable_dir(Path(job_log_dir).expanduser().absolute())
   saved = path / 'config.json'
   if saved.exists():
-    old = config_io.from_json(saved.read_text(), str(saved))
+    text = saved.read_text()
+    try:
+      json.loads(text)
+    except json.JSONDecodeError as error:
+      raise UserError(f'{saved} is damaged ({error.msg} at line {error.lineno}), perhaps cut short '
+                      'by a crash; check config.txt against this run and remove config.json to '
+                      'continue') from None
+    old = config_io.from_json(text, str(saved))
     diffs = config_io.differences(old, cfg)
     if diffs and not allow_change:
       shown = '; '.join(diffs[:3]) + ('; ...' if len(diffs) > 3 else '')
