@@ -42,3 +42,17 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
   elif _in_multiprocess_cluster():
     jax.distributed.initialize(initialization_timeout=timeout_s,
                                heartbeat_timeout_seconds=heartbeat_s)
+
+
+def is_primary() -> bool:
+  """Whether this is process 0, the one that writes the job dir."""
+  return jax.process_index() == 0
+
+
+def primary_value(value: bool) -> bool:
+  """Process 0's `value`, on every process (for decisions all processes must share)."""
+  if jax.process_count() == 1:
+    return value
+  from jax.experimental import multihost_utils
+  import numpy as np
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(value)))

@@ -1,14 +1,22 @@
-"""The job directory: checks that it is safe to use, and records the run's config in it.
+"""The job directory: checks that it is safe to use, locks it, and records the run's config.
 
 A job dir that already holds a run of a different config is refused (unless allowed), so an
-experiment never silently continues from, or overwrites, someone else's checkpoints.
+experiment never silently continues from, or overwrites, someone else's checkpoints; a job dir
+in which another trainer is running is refused, so two trainers never write into one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
 import os
+import socket
+import sys
 import tempfile
 from pathlib import Path
+from typing import Callable, Iterator
 
 import fiddle as fdl
 
@@ -42,7 +50,14 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool) -> Path:
   path = _writable_dir(Path(job_log_dir).expanduser().absolute())
   saved = path / 'config.json'
   if saved.exists():
-    old = config_io.from_json(saved.read_text(), str(saved))
+    text = saved.read_text()
+    try:
+      json.loads(text)
+    except json.JSONDecodeError as error:
+      raise UserError(f'{saved} is damaged ({error.msg} at line {error.lineno}), perhaps cut short '
+                      'by a crash; check config.txt against this run and remove config.json to '
+                      'continue') from None
+    old = config_io.from_json(text, str(saved))
     diffs = config_io.differences(old, cfg)
     if diffs and not allow_change:
       shown = '; '.join(diffs[:3]) + ('; ...' if len(diffs) > 3 else '')
@@ -56,6 +71,65 @@ def record_config(path: Path, cfg: fdl.Buildable, notes: str = '') -> None:
   latter (call once the run has restored, so a failed start leaves the job dir as it was)."""
   _write_atomic(path / 'config.json', config_io.to_json(cfg))
   _write_atomic(path / 'config.txt', config_io.to_text(cfg) + notes)
+
+
+LOCK = 'trainer.lock'
+
+
+@contextlib.contextmanager
+def trainer_lock(path: Path, primary: bool = True,
+                 agree: Callable[[bool], bool] = lambda ok: ok) -> Iterator[None]:
+  """Holds the job dir's trainer lock while the block runs.
+
+  The lock is an flock on `trainer.lock`, which names its holder as `host pid`. The kernel drops
+  an flock when its process dies (even by kill -9), so a lock file left by a dead trainer is free
+  and is taken over; a live holder makes this a UserError naming it. Only the primary process
+  of a multi-process run locks; `agree(ok)` gives every process the primary's `ok`, so all of
+  them stop when it cannot lock. The file is removed on release.
+  """
+  fd, holder = _lock(path / LOCK) if primary else (None, None)
+  try:
+    if not agree(fd is not None):
+      raise UserError(f'{path} is in use by another trainer ({holder or "starting"}); wait for it '
+                      'to finish or use another --job_log_dir' if primary else
+                      f'{path} is in use by another trainer (see process 0)')
+    if holder:
+      print(f'took over the trainer lock of {holder}, which has exited', file=sys.stderr)
+    yield
+  finally:
+    if fd is not None:
+      os.unlink(path / LOCK)  # Before unlocking: a trainer that locks the old file retries.
+      os.close(fd)
+
+
+def _lock(path: Path) -> tuple[int | None, str | None]:
+  """(fd holding the flock on `path`, the previous holder it names, if any), or (None, the
+  live holder)."""
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+      holder = _holder(fd)
+      os.close(fd)
+      if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+        return None, holder
+      raise UserError(f'cannot lock {path} ({error.strerror}); the job dir needs a file system '
+                      'with flock') from None
+    try:
+      same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:  # Its holder removed it between our open and flock.
+      same_file = False
+    if same_file:
+      holder = _holder(fd)
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()}\n'.encode(), 0)
+      return fd, holder
+    os.close(fd)
+
+
+def _holder(fd: int) -> str | None:
+  return os.pread(fd, 200, 0).decode(errors='replace').strip() or None
 
 
 def existing(job_log_dir: str) -> Path:

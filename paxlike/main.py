@@ -117,8 +117,9 @@ def run(argv: list[str]) -> None:
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change)
     notes = model_stats.kernel_line(task.model, task.data)
     print(notes[2:], end='', file=sys.stderr)  # The resolved attention kernel, at start-up.
-    train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
-                on_start=lambda: job_dir.record_config(directory, cfg, notes))
+    with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
+      train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
+                  on_start=lambda: job_dir.record_config(directory, cfg, notes))
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = train.load_latest_state(task, directory)

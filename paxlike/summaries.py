@@ -35,21 +35,24 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, float | int]:
   return out
 
 
-def truncate_after(path: Path, step: int) -> None:
-  """Keeps the well-formed rows of a metrics.jsonl whose step is at most `step`."""
+def truncate_after(path: Path, step: int) -> int:
+  """Keeps the well-formed rows of a metrics.jsonl whose step is at most `step`; returns how
+  many torn rows (cut short by a kill mid-write) it dropped."""
   if not path.exists():
-    return
-  kept = []
+    return 0
+  kept, torn = [], 0
   for line in path.read_text().splitlines():
     try:
       row = json.loads(line)
     except json.JSONDecodeError:
-      continue  # A row cut short by a kill.
+      torn += 1
+      continue
     if row.get('step', math.inf) <= step:
       kept.append(line)
   tmp = path.with_name(path.name + '.tmp')
   tmp.write_text(''.join(line + '\n' for line in kept))
   os.replace(tmp, path)  # A kill mid-write must not lose the rows being kept.
+  return torn
 
 
 class RunWriter:
@@ -62,8 +65,9 @@ class RunWriter:
     self._metrics_path = job_dir / 'metrics.jsonl'
     self._clients_path = job_dir / 'eval_clients.jsonl'
     if primary:
-      truncate_after(self._metrics_path, start_step)
-      truncate_after(self._clients_path, start_step)
+      for path in (self._metrics_path, self._clients_path):
+        if torn := truncate_after(path, start_step):
+          status(f'dropped {torn} torn line{"s" if torn > 1 else ""} of {path.name}, cut short by a crash')
       self._file = self._metrics_path.open('a')
       self._tb = {split: SummaryWriter(str(job_dir / 'summaries' / split), purge_step=start_step + 1)
                   for split in ('train', 'eval')}

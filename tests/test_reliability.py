@@ -186,3 +186,29 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_the_checkpoint(tiny_job, t
                  *bad_lr, f'--job_log_dir={job}')
   rows = metric_rows(job)
   assert rows[-1]['step'] == 30 and rows[-1]['nonfinite_steps'] >= 5
+
+
+def test_torn_last_metrics_row_is_dropped_on_resume_and_noted_once(tiny_job, tmp_path):
+  job = tmp_path / 'job'
+  shutil.copytree(tiny_job, job)
+  shutil.rmtree(job / 'checkpoints' / '20')  # Killed while writing row 15, long before step 20:
+  lines = (job / 'metrics.jsonl').read_text().splitlines()
+  (job / 'metrics.jsonl').write_text(lines[0] + '\n' + lines[1] + '\n' + lines[2][:40])
+  proc = run_cli(*TINY, f'--job_log_dir={job}')
+  assert 'resumed from checkpoint step 10' in proc.stderr
+  assert proc.stderr.count('torn') == 1
+  assert 'dropped 1 torn line of metrics.jsonl, cut short by a crash' in proc.stderr
+  assert metric_rows(job) == metric_rows(tiny_job)
+
+
+def test_torn_config_json_is_refused_without_a_change(tiny_job, tmp_path):
+  job = tmp_path / 'job'
+  shutil.copytree(tiny_job, job)
+  config = job / 'config.json'
+  config.write_text(config.read_text()[:300])
+  before = snapshot(job)
+  proc = run_cli(*TINY, f'--job_log_dir={job}', check=False)
+  assert proc.returncode == 2
+  assert proc.stderr.startswith(f'paxlike: error: {config} is damaged (') and proc.stderr.count('\n') == 1
+  assert 'perhaps cut short by a crash' in proc.stderr
+  assert snapshot(job) == before
