@@ -69,17 +69,42 @@ def constant_sgd(learning_rate: float = 0.1) -> fdl.Config:
   return fdl.Config(optim.sgd, learning_rate=learning_rate)
 
 
-def fed_avg(local_steps: int, server_learning_rate: float = 1.0) -> fdl.Partial:
-  """FedAvg; server SGD at lr 1 is plain weighted model averaging."""
+def fed_avg(local_steps: int, server_learning_rate: float = 1.0,
+            weighting: str = 'num_examples') -> fdl.Partial:
+  """FedAvg; server SGD at lr 1 is plain weighted model averaging. `weighting`: how clients
+  count (paxlike.algorithm.WEIGHTINGS)."""
   return fdl.Partial(federated.fed_avg, local_steps=local_steps,
-                     server_optimizer=constant_sgd(server_learning_rate))
+                     server_optimizer=constant_sgd(server_learning_rate), weighting=weighting)
 
 
-def fed_adam(local_steps: int, server_learning_rate: float = 1e-2,
-             tau: float = 1e-3) -> fdl.Partial:
-  """FedAdam (Reddi et al. 2021), β1 = 0.9, β2 = 0.99."""
+def fed_avgm(local_steps: int, server_learning_rate: float = 1.0,
+             server_momentum: float = 0.9) -> fdl.Partial:
+  """FedAvgM (Hsu et al. 2019): FedAvg with server momentum, SGD(lr 1, β 0.9) on the
+  pseudo-gradient."""
+  server = fdl.Config(optim.sgd, learning_rate=server_learning_rate, momentum=server_momentum)
+  return fdl.Partial(federated.fed_avg, local_steps=local_steps, server_optimizer=server)
+
+
+def fed_adam(local_steps: int, server_learning_rate: float = 1e-2, tau: float = 1e-3,
+             flavour: str = 'paper') -> fdl.Partial:
+  """FedAdam (Reddi et al. 2021), β1 = 0.9, β2 = 0.99; `flavour='paper'` is their Algorithm 2,
+  `'optax'` is optax.adam (bias-corrected, v from 0)."""
   return fdl.Partial(federated.fed_adam, local_steps=local_steps,
-                     server_learning_rate=server_learning_rate, tau=tau)
+                     server_learning_rate=server_learning_rate, tau=tau, flavour=flavour)
+
+
+def fed_yogi(local_steps: int, server_learning_rate: float = 1e-2, tau: float = 1e-3,
+             flavour: str = 'paper') -> fdl.Partial:
+  """FedYogi (Reddi et al. 2021), β1 = 0.9, β2 = 0.99."""
+  return fdl.Partial(federated.fed_yogi, local_steps=local_steps,
+                     server_learning_rate=server_learning_rate, tau=tau, flavour=flavour)
+
+
+def fed_adagrad(local_steps: int, server_learning_rate: float = 1e-2, tau: float = 1e-3,
+                flavour: str = 'paper') -> fdl.Partial:
+  """FedAdagrad (Reddi et al. 2021), server momentum β1 = 0.9 (paper flavour)."""
+  return fdl.Partial(federated.fed_adagrad, local_steps=local_steps,
+                     server_learning_rate=server_learning_rate, tau=tau, flavour=flavour)
 
 
 def diloco(local_steps: int, num_replicas: int, outer_learning_rate: float = 0.7,

@@ -67,3 +67,28 @@ def cohort_size(batches: Any, local_steps: int | None = None,
         f'the cohort has {clients} clients but the algorithm has {fixed[0]} {fixed[1]}; '
         f'set clients_per_round = {fixed[0]}, one fixed client per slot.')
   return clients
+
+
+# How clients are weighted in a round's averages: the weights the data gives (each client's
+# number of examples), the mask count of the client's round batches (the tokens, or for
+# classifiers the examples, it trained on: what TFF and FedJAX use), or equally.
+WEIGHTINGS = ('num_examples', 'num_tokens_seen', 'uniform')
+
+
+def check_weighting(weighting: str) -> str:
+  if weighting not in WEIGHTINGS:
+    raise AlgorithmConfigError(f'weighting must be one of {WEIGHTINGS}, got {weighting!r}.')
+  return weighting
+
+
+def client_weights(weighting: str, batches: Any, weights: jax.Array) -> jax.Array:
+  """float32 [clients]: the round's client weights under `weighting` (see WEIGHTINGS), from the
+  data's `weights` (examples per client) and the round's `batches` (a 'mask' per item)."""
+  if weighting == 'num_examples':
+    return jnp.asarray(weights, jnp.float32)
+  if weighting == 'uniform':
+    return jnp.ones(jnp.shape(weights), jnp.float32)
+  if not isinstance(batches, dict) or 'mask' not in batches:
+    raise AlgorithmConfigError("weighting='num_tokens_seen' needs batches with a 'mask'.")
+  mask = batches['mask']
+  return jnp.sum(mask.reshape(mask.shape[0], -1), axis=1, dtype=jnp.float32)

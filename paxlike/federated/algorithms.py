@@ -5,7 +5,8 @@ H local optimizer steps (`lax.scan` over the local-steps axis) → weighted mean
 params → the server optimizer steps along the pseudo-gradient `params - weighted_mean(client)`.
 
 - FedAvg (McMahan et al. 2017): server `optax.sgd(1.0)`, so the new params are the weighted mean.
-- FedOpt (Reddi et al. 2021): any server optimizer; `fed_adam`, `fed_yogi`, `fed_adagrad`.
+- FedOpt (Reddi et al. 2021): any server optimizer; `fed_adam`, `fed_yogi`, `fed_adagrad` with
+  the paper's exact update (server_optim.py) or optax's.
 - DiLoCo (Douillard et al. 2023): inner AdamW, outer Nesterov SGD, and each replica's inner
   optimizer state persists across rounds, client-placed (leading axis = replicas) in the state.
 """
@@ -19,7 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from paxlike import optim
-from paxlike.algorithm import Algorithm, AlgorithmConfigError, cohort_size
+from paxlike.algorithm import (Algorithm, AlgorithmConfigError, check_weighting, client_weights,
+                               cohort_size)
+from paxlike.federated import server_optim
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program, federated_weighted_mean)
 from paxlike.losses import LossFn
@@ -99,12 +102,14 @@ def placed_init(optimizer: optax.GradientTransformation, clients: int) -> Callab
 
 def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
                     local_steps: int, server_optimizer: optax.GradientTransformation,
-                    num_replicas: int | None = None, client_chunk: int | None = None
-                    ) -> Algorithm:
+                    num_replicas: int | None = None, client_chunk: int | None = None,
+                    weighting: str = 'num_examples') -> Algorithm:
   """The FedAvg/FedOpt/DiLoCo round. With `num_replicas`, the client optimizer states are kept
   across rounds (replica i always takes cohort slot i); without, every round starts them fresh.
-  `client_chunk`: clients trained at a time (`federated_map(chunk=)`; None: all at once)."""
+  `client_chunk`: clients trained at a time (`federated_map(chunk=)`; None: all at once).
+  `weighting`: how clients are weighted in the mean (paxlike.algorithm.WEIGHTINGS)."""
   update = client_update(loss_fn, client_optimizer)
+  check_weighting(weighting)
 
   def init(params):
     server_opt_state = server_optimizer.init(params)
@@ -116,6 +121,7 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
   def next(state, batches, weights, rng):
     clients = cohort_size(batches, local_steps,
                           None if num_replicas is None else (num_replicas, 'replicas'))
+    weights = client_weights(weighting, batches, weights)
 
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):
@@ -144,49 +150,69 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
 
 def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
             server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
-            client_chunk: int | None = None) -> Algorithm:
+            client_chunk: int | None = None, weighting: str = 'num_examples') -> Algorithm:
   """FedAvg, and FedOpt (Reddi et al. 2021) with any other `server_optimizer`: a fresh client
   optimizer each round, then the server optimizer on the pseudo-gradient (SGD at lr 1, the
   default, is plain weighted averaging of the client models)."""
   return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer,
-                         client_chunk=client_chunk)
+                         client_chunk=client_chunk, weighting=weighting)
+
+
+FLAVOURS = ('paper', 'optax')
+
+
+def adaptive_server(flavour: str, paper: optax.GradientTransformation,
+                    optax_flavour: optax.GradientTransformation) -> optax.GradientTransformation:
+  """The paper-exact server optimizer or optax's counterpart (see server_optim.py)."""
+  if flavour not in FLAVOURS:
+    raise AlgorithmConfigError(f'flavour must be one of {FLAVOURS}, got {flavour!r}.')
+  return paper if flavour == 'paper' else optax_flavour
 
 
 def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
-             tau: float = 1e-3, client_chunk: int | None = None) -> Algorithm:
-  """FedAdam: server `optax.adam(eps=tau)`. Unlike the paper's Algorithm 2, optax bias-corrects
-  both moments and starts the second moment at 0 (the paper at v₋₁ ≥ τ²); they agree once
-  β₂ᵗ is small (after a few hundred rounds at β₂ = 0.99)."""
-  server = optax.adam(server_learning_rate, b1=b1, b2=b2, eps=tau, eps_root=0.0)
-  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk)
+             tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
+             weighting: str = 'num_examples') -> Algorithm:
+  """FedAdam. `flavour='paper'`: Reddi et al.'s Algorithm 2 (`server_optim.adam`); `'optax'`:
+  `optax.adam(eps=tau)`, which bias-corrects both moments and starts v at 0 (it agrees with the
+  paper once β2ᵗ is small, after a few hundred rounds at β2 = 0.99)."""
+  server = adaptive_server(flavour, server_optim.adam(server_learning_rate, b1, b2, tau),
+                           optax.adam(server_learning_rate, b1=b1, b2=b2, eps=tau))
+  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk, weighting)
 
 
 def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
-             tau: float = 1e-3, client_chunk: int | None = None) -> Algorithm:
-  """FedYogi: optax's Yogi (what `optax.yogi` chains) with eps = τ and both accumulators
-  starting at τ² (the paper: m₋₁ = 0, v₋₁ = τ²). optax also bias-corrects the moments."""
-  server = optax.chain(
-      optax.scale_by_yogi(b1=b1, b2=b2, eps=tau, initial_accumulator_value=tau**2),
-      optax.scale_by_learning_rate(server_learning_rate))
-  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk)
+             tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
+             weighting: str = 'num_examples') -> Algorithm:
+  """FedYogi. `flavour='paper'`: Algorithm 2 (`server_optim.yogi`); `'optax'`: optax's Yogi
+  with eps = τ and both accumulators starting at τ², bias-corrected."""
+  server = adaptive_server(
+      flavour, server_optim.yogi(server_learning_rate, b1, b2, tau),
+      optax.chain(
+          optax.scale_by_yogi(b1=b1, b2=b2, eps=tau, initial_accumulator_value=tau**2),
+          optax.scale_by_learning_rate(server_learning_rate)))
+  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk, weighting)
 
 
 def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
-                local_steps: int, server_learning_rate: float = 1e-2,
-                tau: float = 1e-3, client_chunk: int | None = None) -> Algorithm:
-  """FedAdagrad: `optax.adagrad` with accumulator starting at τ² (the paper's v₋₁) and no eps,
-  so the step is Δ/√(τ² + ΣΔ²) where the paper has Δ/(√(τ² + ΣΔ²) + τ) (within a factor 2).
-  The paper's Algorithm 2 also applies server momentum β₁ here; optax's Adagrad has none."""
-  server = optax.adagrad(server_learning_rate, initial_accumulator_value=tau**2, eps=0.0)
-  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk)
+                local_steps: int, server_learning_rate: float = 1e-2, b1: float = 0.9,
+                tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
+                weighting: str = 'num_examples') -> Algorithm:
+  """FedAdagrad. `flavour='paper'`: Algorithm 2 (`server_optim.adagrad`, with server momentum
+  β1); `'optax'`: `optax.adagrad` with the accumulator starting at τ² and no eps, so the step is
+  Δ/√(τ² + ΣΔ²), without momentum (β1 unused)."""
+  server = adaptive_server(
+      flavour, server_optim.adagrad(server_learning_rate, b1, tau),
+      optax.adagrad(server_learning_rate, initial_accumulator_value=tau**2, eps=0.0))
+  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk, weighting)
 
 
 def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation, local_steps: int,
            outer_optimizer: optax.GradientTransformation = optax.sgd(
                0.7, momentum=0.9, nesterov=True),
-           num_replicas: int | None = None, client_chunk: int | None = None) -> Algorithm:
+           num_replicas: int | None = None, client_chunk: int | None = None,
+           weighting: str = 'num_examples') -> Algorithm:
   """DiLoCo: H inner steps per replica (inner state kept across rounds), then the outer
   optimizer on the averaged pseudo-gradient. `num_replicas` is required and must equal the
   cohort size; replica i always trains on cohort slot i."""
@@ -194,4 +220,4 @@ def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation, local
     raise AlgorithmConfigError(
         f'diloco needs num_replicas >= 1 (the cohort size), got {num_replicas!r}.')
   return pseudo_gradient(loss_fn, inner_optimizer, local_steps, outer_optimizer, num_replicas,
-                         client_chunk)
+                         client_chunk, weighting)

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import optax
 
 from paxlike import optim
-from paxlike.algorithm import Algorithm, AlgorithmConfigError, cast_like, cohort_size
+from paxlike.algorithm import (Algorithm, AlgorithmConfigError, cast_like, check_weighting,
+                               client_weights, cohort_size)
 from paxlike.federated.algorithms import client_update, cohort_metrics, placed_init, round_metrics
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_program,
                                           federated_weighted_mean)
@@ -59,11 +60,12 @@ def pool(batches: Any) -> Any:
 
 def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: int,
         merge_weights: Sequence[float] | None = None, seed_steps: int = 0,
-        client_chunk: int | None = None) -> Algorithm:
+        client_chunk: int | None = None, weighting: str = 'num_examples') -> Algorithm:
   """BTM with `num_experts` experts branched from the seed: the params passed to `init`, trained
   centrally on the pooled cohort for the first `seed_steps` rounds. Needs cohort size =
   num_experts, slot k → domain k. Each later round trains every expert for the batches' local
-  steps, then merges. `client_chunk`: experts trained at a time (`federated_map(chunk=)`)."""
+  steps, then merges. `client_chunk`: experts trained at a time (`federated_map(chunk=)`).
+  `weighting`: what a round adds to each domain's count (paxlike.algorithm.WEIGHTINGS)."""
   if num_experts < 1:
     raise AlgorithmConfigError(f'num_experts must be >= 1, got {num_experts}.')
   if merge_weights is not None and len(merge_weights) != num_experts:
@@ -74,6 +76,7 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
         f'merge_weights must be >= 0 with a positive sum, got {tuple(merge_weights)}.')
   if seed_steps < 0:
     raise AlgorithmConfigError(f'seed_steps must be >= 0, got {seed_steps}.')
+  check_weighting(weighting)
   update = client_update(loss_fn, optimizer)
   branch = placed_init(optimizer, num_experts)
 
@@ -85,13 +88,14 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
 
   def next(state, batches, weights, rng):
     clients = cohort_size(batches, fixed=(num_experts, 'experts (one domain each)'))
+    weights = client_weights(weighting, batches, weights)
 
     @federated_program(clients=clients)
     def expert_round(state, batches, weights, rng):
       keys = jax.random.split(rng, clients)
       experts, opt_state, stats = federated_map(
           update, (state.experts, state.opt_state, batches, keys), chunk=client_chunk)
-      seen = state.domain_examples + weights.astype(jnp.float32)
+      seen = state.domain_examples + weights
       mix = seen if merge_weights is None else jnp.asarray(merge_weights, jnp.float32)
       merged = jax.tree.map(lambda m, p: m.astype(p.dtype),
                             federated_weighted_mean(experts, mix), state.params)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import fiddle as fdl
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,23 +89,144 @@ def test_weighted_mean_uses_weights():
   np.testing.assert_allclose(metrics['loss'], losses @ w, rtol=1e-5)  # One step: same batch.
 
 
-def test_fedopt_helpers_run_and_differ_from_fedavg():
-  params, batches, weights = _params(), _batches(2, 2), jnp.ones((2,))
-  avg, _ = _run(fed_avg(loss_fn, optax.sgd(0.1), 2), params, 2, batches, weights)
-  for builder in (fed_adam, fed_yogi, fed_adagrad):
-    state, metrics = _run(builder(loss_fn, optax.sgd(0.1), 2, server_learning_rate=0.05),
-                          params, 2, batches, weights)
-    assert all(np.isfinite(v).all() for v in jax.tree.leaves(state.params))
-    assert np.isfinite(metrics['loss']) and not np.allclose(state.params['w'], avg.params['w'])
+def linear_loss_fn(params, batch, rng):
+  """Gradient −mean(batch['g']) whatever the params: one SGD(1) step moves a client by it."""
+  del rng
+  return -jnp.sum(jnp.mean(batch['g'], axis=0) * params['w']), {}
 
 
-def test_fed_adam_is_optax_adam_on_pseudo_gradient():
-  params, batches, weights = _params(), _batches(2, 2), jnp.ones((2,))
-  got, _ = _run(fed_adam(loss_fn, optax.sgd(0.1), 2, 0.05, b1=0.8, b2=0.9, tau=1e-2),
-                params, 2, batches, weights)
-  server = optax.adam(0.05, b1=0.8, b2=0.9, eps=1e-2)
-  want, _ = _run(fed_avg(loss_fn, optax.sgd(0.1), 2, server), params, 2, batches, weights)
+def _server_moves(alg, deltas):
+  """The server params after each round in which the weighted client change is deltas[r]: two
+  clients (weights 1 and 3) move by 2.5·Δ and 0.5·Δ (mean Δ), from w = 0."""
+  state, step, moves = alg.init({'w': jnp.zeros(2)}), jax.jit(alg.next), []
+  for r, delta in enumerate(deltas):
+    g = jnp.array([2.5, 0.5])[:, None, None, None] * jnp.asarray(delta, jnp.float32)
+    batches = {'g': jnp.broadcast_to(g, (2, 1, 4, 2))}
+    state, _ = step(state, batches, jnp.array([1.0, 3.0]), jax.random.key(r))
+    moves.append(np.asarray(state.params['w']))
+  return np.stack(moves)
+
+
+# Reddi et al. (2021), Algorithm 2, by hand, at η = 1, β1 = 0.9, β2 = 0.99, τ = 1e-3:
+# m_t = β1·m + (1 − β1)·Δ_t, v from τ², x += η·m_t / (√v_t + τ), no bias correction.
+# FedAdam, Δ = 1e-3 then 2e-3: round 1: m = 1e-4, v = 0.99e-6 + 0.01e-6 = 1e-6,
+#   x = 1e-4 / (1e-3 + 1e-3) = 0.05; round 2: m = 9e-5 + 2e-4 = 2.9e-4,
+#   v = 0.99e-6 + 0.04e-6 = 1.03e-6, x = 0.05 + 2.9e-4 / (1.014889e-3 + 1e-3) = 0.193929.
+# FedYogi, Δ = 2e-3 then 1e-3: round 1: m = 2e-4, v = 1e-6 − 0.01·4e-6·sign(1e-6 − 4e-6)
+#   = 1.04e-6, x = 2e-4 / (1.019804e-3 + 1e-3) = 0.099020; round 2: m = 1.8e-4 + 1e-4 = 2.8e-4,
+#   v = 1.04e-6 − 0.01·1e-6·sign(0.04e-6) = 1.03e-6, x = 0.099020 + 2.8e-4 / 2.014889e-3 = 0.237985.
+# FedAdagrad, Δ = 1e-3 then 2e-3: round 1: m = 1e-4, v = 1e-6 + 1e-6, x = 1e-4 / (1.414214e-3
+#   + 1e-3) = 0.041421; round 2: m = 2.9e-4, v = 2e-6 + 4e-6, x = 0.041421 + 2.9e-4 / 3.449490e-3
+#   = 0.125492.
+@pytest.mark.parametrize('builder, deltas, want', [
+    (fed_adam, (1e-3, 2e-3), (0.05, 0.193929)),
+    (fed_yogi, (2e-3, 1e-3), (0.099020, 0.237985)),
+    (fed_adagrad, (1e-3, 2e-3), (0.041421, 0.125492)),
+])
+def test_paper_fedopt_first_two_rounds_by_hand(builder, deltas, want):
+  alg = builder(linear_loss_fn, optax.sgd(1.0), 1, server_learning_rate=1.0, tau=1e-3)
+  moves = _server_moves(alg, [jnp.array([d, -d]) for d in deltas])
+  np.testing.assert_allclose(moves[:, 0], want, rtol=2e-5)
+  np.testing.assert_allclose(moves[:, 1], -np.array(want), rtol=2e-5)  # Odd in Δ.
+
+
+@pytest.mark.parametrize('preset, deltas, want', [
+    ('fed_adam', (1e-3, 2e-3), (0.05, 0.193929)),
+    ('fed_yogi', (2e-3, 1e-3), (0.099020, 0.237985)),
+    ('fed_adagrad', (1e-3, 2e-3), (0.041421, 0.125492)),
+    ('fed_avgm', (1e-3, 2e-3), (1e-3, 3.9e-3)),  # Heavy ball: x = 1e-3 + (0.9·1e-3 + 2e-3).
+])
+def test_configs_presets_build_the_papers_server_optimizers(preset, deltas, want):
+  """The configs presets at server lr 1 (hand values as above)."""
+  from configs import federated as presets
+  builder = fdl.build(getattr(presets, preset)(local_steps=1, server_learning_rate=1.0))
+  moves = _server_moves(builder(linear_loss_fn, optax.sgd(1.0)),
+                        [jnp.full(2, d) for d in deltas])
+  np.testing.assert_allclose(moves[:, 0], want, rtol=1e-4)
+
+
+def test_optax_fedadam_bias_corrects_and_moves_ten_times_further():
+  """optax's Adam, round 1: m̂ = Δ, v̂ = Δ², so x moves η·Δ/(|Δ| + τ) = 0.5 (the paper: 0.05)."""
+  paper, ours = (fed_adam(linear_loss_fn, optax.sgd(1.0), 1, 1.0, flavour=f)
+                 for f in ('paper', 'optax'))
+  np.testing.assert_allclose(_server_moves(paper, [jnp.full(2, 1e-3)])[0], 0.05, rtol=2e-5)
+  np.testing.assert_allclose(_server_moves(ours, [jnp.full(2, 1e-3)])[0], 0.5, rtol=2e-5)
+  with pytest.raises(UserError, match='flavour'):
+    fed_adam(linear_loss_fn, optax.sgd(1.0), 1, flavour='keras')
+
+
+def test_fedavg_trains_each_client_separately_then_averages():
+  """H = 3 Adam steps on each client's own batches from the server params (fresh state each
+  round), then the weighted mean, over 2 rounds."""
+  optimizer, H, weights = optax.adam(0.05), 3, np.array([1.0, 2.0, 5.0])
+  rounds = [_batches(3, H, seed=10 + r) for r in range(2)]
+  alg = fed_avg(loss_fn, optimizer, H)
+  state, step = alg.init(_params()), jax.jit(alg.next)
+  want = _params()
+  for r, batches in enumerate(rounds):
+    state, _ = step(state, batches, jnp.asarray(weights), jax.random.key(r))
+    clients = []
+    for i in range(3):
+      params, opt_state = want, optimizer.init(want)
+      for h in range(H):
+        grads = jax.grad(lambda p: loss_fn(p, jax.tree.map(lambda x: x[i, h], batches), None)[0])(
+            params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+      clients.append(params)
+    want = jax.tree.map(lambda *c: sum(w * x for w, x in zip(weights / weights.sum(), c)),
+                        *clients)
+  _close(state.params, want, rtol=1e-4, atol=1e-5)
+
+
+def test_diloco_default_outer_nesterov_over_two_rounds_by_hand():
+  """Inner SGD by hand; outer Nesterov SGD (lr 0.7, μ 0.9) by hand on the weighted pseudo-
+  gradient Δ: b = μ·b + Δ, x ← x − 0.7·(Δ + μ·b)."""
+  eta, H, weights = 0.1, 2, np.array([1.0, 3.0, 2.0, 2.0])
+  rounds = [_batches(4, H, seed=20 + r) for r in range(2)]
+  alg = diloco(loss_fn, optax.sgd(eta), H, num_replicas=4)
+  state, step = alg.init(_params()), jax.jit(alg.next)
+  x = jax.tree.map(np.asarray, _params())
+  b = jax.tree.map(np.zeros_like, x)
+  for r, batches in enumerate(rounds):
+    state, _ = step(state, batches, jnp.asarray(weights), jax.random.key(r))
+    replicas = []
+    for i in range(4):
+      w = x
+      for h in range(H):
+        grads = jax.grad(lambda p: loss_fn(p, jax.tree.map(lambda v: v[i, h], batches), None)[0])(w)
+        w = jax.tree.map(lambda p, g: p - eta * np.asarray(g), w, grads)
+      replicas.append(w)
+    delta = jax.tree.map(lambda p, *c: p - sum(wi * ci for wi, ci in zip(weights / 8, c)),
+                         x, *replicas)
+    b = jax.tree.map(lambda b, d: 0.9 * b + d, b, delta)
+    x = jax.tree.map(lambda x, d, b: x - 0.7 * (d + 0.9 * b), x, delta, b)
+  _close(state.params, x, rtol=1e-4, atol=1e-5)
+
+
+def _masked(batches, counts):
+  """`batches` with a 'mask' [clients, steps, B] holding counts[i] ones per client."""
+  clients, steps = jax.tree.leaves(batches)[0].shape[:2]
+  flat = np.arange(steps * B)[None, :] < np.asarray(counts)[:, None]
+  return {**batches, 'mask': jnp.asarray(flat.reshape(clients, steps, B), jnp.float32)}
+
+
+@pytest.mark.parametrize('weighting', ['num_tokens_seen', 'uniform'])
+def test_client_weighting(weighting):
+  """'num_tokens_seen' weighs client i by its mask count (here 3, 16, 9), 'uniform' equally;
+  either equals 'num_examples' given those weights."""
+  counts = [3, 16, 9]
+  batches, data_weights = _masked(_batches(3, 2), counts), jnp.array([5.0, 1.0, 1.0])
+  got, got_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), 2, weighting=weighting), _params(),
+                          2, batches, data_weights)
+  weights = jnp.array(counts, jnp.float32) if weighting == 'num_tokens_seen' else jnp.ones(3)
+  want, want_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), 2), _params(), 2, batches, weights)
   _close(got.params, want.params)
+  _close(got_metrics['loss'], want_metrics['loss'])
+  plain, _ = _run(fed_avg(loss_fn, optax.sgd(0.1), 2), _params(), 2, batches, data_weights)
+  assert not np.allclose(got.params['w'], plain.params['w'])
+  with pytest.raises(UserError, match='weighting'):
+    fed_avg(loss_fn, optax.sgd(0.1), 2, weighting='tokens')
 
 
 def test_local_steps_axis_is_checked():

@@ -359,3 +359,15 @@ def test_the_trainer_starts_papa_members_from_their_own_inits():
           for k in jax.random.split(rng, 5)]
   _close(state.population, jax.tree.map(lambda *m: jnp.stack(m), *want))
   _close(state.params, _mean(state.population))
+
+
+def test_btm_counts_tokens_seen_per_domain():
+  """weighting='num_tokens_seen': each domain's count grows by its experts' mask count (here
+  5, 16, 2 per round), not by the data's example weights."""
+  counts = np.array([5, 16, 2])
+  batches = _batches(3, 2)
+  mask = np.arange(2 * B)[None, :] < counts[:, None]
+  batches['mask'] = jnp.asarray(mask.reshape(3, 2, B), jnp.float32)
+  alg = btm(loss_fn, optax.sgd(0.1), 3, weighting='num_tokens_seen')
+  state, _ = _rounds(alg, alg.init(_params()), [(0, batches), (1, batches)])
+  np.testing.assert_array_equal(state.domain_examples, 2 * counts)
