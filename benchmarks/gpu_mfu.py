@@ -136,20 +136,25 @@ def bare_seconds_per_step(task: Any, donate: bool, warmup: int, steps: int) -> f
 def measure(task: Any, args: argparse.Namespace, peak: float | None, bare: bool = True,
             trainer: bool = True) -> dict[str, Any]:
   """Trainer and/or bare steps/s and MFU of `task`, and their ratio."""
-  from paxlike import train
-  began = time.time()
-  s = train.setup(task)
-  flops = s.flops_per_device * s.mesh.size  # All devices: the bare step runs on one.
+  from paxlike import model_stats, train
+  data = task.data
+  tokens = data.batch_size * data.seq_len
   row: dict[str, Any] = {
-      'devices': s.mesh.size, 'attention_kernel': task.model.attention_kernel(task.data.seq_len),
-      'remat_policy': task.model.remat_policy, 'round_shape': list(s.round_shape),
-      s.items_per_step[0] + '_per_step': s.items_per_step[1], 'flops_per_step': flops,
-      'setup_s': round(time.time() - began, 1)}
-  mfu = lambda rate, devices: peak and flops * rate / (peak * devices)
+      'attention_kernel': task.model.attention_kernel(data.seq_len),
+      'remat_policy': task.model.remat_policy, 'batch_size': data.batch_size,
+      'seq_len': data.seq_len,
+      'flops_per_step': model_stats.flops_per_token(task.model, data.seq_len) * tokens}
+  mfu = lambda rate, devices: peak and row['flops_per_step'] * rate / (peak * devices)
   if trainer:
+    began = time.time()
+    s = train.setup(task)
+    row.update({'devices': s.mesh.size, 'round_shape': list(s.round_shape),
+                s.items_per_step[0] + '_per_step': s.items_per_step[1],
+                'flops_per_step': s.flops_per_device * s.mesh.size,  # Every client, local step.
+                'setup_s': round(time.time() - began, 1)})
     rate = 1 / trainer_seconds_per_step(s, args.warmup, args.steps)
     row.update(trainer_steps_per_sec=rate, trainer_mfu=mfu(rate, s.mesh.size))
-  del s
+    del s
   if bare:
     rate = 1 / bare_seconds_per_step(task, args.donate, args.warmup, args.steps)
     row.update(bare_steps_per_sec=rate, bare_mfu=mfu(rate, 1), donate=args.donate)

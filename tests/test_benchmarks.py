@@ -122,6 +122,33 @@ def test_gpu_mfu_sh_rejects_bad_arguments():
 
 
 @pytest.mark.slow
+def test_device_check_quick_runs_its_parts_and_prints_one_json_object():
+  out = run_json('benchmarks/device_check.sh', '--quick', '--python', sys.executable,
+                 '--parts', 'lever_remat_none,lever_no_donation', '--budget', '900')
+  assert out['benchmark'] == 'device_check' and out['quick']
+  assert set(out['parts']) == {'lever_remat_none', 'lever_no_donation'}
+  none, no_donation = out['parts']['lever_remat_none'], out['parts']['lever_no_donation']
+  assert none['fdl_set'] == ['model.remat_policy=none'] and none['lm']['remat_policy'] == 'none'
+  assert no_donation['lm']['donate'] is False and no_donation['lm']['remat_policy'] == 'dots'
+  for part in (none, no_donation):
+    assert part['lm']['bare_steps_per_sec'] > 0 and 'trainer_steps_per_sec' not in part['lm']
+    assert part['wall_s'] >= 0
+
+
+def test_device_check_records_parts_the_budget_leaves_no_time_for():
+  out = run_json('benchmarks/device_check.sh', '--quick', '--python', sys.executable,
+                 '--parts', 'gpu_mfu,weak_scaling', '--budget', '5')
+  assert out['parts'] == {'gpu_mfu': {'skipped': 'time budget spent'},
+                          'weak_scaling': {'skipped': 'time budget spent'}}
+
+
+def test_device_check_rejects_unknown_parts():
+  proc = subprocess.run(['benchmarks/device_check.sh', '--parts', 'gpu_mfu,nope'], cwd=REPO,
+                        text=True, capture_output=True)
+  assert proc.returncode == 2 and 'device_check: error: unknown part nope' in proc.stderr
+
+
+@pytest.mark.slow
 def test_weak_scaling_quick_grows_cohort_with_devices_and_plots(tmp_path):
   png = tmp_path / 'weak.png'
   out = run_json('benchmarks/weak_scaling.py', '--quick', f'--png={png}')
