@@ -33,6 +33,7 @@ def test_step_flops_match_a_matmul_count():
   assert throughput.step_flops_per_device(compiled) == pytest.approx(2 * 64 * 128 * 32, rel=0.05)
 
 
+@pytest.mark.slow  # Compiles a federated train step.
 def test_lm_step_flops_count_every_client_and_local_step():
   from paxlike import config_io, model_stats, registry, train
   registry.import_all()

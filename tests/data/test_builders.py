@@ -84,6 +84,7 @@ def test_shakespeare_config_is_reproducible(tmp_path, monkeypatch):
   assert len({c for _, c, _ in contents[0]}) < 40  # Few roles speak 20k characters.
 
 
+@pytest.mark.slow  # Three processes each import tfds and race to prepare Shakespeare.
 def test_concurrent_preparation_is_safe(tmp_path):
   code = ('from paxlike.data import load_split; '
           "print(len(load_split('shakespeare', 'train')))")

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from configs import models
 from paxlike import losses
@@ -63,6 +64,7 @@ def _train_and_eval(dtype, train: np.ndarray, evals: np.ndarray) -> tuple[float,
   return float(first), float(eval_loss), trained
 
 
+@pytest.mark.slow  # 2 x 80 training steps.
 def test_bf16_compute_trains_to_the_float32_eval_loss():
   train, evals = _text_batches()
   first32, eval32, params32 = _train_and_eval(jnp.float32, train, evals)
