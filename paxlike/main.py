@@ -116,8 +116,8 @@ def run(argv: list[str]) -> None:
     setup = train.setup(task)  # Validates mesh, data and model before the job dir is touched.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change)
     notes = model_stats.kernel_line(task.model, task.data)
-    print(notes[2:], end='', file=sys.stderr)  # The resolved attention kernel, at start-up.
     with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
+      print(notes[2:], end='', file=sys.stderr)  # The resolved attention kernel, at start-up.
       train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
                   on_start=lambda: job_dir.record_config(directory, cfg, notes))
     return
