@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from paxlike.errors import UserError
 from paxlike.layers import TransformerLM
 
 
@@ -91,7 +92,15 @@ def kernel_line(model: nn.Module, data: Any) -> str:
 
 
 def summary(model: nn.Module, data: Any) -> str:
-  """`# params: ...`, training-FLOPs and attention-kernel lines for `--mode=print_config`."""
+  """`# params: ...`, training-FLOPs and attention-kernel lines for `--mode=print_config`.
+  A model config its layers reject (at trace time) is a UserError, as in training."""
+  try:
+    return _summary(model, data)
+  except (ValueError, TypeError) as error:
+    raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
+
+
+def _summary(model: nn.Module, data: Any) -> str:
   if isinstance(model, TransformerLM):
     seq_len = data.seq_len
     return (kernel_line(model, data) + f'# params: {param_count(model, seq_len):,}\n'

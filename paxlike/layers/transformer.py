@@ -165,6 +165,9 @@ class TransformerLM(nn.Module):
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f'remat_policy must be one of {list(REMAT_POLICIES)}, '
                        f'got {self.remat_policy!r}')
+    if jnp.dtype(self.dtype) == jnp.float16 and jax.devices()[0].platform == 'cpu':
+      raise ValueError('dtype float16 cannot run on CPU (XLA:CPU has no float16 matmul); '
+                       'use bfloat16 or float32')
     if self.attention_impl not in attention_kernels.IMPLS:
       raise ValueError(f'attention_impl must be one of {", ".join(attention_kernels.IMPLS)}, '
                        f'got {self.attention_impl!r}')

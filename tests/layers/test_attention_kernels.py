@@ -87,6 +87,21 @@ def test_cli_forced_cudnn_on_cpu_is_one_line_exit_2_in_every_mode(tmp_path, mode
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('mode', ['print_config', 'train'])
+@pytest.mark.parametrize('override, message', [
+    ('model.dtype=float16', 'invalid model config: dtype float16 cannot run on CPU'),
+    ('model.num_heads=3', 'invalid model config: d_model=128 is not a multiple of num_heads=3')])
+def test_cli_configs_the_platform_or_layers_reject_are_one_line_exit_2(tmp_path, mode, override,
+                                                                       message):
+  proc = run_cli(*TINY, f'--mode={mode}', f'--job_log_dir={tmp_path}', f'--fdl_set={override}',
+                 check=False)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+  assert lines[0].startswith(f'paxlike: error: {message}')
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
 def test_cli_logs_the_resolved_kernel_and_writes_it_to_config_txt(tmp_path):
   proc = run_cli(*TINY, f'--job_log_dir={tmp_path}', '--fdl_set=train.num_steps=2')
   assert 'attention kernel: xla' in proc.stderr
