@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
       'goal': GOAL, 'goal_met': ratio <= GOAL,
       'steps_per_sec': common.median(values['async']),
       'baseline_steps_per_sec': common.median(values['none']),
-      'step_time_ms': ms, 'save_call_ms': save_ms,
+      'step_time_ms': ms, 'save_call_ms': save_ms, 'saves': len(save_calls),
       # Where the extra time per step goes: the read-back before each save (sync_only - none),
       # the blocking part of save(), and the rest (Orbax's background writes sharing the CPU).
       'extra_ms_per_step': {'sync': ms['sync_only'] - ms['none'], 'save_call': blocking,

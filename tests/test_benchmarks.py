@@ -25,46 +25,68 @@ def run_json(*args: str, timeout: float = 600, env: dict | None = None) -> dict:
 
 
 @pytest.mark.slow
-def test_overhead_reports_both_steps_and_the_ratio_per_device_count():
+def test_overhead_compares_the_same_work_on_1_and_8_devices():
   out = run_json('benchmarks/overhead.py', '--quick')
   assert out['benchmark'] == 'overhead' and set(out['devices']) == {'1', '8'}
   for devices, row in out['devices'].items():
     assert row['devices'] == int(devices)
     assert row['paxlike_steps_per_sec'] > 0 and row['baseline_steps_per_sec'] > 0
     assert row['ratio'] > 0 and row['paxlike_with_data_steps_per_sec'] > 0
-    assert row['flops_per_device']['paxlike'] > 0 and set(row['all_reduces']) == {'paxlike', 'baseline'}
+    # A fair comparison: the hand-written step does the same work as paxlike's (same model,
+    # loss and optimizer; paxlike's extra metrics, such as the gradient norm, cost ~0.1%).
+    flops = row['flops_per_device']
+    assert flops['paxlike'] == pytest.approx(flops['baseline'], rel=0.01)
+  # Data parallel on 8 devices: each does an eighth of the model's work (plus the replicated
+  # optimizer update, ~1% here).
+  one, eight = (out['devices'][d]['flops_per_device']['paxlike'] for d in ('1', '8'))
+  assert eight == pytest.approx(one / 8, rel=0.05)
   assert out['ratio'] == min(r['ratio'] for r in out['devices'].values())
-  assert isinstance(out['goal_met'], bool)
+  assert out['goal_met'] == (out['ratio'] >= out['goal'])
 
 
 @pytest.mark.slow
-def test_federated_round_compares_modes_agrees_and_records_memory():
+def test_federated_round_times_real_data_and_its_modes_compute_the_same_round():
   out = run_json('benchmarks/federated_round.py', '--quick')
-  assert out['benchmark'] == 'federated_round' and out['data'] in (['real'], ['synthetic'])
+  assert out['benchmark'] == 'federated_round'
+  # It times the experiment's own data: a fallback to synthetic bytes (the benchmark's escape
+  # hatch when the data layer fails) would time something else, and must fail here.
+  assert out['experiment'] == 'federated.ShakespeareFedAvg' and out['data'] == ['real']
   [row] = out['cohorts']
   assert row['cohort'] == 4 and out['ratio'] == row['ratio'] > 0
   for mode in ('paxlike', 'loop', 'chunked'):
     assert row[f'{mode}_rounds_per_sec'] > 0
     assert row['xla_temp_mb'][mode] > 0 and row['peak_rss_mb'][mode] > 0
-  # The three ways of running a round compute the same FedAvg round.
-  for mode in ('loop', 'chunked'):
-    assert row['difference_from_paxlike'][mode]['relative'] < 1e-2
+  # The three ways of running a round compute the same FedAvg round. Tolerance, relative to the
+  # norm of the round's change to the params: the per-client loop sums clients in another
+  # order (float32 noise, ~2e-5 observed); chunking runs the same vmapped client update in
+  # pieces (exact here, 0.0 observed).
+  difference = row['difference_from_paxlike']
+  assert difference['loop']['relative'] < 1e-3
+  assert difference['chunked']['relative'] < 1e-5
 
 
-def test_checkpoint_cost_reports_the_ratio_and_save_time():
+def test_checkpoint_cost_saves_in_every_async_window_and_splits_the_extra_time():
   out = run_json('benchmarks/checkpoint_cost.py', '--quick')
   assert out['benchmark'] == 'checkpoint_cost' and out['ratio'] > 0
   assert out['steps_per_sec'] > 0 and out['baseline_steps_per_sec'] > 0
-  assert out['save_call_ms'] > 0 and set(out['step_time_ms']) == {'none', 'sync_only', 'async'}
-  assert set(out['extra_ms_per_step']) == {'sync', 'save_call', 'background'}
+  # --quick: 1 repeat of 4 steps with a save every 2: the timed async window saved twice.
+  assert (out['repeats'], out['steps'], out['every']) == (1, 4, 2) and out['saves'] == 2
+  assert out['save_call_ms'] > 0
+  ms = out['step_time_ms']
+  assert ms['async'] == pytest.approx(1e3 / out['steps_per_sec'])
+  assert ms['none'] == pytest.approx(1e3 / out['baseline_steps_per_sec'])
+  # The three parts of the extra time per step add up to it.
+  assert sum(out['extra_ms_per_step'].values()) == pytest.approx(ms['async'] - ms['none'])
 
 
 def test_startup_phases_add_up_to_the_total():
+  # Each phase is timed on its own (benchmarks/startup.py), so this sum is a check: it fails
+  # if work runs outside every phase or compile time is counted twice or missed.
   out = run_json('benchmarks/startup.py', '--quick')
   phases = ('interpreter_s', 'import_s', 'init_s', 'compile_s', 'data_s', 'first_step_s')
   assert all(out[k] >= 0 for k in phases) and out['compile_s'] > 0
   assert sum(out[k] for k in phases) == pytest.approx(out['total_s'], abs=0.01)
-  assert 0 <= out['data_load_s'] <= out['init_s'] + 1e-3
+  assert 0 < out['data_load_s'] <= out['init_s']
 
 
 def _platform() -> str:
