@@ -123,8 +123,9 @@ def _checked(directory: Path, plan: dict[str, Any], jax: Any) -> Export:
       known[entry['result']] = (shape, dtype if entry['kind'] == 'sum' else _mean_dtype(dtype))
   for d in plan['programs']['server_post']['inputs']:
     if known.get(d['name']) != _shape(d):
+      shape, dtype = known.get(d['name'], ((), 'nothing'))
       raise PlanError(f'server_post reads {d["name"]} as {d["dtype"]}{d["shape"]}, but the plan '
-                      f'makes it {known.get(d["name"])}')
+                      f'makes it {dtype}{list(shape)}')
 
   carried = _restore(directory / 'state') if any(s['carried'] for s in inputs.values()) else {}
   try:

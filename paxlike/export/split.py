@@ -144,7 +144,7 @@ def _placements(jaxpr: core.Jaxpr, in_places: Sequence[str],
     kinds = {place[a] if _is_var(a) else 'const' for a in eqn.invars}
     scattered = any(_is_var(a) and place[a] == 'server' and axis(a) is not None
                     for a in eqn.invars)
-    if 'after' in kinds and (eqn.primitive is broadcast_p or kinds & {'clients', 'uniform'}
+    if 'after' in kinds and (eqn.primitive in FEDERATED or kinds & {'clients', 'uniform'}
                              or scattered):
       raise ExportError(f'{where} sends a value computed from an aggregate back to the '
                         'clients: the round has two communication rounds')
@@ -153,9 +153,7 @@ def _placements(jaxpr: core.Jaxpr, in_places: Sequence[str],
         raise ExportError(f'{where} broadcasts a value that is already at the clients')
       out = 'uniform'
     elif eqn.primitive in AGGREGATIONS:
-      if kinds != {'clients'}:
-        raise ExportError(f'{where} aggregates a value the clients did not compute')
-      out = 'after'
+      out = 'after'  # Of any value with a clients axis: constants too (a client learning rate).
     elif 'clients' in kinds or scattered:
       out = 'clients'
     else:
@@ -210,8 +208,11 @@ def _program(closed: core.ClosedJaxpr, eqns: list, inputs: list[tuple], outputs:
   An input with an axis arrives without it (one client's row) and gets it back as size 1; an
   output with an axis leaves as its row 0 along it. PRNG keys cross as key data.
   """
+  names = closed.jaxpr.debug_info._replace(arg_names=tuple(n for _, n, _ in inputs),
+                                           result_paths=tuple(n for _, n, _ in outputs))
   jaxpr = core.Jaxpr(closed.jaxpr.constvars, [v for v, _, _ in inputs],
-                     [v for v, _, _ in outputs], eqns, frozenset().union(*(e.effects for e in eqns)))
+                     [v for v, _, _ in outputs], eqns,
+                     frozenset().union(*(e.effects for e in eqns)), debug_info=names)
   run = core.jaxpr_as_fun(core.ClosedJaxpr(jaxpr, closed.consts))
   decode = [_key_codec(v.aval, key_impl)[0] for v, _, _ in inputs]
   encode = [_key_codec(v.aval, key_impl)[1] if _is_var(v) else _identity for v, _, _ in outputs]
@@ -285,7 +286,11 @@ def split(fn_at: Callable[[int], Callable], args: Sequence[Any], client_placed: 
   sent: set[core.Var] = set()
   producer = {v: e for e in jaxpr.eqns for v in e.outvars}
   client_eqns = [e for e in jaxpr.eqns if place[e.outvars[0]] == 'clients']
-  for v in (a for e in client_eqns for a in e.invars):
+  used = {a for e in jaxpr.eqns for a in e.invars if _is_var(a)}
+  used |= {a for a in jaxpr.outvars if _is_var(a)}
+  aggregated = [e.invars[0] for e in jaxpr.eqns if e.primitive in AGGREGATIONS
+                and e.outvars[0] in used]
+  for v in [*(a for e in client_eqns for a in e.invars), *aggregated]:
     if not _is_var(v) or v in sent or place[v] not in ('uniform', 'server'):
       continue
     sent.add(v)
@@ -310,7 +315,7 @@ def split(fn_at: Callable[[int], Callable], args: Sequence[Any], client_placed: 
   up: dict[core.Var, str] = {}
   aggregates: list[tuple] = []  # (N-trace result var, name)
   for eqn in jaxpr.eqns:
-    if eqn.primitive in AGGREGATIONS and not isinstance(eqn.outvars[0], core.DropVar):
+    if eqn.primitive in AGGREGATIONS and eqn.outvars[0] in used:  # Skip unused (dead) ones.
       src = eqn.invars[0]
       if src not in up:
         up[src] = f'up.{len(up)}'

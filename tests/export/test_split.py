@@ -66,48 +66,94 @@ def assert_outputs_equal(executed, state, metrics):
 
 ALGORITHMS = {
     'fed_avg': lambda n: fed_avg(loss_fn, optax.sgd(0.1), STEPS),
-    'fed_adam': lambda n: fed_adam(loss_fn, optax.sgd(0.1), STEPS, server_learning_rate=0.1),
     'diloco': lambda n: diloco(loss_fn, optax.adamw(0.05), STEPS, num_replicas=n),
     'btm': lambda n: btm(loss_fn, optax.adam(0.05), n),
 }
 
 
-@pytest.mark.parametrize('name', ALGORITHMS)
-def test_executor_rounds_equal_jitted_rounds(tmp_path, name):
-  alg, state, data, _ = export_algorithm(tmp_path / name, ALGORITHMS[name])
-  history = run.run_rounds(run.load(tmp_path / name), ROUNDS)
-  assert_outputs_equal(history[-1], *jitted_rounds(alg, state, data))
+def test_btm_exports_its_experts_as_client_state(tmp_path):
+  """BTM without a seed phase: experts, their optimizer states and domain weights are carried
+  at the clients, the merge is the aggregation; the executor equals the jitted rounds."""
+  alg, state, data, _ = export_algorithm(tmp_path, ALGORITHMS['btm'])
+  exported = run.load(tmp_path)
+  carried = {s['name'] for s in exported.plan['inputs'] if s['placement'] == 'clients'
+             and s['carried']}
+  assert {'state.experts.w', 'state.domain_examples'} <= carried
+  assert not any(c['kind'] == 'broadcast' for c in exported.plan['communication'])
+  assert_outputs_equal(run.run_rounds(exported, ROUNDS)[-1], *jitted_rounds(alg, state, data))
 
 
 def test_plan_places_fedavg_by_its_primitives(tmp_path):
   export_algorithm(tmp_path, ALGORITHMS['fed_avg'], rounds=1)
   plan = run.load(tmp_path).plan
   kinds = [c['kind'] for c in plan['communication']]
-  # Down: the two params leaves, the per-client rngs (split on the server, one row each).
+  # Down: the per-client rngs (split on the server, one row each), the two params leaves.
   assert kinds[:3] == ['scatter', 'broadcast', 'broadcast'] and set(kinds[3:]) == {'sum'}
   assert [c.get('of') for c in plan['communication'] if c['kind'] == 'sum'].count('weights') == 2
-  client_inputs = [d['name'] for d in plan['programs']['client']['inputs']]
-  assert client_inputs[3:] == ['batches.x', 'batches.y', 'weights']
-  assert plan['programs']['client']['inputs'][3]['shape'] == [STEPS, B, D]  # One client's.
+  client_inputs = plan['programs']['client']['inputs']
+  assert [d['name'] for d in client_inputs[3:]] == ['batches.x', 'batches.y', 'weights']
+  assert client_inputs[3]['shape'] == [STEPS, B, D] and client_inputs[5]['shape'] == []
 
 
-def test_diloco_inner_state_is_client_input_and_output(tmp_path):
-  export_algorithm(tmp_path, ALGORITHMS['diloco'], rounds=1)
-  plan = run.load(tmp_path).plan
+@pytest.fixture(scope='module')
+def diloco_export(tmp_path_factory):
+  out = tmp_path_factory.mktemp('diloco') / 'export'
+  return (out, *export_algorithm(out, ALGORITHMS['diloco'], rounds=1))
+
+
+def test_diloco_inner_state_is_client_input_and_output(diloco_export):
+  plan = run.load(diloco_export[0]).plan
   client = plan['programs']['client']
   inner = [d['name'] for d in client['inputs'] if d['name'].startswith('state.client_opt_state')]
   assert inner and inner == [d['name'] for d in client['outputs'] if d['name'].startswith('state.')]
   assert all(s['placement'] == 'clients' for s in plan['inputs'] if s['name'] in inner)
+  assert all(s['placement'] == 'server' for s in plan['inputs']
+             if s['name'].startswith(('state.params', 'state.server_opt_state')))
 
 
-def test_trees_round_trip(tmp_path):
-  alg, state, data, _ = export_algorithm(tmp_path, ALGORITHMS['diloco'], rounds=1)
-  plan = run.load(tmp_path).plan
+def test_trees_round_trip(diloco_export):
+  out, alg, state, data, _ = diloco_export
+  plan = run.load(out).plan
   new_state, metrics = jax.eval_shape(alg.next, state, *data[0].values())
   want = {'inputs': {'state': state, **data[0]}, 'outputs': {'state': new_state, 'metrics': metrics}}
   for side, values in want.items():
+    assert set(plan['trees'][side]) == set(values)
     for name, value in values.items():
       assert trees.from_json(plan['trees'][side][name]) == jax.tree.structure(value), name
+
+
+def fedsgd_gradient(params, batches):
+  """jax.grad of a federated program: the mean over clients of their losses at the broadcast
+  params."""
+  @federated_program(clients=jax.tree.leaves(batches)[0].shape[0])
+  def loss(params, batches):
+    losses = federated_map(lambda p, b: loss_fn(p, b, None)[0],
+                           (federated_broadcast(params), batches))
+    return federated_mean(losses)
+
+  return jax.grad(loss)(params, batches)
+
+
+def test_fedsgd_gradient_exports_with_the_broadcast_transposed_to_a_sum(tmp_path):
+  batches = jax.tree.map(lambda x: x[:, 0], round_inputs(0)['batches'])
+  artifacts.export(tmp_path, lambda n: fedsgd_gradient, ['params', 'batches'],
+                   {'params': {'w': False, 'b': False}, 'batches': {'x': True, 'y': True}},
+                   {}, [{'params': params(), 'batches': batches}], ['grads'], {})
+  exported = run.load(tmp_path)
+  plan = exported.plan
+  down = [c for c in plan['communication'] if c['kind'] in ('broadcast', 'scatter')]
+  up = [c for c in plan['communication'] if c['kind'] in ('sum', 'mean')]
+  assert {c['kind'] for c in down} == {'broadcast'} and [c['kind'] for c in up] == ['sum', 'sum']
+  assert [d['name'] for d in plan['programs']['server_post']['inputs']] == ['agg.0', 'agg.1']
+  (grads,) = run.run_rounds(exported, 1)
+  want = fedsgd_gradient(params(), batches)
+  # Independently: the gradient of the plain mean of per-client losses.
+  plain = jax.grad(lambda p: jnp.mean(jnp.stack([
+      loss_fn(p, jax.tree.map(lambda x: x[i], batches), None)[0] for i in range(CLIENTS)])))(
+          params())
+  for name in ('w', 'b'):
+    np.testing.assert_allclose(grads[f'grads.{name}'], want[name], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grads[f'grads.{name}'], plain[name], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize('make', [lambda n: papa(loss_fn, optax.sgd(0.1), n, every=2),
