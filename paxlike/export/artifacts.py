@@ -30,8 +30,7 @@ PROGRAMS = ('server_pre', 'client', 'server_post')
 
 
 def _is_key(x: Any) -> bool:
-  return jnp.issubdtype(jnp.asarray(x).dtype if not hasattr(x, 'dtype') else x.dtype,
-                        jax.dtypes.prng_key)
+  return jnp.issubdtype(getattr(x, 'dtype', np.result_type(x)), jax.dtypes.prng_key)
 
 
 def _host(x: Any) -> np.ndarray:
@@ -149,8 +148,8 @@ def _check_reproduces(ex: run.Export, inputs: dict[str, np.ndarray],
     if not np.allclose(got[name], want, rtol=1e-3, atol=1e-4, equal_nan=True):
       raise split_lib.ExportError(
           f'the split programs do not reproduce the round ({name} differs by up to '
-          f'{np.max(np.abs(got[name] - want)):.3g}): some client computation reads other '
-          'clients\' values without a federated primitive')
+          f'{np.max(np.abs(got[name] - want)):.3g}): does a client computation read other '
+          'clients\' values without a federated primitive?')
 
 
 def _clients(args: Sequence[Any], client_placed: dict[str, Any], arguments: Sequence[str]) -> int:
