@@ -30,7 +30,8 @@ PROGRAMS = ('server_pre', 'client', 'server_post')
 
 
 def _is_key(x: Any) -> bool:
-  return jnp.issubdtype(getattr(x, 'dtype', np.result_type(x)), jax.dtypes.prng_key)
+  return jnp.issubdtype(x.dtype if hasattr(x, 'dtype') else np.result_type(x),
+                        jax.dtypes.prng_key)
 
 
 def _host(x: Any) -> np.ndarray:

@@ -191,7 +191,7 @@ def test_cross_client_op_without_primitive_is_refused(tmp_path):
       return federated_sum(federated_map(jnp.multiply, (federated_broadcast(x), mixed)))
     return fn
 
-  with pytest.raises(split.ExportError, match='reads other clients'):
+  with pytest.raises(split.ExportError, match='read other clients'):
     export_program(tmp_path, leak, x=jnp.float32(2.0), data=jnp.arange(3.0))
 
 
