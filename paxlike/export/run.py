@@ -120,7 +120,8 @@ def _checked(directory: Path, plan: dict[str, Any], jax: Any) -> Export:
       if entry['value'] not in client_out:
         raise PlanError(f'plan.json aggregates {entry["value"]}, which no client outputs')
       shape, dtype = client_out[entry['value']]
-      known[entry['result']] = (shape, dtype if entry['kind'] == 'sum' else _mean_dtype(dtype))
+      result_dtype = _sum_dtype if entry['kind'] == 'sum' else _mean_dtype
+      known[entry['result']] = (shape, result_dtype(dtype))
   for d in plan['programs']['server_post']['inputs']:
     if known.get(d['name']) != _shape(d):
       shape, dtype = known.get(d['name'], ((), 'nothing'))
@@ -144,7 +145,16 @@ def _checked(directory: Path, plan: dict[str, Any], jax: Any) -> Export:
 
 
 def _mean_dtype(dtype: str) -> str:
+  """federated_mean's result dtype: floats keep theirs, the rest is float32."""
   return dtype if np.issubdtype(np.dtype(dtype), np.inexact) else 'float32'
+
+
+def _sum_dtype(dtype: str) -> str:
+  """federated_sum's result dtype (as jnp.sum): bools and narrow ints widen to 32 bits."""
+  if not (dtype == 'bool' or np.issubdtype(np.dtype(dtype), np.integer)):
+    return dtype
+  wide = np.uint32 if np.issubdtype(np.dtype(dtype), np.unsignedinteger) else np.int32
+  return str(np.promote_types(dtype, wide))
 
 
 def _restore(path: Path) -> dict[str, np.ndarray]:
@@ -166,8 +176,9 @@ def run_round(ex: Export, values: dict[str, np.ndarray]) -> dict[str, np.ndarray
   plan, programs = ex.plan, ex.programs
   spec = plan['programs']
   env = dict(values)
-  env.update(zip((d['name'] for d in spec['server_pre']['outputs']),
-                 _call(programs['server_pre'], [env[d['name']] for d in spec['server_pre']['inputs']])))
+  pre = spec['server_pre']
+  env.update(zip((d['name'] for d in pre['outputs']),
+                 _call(programs['server_pre'], [env[d['name']] for d in pre['inputs']])))
   down = {e['value']: e for e in plan['communication'] if e['kind'] in DOWN}
 
   def client_value(name: str, i: int) -> np.ndarray:
@@ -178,21 +189,23 @@ def run_round(ex: Export, values: dict[str, np.ndarray]) -> dict[str, np.ndarray
       return np.take(env[name], i, axis=entry['axis'])
     return env[name]
 
-  contributions = []
+  client, contributions = spec['client'], []
   for i in range(plan['clients']):  # Each client on its own inputs only.
-    outs = _call(programs['client'], [client_value(d['name'], i) for d in spec['client']['inputs']])
-    contributions.append(dict(zip((d['name'] for d in spec['client']['outputs']), outs)))
+    outs = _call(programs['client'], [client_value(d['name'], i) for d in client['inputs']])
+    contributions.append(dict(zip((d['name'] for d in client['outputs']), outs)))
   for entry in plan['communication']:
     if entry['kind'] in UP:
       stacked = np.stack([c[entry['value']] for c in contributions])
-      env[entry['result']] = (np.sum(stacked, axis=0, dtype=stacked.dtype)
+      dtype = str(stacked.dtype)
+      env[entry['result']] = (np.sum(stacked, axis=0, dtype=_sum_dtype(dtype))
                               if entry['kind'] == 'sum' else
-                              np.mean(stacked.astype(_mean_dtype(str(stacked.dtype))), axis=0))
+                              np.mean(stacked.astype(_mean_dtype(dtype)), axis=0))
   post = spec['server_post']
   outputs = dict(zip((d['name'] for d in post['outputs']),
                      _call(programs['server_post'], [env[d['name']] for d in post['inputs']])))
-  for d in spec['client']['outputs']:
-    if not d['name'] in {e['value'] for e in plan['communication']}:
+  uplinked = {e['value'] for e in plan['communication']}
+  for d in client['outputs']:
+    if d['name'] not in uplinked:  # Client-placed outputs (client state): stacked by client.
       outputs[d['name']] = np.stack([c[d['name']] for c in contributions])
   return outputs
 

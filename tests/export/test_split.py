@@ -115,7 +115,8 @@ def test_trees_round_trip(diloco_export):
   out, alg, state, data, _ = diloco_export
   plan = run.load(out).plan
   new_state, metrics = jax.eval_shape(alg.next, state, *data[0].values())
-  want = {'inputs': {'state': state, **data[0]}, 'outputs': {'state': new_state, 'metrics': metrics}}
+  want = {'inputs': {'state': state, **data[0]},
+          'outputs': {'state': new_state, 'metrics': metrics}}
   for side, values in want.items():
     assert set(plan['trees'][side]) == set(values)
     for name, value in values.items():
@@ -169,6 +170,20 @@ def export_program(out, fn_at, **values):
   """Exports `fn_at(n)(x, data)`: x at the server, data at the clients."""
   return artifacts.export(out, fn_at, ['x', 'data'], {'x': False, 'data': True}, {},
                           [values], ['y'], {})
+
+
+def test_sum_of_bools_counts_as_jax_does(tmp_path):
+  def above(n):
+    @federated_program(clients=n)
+    def fn(x, data):
+      return federated_sum(federated_map(lambda a, d: a * d > 1.0, (federated_broadcast(x), data)))
+    return fn
+
+  x, data = jnp.float32(2.0), jnp.arange(3.0)
+  export_program(tmp_path, above, x=x, data=data)
+  (outputs,) = run.run_rounds(run.load(tmp_path), 1)
+  want = above(3)(x, data)  # Clients 1 and 2: 2 > 1 and 4 > 1.
+  assert outputs['y'].dtype == want.dtype == np.int32 and outputs['y'] == want == 2
 
 
 def test_second_communication_round_is_refused(tmp_path):
