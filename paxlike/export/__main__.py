@@ -1,0 +1,109 @@
+"""Exports one round of an experiment's federated algorithm (docs/export.md).
+
+  python -m paxlike.export --exp=federated.DigitsFedAvg --out=/tmp/fedavg_export \
+      [--job_log_dir=JOB] [--rounds=R] [--fdl_set=PATH=VALUE ...]
+  python -m paxlike.export.run --dir=/tmp/fedavg_export --rounds=R
+
+The config comes from paxlike.main's flags (--exp or --fdl_config, --fdl_fiddler, --fdl_set).
+The state is the latest checkpoint of --job_log_dir, else the run's initial state; the R rounds
+of client batches, weights and rngs after it are the trainer's own (pure in (seed, step)).
+Exit codes as paxlike.main: 2 for a usage error or a round that cannot be exported.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Callable
+
+from absl import app, flags, logging
+
+from paxlike import config_io
+from paxlike import main as cli
+
+flags.DEFINE_string('out', None, 'New (or empty) directory for plan.json and the programs.')
+flags.DEFINE_integer('rounds', 1, 'Rounds of client inputs to export for the executor.')
+FLAGS = flags.FLAGS
+
+
+def cohort_algorithm(task: Any, loss_fn: Any) -> Callable[[int], Any]:
+  """`n -> Algorithm` for a cohort of n: the task's algorithm with its fixed cohort arguments
+  (DiLoCo's replicas, PAPA's population, BTM's experts) set to n."""
+  from configs.federated import COHORT_ARGS
+  fixed = [arg for arg, field in COHORT_ARGS.items() if field == 'clients_per_round'
+           and arg in getattr(task.algorithm, 'keywords', {})]
+
+  def make(n: int) -> Any:
+    return functools.partial(task.algorithm, **{arg: n for arg in fixed})(loss_fn, task.optimizer)
+
+  return make
+
+
+def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, rounds: int = 1,
+                      experiment: str = '') -> dict[str, int]:
+  """Writes the export directory for `cfg`; each artifact's size in bytes."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from paxlike import job_dir, losses, train
+  from paxlike.errors import UserError
+  from paxlike.export import artifacts
+
+  if rounds < 1:
+    raise UserError(f'--rounds={rounds} must be at least 1')
+  artifacts.check_new(out)
+  task = config_io.build(cfg)
+  if job_log_dir:
+    setup, step, state = train.load_latest_state(task, job_dir.existing(job_log_dir))
+  else:
+    setup, step = train.setup(task), 0
+    with jax.set_mesh(setup.mesh):
+      state = setup.init(jax.random.key(task.train.seed))
+  with jax.set_mesh(setup.mesh):
+    data = [dict(zip(('batches', 'weights', 'rng'), train.round_inputs(setup, step + r)))
+            for r in range(1, rounds + 1)]
+  data = [{**d, 'batches': jax.device_get(d['batches']), 'weights': np.asarray(d['weights'])}
+          for d in data]
+  alg_state = jax.device_get(state.alg)
+  make = cohort_algorithm(task, losses.model_loss_fn(task.model))
+  one = jax.eval_shape(make(1).init, alg_state.params)
+  client_state = jax.tree.map(lambda x, o: jnp.shape(x) != o.shape, alg_state, one)
+  meta = {'experiment': experiment or '(--fdl_config)',
+          'algorithm': getattr(task.algorithm, 'func', task.algorithm).__name__,
+          'config_sha256': artifacts.config_hash(config_io.to_json(cfg)), 'start_step': step}
+  return artifacts.export(
+      out, lambda n: make(n).next, ['state', 'batches', 'weights', 'rng'],
+      {'state': client_state, 'batches': jax.tree.map(lambda _: True, data[0]['batches']),
+       'weights': True, 'rng': False},
+      {'state': alg_state}, data, ['state', 'metrics'], meta)
+
+
+def run(argv: list[str]) -> None:
+  from paxlike.errors import UserError
+  if len(argv) > 1:
+    raise UserError(f'unexpected arguments: {" ".join(argv[1:])}')
+  if not FLAGS.out:
+    raise UserError('--out is required')
+  if FLAGS.data_dir:
+    import os
+    os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
+  sizes = export_experiment(cli.task_config(), Path(FLAGS.out), FLAGS.job_log_dir, FLAGS.rounds,
+                            FLAGS.exp or '')
+  for name, size in sizes.items():
+    print(f'{name}\t{size}')
+
+
+def main(argv: list[str]) -> None:
+  from paxlike.errors import RunFailure, UserError
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  try:
+    run(argv)
+  except UserError as error:
+    cli.exit_with(2, f'paxlike.export: error: {error}')
+  except RunFailure as error:
+    cli.exit_with(1, f'paxlike.export: failed: {error}')
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,178 @@
+"""`python -m paxlike.export` on federated.DigitsFedAvg-sized runs: the executor's rounds give the
+trainer's own metrics rows and checkpoints, a tampered plan is refused with one line, and the
+executor loads no experiment code."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import fiddle as fdl
+import jax
+import numpy as np
+import pytest
+
+from configs import federated as fed
+from paxlike import config_io, registry, train
+from paxlike.checkpoint import Checkpoints
+from paxlike.export import run, trees
+from paxlike.export.__main__ import export_experiment
+from tests.helpers import REPO, cli_env, metric_rows
+
+pytestmark = pytest.mark.slow  # Trainer runs and CLI subprocesses, each a few seconds.
+
+TINY = ['data.batch_size=8', 'train.log_every=1', 'train.eval_every=100',
+        'train.checkpoint_every=1']
+CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3',
+            '--fdl_set=algorithm.local_steps=2', *(f'--fdl_set={o}' for o in TINY)]
+
+
+def digits(algorithm: fdl.Partial | None = None) -> fdl.Config:
+  """DigitsFedAvg with 3 clients a round and batches of 8, and `algorithm` instead of FedAvg."""
+  registry.import_all()
+  cfg = registry.get('federated.DigitsFedAvg')().config()
+  if algorithm is not None:
+    cfg.algorithm = algorithm
+  config_io.apply_overrides(cfg, [*TINY, 'data.clients_per_round=3'])
+  return cfg
+
+
+def train_to(cfg: fdl.Config, job: Path, steps: int) -> tuple[list[dict], dict]:
+  """Trains `cfg` to `steps` in `job`; its metrics rows and the last checkpoint's state, named
+  like the export's outputs."""
+  cfg = cfg.__copy__()
+  config_io.apply_overrides(cfg, [f'train.num_steps={steps}'])
+  setup = train.setup(config_io.build(cfg))
+  train.train(setup, job)
+  checkpoints = Checkpoints(job / 'checkpoints', 3)
+  try:
+    _, state, _ = checkpoints.restore(setup.abstract_state)
+  finally:
+    checkpoints.close()
+  alg = jax.device_get(state.alg)
+  return metric_rows(job), dict(zip(trees.leaf_names('state', alg), jax.tree.leaves(alg)))
+
+
+def assert_round_matches(outputs: dict, row: dict, state: dict | None = None) -> None:
+  """Executor outputs of one round vs the trainer's row (and checkpointed state) for it."""
+  metrics = {k.removeprefix('metrics.'): v for k, v in outputs.items() if k.startswith('metrics.')}
+  shared = set(metrics) & set(row)
+  assert {'loss', 'accuracy', 'pseudo_grad_norm', 'clients'} <= shared
+  for key in shared:
+    np.testing.assert_allclose(metrics[key], row[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  for name, value in (state or {}).items():
+    np.testing.assert_allclose(outputs[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_diloco_export_runs_like_training(tmp_path):
+  cfg = digits(fed.diloco(local_steps=2, num_replicas=3))
+  rows, state = train_to(cfg, tmp_path / 'job', 2)
+  export_experiment(cfg, tmp_path / 'export', rounds=2, experiment='digits_diloco')
+  history = run.run_rounds(run.load(tmp_path / 'export'), 2)
+  assert_round_matches(history[0], rows[0])
+  assert_round_matches(history[1], rows[1], state)
+  assert any(n.startswith('state.client_opt_state') for n in state)  # Carried at the clients.
+
+
+def test_fedadam_export_from_a_job_dir_continues_its_training(tmp_path):
+  cfg, job = digits(fed.fed_adam(local_steps=2, server_learning_rate=0.05)), tmp_path / 'job'
+  _, checkpointed = train_to(cfg, job, 1)
+  export_experiment(cfg, tmp_path / 'export', job_log_dir=str(job), experiment='digits_fedadam')
+  exported = run.load(tmp_path / 'export')
+  assert exported.plan['start_step'] == 1 and exported.plan['algorithm'] == 'fed_adam'
+  assert set(exported.carried) == set(checkpointed)
+  for name, value in checkpointed.items():  # The job's latest checkpoint, as is.
+    np.testing.assert_array_equal(exported.carried[name], value, err_msg=name)
+  (outputs,) = run.run_rounds(exported, 1)
+  rows, state = train_to(cfg, job, 2)  # The same job dir, resumed for one more round.
+  assert_round_matches(outputs, rows[-1], state)
+
+
+@pytest.fixture(scope='module')
+def fedavg_export(tmp_path_factory) -> Path:
+  """The CLI's export of two tiny DigitsFedAvg rounds."""
+  out = tmp_path_factory.mktemp('fedavg') / 'export'
+  proc = subprocess.run([sys.executable, '-m', 'paxlike.export', *CLI_TINY, f'--out={out}',
+                         '--rounds=2'], cwd=REPO, env=cli_env(), text=True, capture_output=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert {'plan.json', 'client.jaxexport', 'server_pre.jaxexport', 'server_post.jaxexport',
+          'state', 'rounds.npz'} <= {line.split('\t')[0] for line in proc.stdout.splitlines()}
+  return out
+
+
+def executor(directory: Path, *args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, '-m', 'paxlike.export.run', f'--dir={directory}',
+                         *args], cwd=REPO, env=cli_env(), text=True, capture_output=True,
+                        timeout=300)
+
+
+def test_fedavg_cli_export_runs_like_training(fedavg_export, tmp_path):
+  proc = executor(fedavg_export, '--rounds=2', f'--out={tmp_path / "last.npz"}')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  printed = [json.loads(line) for line in proc.stdout.splitlines()]
+  assert [p['round'] for p in printed] == [1, 2]
+  cfg = digits()
+  config_io.apply_overrides(cfg, ['algorithm.local_steps=2'])
+  rows, state = train_to(cfg, tmp_path / 'job', 2)
+  with np.load(tmp_path / 'last.npz') as last:
+    assert_round_matches(dict(last), rows[1], state)
+  assert printed[0]['metrics.loss'] == pytest.approx(rows[0]['loss'], rel=1e-5)
+
+
+def test_plan_records_names_and_hash(fedavg_export):
+  plan = json.loads((fedavg_export / 'plan.json').read_text())
+  assert (plan['experiment'], plan['algorithm'], plan['clients']) == (
+      'federated.DigitsFedAvg', 'fed_avg', 3)
+  assert plan['jax_version'] == jax.__version__ and len(plan['config_sha256']) == 64
+  weighted = [c for c in plan['communication'] if c.get('of') == 'weights']
+  assert weighted and all(c['kind'] == 'sum' for c in weighted)
+
+
+def tampered(source: Path, tmp_path: Path, edit) -> Path:
+  copy = tmp_path / 'tampered'
+  shutil.copytree(source, copy)
+  plan = json.loads((copy / 'plan.json').read_text())
+  edit(plan)
+  (copy / 'plan.json').write_text(json.dumps(plan))
+  return copy
+
+
+def set_kind(plan):
+  next(c for c in plan['communication'] if c['kind'] == 'sum')['kind'] = 'median'
+
+
+def shrink_input(plan):
+  spec = next(d for d in plan['programs']['client']['inputs'] if d['name'] == 'batches.inputs')
+  spec['shape'][-1] += 1
+
+
+def shrink_state(plan):
+  spec = next(d for d in plan['inputs'] if d['name'].startswith('state.params'))
+  spec['shape'][0] += 1
+
+
+@pytest.mark.parametrize('edit, message', [
+    (set_kind, "unknown aggregation 'median'"),
+    (shrink_input, 'client input batches.inputs'),
+    (shrink_state, 'state.params.'),
+])
+def test_tampered_plan_is_refused_with_one_line(fedavg_export, tmp_path, edit, message):
+  proc = executor(tampered(fedavg_export, tmp_path, edit), '--rounds=1')
+  assert proc.returncode == 2 and proc.stdout == ''
+  assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
+
+
+def test_executor_imports_no_experiment_code(fedavg_export):
+  script = (f'import sys\nfrom paxlike.export import run\n'
+            f'run.run_rounds(run.load({str(fedavg_export)!r}), 1)\n'
+            'print(sorted(m for m in sys.modules if m.split(".")[0] in '
+            '("fiddle", "flax", "optax", "experiments", "configs") or '
+            'm.startswith("paxlike.") and not m.startswith("paxlike.export")))')
+  proc = subprocess.run([sys.executable, '-c', script], cwd=REPO, env=cli_env(), text=True,
+                        capture_output=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip() == '[]'
