@@ -139,15 +139,18 @@ def test_corrupt_idx_file_is_a_run_failure(tmp_path):
     ('fashion_mnist', 'fashion-mnist/train-images-idx3-ubyte.gz', 'zalandoresearch'),
 ])
 def test_missing_source_file_is_a_user_error(tmp_path, monkeypatch, name, missing, hint):
+  (tmp_path / 'data').mkdir()
   monkeypatch.setenv(root.DATA_DIR_ENV, str(tmp_path / 'data'))
   monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path / 'tfds'))
   with pytest.raises(UserError) as error:
     load_split(name, 'train')
   message = str(error.value)
   assert missing in message and hint in message and '\n' not in message
+  assert f'into {tmp_path / "data" / missing.split("/")[0]}' in message
 
 
 def test_roots_follow_the_environment(tmp_path, monkeypatch):
+  (tmp_path / 'd').mkdir()
   monkeypatch.setenv(root.DATA_DIR_ENV, str(tmp_path / 'd'))
   monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path / 't'))
   assert root.data_root() == tmp_path / 'd' and root.prepared_dir() == tmp_path / 't'
@@ -156,3 +159,18 @@ def test_roots_follow_the_environment(tmp_path, monkeypatch):
   with pytest.raises(UserError, match='unknown dataset'):
     make_builder('imagenet')
   assert prepare.DATASETS.keys() >= {'stdlib', 'shakespeare', 'fashion_mnist', 'digits'}
+
+
+@pytest.mark.parametrize('name', ['shakespeare'])
+def test_a_missing_explicit_data_dir_is_a_user_error_even_when_prepared(prepared, tmp_path,
+                                                                         monkeypatch, name):
+  monkeypatch.setenv(root.DATA_DIR_ENV, str(tmp_path / 'typo'))
+  with pytest.raises(UserError, match=f'data dir {tmp_path / "typo"} .* does not exist'):
+    load_split(name, 'train')
+
+
+def test_cache_dirs_follow_xdg_cache_home(tmp_path, monkeypatch):
+  monkeypatch.delenv(root.TFDS_DIR_ENV, raising=False)
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  assert root.prepared_dir() == tmp_path / 'paxlike' / 'tfds'
+  assert root.user_cache_dir() / 'data' == tmp_path / 'paxlike' / 'data'
