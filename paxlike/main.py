@@ -112,6 +112,7 @@ def run(argv: list[str]) -> None:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
 
   from paxlike import decode, distributed, train  # Heavy imports only once a job really runs.
+  from paxlike.data import fingerprint, prepare
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          FLAGS.distributed_init_timeout, FLAGS.heartbeat_timeout)
   if FLAGS.mode == 'train':
@@ -120,9 +121,12 @@ def run(argv: list[str]) -> None:
                                 [*FLAGS.allow_import, *registry.trusted_modules()])
     notes = model_stats.kernel_line(task.model, task.data)
     print(notes[2:], end='', file=sys.stderr)  # The resolved attention kernel, at start-up.
+    data = prepare.data_fingerprint(task.data)
     with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
+      fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
       train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
-                  on_start=lambda: job_dir.record_config(directory, cfg, notes))
+                  on_start=lambda: (job_dir.record_config(directory, cfg, notes),
+                                    fingerprint.record(directory, data)))
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = train.load_latest_state(task, directory)

@@ -85,11 +85,13 @@ def test_shakespeare_config_is_reproducible(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # Three processes each import tfds and race to prepare Shakespeare.
-def test_concurrent_preparation_is_safe(tmp_path):
+def test_concurrent_preparation_is_safe(tmp_path, monkeypatch):
   code = ('from paxlike.data import load_split; '
           "print(len(load_split('shakespeare', 'train')))")
   env = {'PATH': '', root.TFDS_DIR_ENV: str(tmp_path), 'HOME': str(tmp_path)}
-  stale = tmp_path / 'shakespeare' / 'default' / 'incomplete.KILLED_1.0.0'
+  monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path))
+  variant = pathlib.Path(make_builder('shakespeare').data_dir).parent  # .../shakespeare/default
+  stale = variant / 'incomplete.KILLED_1.0.0'
   stale.mkdir(parents=True)
   procs = [subprocess.Popen([sys.executable, '-c', code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=pathlib.Path(root.repo_root()))
@@ -99,7 +101,7 @@ def test_concurrent_preparation_is_safe(tmp_path):
   assert {out for out, _ in outputs} == {b'5852\n'}
   assert sum(err.count(b'Downloading and preparing') for _, err in outputs) == 1
   assert not stale.exists()
-  assert [p.name for p in (tmp_path / 'shakespeare' / 'default').iterdir()] == ['1.0.0']
+  assert [p.name for p in variant.iterdir()] == ['1.0.0']
 
 
 def write_idx(path: pathlib.Path, array: np.ndarray) -> None:
@@ -161,7 +163,7 @@ def test_roots_follow_the_environment(tmp_path, monkeypatch):
   assert prepare.DATASETS.keys() >= {'stdlib', 'shakespeare', 'fashion_mnist', 'digits'}
 
 
-@pytest.mark.parametrize('name', ['shakespeare'])
+@pytest.mark.parametrize('name', ['shakespeare', 'fashion_mnist', 'mnist'])
 def test_a_missing_explicit_data_dir_is_a_user_error_even_when_prepared(prepared, tmp_path,
                                                                          monkeypatch, name):
   monkeypatch.setenv(root.DATA_DIR_ENV, str(tmp_path / 'typo'))
