@@ -100,7 +100,8 @@ class ImageData:
 
   @property
   def image_shape(self) -> tuple[int, int, int]:
-    return self.train.images.shape[1:]
+    """From the dataset's declared features: `--mode=print_config` prepares no data."""
+    return tuple(prepare.declared_info(self.dataset).features['image'].shape)
 
   @functools.cached_property
   def clients(self) -> list[np.ndarray]:

@@ -36,6 +36,11 @@ def _builder(name: str, data_dir: pathlib.Path, **kwargs: Any) -> tfds.core.Gene
   return cls(data_dir=str(data_dir), file_format='array_record', **{**defaults, **kwargs})
 
 
+def declared_info(name: str) -> tfds.core.DatasetInfo:
+  """Dataset `name`'s declared features and metadata: reads no source and prepares nothing."""
+  return _builder(name, root.prepared_dir()).info
+
+
 def source_fingerprint(name: str, **kwargs: Any) -> dict[str, str]:
   """{'dataset', 'source', 'sha256'} of dataset `name`'s current source files (see
   fingerprint.py); a missing source is a one-line UserError."""

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from paxlike.data import ImageData
 from paxlike.data import idx
 from paxlike.data import load_split
 from paxlike.data import make_builder
@@ -176,3 +177,10 @@ def test_cache_dirs_follow_xdg_cache_home(tmp_path, monkeypatch):
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
   assert root.prepared_dir() == tmp_path / 'paxlike' / 'tfds'
   assert root.user_cache_dir() / 'data' == tmp_path / 'paxlike' / 'data'
+
+
+@pytest.mark.parametrize('dataset', ['digits', 'fashion_mnist'])
+def test_declared_image_shape_is_the_prepared_one(prepared, dataset):
+  """print_config reads the declared shape; training the prepared one."""
+  data = ImageData(dataset=dataset)
+  assert data.image_shape == data.train.images.shape[1:]
