@@ -1,0 +1,1 @@
+"""paxlike's own experiments, one module per family; keys are `<module>.<Class>` (e.g. `lm.StdlibTiny`)."""

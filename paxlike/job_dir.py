@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import fiddle as fdl
 
@@ -42,10 +42,12 @@ def _write_atomic(path: Path, text: str) -> None:
   os.replace(tmp, path)
 
 
-def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool) -> Path:
+def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool,
+            allow_import: Iterable[str] = ()) -> Path:
   """Creates or reuses the job dir, refusing one that holds a run of a different config.
 
-  Writes nothing into it: see `record_config`.
+  `allow_import`: modules the saved config may import beyond the allow-list (the user's own
+  experiment module). Writes nothing into it: see `record_config`.
   """
   path = _writable_dir(Path(job_log_dir).expanduser().absolute())
   saved = path / 'config.json'
@@ -57,7 +59,7 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool) -> Path:
       raise UserError(f'{saved} is damaged ({error.msg} at line {error.lineno}), perhaps cut short '
                       'by a crash; check config.txt against this run and remove config.json to '
                       'continue') from None
-    old = config_io.from_json(text, str(saved))
+    old = config_io.from_json(text, str(saved), allow_import)
     diffs = config_io.differences(old, cfg)
     if diffs and not allow_change:
       shown = '; '.join(diffs[:3]) + ('; ...' if len(diffs) > 3 else '')

@@ -21,10 +21,11 @@ from paxlike.errors import RunFailure, UserError
 MODES = ('train', 'eval', 'decode', 'print_config')
 FALLBACKS = ('off', 'previous', 'from_scratch')  # checkpoint.FALLBACKS, without importing Orbax.
 
-flags.DEFINE_string('exp', None, 'Registered experiment key or unique suffix, e.g. lm.StdlibTiny.')
+flags.DEFINE_string('exp', None, 'Registered experiment key or unique suffix (e.g. lm.StdlibTiny), '
+                    'or my_package.my_module.MyExperiment, which imports my_package.my_module.')
 flags.DEFINE_string('job_log_dir', None, 'Directory for checkpoints, metrics and summaries.')
 flags.DEFINE_string('mode', 'train', f'One of {", ".join(MODES)}.')
-flags.DEFINE_bool('list', False, 'List the registered experiments and exit.')
+flags.DEFINE_bool('list', False, 'List the registered experiments (key, origin, summary) and exit.')
 flags.DEFINE_multi_string('fdl_set', [], 'PATH=VALUE override of a task config field (repeatable).')
 flags.DEFINE_string('fdl_config', None, 'A serialized config.json to run instead of --exp.')
 flags.DEFINE_multi_string('fdl_fiddler', [], 'A fiddler from configs/fiddlers.py (or an allowed '
@@ -74,6 +75,7 @@ def resolve_fiddler(name: str):
 
 def task_config():
   """The config to run: --fdl_config or --exp, then fiddlers, then --fdl_set overrides."""
+  registry.check_own_packages()
   if FLAGS.fdl_config:
     cfg = config_io.load_file(FLAGS.fdl_config, FLAGS.allow_import)
   else:
@@ -93,7 +95,7 @@ def run(argv: list[str]) -> None:
     raise UserError(f'unexpected arguments: {" ".join(argv[1:])}')
   if FLAGS.list:
     registry.import_all()
-    print('\n'.join(registry.keys()))
+    print(registry.listing())
     return
   if FLAGS.mode not in MODES:
     raise UserError(f'--mode={FLAGS.mode!r} is not one of {", ".join(MODES)}')
@@ -110,16 +112,21 @@ def run(argv: list[str]) -> None:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
 
   from paxlike import decode, distributed, train  # Heavy imports only once a job really runs.
+  from paxlike.data import fingerprint, prepare
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          FLAGS.distributed_init_timeout, FLAGS.heartbeat_timeout)
   if FLAGS.mode == 'train':
     setup = train.setup(task)  # Validates mesh, data and model before the job dir is touched.
-    directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change)
+    directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
+                                [*FLAGS.allow_import, *registry.trusted_modules()])
     notes = model_stats.kernel_line(task.model, task.data)
+    data = prepare.data_fingerprint(task.data)
     with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
       print(notes[2:], end='', file=sys.stderr)  # The resolved attention kernel, at start-up.
+      fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
       train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
-                  on_start=lambda: job_dir.record_config(directory, cfg, notes))
+                  on_start=lambda: (job_dir.record_config(directory, cfg, notes),
+                                    fingerprint.record(directory, data)))
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = train.load_latest_state(task, directory)

@@ -117,7 +117,8 @@ def status(message: str) -> None:
 
 
 def progress_line(row: Mapping[str, Any], num_steps: int) -> str:
-  """`step 100/1000 (10%) loss 2.31 eval_loss 2.40 12.5 steps/s eta 1m12s`."""
+  """`step 100/1000 (10%)  loss 2.3100  eval_loss 2.4000  12.50 steps/s eta 1m12s  mfu 41.0%`;
+  `loss` is the row's: the mean over the steps since the previous row."""
   step = row['step']
   parts = [f'step {step}/{num_steps} ({100 * step // num_steps}%)', f"loss {row['loss']:.4f}"]
   if 'eval_loss' in row:
@@ -125,8 +126,10 @@ def progress_line(row: Mapping[str, Any], num_steps: int) -> str:
   rate = row.get('steps_per_sec')
   if rate:
     parts.append(f'{rate:.2f} steps/s eta {format_seconds((num_steps - step) / rate)}')
-  if 'mfu' in row:
+  if 'mfu' in row:  # Only where the device's peak is known (not on CPU): else the raw rate.
     parts.append(f"mfu {100 * row['mfu']:.1f}%")
+  elif 'tflops_per_sec' in row:
+    parts.append(f"{row['tflops_per_sec']:.3g} TFLOP/s")
   return '  '.join(parts)
 
 

@@ -30,6 +30,20 @@ from paxlike.layers import TransformerLM
 from paxlike.summaries import RunWriter, status
 
 
+# Logged as the mean over the steps since the previous row (a step's own value is noisy).
+MEAN_METRICS = ('loss', 'accuracy')
+
+
+@jax.jit
+def _add_metrics(sums: dict, metrics: dict) -> dict:
+  return jax.tree.map(jnp.add, sums, metrics)
+
+
+@jax.jit
+def _mean_metrics(sums: dict, count: jax.Array) -> dict:
+  return jax.tree.map(lambda x: x / count, sums)
+
+
 class TrainState(NamedTuple):
   """What is checkpointed: the algorithm's state and the count of skipped non-finite steps."""
 
@@ -207,15 +221,14 @@ def round_inputs(s: Setup, step: int, host: tuple[dict, np.ndarray] | None = Non
   return batches, weights, jax.random.fold_in(jax.random.key(s.task.train.seed), step)
 
 
-def restore_or_init(s: Setup, checkpoints: Checkpoints) -> tuple[int, TrainState]:
-  """The latest committed (step, state), or (0, a fresh state)."""
+def restore_or_init(s: Setup, checkpoints: Checkpoints) -> tuple[int, TrainState, dict]:
+  """The latest committed (step, state, metadata), or (0, a fresh state, {})."""
   restored = checkpoints.restore(s.abstract_state)
   if restored is not None:
-    step, state, _ = restored
-    status(f'resumed from checkpoint step {step}')
-    return step, state
+    status(f'resumed from checkpoint step {restored[0]}')
+    return restored
   with jax.set_mesh(s.mesh):
-    return 0, s.init(jax.random.key(s.task.train.seed))
+    return 0, s.init(jax.random.key(s.task.train.seed)), {}
 
 
 def train(s: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
@@ -229,7 +242,7 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
   task, cfg = s.task, s.task.train
   primary = jax.process_index() == 0
   checkpoints = Checkpoints(job_dir / 'checkpoints', cfg.max_to_keep, fallback=restore_fallback)
-  start, state = restore_or_init(s, checkpoints)
+  start, state, meta = restore_or_init(s, checkpoints)
   if jax.process_count() > 1:
     clients, _, rows = s.block
     status(f'process {jax.process_index()} loads clients {clients.start}:{clients.stop}, rows '
@@ -240,9 +253,18 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
   rules = partitioning.rules_for_mesh(task.mesh.rules, s.mesh)
   peak = throughput.peak_flops_per_sec(s.mesh.devices.flat[0].device_kind)
   last_row: dict[str, Any] = {}
+  # Device-side sums of MEAN_METRICS over the steps since the last row, checkpointed (exactly:
+  # float32 -> JSON float -> float32) so that a resume between rows logs the uninterrupted means.
+  sums = {k: np.float32(v) for k, v in meta.get('metric_sums', {}).items()}
+  count = meta.get('metric_steps', 0)
+
+  def is_row(step: int) -> bool:  # Whether `finish` writes a row for `step`.
+    return step % cfg.log_every == 0 or step % cfg.eval_every == 0 or step == cfg.num_steps
 
   def save(step: int) -> None:
-    checkpoints.save(step, state, {'step': step, 'data': {'seed': cfg.seed, 'next_step': step + 1}})
+    checkpoints.save(step, state, {'step': step, 'data': {'seed': cfg.seed, 'next_step': step + 1},
+                                   'metric_sums': {k: float(v) for k, v in jax.device_get(sums).items()},
+                                   'metric_steps': count})
 
   def finish(step: int, metrics: dict) -> dict:
     """Host side of step `step`: finiteness check, eval, row, checkpoint."""
@@ -271,6 +293,11 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
       pending = None  # (step, metrics) dispatched but not yet read back: ≤ 2 steps in flight.
       for step in range(start + 1, cfg.num_steps + 1):
         state, metrics = s.step(state, *round_inputs(s, step, host_rounds.get(step)))
+        means = {k: metrics[k] for k in MEAN_METRICS if k in metrics}
+        sums, count = (_add_metrics(sums, means) if count else means), count + 1
+        if is_row(step):
+          metrics = {**metrics, **_mean_metrics(sums, np.float32(count))}
+          sums, count = {}, 0
         if pending:
           last_row = finish(*pending) or last_row
         pending = (step, metrics)

@@ -111,12 +111,22 @@ def test_mesh_that_does_not_divide_the_batch(tmp_path):
 
 
 def test_missing_data_file_says_where_to_get_it(paxlike_main, monkeypatch, tmp_path):
-  monkeypatch.setenv('PAXLIKE_DATA_DIR', str(tmp_path / 'nowhere'))
+  (tmp_path / 'empty').mkdir()
+  monkeypatch.setenv('PAXLIKE_DATA_DIR', str(tmp_path / 'empty'))
   monkeypatch.setenv('PAXLIKE_TFDS_DIR', str(tmp_path / 'tfds'))
   code, stderr = paxlike_main('--exp=lm.ShakespeareTiny', '--fdl_fiddler=tiny',
                               f'--job_log_dir={tmp_path / "j"}')
   assert_one_line_error(code, stderr, 'tinyshakespeare/input.txt')
   assert 'char-rnn' in stderr
+
+
+def test_missing_explicit_data_dir_is_a_one_line_error(paxlike_main, monkeypatch, tmp_path):
+  monkeypatch.setenv('PAXLIKE_DATA_DIR', str(tmp_path / 'nowhere'))  # As --data_dir sets it.
+  monkeypatch.setenv('PAXLIKE_TFDS_DIR', str(tmp_path / 'tfds'))
+  code, stderr = paxlike_main('--exp=lm.ShakespeareTiny', '--fdl_fiddler=tiny',
+                              f'--job_log_dir={tmp_path / "j"}')
+  assert_one_line_error(code, stderr, f'data dir {tmp_path / "nowhere"} (--data_dir or '
+                        '$PAXLIKE_DATA_DIR) does not exist')
 
 
 def test_job_dir_that_is_a_file_or_unwritable(paxlike_main, tmp_path):

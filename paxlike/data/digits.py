@@ -1,6 +1,8 @@
 """tfds builder: scikit-learn's bundled 8x8 handwritten digits (1,797 images, pixels 0..16)."""
 
 import dataclasses
+import importlib.util
+import pathlib
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -24,6 +26,15 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   RELEASE_NOTES = {'1.0.0': 'Images (8, 8, 1) uint8 in 0..16; 20% per class held out.'}
   BUILDER_CONFIGS = [DigitsConfig(name='default')]
   PIXEL_MAX = 16
+
+  def source_location(self) -> pathlib.Path:
+    """scikit-learn's bundled csv (found without importing sklearn, which takes a second)."""
+    spec = importlib.util.find_spec('sklearn')
+    return pathlib.Path(spec.submodule_search_locations[0]) / 'datasets' / 'data' / 'digits.csv.gz'
+
+  def source_files(self) -> dict[str, pathlib.Path]:
+    """The file the dataset is built from (its fingerprint keys the prepared data)."""
+    return {'digits.csv.gz': self.source_location()}
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

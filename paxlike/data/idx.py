@@ -63,6 +63,14 @@ class IdxImages(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def source_dir(self) -> pathlib.Path:
     return self._source_dir or root.data_root() / self.builder_config.folder
 
+  def source_location(self) -> pathlib.Path:
+    return self.source_dir
+
+  def source_files(self) -> dict[str, pathlib.Path]:
+    """The four idx files the dataset is built from (their fingerprint keys the prepared data)."""
+    return {f: root.require_file(self.source_dir / f, self.builder_config.folder)
+            for fs in FILES.values() for f in fs}
+
   def _info(self) -> tfds.core.DatasetInfo:
     cfg = self.builder_config
     return tfds.core.DatasetInfo(
@@ -77,8 +85,8 @@ class IdxImages(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     )
 
   def _split_generators(self, dl_manager):
-    paths = {s: [root.require_file(self.source_dir / f, self.builder_config.folder) for f in fs]
-             for s, fs in FILES.items()}
+    files = self.source_files()
+    paths = {s: [files[f] for f in fs] for s, fs in FILES.items()}
     return {s: self._generate_examples(*ps) for s, ps in paths.items()}
 
   def _generate_examples(self, images_path: pathlib.Path, labels_path: pathlib.Path):

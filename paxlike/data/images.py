@@ -2,14 +2,12 @@
 
 import dataclasses
 import functools
-import os
 from typing import Any
 
 import numpy as np
 
 from paxlike.data import partition
 from paxlike.data import prepare
-from paxlike.data import root
 from paxlike.data import sources
 from paxlike.errors import UserError
 
@@ -27,9 +25,8 @@ class Arrays:
 
 
 @functools.lru_cache(maxsize=8)
-def _arrays(dataset: str, split: str, dirs: tuple[str, str | None]) -> Arrays:
-  del dirs  # Only keys the cache.
-  rows = prepare.load_split(dataset, split)
+def _arrays(dataset: str, directory: str, split: str) -> Arrays:
+  rows = prepare.read_split(directory, split)
   examples = rows.__getitems__(list(range(len(rows))))
   images = np.stack([e['image'] for e in examples])
   labels = np.array([e['label'] for e in examples], np.int32)
@@ -39,8 +36,9 @@ def _arrays(dataset: str, split: str, dirs: tuple[str, str | None]) -> Arrays:
 
 
 def read_arrays(dataset: str, split: str) -> Arrays:
-  """A split's arrays, cached per process, per (prepared dir, data root)."""
-  return _arrays(dataset, split, (str(root.prepared_dir()), os.environ.get(root.DATA_DIR_ENV)))
+  """A split's arrays, cached per process, per prepared directory (named by the source's
+  fingerprint)."""
+  return _arrays(dataset, prepare.prepared(dataset), split)
 
 
 def image_batch(arrays: Arrays, index: np.ndarray, mask: np.ndarray) -> sources.Batch:
@@ -102,7 +100,8 @@ class ImageData:
 
   @property
   def image_shape(self) -> tuple[int, int, int]:
-    return self.train.images.shape[1:]
+    """From the dataset's declared features: `--mode=print_config` prepares no data."""
+    return tuple(prepare.declared_info(self.dataset).features['image'].shape)
 
   @functools.cached_property
   def clients(self) -> list[np.ndarray]:

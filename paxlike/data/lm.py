@@ -2,14 +2,12 @@
 
 import dataclasses
 import functools
-import os
 from typing import Any, ClassVar
 
 import numpy as np
 
 from paxlike.data import partition
 from paxlike.data import prepare
-from paxlike.data import root
 from paxlike.data import sources
 from paxlike.errors import UserError
 
@@ -19,11 +17,10 @@ SEPARATOR = ord('\n')  # Appended to every document when documents are concatena
 
 
 @functools.lru_cache(maxsize=8)
-def _documents(dataset: str, split: str, dirs: tuple[str, str | None]) -> tuple[tuple, np.ndarray]:
-  """(uint8 texts, str client ids) of a split in source order (Shakespeare: speech index;
-  stdlib: path); `dirs` only keys the cache."""
-  del dirs
-  rows = prepare.load_split(dataset, split)
+def _documents(directory: str, split: str) -> tuple[tuple, np.ndarray]:
+  """(uint8 texts, str client ids) of a split of a prepared dataset, in source order
+  (Shakespeare: speech index; stdlib: path)."""
+  rows = prepare.read_split(directory, split)
   examples = rows.__getitems__(list(range(len(rows))))
   examples.sort(key=lambda e: e['index'] if 'index' in e else e['path'])
   texts = tuple(e['text'] for e in examples)
@@ -31,8 +28,8 @@ def _documents(dataset: str, split: str, dirs: tuple[str, str | None]) -> tuple[
 
 
 def read_documents(dataset: str, split: str) -> tuple[tuple, np.ndarray]:
-  """Cached per process, per (prepared dir, data root)."""
-  return _documents(dataset, split, (str(root.prepared_dir()), os.environ.get(root.DATA_DIR_ENV)))
+  """Cached per process, per prepared directory (which the source's fingerprint names)."""
+  return _documents(prepare.prepared(dataset), split)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 
 from paxlike.data import digits
+from paxlike.data import fingerprint
 from paxlike.data import idx
 from paxlike.data import root
 from paxlike.data import shakespeare
@@ -28,14 +29,38 @@ DATASETS: dict[str, tuple[type[tfds.core.GeneratorBasedBuilder], dict[str, Any]]
 }
 
 
-def make_builder(name: str, **kwargs: Any) -> tfds.core.GeneratorBasedBuilder:
-  """The builder of dataset `name`, writing to prepared_dir(); `kwargs` (e.g. `config`,
-  `source_dir`, `source_file`) override the defaults."""
+def _builder(name: str, data_dir: pathlib.Path, **kwargs: Any) -> tfds.core.GeneratorBasedBuilder:
   if name not in DATASETS:
     raise UserError(f'unknown dataset {name!r}; known: {", ".join(sorted(DATASETS))}')
   cls, defaults = DATASETS[name]
-  return cls(data_dir=str(root.prepared_dir()), file_format='array_record',
-             **{**defaults, **kwargs})
+  return cls(data_dir=str(data_dir), file_format='array_record', **{**defaults, **kwargs})
+
+
+def declared_info(name: str) -> tfds.core.DatasetInfo:
+  """Dataset `name`'s declared features and metadata: reads no source and prepares nothing."""
+  return _builder(name, root.prepared_dir()).info
+
+
+def source_fingerprint(name: str, **kwargs: Any) -> dict[str, str]:
+  """{'dataset', 'source', 'sha256'} of dataset `name`'s current source files (see
+  fingerprint.py); a missing source is a one-line UserError."""
+  builder = _builder(name, root.prepared_dir(), **kwargs)
+  return {'dataset': name, 'source': str(builder.source_location()),
+          'sha256': fingerprint.digest(builder.source_files())}
+
+
+def data_fingerprint(data: Any) -> dict[str, str] | None:
+  """The source fingerprint of a DataSource's named dataset (None for other sources)."""
+  name = getattr(data, 'dataset', None)
+  return source_fingerprint(name) if name in DATASETS else None
+
+
+def make_builder(name: str, **kwargs: Any) -> tfds.core.GeneratorBasedBuilder:
+  """The builder of dataset `name`, writing to `prepared_dir()/<name>-<source fingerprint>`, so
+  a changed source is prepared afresh; `kwargs` (e.g. `config`, `source_dir`, `source_file`)
+  override the defaults."""
+  key = f"{name}-{source_fingerprint(name, **kwargs)['sha256'][:16]}"
+  return _builder(name, root.prepared_dir() / key, **kwargs)
 
 
 @contextlib.contextmanager
@@ -74,12 +99,27 @@ def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
   return tfds.builder_from_directory(str(final))
 
 
+def prepared(name: str, **kwargs: Any) -> str:
+  """The directory of dataset `name` prepared from its current source (preparing it if needed)."""
+  builder = make_builder(name, **kwargs)
+  prepare(builder)
+  return builder.data_dir
+
+
+def read_split(directory: str, split: str) -> Sequence[dict[str, Any]]:
+  """Random-access data source of `split` ('train' | 'test') of a prepared dataset directory."""
+  return _split_of(tfds.builder_from_directory(directory), split)
+
+
 def load_split(name_or_builder: str | tfds.core.DatasetBuilder, split: str,
                **kwargs: Any) -> Sequence[dict[str, Any]]:
   """Random-access data source of `split` ('train' | 'test'), preparing the data first if needed."""
   builder = (make_builder(name_or_builder, **kwargs) if isinstance(name_or_builder, str)
              else name_or_builder)
-  ready = prepare(builder)
+  return _split_of(prepare(builder), split)
+
+
+def _split_of(ready: tfds.core.DatasetBuilder, split: str) -> Sequence[dict[str, Any]]:
   if split not in ready.info.splits:
     raise UserError(f'dataset {ready.name} has no split {split!r}; '
                     f'it has {", ".join(ready.info.splits)}')

@@ -68,6 +68,13 @@ class Shakespeare(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                         else root.data_root() / 'tinyshakespeare' / 'input.txt')
     super().__init__(**kwargs)
 
+  def source_location(self) -> pathlib.Path:
+    return self.source_file
+
+  def source_files(self) -> dict[str, pathlib.Path]:
+    """The file the dataset is built from (its fingerprint keys the prepared data)."""
+    return {'input.txt': root.require_file(self.source_file, 'tinyshakespeare')}
+
   def _info(self) -> tfds.core.DatasetInfo:
     cfg = self.builder_config
     return tfds.core.DatasetInfo(
@@ -84,7 +91,7 @@ class Shakespeare(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager):
     cfg = self.builder_config
-    path = root.require_file(self.source_file, 'tinyshakespeare')
+    path = self.source_files()['input.txt']
     speeches = parse_speeches(path.read_text(encoding='utf-8'))
     sizes = role_sizes(speeches)
     kept = [(i, r, s) for i, (r, s) in enumerate(speeches) if sizes[r] >= cfg.min_role_chars]

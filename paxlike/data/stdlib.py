@@ -1,6 +1,7 @@
 """tfds builder: the Python standard library's source, one client per top-level module."""
 
 import dataclasses
+import os
 import pathlib
 import sys
 import sysconfig
@@ -27,14 +28,17 @@ def default_stdlib_dir() -> pathlib.Path:
   return pathlib.Path(sysconfig.get_paths()['stdlib'])
 
 
+def _excluded(name: str) -> bool:
+  return name in EXCLUDED_DIRS or name.startswith(EXCLUDED_PREFIXES)
+
+
 def stdlib_files(root: pathlib.Path) -> list[str]:
   """Sorted relative paths of the non-test `.py` modules under `root`."""
   files = []
-  for path in root.rglob('*.py'):
-    rel = path.relative_to(root)
-    if any(p in EXCLUDED_DIRS or p.startswith(EXCLUDED_PREFIXES) for p in rel.parts):
-      continue
-    files.append(rel.as_posix())
+  for directory, subdirs, names in os.walk(root):
+    subdirs[:] = [d for d in subdirs if not _excluded(d)]  # Never descends into site-packages.
+    prefix = pathlib.Path(directory).relative_to(root)
+    files += [(prefix / n).as_posix() for n in names if n.endswith('.py') and not _excluded(n)]
   return sorted(files)
 
 
@@ -62,6 +66,15 @@ class Stdlib(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     self.source_dir = pathlib.Path(source_dir) if source_dir else default_stdlib_dir()
     super().__init__(**kwargs)
 
+  def source_location(self) -> pathlib.Path:
+    return self.source_dir
+
+  def source_files(self) -> dict[str, pathlib.Path]:
+    """The modules the dataset is built from (their fingerprint keys the prepared data)."""
+    if not (self.source_dir / 'os.py').is_file():
+      raise UserError(f'not a Python standard library directory: {self.source_dir}')
+    return {rel: self.source_dir / rel for rel in stdlib_files(self.source_dir)}
+
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self,
@@ -74,9 +87,7 @@ class Stdlib(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     )
 
   def _split_generators(self, dl_manager):
-    if not (self.source_dir / 'os.py').is_file():
-      raise UserError(f'not a Python standard library directory: {self.source_dir}')
-    files = stdlib_files(self.source_dir)
+    files = sorted(self.source_files())
     test = split.holdout_by_threshold(files, self.builder_config.test_fraction)
     return {
         'train': self._generate_examples([f for f, t in zip(files, test) if not t]),

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from paxlike.data import ImageData
 from paxlike.data import idx
 from paxlike.data import load_split
 from paxlike.data import make_builder
@@ -85,11 +86,13 @@ def test_shakespeare_config_is_reproducible(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # Three processes each import tfds and race to prepare Shakespeare.
-def test_concurrent_preparation_is_safe(tmp_path):
+def test_concurrent_preparation_is_safe(tmp_path, monkeypatch):
   code = ('from paxlike.data import load_split; '
           "print(len(load_split('shakespeare', 'train')))")
   env = {'PATH': '', root.TFDS_DIR_ENV: str(tmp_path), 'HOME': str(tmp_path)}
-  stale = tmp_path / 'shakespeare' / 'default' / 'incomplete.KILLED_1.0.0'
+  monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path))
+  variant = pathlib.Path(make_builder('shakespeare').data_dir).parent  # .../shakespeare/default
+  stale = variant / 'incomplete.KILLED_1.0.0'
   stale.mkdir(parents=True)
   procs = [subprocess.Popen([sys.executable, '-c', code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=pathlib.Path(root.repo_root()))
@@ -99,7 +102,7 @@ def test_concurrent_preparation_is_safe(tmp_path):
   assert {out for out, _ in outputs} == {b'5852\n'}
   assert sum(err.count(b'Downloading and preparing') for _, err in outputs) == 1
   assert not stale.exists()
-  assert [p.name for p in (tmp_path / 'shakespeare' / 'default').iterdir()] == ['1.0.0']
+  assert [p.name for p in variant.iterdir()] == ['1.0.0']
 
 
 def write_idx(path: pathlib.Path, array: np.ndarray) -> None:
@@ -139,15 +142,18 @@ def test_corrupt_idx_file_is_a_run_failure(tmp_path):
     ('fashion_mnist', 'fashion-mnist/train-images-idx3-ubyte.gz', 'zalandoresearch'),
 ])
 def test_missing_source_file_is_a_user_error(tmp_path, monkeypatch, name, missing, hint):
+  (tmp_path / 'data').mkdir()
   monkeypatch.setenv(root.DATA_DIR_ENV, str(tmp_path / 'data'))
   monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path / 'tfds'))
   with pytest.raises(UserError) as error:
     load_split(name, 'train')
   message = str(error.value)
   assert missing in message and hint in message and '\n' not in message
+  assert f'into {tmp_path / "data" / missing.split("/")[0]}' in message
 
 
 def test_roots_follow_the_environment(tmp_path, monkeypatch):
+  (tmp_path / 'd').mkdir()
   monkeypatch.setenv(root.DATA_DIR_ENV, str(tmp_path / 'd'))
   monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path / 't'))
   assert root.data_root() == tmp_path / 'd' and root.prepared_dir() == tmp_path / 't'
@@ -156,3 +162,25 @@ def test_roots_follow_the_environment(tmp_path, monkeypatch):
   with pytest.raises(UserError, match='unknown dataset'):
     make_builder('imagenet')
   assert prepare.DATASETS.keys() >= {'stdlib', 'shakespeare', 'fashion_mnist', 'digits'}
+
+
+@pytest.mark.parametrize('name', ['shakespeare', 'fashion_mnist', 'mnist'])
+def test_a_missing_explicit_data_dir_is_a_user_error_even_when_prepared(prepared, tmp_path,
+                                                                         monkeypatch, name):
+  monkeypatch.setenv(root.DATA_DIR_ENV, str(tmp_path / 'typo'))
+  with pytest.raises(UserError, match=f'data dir {tmp_path / "typo"} .* does not exist'):
+    load_split(name, 'train')
+
+
+def test_cache_dirs_follow_xdg_cache_home(tmp_path, monkeypatch):
+  monkeypatch.delenv(root.TFDS_DIR_ENV, raising=False)
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  assert root.prepared_dir() == tmp_path / 'paxlike' / 'tfds'
+  assert root.user_cache_dir() / 'data' == tmp_path / 'paxlike' / 'data'
+
+
+@pytest.mark.parametrize('dataset', ['digits', 'fashion_mnist'])
+def test_declared_image_shape_is_the_prepared_one(prepared, dataset):
+  """print_config reads the declared shape; training the prepared one."""
+  data = ImageData(dataset=dataset)
+  assert data.image_shape == data.train.images.shape[1:]

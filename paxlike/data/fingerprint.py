@@ -1,0 +1,62 @@
+"""Content fingerprints of a dataset's source files, and their record in a job dir.
+
+A prepared tfds dataset lives under a directory named by its source's fingerprint, so a changed
+corpus is prepared afresh instead of read stale from the cache. The fingerprint hashes every
+source file's name (relative to its dataset) and content: the same files copied elsewhere keep
+it, and touching a file without changing it does not matter. Hashing the bundled corpora takes
+well under a second (the standard library: ~11 MB), and is memoized per file state in a process.
+A job dir records the fingerprint of the data it trained on; a resume on changed data is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from paxlike.errors import UserError
+
+FILE = 'data_fingerprint.json'
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+  del size, mtime_ns  # Only key the cache: a rewritten file changes at least one of them.
+  with open(path, 'rb') as f:
+    return hashlib.file_digest(f, 'sha256').hexdigest()
+
+
+def digest(files: Mapping[str, Path]) -> str:
+  """sha256 over the sorted (name, content sha256) pairs of `files` (name -> path)."""
+  h = hashlib.sha256()
+  for name in sorted(files):
+    stat = os.stat(files[name])
+    h.update(f'{name}\0{_file_sha256(str(files[name]), stat.st_size, stat.st_mtime_ns)}\n'.encode())
+  return h.hexdigest()
+
+
+def check_resume(job_dir: Path, current: dict[str, Any] | None, allow_change: bool) -> None:
+  """Refuses (UserError) to continue a job dir trained on data whose fingerprint differs from
+  `current`, unless `allow_change`. A job dir without a record is accepted."""
+  saved_path = job_dir / FILE
+  if current is None or allow_change or not saved_path.is_file():
+    return
+  saved = json.loads(saved_path.read_text())
+  if saved.get('sha256') != current['sha256'] or saved.get('dataset') != current['dataset']:
+    raise UserError(
+        f'{job_dir} was trained on {saved.get("dataset")} data with fingerprint '
+        f'{str(saved.get("sha256"))[:12]}, but the data now has {current["sha256"][:12]} '
+        f'({current["source"]}); use another --job_log_dir or pass --allow_config_change')
+
+
+def record(job_dir: Path, current: dict[str, Any] | None) -> None:
+  """Writes `current` to the job dir's data_fingerprint.json (atomically)."""
+  if current is None:
+    return
+  tmp = job_dir / (FILE + '.tmp')
+  tmp.write_text(json.dumps(current, indent=2) + '\n')
+  os.replace(tmp, job_dir / FILE)
