@@ -137,7 +137,8 @@ class ShakespearePapa(Experiment):
   epochs instead: `algorithm.every` = epochs × steps per epoch / 5.
 
   python -m paxlike.main --exp=federated.ShakespearePapa --job_log_dir=/tmp/papa
-  With --fdl_set=train.num_steps=30: eval_loss 2.38 (untrained 5.55), docs/federated_results.md.
+  With --fdl_set=train.num_steps=30: eval_loss 3.94 (a poor soup of 4 unrelated inits this early;
+  2.38 with --fdl_set=algorithm.same_init=True), docs/federated_results.md.
   """
 
   def task(self):
