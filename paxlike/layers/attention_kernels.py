@@ -66,20 +66,20 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: i
 
 
 def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None,
-                    q_spec: Any, kv_spec: Any) -> jax.Array:
+                    q_spec: Any, kv_spec: Any, interpret: bool) -> jax.Array:
   """`splash_attention` per shard under the current mesh (a Pallas call is not partitioned by
   XLA). Shards split batch and heads only; kv heads are repeated when they are sharded
   differently from the query heads, so each shard keeps whole GQA groups."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return splash_attention(q, k, v, sliding_window)
+    return splash_attention(q, k, v, sliding_window, interpret)
   if q_spec[1] is not None:
     raise UserError("attention_impl='splash' cannot run with the sequence ('length') sharded")
   if tuple(kv_spec)[2:3] != tuple(q_spec)[2:3]:
     groups = q.shape[2] // k.shape[2]
     k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
     kv_spec = q_spec
-  fn = functools.partial(splash_attention, sliding_window=sliding_window)
+  fn = functools.partial(splash_attention, sliding_window=sliding_window, interpret=interpret)
   return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
                        check_vma=False)(q, k, v)
 
@@ -140,10 +140,11 @@ def resolve(impl: str, *, dtype: Any, num_heads: int, num_kv_heads: int, head_di
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, kernel: str, sliding_window: int | None,
-           q_spec: Any = None, kv_spec: Any = None) -> jax.Array:
-  """Causal GQA attention with a resolved `kernel`; specs place splash's shards on the mesh."""
+           q_spec: Any = None, kv_spec: Any = None, interpret: bool = False) -> jax.Array:
+  """Causal GQA attention with a resolved `kernel`; specs place splash's shards on the mesh
+  (`interpret`: splash in Pallas' interpreter, for tests off TPU)."""
   if kernel == 'splash':
-    return _sharded_splash(q, k, v, sliding_window, q_spec, kv_spec)
+    return _sharded_splash(q, k, v, sliding_window, q_spec, kv_spec, interpret)
   window = None if sliding_window is None else (sliding_window - 1, 0)
   return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=window,
                                       implementation=kernel)

@@ -10,7 +10,7 @@ import pytest
 
 from paxlike.errors import UserError
 from paxlike.layers import attention_kernels
-from tests.helpers import TINY, run_cli
+from tests.helpers import TINY, run_cli, run_script
 
 B, T, N, K, H = 2, 256, 4, 2, 16
 
@@ -54,6 +54,28 @@ def test_splash_kernel_sees_the_causal_mask():
   changed = _splash(q, k.at[:, -1].add(3.0), v.at[:, -1].add(3.0), None)
   np.testing.assert_array_equal(out[:, :-1], changed[:, :-1])
   assert not np.allclose(out[:, -1], changed[:, -1])
+
+
+SHARDED = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+from paxlike.layers import attention_kernels
+from tests.layers.test_attention_kernels import _qkv
+q, k, v = _qkv()
+mesh = jax.make_mesh((2, 2), ('data', 'model'), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+# Query heads split over 'model', kv heads replicated: the kernel repeats them per shard.
+q_spec, kv_spec = P('data', None, 'model', None), P('data', None, None, None)
+with jax.set_mesh(mesh):
+  got = jax.jit(lambda q, k, v: attention_kernels.attend(
+      q, k, v, 'splash', None, q_spec, kv_spec, interpret=True))(q, k, v)
+want = attention_kernels.attend(q, k, v, 'xla', None)
+print(float(jnp.abs(got - want).max()))
+"""
+
+
+@pytest.mark.slow
+def test_splash_kernel_sharded_over_a_mesh_equals_xla():
+  assert float(run_script(SHARDED, devices=4).strip()) < 1e-5
 
 
 def test_auto_resolves_to_xla_on_cpu_and_forced_kernels_the_platform_lacks_are_user_errors():
