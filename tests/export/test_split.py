@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from paxlike.errors import UserError
 from paxlike.export import artifacts, run, split, trees
 from paxlike.federated import (btm, diloco, fed_adam, fed_avg, federated_broadcast, federated_map,
                                federated_mean, federated_program, federated_sum, papa)
@@ -219,3 +220,15 @@ def test_cohort_size_constant_in_client_code_is_refused(tmp_path):
 
   with pytest.raises(split.ExportError, match='depends on the number of clients'):
     export_program(tmp_path, scaled, x=jnp.float32(2.0), data=jnp.arange(3.0))
+
+
+def test_nothing_is_overwritten(tmp_path):
+  (tmp_path / 'kept.txt').write_text('mine')
+  with pytest.raises(UserError, match='not empty'):
+    export_program(tmp_path, lambda n: fedsgd_gradient, x=jnp.float32(1.0), data=jnp.ones(3))
+  assert [p.name for p in tmp_path.iterdir()] == ['kept.txt']
+
+
+def test_executor_refuses_more_rounds_than_exported(diloco_export):
+  with pytest.raises(run.PlanError, match='1 to 1 rounds'):
+    run.run_rounds(run.load(diloco_export[0]), 2)
