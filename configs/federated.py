@@ -18,7 +18,7 @@ from typing import Any
 import fiddle as fdl
 import optax
 
-from configs import meshes, tasks
+from configs import meshes, optimizers, tasks
 from paxlike import federated, optim
 from paxlike.errors import UserError
 from paxlike.experiment import Task, TrainConfig
@@ -59,30 +59,20 @@ def federated_task(model: fdl.Config, algorithm: fdl.Partial, client_optimizer: 
                     train=tasks.train_config(num_rounds, **train))
 
 
-def constant_adamw(learning_rate: float = 3e-3, weight_decay: float = 0.0) -> fdl.Config:
-  """AdamW at a constant rate (clipped at norm 1): FedAvg/FedOpt clients get a fresh optimizer
-  state every round, so a schedule would restart each round."""
-  return fdl.Config(optim.adamw, learning_rate=learning_rate, weight_decay=weight_decay)
-
-
-def constant_sgd(learning_rate: float = 0.1) -> fdl.Config:
-  return fdl.Config(optim.sgd, learning_rate=learning_rate)
-
-
 def fed_avg(local_steps: int, server_learning_rate: float = 1.0,
             weighting: str = 'num_examples') -> fdl.Partial:
   """FedAvg; server SGD at lr 1 is plain weighted model averaging. `weighting`: how clients
   count (paxlike.algorithm.WEIGHTINGS)."""
   return fdl.Partial(federated.fed_avg, local_steps=local_steps,
-                     server_optimizer=constant_sgd(server_learning_rate), weighting=weighting)
+                     server_optimizer=optimizers.sgd(server_learning_rate), weighting=weighting)
 
 
 def fed_avgm(local_steps: int, server_learning_rate: float = 1.0,
              server_momentum: float = 0.9) -> fdl.Partial:
   """FedAvgM (Hsu et al. 2019): FedAvg with server momentum, SGD(lr 1, β 0.9) on the
   pseudo-gradient."""
-  server = fdl.Config(optim.sgd, learning_rate=server_learning_rate, momentum=server_momentum)
-  return fdl.Partial(federated.fed_avg, local_steps=local_steps, server_optimizer=server)
+  return fdl.Partial(federated.fed_avg, local_steps=local_steps,
+                     server_optimizer=optimizers.sgd(server_learning_rate, server_momentum))
 
 
 def fed_adam(local_steps: int, server_learning_rate: float = 1e-2, tau: float = 1e-3,

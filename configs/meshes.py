@@ -15,6 +15,11 @@ def data_model(model: int = 2) -> fdl.Config[MeshConfig]:
   return fdl.Config(MeshConfig, ici=(-1, model), axes=('data', 'model'))
 
 
-def clients_data(clients: int = 2) -> fdl.Config[MeshConfig]:
-  """Federated: clients spread over `clients` device groups, each data-parallel."""
-  return fdl.Config(MeshConfig, ici=(clients, -1), axes=('clients', 'data'))
+def fsdp() -> fdl.Config[MeshConfig]:
+  """Every device on 'fsdp': params, gradients and optimizer state sharded on 'embed' (ZeRO-3)."""
+  return fdl.Config(MeshConfig, ici=(-1,), axes=('fsdp',))
+
+
+def fsdp_model(model: int = 4) -> fdl.Config[MeshConfig]:
+  """FSDP × tensor parallel of size `model` (keep 'model' inside a host: it talks every layer)."""
+  return fdl.Config(MeshConfig, ici=(-1, model), axes=('fsdp', 'model'))

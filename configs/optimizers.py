@@ -22,3 +22,9 @@ def adamw(peak: float = 3e-3, total_steps: int = 1000, warmup_steps: int | None 
 
 def sgd(learning_rate: float = 0.1, momentum: float | None = None) -> fdl.Config:
   return fdl.Config(optim.sgd, learning_rate=learning_rate, momentum=momentum)
+
+
+def constant_adamw(learning_rate: float = 3e-3, weight_decay: float = 0.0) -> fdl.Config:
+  """AdamW at a constant rate (clipped at norm 1): FedAvg/FedOpt clients get a fresh optimizer
+  state every round, so a schedule would restart each round."""
+  return fdl.Config(optim.adamw, learning_rate=learning_rate, weight_decay=weight_decay)

@@ -24,16 +24,6 @@ from paxlike.layers import TransformerLM
 from paxlike.partitioning import MeshConfig
 
 
-def fsdp() -> fdl.Config[MeshConfig]:
-  """Every device on 'fsdp': params, gradients and optimizer state sharded on 'embed' (ZeRO-3)."""
-  return fdl.Config(MeshConfig, ici=(-1,), axes=('fsdp',))
-
-
-def fsdp_model(model: int = 4) -> fdl.Config[MeshConfig]:
-  """FSDP × tensor parallel of size `model` (keep 'model' inside a host: it talks every layer)."""
-  return fdl.Config(MeshConfig, ici=(-1, model), axes=('fsdp', 'model'))
-
-
 @dataclasses.dataclass(frozen=True)
 class Size:
   """A model size: its config, its recommended mesh, the sequence length it is meant for."""
@@ -46,9 +36,9 @@ class Size:
 SIZES: dict[str, Size] = {
     'tiny': Size(models.lm_tiny_llama, meshes.data_parallel, 256),
     '125m': Size(models.lm_125m, meshes.data_parallel, 2048),
-    '350m': Size(models.lm_350m, fsdp, 2048),
-    '1b': Size(models.lm_1b, fsdp, 2048),
-    '8b': Size(models.lm_8b, fsdp_model, 8192),
+    '350m': Size(models.lm_350m, meshes.fsdp, 2048),
+    '1b': Size(models.lm_1b, meshes.fsdp, 2048),
+    '8b': Size(models.lm_8b, meshes.fsdp_model, 8192),
 }
 
 

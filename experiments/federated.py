@@ -14,7 +14,7 @@ fixed domains also need `data.num_clients=8`), `--fdl_set=optimizer.learning_rat
 import fiddle as fdl
 
 from configs import federated as fed
-from configs import models, tasks
+from configs import models, optimizers, tasks
 from paxlike.data import ImageData, LmData
 from paxlike.experiment import Experiment
 from paxlike.registry import register
@@ -39,7 +39,7 @@ class ShakespeareFedAvg(Experiment):
 
   def task(self):
     return fed.federated_task(models.lm_tiny(), fed.fed_avg(local_steps=4),
-                              fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return shakespeare(clients_per_round=8)
@@ -56,7 +56,7 @@ class ShakespeareFedAdam(Experiment):
 
   def task(self):
     return fed.federated_task(models.lm_tiny(), fed.fed_adam(local_steps=4),
-                              fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return shakespeare(clients_per_round=8)
@@ -72,7 +72,7 @@ class ShakespeareFedYogi(Experiment):
 
   def task(self):
     return fed.federated_task(models.lm_tiny(), fed.fed_yogi(local_steps=4),
-                              fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return shakespeare(clients_per_round=8)
@@ -89,7 +89,7 @@ class ShakespeareFedAdagrad(Experiment):
 
   def task(self):
     return fed.federated_task(models.lm_tiny(), fed.fed_adagrad(local_steps=4),
-                              fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return shakespeare(clients_per_round=8)
@@ -105,7 +105,7 @@ class ShakespeareFedAvgM(Experiment):
 
   def task(self):
     return fed.federated_task(models.lm_tiny(), fed.fed_avgm(local_steps=4),
-                              fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return shakespeare(clients_per_round=8)
@@ -122,7 +122,7 @@ class ShakespeareDiLoCo(Experiment):
 
   def task(self):
     return fed.federated_task(models.lm_tiny(), fed.diloco(local_steps=8, num_replicas=4),
-                              fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return shakespeare(partition='domains', num_clients=4, sampling='fixed')
@@ -143,7 +143,7 @@ class ShakespearePapa(Experiment):
 
   def task(self):
     return fed.federated_task(models.lm_tiny(), fed.papa(population=4, alpha=0.99, every=2),
-                              fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return shakespeare(partition='pooled', local_steps=5)
@@ -162,7 +162,7 @@ class ShakespeareBtm(Experiment):
 
   def task(self):
     return fed.federated_task(models.lm_tiny(), fed.btm(num_experts=4, seed_steps=10),
-                              fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return shakespeare(partition='domains', num_clients=4, sampling='fixed', local_steps=4)
@@ -179,7 +179,7 @@ class ShakespeareCentralized(Experiment):
 
   def task(self):
     cfg = tasks.centralized_task(models.lm_tiny(), num_steps=ROUNDS, **EVERY)
-    cfg.optimizer = fed.constant_adamw(3e-3)
+    cfg.optimizer = optimizers.constant_adamw(3e-3)
     return cfg
 
   def datasets(self):
@@ -197,7 +197,7 @@ class StdlibDiLoCo(Experiment):
 
   def task(self):
     return fed.federated_task(models.lm_tiny(), fed.diloco(local_steps=8, num_replicas=4),
-                              fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return fdl.Partial(LmData, dataset='stdlib', partition='pooled', seq_len=64, batch_size=8)
@@ -213,7 +213,7 @@ class DigitsFedAvg(Experiment):
   """
 
   def task(self):
-    return fed.federated_task(models.mlp(), fed.fed_avg(local_steps=5), fed.constant_sgd(0.1),
+    return fed.federated_task(models.mlp(), fed.fed_avg(local_steps=5), optimizers.sgd(0.1),
                               ROUNDS, **EVERY)
 
   def datasets(self):
@@ -235,7 +235,7 @@ class FashionMnistFedAvg(Experiment):
   def task(self):
     model = models.cnn()
     model.features, model.dense = (16, 32), 128
-    return fed.federated_task(model, fed.fed_avg(local_steps=2), fed.constant_sgd(0.05),
+    return fed.federated_task(model, fed.fed_avg(local_steps=2), optimizers.sgd(0.05),
                               ROUNDS, **EVERY)
 
   def datasets(self):

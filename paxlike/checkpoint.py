@@ -26,7 +26,7 @@ FALLBACKS: tuple[Fallback, ...] = ('off', 'previous', 'from_scratch')
 
 
 class Checkpoints:
-  """The job's checkpoint directory: latest committed step, restore, async save."""
+  """The job's checkpoint directory: restore the latest committed step, async save."""
 
   def __init__(self, directory: Path, max_to_keep: int, fallback: Fallback = 'off'):
     assert fallback in FALLBACKS, fallback
@@ -37,9 +37,6 @@ class Checkpoints:
     self._manager = ocp.CheckpointManager(
         Path(directory).absolute(), options=options,
         item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})
-
-  def latest_step(self) -> int | None:
-    return self._manager.latest_step()
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict] | None:
     """(step, state, meta) from `step` (default: the latest committed), or None when there is none.
@@ -105,6 +102,19 @@ class Checkpoints:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def data_position(seed: int, step: int) -> dict[str, int]:
+  """Where the data stream stands after `step`: its batches are pure functions of (seed, step)."""
+  return {'seed': seed, 'next_step': step + 1}
+
+
+def check_data_position(meta: dict, seed: int, step: int) -> None:
+  """Refuses a restored `step` whose saved data position is not where this run would continue."""
+  saved, expected = meta.get('data'), data_position(seed, step)
+  if saved is not None and saved != expected:
+    raise UserError(f'checkpoint step {step} was saved at data position {saved}, but this run '
+                    f'continues at {expected}; restore with its train.seed or use a new job dir')
 
 
 def _leaves_by_name(tree: Any) -> dict[str, Any]:

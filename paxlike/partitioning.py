@@ -151,10 +151,6 @@ def check_divisible(mesh: Mesh, clients_per_round: int, batch_size: int,
                       f'{batch_axes(mesh)} of total size {shards}')
 
 
-def replicated(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P())
-
-
 def host_to_global(tree: Any, sharding: NamedSharding) -> Any:
   """Put host numpy arrays (the full global array, same on every process) onto the mesh."""
   def put(x: np.ndarray) -> jax.Array:

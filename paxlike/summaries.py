@@ -99,11 +99,6 @@ class RunWriter:
     status(progress_line(row, self.num_steps))
     return row
 
-  def flush(self) -> None:
-    if self.primary:
-      for tb in self._tb.values():
-        tb.flush()
-
   def close(self) -> None:
     if self.primary:
       self._file.close()

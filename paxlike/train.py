@@ -20,7 +20,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from paxlike import evaluation, losses, model_stats, partitioning, throughput
+from paxlike import checkpoint, evaluation, losses, model_stats, partitioning, throughput
 from paxlike.checkpoint import Checkpoints, Fallback
 from paxlike.data.prefetch import Prefetcher
 from paxlike.data.sources import ClientEval
@@ -225,6 +225,7 @@ def restore_or_init(s: Setup, checkpoints: Checkpoints) -> tuple[int, TrainState
   """The latest committed (step, state, metadata), or (0, a fresh state, {})."""
   restored = checkpoints.restore(s.abstract_state)
   if restored is not None:
+    checkpoint.check_data_position(restored[2], s.task.train.seed, restored[0])
     status(f'resumed from checkpoint step {restored[0]}')
     return restored
   with jax.set_mesh(s.mesh):
@@ -262,7 +263,7 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
     return step % cfg.log_every == 0 or step % cfg.eval_every == 0 or step == cfg.num_steps
 
   def save(step: int) -> None:
-    checkpoints.save(step, state, {'step': step, 'data': {'seed': cfg.seed, 'next_step': step + 1},
+    checkpoints.save(step, state, {'step': step, 'data': checkpoint.data_position(cfg.seed, step),
                                    'metric_sums': {k: float(v) for k, v in jax.device_get(sums).items()},
                                    'metric_steps': count})
 

@@ -158,6 +158,20 @@ def test_restore_checks_shapes_against_the_model(tiny_job, tmp_path):
   assert snapshot(job) == before
 
 
+def test_restore_refuses_a_checkpoint_from_another_data_position(tiny_job, tmp_path):
+  job = tmp_path / 'job'
+  shutil.copytree(tiny_job, job)
+  before = snapshot(job)
+  proc = run_cli(*TINY, '--fdl_set=train.seed=7', '--fdl_set=train.num_steps=30',
+                 '--allow_config_change', f'--job_log_dir={job}', check=False)
+  assert proc.returncode == 2
+  last = proc.stderr.strip().splitlines()[-1]  # (After the 'attention kernel: ...' status line.)
+  assert last.startswith("paxlike: error: checkpoint step 20 was saved at data position "
+                                "{'seed': 0, 'next_step': 21}, but this run continues at "
+                                "{'seed': 7, 'next_step': 21}")
+  assert snapshot(job) == before
+
+
 def test_restore_onto_other_meshes(tiny_job, tmp_path):
   saved = tmp_path / 'saved'
   run_cli(*TINY, '--fdl_fiddler=cpu8', '--fdl_set=train.num_steps=10', f'--job_log_dir={saved}',
