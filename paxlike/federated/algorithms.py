@@ -13,15 +13,15 @@ params → the server optimizer steps along the pseudo-gradient `params - weight
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from paxlike import optim
-from paxlike.algorithm import (Algorithm, AlgorithmConfigError, check_weighting, client_weights,
-                               cohort_size)
+from paxlike.algorithm import (Algorithm, AlgorithmConfigError, cast_like, check_weighting,
+                               client_weights, cohort_size)
 from paxlike.federated import server_optim
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program, federated_weighted_mean)
@@ -32,15 +32,31 @@ ClientUpdate = Callable[[Any, Any, Any, jax.Array], tuple[Any, Any, dict[str, ja
 
 class PseudoGradientState(NamedTuple):
   """Server params and server optimizer state; `client_opt_state` is DiLoCo's persistent inner
-  state with leading axis `num_replicas` (an empty `optax.EmptyState()` for FedAvg/FedOpt)."""
+  state with leading axis `num_replicas` (an empty `optax.EmptyState()` for FedAvg/FedOpt);
+  `aggregator_state` is the aggregator's (e.g. DP's clip norm; empty without one)."""
 
   params: Any
   server_opt_state: optax.OptState
   client_opt_state: Any
+  aggregator_state: Any = optax.EmptyState()
 
 
-def client_update(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> ClientUpdate:
+class Aggregator(Protocol):
+  """Turns client-placed updates (server params − client params) into the pseudo-gradient,
+  e.g. `paxlike.federated.dp.DpAggregator`; its state is carried in the algorithm state."""
+
+  def init(self, params: Any) -> Any: ...
+
+  def aggregate(self, state: Any, deltas: Any, weights: jax.Array, rng: jax.Array
+                ) -> tuple[Any, Any, dict[str, jax.Array]]: ...
+
+
+def client_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
+                  prox_mu: float = 0.0) -> ClientUpdate:
   """`update(params, opt_state, batches, rng) -> (params, opt_state, stats)` for one client.
+
+  `prox_mu` > 0 is FedProx (Li et al. 2020): the client minimises loss + μ/2‖w − w₀‖², w₀ the
+  params it started from (the global model), so μ(w − w₀) is added to every gradient.
 
   Runs one optimizer step per entry of the local-steps axis of `batches`. `stats` holds scalars:
   `loss` (mean over the local steps), `loss_before` (the first step's loss, at the starting
@@ -51,11 +67,14 @@ def client_update(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> C
 
   def update(params, opt_state, batches, rng):
     keys = jax.random.split(rng, jax.tree.leaves(batches)[0].shape[0])
+    anchor = params
 
     def step(carry, inputs):
       params, opt_state = carry
       batch, key = inputs
       (loss, aux), grads = grad_fn(params, batch, key)
+      if prox_mu:
+        grads = jax.tree.map(lambda g, w, w0: g + prox_mu * (w - w0), grads, params, anchor)
       updates, opt_state = optimizer.update(grads, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state), (loss, aux)
 
@@ -103,20 +122,24 @@ def placed_init(optimizer: optax.GradientTransformation, clients: int) -> Callab
 def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
                     local_steps: int, server_optimizer: optax.GradientTransformation,
                     num_replicas: int | None = None, client_chunk: int | None = None,
-                    weighting: str = 'num_examples') -> Algorithm:
+                    weighting: str = 'num_examples', aggregator: Aggregator | None = None,
+                    prox_mu: float = 0.0) -> Algorithm:
   """The FedAvg/FedOpt/DiLoCo round. With `num_replicas`, the client optimizer states are kept
   across rounds (replica i always takes cohort slot i); without, every round starts them fresh.
   `client_chunk`: clients trained at a time (`federated_map(chunk=)`; None: all at once).
-  `weighting`: how clients are weighted in the mean (paxlike.algorithm.WEIGHTINGS)."""
-  update = client_update(loss_fn, client_optimizer)
+  `weighting`: how clients are weighted in the mean (paxlike.algorithm.WEIGHTINGS).
+  `aggregator`: how client updates become the pseudo-gradient (None: their weighted mean; a
+  `dp.DpAggregator`: clipped, noised). `prox_mu`: FedProx's proximal weight (0: none)."""
+  update = client_update(loss_fn, client_optimizer, prox_mu)
   check_weighting(weighting)
 
   def init(params):
     server_opt_state = server_optimizer.init(params)
+    kept = optax.EmptyState() if aggregator is None else aggregator.init(params)
     if num_replicas is None:
-      return PseudoGradientState(params, server_opt_state, optax.EmptyState())
+      return PseudoGradientState(params, server_opt_state, optax.EmptyState(), kept)
     _, client_opt_state = placed_init(client_optimizer, num_replicas)(params)
-    return PseudoGradientState(params, server_opt_state, client_opt_state)
+    return PseudoGradientState(params, server_opt_state, client_opt_state, kept)
 
   def next(state, batches, weights, rng):
     clients = cohort_size(batches, local_steps,
@@ -125,23 +148,31 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
 
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):
-      client_params = federated_broadcast(state.params)
-      opt_state = (federated_map(client_optimizer.init, client_params) if num_replicas is None
+      start = federated_broadcast(state.params)
+      opt_state = (federated_map(client_optimizer.init, start) if num_replicas is None
                    else state.client_opt_state)
       keys = jax.random.split(rng, clients)
       client_params, opt_state, stats = federated_map(
-          update, (client_params, opt_state, batches, keys), chunk=client_chunk)
-      mean = federated_weighted_mean(client_params, weights)
-      pseudo_grad = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), state.params, mean)
+          update, (start, opt_state, batches, keys), chunk=client_chunk)
+      aggregator_state, aggregator_metrics = state.aggregator_state, {}
+      if aggregator is None:
+        mean = federated_weighted_mean(client_params, weights)
+        pseudo_grad = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), state.params, mean)
+      else:
+        deltas = jax.tree.map(jnp.subtract, start, client_params)
+        pseudo_grad, aggregator_state, aggregator_metrics = aggregator.aggregate(
+            aggregator_state, deltas, weights, rng)
+        pseudo_grad = cast_like(pseudo_grad, state.params)
       updates, server_opt_state = server_optimizer.update(
           pseudo_grad, state.server_opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
-      metrics = cohort_metrics(stats, weights, pseudo_grad, opt_state, clients)
+      metrics = {**cohort_metrics(stats, weights, pseudo_grad, opt_state, clients),
+                 **aggregator_metrics}
       server_lr = optim.learning_rate_of(server_opt_state)
       if server_lr is not None:
         metrics['server_learning_rate'] = server_lr
       kept = state.client_opt_state if num_replicas is None else opt_state
-      return PseudoGradientState(params, server_opt_state, kept), metrics
+      return PseudoGradientState(params, server_opt_state, kept, aggregator_state), metrics
 
     return round_(state, batches, weights, rng)
 
@@ -150,12 +181,15 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
 
 def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
             server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
-            client_chunk: int | None = None, weighting: str = 'num_examples') -> Algorithm:
+            client_chunk: int | None = None, weighting: str = 'num_examples',
+            aggregator: Aggregator | None = None, prox_mu: float = 0.0) -> Algorithm:
   """FedAvg, and FedOpt (Reddi et al. 2021) with any other `server_optimizer`: a fresh client
   optimizer each round, then the server optimizer on the pseudo-gradient (SGD at lr 1, the
-  default, is plain weighted averaging of the client models)."""
+  default, is plain weighted averaging of the client models). DP-FedAvg with
+  `aggregator=DpAggregator(...)`, FedProx with `prox_mu` > 0 (see `pseudo_gradient`)."""
   return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer,
-                         client_chunk=client_chunk, weighting=weighting)
+                         client_chunk=client_chunk, weighting=weighting, aggregator=aggregator,
+                         prox_mu=prox_mu)
 
 
 FLAVOURS = ('paper', 'optax')
@@ -172,13 +206,15 @@ def adaptive_server(flavour: str, paper: optax.GradientTransformation,
 def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
              tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
-             weighting: str = 'num_examples') -> Algorithm:
+             weighting: str = 'num_examples', aggregator: Aggregator | None = None,
+             prox_mu: float = 0.0) -> Algorithm:
   """FedAdam. `flavour='paper'`: Reddi et al.'s Algorithm 2 (`server_optim.adam`); `'optax'`:
   `optax.adam(eps=tau)`, which bias-corrects both moments and starts v at 0 (it agrees with the
   paper once β2ᵗ is small, after a few hundred rounds at β2 = 0.99)."""
   server = adaptive_server(flavour, server_optim.adam(server_learning_rate, b1, b2, tau),
                            optax.adam(server_learning_rate, b1=b1, b2=b2, eps=tau))
-  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk, weighting)
+  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk, weighting,
+                 aggregator, prox_mu)
 
 
 def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
@@ -212,7 +248,8 @@ def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation, local
            outer_optimizer: optax.GradientTransformation = optax.sgd(
                0.7, momentum=0.9, nesterov=True),
            num_replicas: int | None = None, client_chunk: int | None = None,
-           weighting: str = 'num_examples') -> Algorithm:
+           weighting: str = 'num_examples', aggregator: Aggregator | None = None,
+           prox_mu: float = 0.0) -> Algorithm:
   """DiLoCo: H inner steps per replica (inner state kept across rounds), then the outer
   optimizer on the averaged pseudo-gradient. `num_replicas` is required and must equal the
   cohort size; replica i always trains on cohort slot i."""
@@ -220,4 +257,4 @@ def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation, local
     raise AlgorithmConfigError(
         f'diloco needs num_replicas >= 1 (the cohort size), got {num_replicas!r}.')
   return pseudo_gradient(loss_fn, inner_optimizer, local_steps, outer_optimizer, num_replicas,
-                         client_chunk, weighting)
+                         client_chunk, weighting, aggregator, prox_mu)
