@@ -103,10 +103,13 @@ def run(argv: list[str]) -> None:
     os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
   cfg = task_config()
   task = config_io.build(cfg)
-  from paxlike import memory, model_stats
+  from paxlike import memory, model_stats, privacy
   if FLAGS.mode == 'print_config':
     print(config_io.to_text(cfg) + model_stats.summary(task.model, task.data)
           + memory.summary(task), end='')
+    accountant = privacy.accountant(task)
+    if accountant is not None:
+      print(accountant.describe(task.train.num_steps))
     return
   if not FLAGS.job_log_dir:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')

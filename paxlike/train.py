@@ -20,7 +20,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from paxlike import checkpoint, evaluation, losses, model_stats, partitioning, throughput
+from paxlike import checkpoint, evaluation, losses, model_stats, partitioning, privacy, throughput
 from paxlike.checkpoint import Checkpoints, Fallback
 from paxlike.data.prefetch import Prefetcher
 from paxlike.data.sources import ClientEval
@@ -69,6 +69,7 @@ class Setup:
   round_shape: tuple[int, int, int]     # [clients, local_steps, batch] of a round's batches.
   block: tuple[slice, slice, slice]     # The part of round_shape this process loads.
   eval_rows: tuple[int, slice]          # Eval batch size, and the rows this process loads.
+  accountant: privacy.Accountant | None = None  # DP runs: the ε spent by each round.
 
 
 def setup(task: Task) -> Setup:
@@ -79,6 +80,7 @@ def setup(task: Task) -> Setup:
   """
   mesh = partitioning.make_mesh(task.mesh)
   data = task.data
+  accountant = privacy.checked_accountant(task)  # Refuses a run over its privacy budget.
   batches, weights = data.round_batches(task.train.seed, 1)
   eval_batch = data.eval_batches()[0]
   sample = eval_batch['inputs']
@@ -144,7 +146,8 @@ def setup(task: Task) -> Setup:
   eval_rows = partitioning.process_block(eval_sharding, (len(sample),))
   return Setup(task, mesh, compiled_init, step, compiled_eval, client_eval, abstract_state,
                flops, (item, items), round_shape,
-               partitioning.process_block(batch_sharding, round_shape), (len(sample), *eval_rows))
+               partitioning.process_block(batch_sharding, round_shape), (len(sample), *eval_rows),
+               accountant)
 
 
 FINITE = 'finite'  # The step's metric: are its loss, grad norm and whole new state finite?
@@ -284,7 +287,7 @@ def train(s: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
       rate = writer.steps_per_sec(step)
       metrics = {**metrics, 'steps_per_sec': rate, **throughput.throughput_metrics(
           rate, s.items_per_step[1], s.items_per_step[0], s.flops_per_device,
-          s.mesh.devices.size, peak)}
+          s.mesh.devices.size, peak), **privacy.round_metrics(s.accountant, step)}
       return writer.write(step, metrics, evals, clients)
     return {}
 

@@ -1,0 +1,142 @@
+"""Privacy accounting of DP federated runs with Google's `dp_accounting` (RDP or PLD).
+
+A DP run (an algorithm with a `dp.DpAggregator`) is client-level DP: one round is a Gaussian
+mechanism on the sum of clipped client updates, noise multiplier z, over a cohort drawn from
+the population of `num_clients` clients. How the cohort is drawn decides the accounting:
+
+- 'poisson': each client joins with probability q = clients_per_round / num_clients
+  (add/remove-one-client adjacency; RDP or PLD);
+- 'without_replacement': exactly clients_per_round distinct clients, what the data sources'
+  'uniform' sampling does (replace-one-client adjacency, num_clients public: the clipped sum
+  then has sensitivity 2C, so the accountant sees z/2; RDP only, Wang et al. 2019);
+- 'full': every client every round (data sampling 'fixed'; add/remove-one, no amplification).
+
+`dp_epsilon` at `dp_delta` (the aggregator's `delta`, default 1/num_clients^1.1) is written at
+every log step; a run whose whole schedule would spend more than `max_epsilon` is refused at
+start. Size-weighted cohorts ('weighted' sampling) and pooled data (no clients) have no
+client-level guarantee and are refused too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import dp_accounting
+
+from paxlike.errors import UserError
+from paxlike.federated.dp import DpAggregator
+
+SAMPLINGS = ('poisson', 'without_replacement', 'full')
+DATA_SAMPLING = {'uniform': 'without_replacement', 'fixed': 'full'}  # data.sampling -> ours.
+
+
+def round_event(noise_multiplier: float, sampling: str, clients_per_round: int,
+                num_clients: int) -> dp_accounting.DpEvent:
+  """One round's DpEvent (see the module docstring for the three samplings)."""
+  if sampling == 'poisson':
+    return dp_accounting.PoissonSampledDpEvent(
+        clients_per_round / num_clients, dp_accounting.GaussianDpEvent(noise_multiplier))
+  if sampling == 'without_replacement':
+    return dp_accounting.SampledWithoutReplacementDpEvent(
+        num_clients, clients_per_round, dp_accounting.GaussianDpEvent(noise_multiplier / 2))
+  if sampling == 'full':
+    return dp_accounting.GaussianDpEvent(noise_multiplier)
+  raise UserError(f'dp sampling must be one of {", ".join(SAMPLINGS)}, got {sampling!r}')
+
+
+def epsilon(event: dp_accounting.DpEvent, rounds: int, delta: float,
+            accountant: str = 'rdp') -> float:
+  """ε after `rounds` compositions of `event` at `delta` (inf for z = 0)."""
+  if rounds == 0:
+    return 0.0
+  if accountant == 'pld':
+    if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent):
+      raise UserError("the pld accountant has no fixed-size cohorts (data.sampling='uniform'); "
+                      "use accountant='rdp'")
+    ledger = dp_accounting.pld.PLDAccountant()
+  else:
+    relation = (dp_accounting.NeighboringRelation.REPLACE_ONE
+                if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent)
+                else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    ledger = dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
+  return float(ledger.compose(event, rounds).get_epsilon(delta))
+
+
+@dataclasses.dataclass(frozen=True)
+class Accountant:
+  """The privacy spent by a task's DP rounds: `epsilon(rounds)` at `delta`."""
+
+  aggregator: DpAggregator
+  sampling: str
+  clients_per_round: int
+  num_clients: int
+  delta: float
+
+  @functools.cached_property
+  def event(self) -> dp_accounting.DpEvent:
+    return round_event(self.aggregator.noise_multiplier, self.sampling, self.clients_per_round,
+                       self.num_clients)
+
+  @functools.lru_cache(maxsize=None)
+  def epsilon(self, rounds: int) -> float:
+    return epsilon(self.event, rounds, self.delta, self.aggregator.accountant)
+
+  def describe(self, rounds: int) -> str:
+    """One line: the ε `rounds` rounds spend, and what it is computed from."""
+    return (f'dp: epsilon {self.epsilon(rounds):.4g} at delta {self.delta:.3g} after {rounds} '
+            f'rounds ({self.aggregator.accountant}, {self.sampling} sampling of '
+            f'{self.clients_per_round} of {self.num_clients} clients, noise multiplier '
+            f'{self.aggregator.noise_multiplier:g})')
+
+
+def aggregator_of(algorithm: object) -> DpAggregator | None:
+  """The DP aggregator an algorithm builder (a partial) was configured with, if any."""
+  found = getattr(algorithm, 'keywords', {}).get('aggregator')
+  return found if isinstance(found, DpAggregator) else None
+
+
+def population(data: object) -> int:
+  """The number of clients cohorts are drawn from (refusing data that has no clients)."""
+  if getattr(data, 'partition', None) == 'pooled':
+    raise UserError('differential privacy needs clients: data.partition=pooled has none')
+  sizes = getattr(data, 'client_sizes', None)
+  if sizes is None:
+    sizes = data.train_streams.sizes  # LmData.
+  return len(sizes)
+
+
+def accountant(task) -> Accountant | None:
+  """The task's accountant (None without DP). Raises UserError for a sampling that has no
+  client-level guarantee or bad accounting settings."""
+  aggregator = aggregator_of(task.algorithm)
+  if aggregator is None:
+    return None
+  data = task.data
+  if data.sampling not in DATA_SAMPLING:
+    raise UserError(f'differential privacy needs uniform or fixed cohorts, not '
+                    f'data.sampling={data.sampling!r}')
+  num_clients = population(data)
+  aggregator.update_noise_multiplier(data.clients_per_round)  # Checks adaptive's noise split.
+  delta = aggregator.delta if aggregator.delta is not None else num_clients**-1.1
+  return Accountant(aggregator, DATA_SAMPLING[data.sampling], data.clients_per_round,
+                    num_clients, delta)
+
+
+def checked_accountant(task) -> Accountant | None:
+  """`accountant(task)`, refusing (UserError) a run whose `train.num_steps` rounds would spend
+  more than the aggregator's `max_epsilon`."""
+  acc, rounds = accountant(task), task.train.num_steps
+  limit = None if acc is None else acc.aggregator.max_epsilon
+  if limit is not None and acc.epsilon(rounds) > limit:
+    raise UserError(f'this run would spend epsilon {acc.epsilon(rounds):.4g} > max_epsilon '
+                    f'{limit:g} at delta {acc.delta:.3g} over {rounds} rounds; raise '
+                    f'the noise multiplier or train fewer rounds')
+  return acc
+
+
+def round_metrics(acc: Accountant | None, step: int) -> dict[str, float]:
+  """`dp_epsilon` and `dp_delta` after `step` rounds (nothing without DP)."""
+  if acc is None:
+    return {}
+  return {'dp_epsilon': acc.epsilon(step), 'dp_delta': acc.delta}
