@@ -22,11 +22,13 @@ from configs import meshes, optimizers, tasks
 from paxlike import federated, optim
 from paxlike.errors import UserError
 from paxlike.experiment import Task, TrainConfig
+from paxlike.federated import scaffold as scaffold_lib
 from paxlike.partitioning import MeshConfig
 
 # Algorithm argument -> the data field it determines.
 COHORT_ARGS = {'local_steps': 'local_steps', 'num_replicas': 'clients_per_round',
-               'population': 'clients_per_round', 'num_experts': 'clients_per_round'}
+               'population': 'clients_per_round', 'num_experts': 'clients_per_round',
+               'num_clients': 'clients_per_round'}
 
 
 def matched_task(model: Any, optimizer: optax.GradientTransformation, algorithm: Any,
@@ -47,6 +49,9 @@ def matched_task(model: Any, optimizer: optax.GradientTransformation, algorithm:
     derived[field] = value
   if isinstance(data, functools.partial):
     data = data(**derived)
+  if 'num_clients' in getattr(algorithm, 'keywords', {}) and data.sampling != 'fixed':
+    raise UserError(f"scaffold keeps every client's control variate, so it trains every client "
+                    f"every round: set data.sampling='fixed', not {data.sampling!r}")
   return Task(model=model, optimizer=optimizer, algorithm=algorithm, data=data, mesh=mesh,
               train=train)
 
@@ -119,3 +124,9 @@ def btm(num_experts: int, seed_steps: int = 0) -> fdl.Partial:
   """Branch-train-merge: experts branched from the initial params (after `seed_steps` rounds of
   seed training on the pooled domains), merged by example counts."""
   return fdl.Partial(federated.btm, num_experts=num_experts, seed_steps=seed_steps)
+
+
+def scaffold(local_steps: int, num_clients: int, server_learning_rate: float = 1.0) -> fdl.Partial:
+  """SCAFFOLD over a fixed population (data sampling 'fixed', every client every round)."""
+  return fdl.Partial(scaffold_lib.scaffold, local_steps=local_steps, num_clients=num_clients,
+                     server_optimizer=constant_sgd(server_learning_rate))
