@@ -3,10 +3,14 @@
 One pass over the data source's eval batches gives everything: the pooled loss and accuracy,
 and per-group sums that `ClientEval` turns into each client's held-out metrics. Algorithms that
 keep an ensemble (BTM's experts) are evaluated both ways: as the merged params (`loss`) and as
-the ensemble (`ensemble_loss`).
+the ensemble (`ensemble_loss`). With `train.personalize_steps` = k set, each client also
+fine-tunes the global model k local steps on its own data and is scored on its own held-out
+split (`personalized_*`, see `personalization`).
 """
 
 
+import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -17,7 +21,9 @@ from clu import metrics as clu_metrics
 
 from paxlike import losses
 from paxlike.data.sources import ClientEval
+from paxlike.federated.algorithms import client_update
 from paxlike.federated.btm import ensemble_log_probs, mixture_log_probs
+from paxlike.federated.primitives import federated_broadcast, federated_map, federated_program
 
 # An algorithm's ensemble: state -> (stacked member params, log prior [members]).
 Ensemble = Callable[[Any], tuple[Any, jax.Array]]
@@ -65,30 +71,44 @@ def eval_step(model: nn.Module, num_groups: int, ensemble: Ensemble | None = Non
   return step
 
 
+def client_scores(sums: np.ndarray, mix: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(loss, accuracy, covered, targets), each [clients], from `group_sums` totals: [3, groups]
+  for one model, or [clients, 3, groups] for one model per client (client c scored by its
+  own). A client is covered when every group in its mix has eval targets."""
+  loss_sum, correct_sum, count = np.moveaxis(np.asarray(sums, np.float64), -2, 0)
+  seen = count > 0
+  group_loss = np.where(seen, loss_sum, 0.0) / np.maximum(count, 1.0)
+  group_accuracy = np.where(seen, correct_sum, 0.0) / np.maximum(count, 1.0)
+  covered = ~((mix > 0) & ~seen).any(axis=-1)
+  targets = ((mix > 0) * count).sum(axis=-1)  # Eval targets behind each client's numbers.
+  return (mix * group_loss).sum(axis=-1), (mix * group_accuracy).sum(axis=-1), covered, targets
+
+
+def client_summary(loss: np.ndarray, accuracy: np.ndarray, covered: np.ndarray,
+                   name: str = 'client') -> dict[str, float]:
+  """Mean and tail over the covered clients: `{name}_loss_mean`, the 90th-percentile loss
+  `{name}_loss_p90`, `{name}_accuracy_mean` and the 10th-percentile accuracy
+  `{name}_accuracy_p10` (the worst-off clients); empty when no client is covered."""
+  if not covered.any():
+    return {}
+  return {f'{name}_loss_mean': float(loss[covered].mean()),
+          f'{name}_loss_p90': float(np.percentile(loss[covered], 90)),
+          f'{name}_accuracy_mean': float(accuracy[covered].mean()),
+          f'{name}_accuracy_p10': float(np.percentile(accuracy[covered], 10))}
+
+
 def client_metrics(sums: np.ndarray, client_eval: ClientEval
                    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
   """(summary, table) of per-client held-out metrics from `group_sums` totals.
 
-  A client is evaluated when every group in its mix has eval targets; the table gives their
-  number (`targets`: few targets, noisy numbers). The summary gives the
-  number evaluated and the mean and tail over them: the 90th-percentile loss and the
-  10th-percentile accuracy (the worst-off clients)."""
-  loss_sum, correct_sum, count = np.asarray(sums, np.float64)
-  seen = count > 0
-  group_loss = np.where(seen, loss_sum, 0.0) / np.maximum(count, 1.0)
-  group_accuracy = np.where(seen, correct_sum, 0.0) / np.maximum(count, 1.0)
-  covered = ~((client_eval.mix > 0) & ~seen).any(axis=1)
-  loss, accuracy = client_eval.mix @ group_loss, client_eval.mix @ group_accuracy
-  targets = (client_eval.mix > 0) @ count  # Eval targets behind each client's numbers.
+  The table gives each covered client's numbers and their `targets` (few targets, noisy
+  numbers); the summary the number evaluated and `client_summary` over them."""
+  loss, accuracy, covered, targets = client_scores(sums, client_eval.mix)
   table = {name: {'loss': float(loss[c]), 'accuracy': float(accuracy[c]),
                   'targets': int(targets[c])}
            for c, name in enumerate(client_eval.names) if covered[c]}
-  summary: dict[str, float] = {'clients_evaluated': int(covered.sum())}
-  if covered.any():
-    summary.update(client_loss_mean=float(loss[covered].mean()),
-                   client_loss_p90=float(np.percentile(loss[covered], 90)),
-                   client_accuracy_mean=float(accuracy[covered].mean()),
-                   client_accuracy_p10=float(np.percentile(accuracy[covered], 10)))
+  summary = {'clients_evaluated': int(covered.sum()), **client_summary(loss, accuracy, covered)}
   return summary, table
 
 
@@ -115,3 +135,74 @@ def finish(totals: Outputs, client_eval: ClientEval | None
         table.setdefault(name, {}).update({prefix + k: v for k, v in row.items()
                                            if not (prefix and k == 'targets')})
   return metrics, table
+
+
+# Personalization: every client with held-out data fine-tunes the global model for k local
+# steps on its own training data (the task's client optimizer, fresh state) and is scored on its
+# own held-out split; with k = 0 this is the per-client eval above, one model per client.
+
+PERSONALIZE_STEP = -1  # The (seed, step) whose round batches are the fine-tuning data: no
+                       # training round uses a negative step.
+
+
+def personalized_sums(model: nn.Module, optimizer: Any, num_groups: int
+                      ) -> tuple[Callable[[Any, Any, jax.Array], Any],
+                                 Callable[[Any, dict, jax.Array], jax.Array]]:
+  """(tune, score): `tune(params, batches [clients, k, ...], rng)` → client-placed params after
+  k local steps from `params`; `score(tuned, batch, groups)` → float32 [clients, 3, num_groups]
+  `group_sums` of each client's model on one eval batch."""
+  update = client_update(losses.model_loss_fn(model), optimizer)
+
+  @jax.jit
+  def tune(params, batches, rng):
+    clients = jax.tree.leaves(batches)[0].shape[0]
+
+    @federated_program(clients=clients)
+    def run(params, batches, rng):
+      start = federated_broadcast(params)
+      tuned, _, _ = federated_map(update, (start, federated_map(optimizer.init, start), batches,
+                                           jax.random.split(rng, clients)))
+      return tuned
+
+    return run(params, batches, rng)
+
+  @jax.jit
+  def score(tuned, batch, groups):
+    def one(params):
+      logits = model.apply({'params': params}, batch['inputs'], deterministic=True)
+      per_target, correct = losses.per_example_loss(logits, batch)
+      return group_sums(per_target, correct, batch['mask'].astype(jnp.float32), groups,
+                        num_groups)
+    return jax.lax.map(one, tuned, batch_size=8)
+
+  return tune, score
+
+
+def personalization(task: Any, client_eval: ClientEval | None
+                    ) -> Callable[[Any], dict[str, float]] | None:
+  """`metrics(params)`: `personalized_{loss,accuracy}_{mean,p90,p10}` (as `client_summary`)
+  after `task.train.personalize_steps` local steps per client; None when that is None or the
+  clients have no held-out data."""
+  steps = task.train.personalize_steps
+  if steps is None or client_eval is None:
+    return None
+  clients = len(client_eval.names)
+  tune, score = personalized_sums(task.model, task.optimizer, client_eval.num_groups)
+
+  @functools.cache
+  def own_batches():  # Every client's k batches, client c in slot c ('fixed' cohort).
+    data = dataclasses.replace(task.data, sampling='fixed', clients_per_round=clients,
+                               local_steps=steps)
+    return data.round_batches(task.train.seed, PERSONALIZE_STEP)[0]
+
+  def metrics(params):
+    if steps == 0:
+      tuned = jax.tree.map(lambda p: jnp.broadcast_to(p, (clients, *p.shape)), params)
+    else:
+      tuned = tune(params, own_batches(), jax.random.key(task.train.seed))
+    sums = sum(score(tuned, batch, group)
+               for batch, group in zip(task.data.eval_batches(), client_eval.groups))
+    loss, accuracy, covered, _ = client_scores(jax.device_get(sums), client_eval.mix)
+    return client_summary(loss, accuracy, covered, 'personalized')
+
+  return metrics

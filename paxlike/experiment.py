@@ -35,12 +35,17 @@ class TrainConfig:
   seed: int = 0
   max_to_keep: int = 3
   skip_nonfinite: bool = False  # Skip (and count) non-finite steps instead of failing.
+  personalize_steps: int | None = None  # Eval: also score each client after k local steps.
 
   def __post_init__(self):
     for name in ('num_steps', 'log_every', 'eval_every', 'checkpoint_every', 'max_to_keep'):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise UserError(f'train.{name} must be a positive integer, got {value!r}')
+    if self.personalize_steps is not None and (
+        not isinstance(self.personalize_steps, int) or self.personalize_steps < 0):
+      raise UserError(f'train.personalize_steps must be None or an integer >= 0, '
+                      f'got {self.personalize_steps!r}')
     if not isinstance(self.seed, int) or self.seed < 0:
       raise UserError(f'train.seed must be a non-negative integer, got {self.seed!r}')
 

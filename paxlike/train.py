@@ -70,6 +70,7 @@ class Setup:
   block: tuple[slice, slice, slice]     # The part of round_shape this process loads.
   eval_rows: tuple[int, slice]          # Eval batch size, and the rows this process loads.
   accountant: privacy.Accountant | None = None  # DP runs: the ε spent by each round.
+  personalized: Callable[[Any], dict[str, float]] | None = None  # Eval after fine-tuning.
 
 
 def setup(task: Task) -> Setup:
@@ -147,7 +148,7 @@ def setup(task: Task) -> Setup:
   return Setup(task, mesh, compiled_init, step, compiled_eval, client_eval, abstract_state,
                flops, (item, items), round_shape,
                partitioning.process_block(batch_sharding, round_shape), (len(sample), *eval_rows),
-               accountant)
+               accountant, evaluation.personalization(task, client_eval))
 
 
 FINITE = 'finite'  # The step's metric: are its loss, grad norm and whole new state finite?
@@ -177,7 +178,10 @@ def evaluate(s: Setup, alg_state: Any) -> tuple[dict[str, float], dict[str, dict
   for batch, group in zip(batches, groups):
     batch, group = partitioning.block_to_global((batch, group), sharding, (rows,), (size,))
     totals = evaluation.combine(totals, s.eval(alg_state, batch, group))
-  return evaluation.finish(totals, s.client_eval)
+  metrics, table = evaluation.finish(totals, s.client_eval)
+  if s.personalized is not None:
+    metrics.update(s.personalized(alg_state.params))
+  return metrics, table
 
 
 class _StopSignal:
