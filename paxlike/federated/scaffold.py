@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paxlike.centralized import Algorithm
-from paxlike.federated.algorithms import AlgorithmConfigError, cast_like, cohort_size, round_metrics
+from paxlike.algorithm import Algorithm, AlgorithmConfigError, cast_like, cohort_size
+from paxlike.federated.algorithms import cohort_metrics
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program)
 from paxlike.losses import LossFn
@@ -99,7 +99,7 @@ def scaffold(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_ste
       control_step = federated_mean(jax.tree.map(
           jnp.subtract, client_controls, state.client_controls))
       control = jax.tree.map(jnp.add, state.control, control_step)
-      metrics = round_metrics(stats, weights, pseudo_grad, optax.EmptyState(), clients)
+      metrics = cohort_metrics(stats, weights, pseudo_grad, optax.EmptyState(), clients)
       metrics['control_norm'] = optax.tree.norm(control)
       return ScaffoldState(optax.apply_updates(state.params, updates), server_opt_state,
                            control, client_controls), metrics
