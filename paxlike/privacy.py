@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import dp_accounting
 
@@ -47,7 +48,7 @@ def round_event(noise_multiplier: float, sampling: str, clients_per_round: int,
 
 def epsilon(event: dp_accounting.DpEvent, rounds: int, delta: float,
             accountant: str = 'rdp') -> float:
-  """ε after `rounds` compositions of `event` at `delta` (inf for z = 0)."""
+  """ε after `rounds` compositions of `event` at `delta` (z > 0)."""
   if rounds == 0:
     return 0.0
   if accountant == 'pld':
@@ -80,6 +81,9 @@ class Accountant:
 
   @functools.lru_cache(maxsize=None)
   def epsilon(self, rounds: int) -> float:
+    """ε after `rounds` rounds (inf once a round without noise has run)."""
+    if self.aggregator.noise_multiplier == 0:
+      return math.inf if rounds else 0.0
     return epsilon(self.event, rounds, self.delta, self.aggregator.accountant)
 
   def describe(self, rounds: int) -> str:

@@ -76,6 +76,9 @@ def test_default_delta_and_budget_refusal():
     privacy.checked_accountant(task)
   acc = privacy.accountant(task)
   assert acc.delta == task.data.num_clients**-1.1
+  noiseless = privacy.accountant(_task('federated.DigitsDpFedAvg',
+                                       'algorithm.aggregator.noise_multiplier=0.0'))
+  assert (noiseless.epsilon(0), noiseless.epsilon(1)) == (0.0, math.inf)
   weighted = _task('federated.DigitsDpFedAvg', 'data.sampling="weighted"')
   with pytest.raises(UserError, match='uniform or fixed cohorts'):
     privacy.accountant(weighted)
