@@ -264,6 +264,7 @@ class ShakespeareDpFedAvg(Experiment):
   459k-parameter model with 16 roles a round at ε ≈ 9 diverged (noise ≫ signal).
 
   python -m paxlike.main --exp=federated.ShakespeareDpFedAvg --job_log_dir=/tmp/dp_fedavg
+  With --fdl_set=train.num_steps=30: eval_loss 3.89 (untrained 5.55) at ε 3.08.
   """
 
   def task(self):
@@ -286,6 +287,8 @@ class DigitsDpFedAvg(Experiment):
   Refused at start if the run would spend more than ε = 10 at δ = 1e-5 (100 rounds: 9.2).
 
   python -m paxlike.main --exp=federated.DigitsDpFedAvg --job_log_dir=/tmp/digits_dp
+  With --fdl_set=train.num_steps=30: eval_accuracy 0.44 (eval_loss 1.43) at ε 4.48; the same
+  run with z = 0 and no clipping 0.85 (1.10); DigitsFedAvg 0.81 (0.72).
   """
 
   def task(self):
@@ -306,6 +309,7 @@ class ShakespeareFedProx(Experiment):
   model over their local steps.
 
   python -m paxlike.main --exp=federated.ShakespeareFedProx --job_log_dir=/tmp/fedprox
+  With --fdl_set=train.num_steps=30: eval_loss 2.29 (ShakespeareFedAvg 2.28, untrained 5.55).
   """
 
   def task(self):
@@ -325,6 +329,8 @@ class DigitsScaffold(Experiment):
   along the drift-corrected gradient g − cᵢ + c.
 
   python -m paxlike.main --exp=federated.DigitsScaffold --job_log_dir=/tmp/digits_scaffold
+  With --fdl_set=train.num_steps=30: eval_loss 0.30, accuracy 0.93; FedAvg on the same cohort of
+  all 20 clients: 0.61, 0.89.
   """
 
   def task(self):
