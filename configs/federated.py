@@ -129,4 +129,4 @@ def btm(num_experts: int, seed_steps: int = 0) -> fdl.Partial:
 def scaffold(local_steps: int, num_clients: int, server_learning_rate: float = 1.0) -> fdl.Partial:
   """SCAFFOLD over a fixed population (data sampling 'fixed', every client every round)."""
   return fdl.Partial(scaffold_lib.scaffold, local_steps=local_steps, num_clients=num_clients,
-                     server_optimizer=constant_sgd(server_learning_rate))
+                     server_optimizer=optimizers.sgd(server_learning_rate))

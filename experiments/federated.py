@@ -272,7 +272,7 @@ class ShakespeareDpFedAvg(Experiment):
     model.num_layers, model.d_model, model.num_heads, model.d_ff = 1, 32, 2, 64
     algorithm = fed.fed_avg(local_steps=4)
     algorithm.aggregator = dp(clip_norm=0.5, noise_multiplier=8.0, delta=1e-5)
-    return fed.federated_task(model, algorithm, fed.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return fed.federated_task(model, algorithm, optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
     return shakespeare(clients_per_round=147, sampling='fixed')
@@ -294,7 +294,7 @@ class DigitsDpFedAvg(Experiment):
   def task(self):
     algorithm = fed.fed_avg(local_steps=5)
     algorithm.aggregator = dp(clip_norm=0.5, noise_multiplier=6.0, delta=1e-5, max_epsilon=10.0)
-    return fed.federated_task(models.mlp(hidden=(32,)), algorithm, fed.constant_sgd(0.1),
+    return fed.federated_task(models.mlp(hidden=(32,)), algorithm, optimizers.sgd(0.1),
                               ROUNDS, **EVERY)
 
   def datasets(self):
@@ -315,7 +315,7 @@ class ShakespeareFedProx(Experiment):
   def task(self):
     algorithm = fed.fed_avg(local_steps=4)
     algorithm.prox_mu = 0.01
-    return fed.federated_task(models.lm_tiny(), algorithm, fed.constant_adamw(3e-3), ROUNDS,
+    return fed.federated_task(models.lm_tiny(), algorithm, optimizers.constant_adamw(3e-3), ROUNDS,
                               **EVERY)
 
   def datasets(self):
@@ -335,7 +335,7 @@ class DigitsScaffold(Experiment):
 
   def task(self):
     return fed.federated_task(models.mlp(), fed.scaffold(local_steps=5, num_clients=20),
-                              fed.constant_sgd(0.1), ROUNDS, **EVERY)
+                              optimizers.sgd(0.1), ROUNDS, **EVERY)
 
   def datasets(self):
     return fdl.Partial(ImageData, dataset='digits', partition='dirichlet', alpha=0.3,
