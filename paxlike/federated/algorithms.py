@@ -23,6 +23,7 @@ from paxlike import optim
 from paxlike.algorithm import (Algorithm, AlgorithmConfigError, cast_like, check_weighting,
                                client_weights, cohort_size)
 from paxlike.federated import server_optim
+from paxlike.federated.chunking import resolve_client_chunk
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program, federated_weighted_mean)
 from paxlike.losses import LossFn
@@ -126,7 +127,8 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
                     prox_mu: float = 0.0) -> Algorithm:
   """The FedAvg/FedOpt/DiLoCo round. With `num_replicas`, the client optimizer states are kept
   across rounds (replica i always takes cohort slot i); without, every round starts them fresh.
-  `client_chunk`: clients trained at a time (`federated_map(chunk=)`; None: all at once).
+  `client_chunk`: clients trained at a time (`federated_map(chunk=)`; >= the cohort: all at
+  once; None: chosen per platform, see chunking.py).
   `weighting`: how clients are weighted in the mean (paxlike.algorithm.WEIGHTINGS).
   `aggregator`: how client updates become the pseudo-gradient (None: their weighted mean; a
   `dp.DpAggregator`: clipped, noised). `prox_mu`: FedProx's proximal weight (0: none)."""
@@ -153,7 +155,7 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
                    else state.client_opt_state)
       keys = jax.random.split(rng, clients)
       client_params, opt_state, stats = federated_map(
-          update, (start, opt_state, batches, keys), chunk=client_chunk)
+          update, (start, opt_state, batches, keys), chunk=resolve_client_chunk(client_chunk))
       aggregator_state, aggregator_metrics = state.aggregator_state, {}
       if aggregator is None:
         mean = federated_weighted_mean(client_params, weights)

@@ -1,0 +1,42 @@
+"""The per-platform default of `client_chunk`: one client at a time on CPU, all at once on
+accelerators or a sharded clients axis; an explicit chunk always wins."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from paxlike.federated import chunking, fed_avg
+from tests.federated.test_algorithms import _batches, _params, loss_fn
+
+
+@pytest.mark.parametrize('platform, clients_axis, expected', [
+    ('cpu', 1, chunking.CPU_CLIENT_CHUNK),
+    ('cpu', 4, None),   # Clients sharded over devices: chunks would run one after another.
+    ('gpu', 1, None),
+    ('tpu', 1, None),
+    ('cuda', 2, None),
+])
+def test_default_client_chunk_per_platform(platform, clients_axis, expected):
+  assert chunking.default_client_chunk(platform, clients_axis) == expected
+
+
+def test_an_explicit_chunk_is_kept_and_unset_resolves_to_the_cpu_default():
+  assert chunking.resolve_client_chunk(3) == 3
+  assert jax.default_backend() == 'cpu'
+  assert chunking.resolve_client_chunk(None) == chunking.CPU_CLIENT_CHUNK
+  mesh = jax.make_mesh((1,), ('clients',))
+  with jax.set_mesh(mesh):
+    assert chunking.resolve_client_chunk(None) == chunking.CPU_CLIENT_CHUNK
+
+
+def test_the_default_cpu_round_is_the_chunked_round():
+  """Unset `client_chunk` traces to the same program as `client_chunk=1` on CPU, not to the
+  vmapped one (a chunk >= the cohort)."""
+  params, batches, weights = _params(), _batches(4, 2), jnp.ones(4)
+
+  def program(chunk):
+    alg = fed_avg(loss_fn, optax.sgd(0.1), 2, client_chunk=chunk)
+    return str(jax.make_jaxpr(alg.next)(alg.init(params), batches, weights, jax.random.key(0)))
+
+  assert program(None) == program(chunking.CPU_CLIENT_CHUNK) != program(4)
