@@ -1,18 +1,22 @@
 """Orbax checkpoints of the train state plus a small JSON of run metadata (step, data position).
 
 Saves are async and atomic: Orbax writes into a temp dir and commits by rename, so a kill at any
-moment leaves only committed steps visible; stale temp dirs are cleaned up on open. Restores
+moment leaves only committed steps visible; stale temp dirs are cleaned up on open. Even the
+start of a save (Orbax's per-array Python work and the device-to-host copy) runs off the train
+loop, in a save thread, on a device copy of the state that later steps cannot donate away. Restores
 check every leaf's shape and dtype against the abstract state first, so a changed model is a
 clear error instead of a silent reshape.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from pathlib import Path
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -37,6 +41,11 @@ class Checkpoints:
     self._manager = ocp.CheckpointManager(
         Path(directory).absolute(), options=options,
         item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})
+    # One process: saves start in this thread, in order. Several: in the caller's thread, so
+    # every process runs Orbax's cross-process barriers in the same order as its steps.
+    self._saver = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='checkpoint')
+                   if jax.process_count() == 1 else None)
+    self._started: concurrent.futures.Future | None = None  # The save the thread is starting.
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict] | None:
     """(step, state, meta) from `step` (default: the latest committed), or None when there is none.
@@ -92,16 +101,42 @@ class Checkpoints:
     return restored['state'], dict(restored['meta'])
 
   def save(self, step: int, state: Any, meta: dict) -> None:
-    """Starts an async save of `state` at `step`; returns once device buffers are copied out."""
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+    """Starts an async save of `state` at `step`. Returns once a device copy of `state` is
+    dispatched (the caller may donate `state` to the next step); the save thread then copies
+    it to host and Orbax writes and commits it. Raises the error of a previous failed save."""
+    self._check_started()
+    args = ocp.args.Composite(state=ocp.args.StandardSave(_copy(state)),
+                              meta=ocp.args.JsonSave(meta))
+    if self._saver is None:
+      self._manager.save(step, args=args, force=True)
+    else:
+      self._started = self._saver.submit(self._manager.save, step, args=args, force=True)
+
+  def _check_started(self) -> None:
+    """Waits for the save thread's current start, raising its error if it failed."""
+    started, self._started = self._started, None
+    if started is not None:
+      started.result()
 
   def wait(self) -> None:
     """Blocks until every started save has committed."""
+    self._check_started()
     self._manager.wait_until_finished()
 
   def close(self) -> None:
-    self._manager.close()
+    try:
+      self._check_started()
+    finally:
+      if self._saver is not None:
+        self._saver.shutdown(wait=True)
+      self._manager.close()
+
+
+@jax.jit
+def _copy(tree: Any) -> Any:
+  """A device copy of every array in `tree`, in the same sharding: new buffers, so a step
+  that donates `tree` leaves the copy intact."""
+  return jax.tree.map(jnp.copy, tree)
 
 
 def data_position(seed: int, step: int) -> dict[str, int]:

@@ -1,0 +1,68 @@
+"""`Checkpoints.save` hands the state to a save thread: the caller may donate the state the
+moment save returns, and a save that fails surfaces in the next call."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from paxlike.checkpoint import Checkpoints
+
+
+def _committed(directory):
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _state():
+  return {'w': jnp.arange(6.0).reshape(2, 3), 'count': jnp.int32(7)}
+
+
+def test_orbax_saves_in_another_thread_what_the_state_was_before_it_was_donated(
+    tmp_path, monkeypatch):
+  """The save thread's Orbax call is held until the caller has donated the state it saved."""
+  donated, threads = threading.Event(), []
+  real_save = ocp.CheckpointManager.save
+
+  def save_after_donation(self, *args, **kwargs):
+    threads.append(threading.current_thread())
+    assert donated.wait(timeout=60)
+    return real_save(self, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', save_after_donation)
+  state = _state()
+  expected = {'w': np.arange(6.0).reshape(2, 3), 'count': np.int32(7)}  # Not read from `state`.
+  step = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)
+  checkpoints = Checkpoints(tmp_path / 'checkpoints', max_to_keep=2)
+  try:
+    checkpoints.save(1, state, {'step': 1})
+    state = step(state)  # Donates (deletes) the buffers the save was given.
+    donated.set()
+    checkpoints.save(2, state, {'step': 2})
+    checkpoints.wait()
+    assert _committed(tmp_path / 'checkpoints') == [1, 2]
+    for saved, want in ((1, expected), (2, jax.tree.map(lambda x: x + 1, expected))):
+      _, restored, meta = checkpoints.restore(jax.eval_shape(_state), step=saved)
+      assert meta == {'step': saved}
+      jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), want)
+  finally:
+    checkpoints.close()
+  assert len(threads) == 2 and threading.main_thread() not in threads
+
+
+def test_a_failed_save_raises_in_the_next_call_and_commits_nothing(tmp_path):
+  checkpoints = Checkpoints(tmp_path / 'checkpoints', max_to_keep=2)
+  try:
+    checkpoints.save(1, _state(), {'step': 1})
+    checkpoints.save(1, _state(), {'step': 'again'})  # The save thread's Orbax call refuses.
+    with pytest.raises(ocp.checkpoint_manager.StepAlreadyExistsError):
+      checkpoints.wait()
+    checkpoints.save(2, _state(), {'step': 2})  # Reported once; saving goes on.
+    checkpoints.wait()
+    assert _committed(tmp_path / 'checkpoints') == [1, 2]
+    _, _, meta = checkpoints.restore(jax.eval_shape(_state), step=1)
+    assert meta == {'step': 1}  # The committed step is untouched.
+  finally:
+    checkpoints.close()
