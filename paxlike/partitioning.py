@@ -187,3 +187,21 @@ def block_to_global(tree: Any, sharding: NamedSharding, block: tuple[slice, ...]
       return x[local + tuple(index[len(block):])]
     return jax.make_array_from_callback((*leading_shape, *x.shape[len(block):]), sharding, shard)
   return jax.tree.map(put, tree)
+
+
+def constrain_like_params(tree: Any, params: Any, param_shardings: Any) -> Any:
+  """`tree` with every subtree shaped like `params` (same structure and leaf shapes; `params`
+  may be abstract: an optimizer's moments, say) constrained to `param_shardings`. Call under
+  jit. Without it,
+  `zeros_like(params)` comes out replicated and every step all-gathers the update into it."""
+  structure = jax.tree.structure(params)
+  shapes = [np.shape(x) for x in jax.tree.leaves(params)]
+
+  def like_params(node: Any) -> bool:
+    return (jax.tree.structure(node) == structure
+            and [np.shape(x) for x in jax.tree.leaves(node)] == shapes)
+
+  return jax.tree.map(
+      lambda node: (jax.lax.with_sharding_constraint(node, param_shardings)
+                    if like_params(node) else node),
+      tree, is_leaf=like_params)

@@ -96,6 +96,8 @@ def setup(task: Task) -> Setup:
       return jax.lax.with_sharding_constraint(nn.meta.unbox(init_params(key)), param_shardings)
     alg_state = (algorithm.init(params_at(rng)) if algorithm.seeded_init is None
                  else algorithm.seeded_init(params_at, rng))
+    alg_state = partitioning.constrain_like_params(alg_state, nn.meta.unbox(boxed_params),
+                                                   param_shardings)
     return TrainState(alg_state, jnp.zeros((), jnp.int32))
 
   def train_step(state, batches, weights, rng):
