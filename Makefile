@@ -28,7 +28,7 @@ run: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
-BENCHMARKS := overhead federated_round checkpoint_cost startup
+BENCHMARKS := overhead federated_round checkpoint_cost startup cpu_step
 
 bench: setup
 	@for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py || exit 1; done

@@ -82,6 +82,16 @@ def test_checkpoint_cost_saves_in_every_async_window_and_splits_the_extra_time()
   assert sum(out['extra_ms_per_step'].values()) == pytest.approx(ms['async'] - ms['none'])
 
 
+@pytest.mark.slow
+def test_cpu_step_times_whole_runs_of_paxlike_and_the_flax_baseline():
+  out = run_json('benchmarks/cpu_step.py', '--quick')
+  assert out['benchmark'] == 'cpu_step' and out['steps'] == [2, 4]
+  assert out['shape']['mesh'] == [4, 2] and out['shape']['d_ff'] == 512
+  # Rates from two run lengths: noisy at 2 extra steps, but both processes ran and exited 0.
+  assert set(out['spread']) == {'paxlike', 'flax'} and isinstance(out['goal_met'], bool)
+  assert out['ratio'] == pytest.approx(out['steps_per_sec'] / out['flax_steps_per_sec'])
+
+
 def test_startup_phases_add_up_to_the_total():
   # Each phase is timed on its own (benchmarks/startup.py), so this sum is a check: it fails
   # if work runs outside every phase or compile time is counted twice or missed.
