@@ -124,12 +124,15 @@ def run(argv: list[str]) -> None:
                                 [*FLAGS.allow_import, *registry.trusted_modules()])
     notes = model_stats.kernel_line(task.model, task.data)
     data = prepare.data_fingerprint(task.data)
+
+    def on_start() -> None:  # Restored: say which attention kernel runs, record config and data.
+      print(notes[2:], end='', file=sys.stderr)
+      job_dir.record_config(directory, cfg, notes)
+      fingerprint.record(directory, data)
+
     with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
-      print(notes[2:], end='', file=sys.stderr)  # The resolved attention kernel, at start-up.
       fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
-      train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
-                  on_start=lambda: (job_dir.record_config(directory, cfg, notes),
-                                    fingerprint.record(directory, data)))
+      train.train(setup, directory, restore_fallback=FLAGS.restore_fallback, on_start=on_start)
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = train.load_latest_state(task, directory)
