@@ -2,6 +2,7 @@
 and prints what it promises. Timings are never asserted (the machine may be loaded)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -148,6 +149,16 @@ def test_gpu_mfu_forced_cudnn_without_a_gpu_is_one_line_exit_2():
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and lines[-1].startswith('gpu_mfu: error: '), proc.stderr[-2000:]
   assert 'cuDNN flash attention cannot run here' in lines[-1] and proc.stdout == ''
+
+
+def test_gpu_mfu_sh_dry_run_installs_nothing_and_runs_the_quick_bare_step():
+  env = {**cli_env(1), 'GPU_VENV': '/nonexistent/never-created'}
+  out = run_json('benchmarks/gpu_mfu.sh', '--dry-run', '--python', sys.executable, '--',
+                 '--only=bare', '--no-federated', '--peak-tflops=0.5', env=env)
+  lm = out['lm']
+  assert out['quick'] and lm['bare_steps_per_sec'] > 0
+  assert lm['bare_mfu'] == pytest.approx(lm['flops_per_step'] * lm['bare_steps_per_sec'] / 0.5e12)
+  assert not os.path.exists('/nonexistent/never-created')
 
 
 def test_gpu_mfu_sh_rejects_bad_arguments():
