@@ -32,7 +32,7 @@ import functools
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -80,6 +80,7 @@ class SyntheticLm:
   batch_size: int
   clients_per_round: int
   local_steps: int
+  item: ClassVar[str] = 'tokens'
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None)) -> tuple[dict[str, np.ndarray], np.ndarray]:

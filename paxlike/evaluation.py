@@ -20,9 +20,9 @@ import numpy as np
 from clu import metrics as clu_metrics
 
 from paxlike import losses
-from paxlike.data.sources import ClientEval
+from paxlike.data.sources import ClientEval, Item
+from paxlike.ensemble import ensemble_log_probs, mixture_log_probs
 from paxlike.federated.algorithms import client_update
-from paxlike.federated.btm import ensemble_log_probs, mixture_log_probs
 from paxlike.federated.primitives import federated_broadcast, federated_map, federated_program
 
 # An algorithm's ensemble: state -> (stacked member params, log prior [members]).
@@ -45,9 +45,10 @@ def group_sums(values: jax.Array, correct: jax.Array, mask: jax.Array, groups: j
   return jax.vmap(lambda v: jax.ops.segment_sum(v, ids, num_groups + 1))(stacked)[:, :num_groups]
 
 
-def eval_step(model: nn.Module, num_groups: int, ensemble: Ensemble | None = None
+def eval_step(model: nn.Module, item: Item, num_groups: int, ensemble: Ensemble | None = None
               ) -> Callable[[Any, dict, jax.Array], Outputs]:
-  """`step(alg_state, batch, groups)`: metrics of `alg_state.params` (and of the ensemble)."""
+  """`step(alg_state, batch, groups)`: metrics of `alg_state.params` (and of the ensemble) on
+  batches of `item`s."""
 
   def results(logits, batch, groups):
     per_target, correct = losses.per_example_loss(logits, batch)
@@ -63,8 +64,7 @@ def eval_step(model: nn.Module, num_groups: int, ensemble: Ensemble | None = Non
     out = {'': results(apply(state.params, batch['inputs']), batch, groups)}
     if ensemble is not None:  # LMs: mixed by the domain posterior; classifiers: by the prior.
       members, log_prior = ensemble(state)
-      mix = (ensemble_log_probs if jnp.issubdtype(batch['inputs'].dtype, jnp.integer)
-             else mixture_log_probs)
+      mix = ensemble_log_probs if item == 'tokens' else mixture_log_probs
       out['ensemble_'] = results(mix(apply, members, batch['inputs'], log_prior), batch, groups)
     return out
 

@@ -83,6 +83,13 @@ def train_flops_per_example(model: nn.Module, sample: Any) -> float:
 
 
 
+def input_sample(data: Any) -> jax.ShapeDtypeStruct:
+  """The abstract inputs of a batch of one from `data`: a token window or an example (image)."""
+  if data.item == 'tokens':
+    return jax.ShapeDtypeStruct((1, data.seq_len), jnp.int32)
+  return jax.ShapeDtypeStruct((1, *data.image_shape), jnp.float32)
+
+
 def kernel_line(model: nn.Module, data: Any) -> str:
   """`# attention kernel: NAME` for an LM (what 'auto' resolves to here), else ''. Raises
   UserError when the model forces a kernel this platform cannot run."""
@@ -101,10 +108,10 @@ def summary(model: nn.Module, data: Any) -> str:
 
 
 def _summary(model: nn.Module, data: Any) -> str:
-  if isinstance(model, TransformerLM):
+  if isinstance(model, TransformerLM):  # A closed FLOP formula (else XLA's count).
     seq_len = data.seq_len
     return (kernel_line(model, data) + f'# params: {param_count(model, seq_len):,}\n'
             f'# train FLOPs per token (seq_len {seq_len}): {flops_per_token(model, seq_len):.4g}\n')
-  sample = jax.ShapeDtypeStruct((1, *data.image_shape), jnp.float32)
+  sample = input_sample(data)
   return (f'# params: {param_count(model, sample=sample):,}\n'
           f'# train FLOPs per example: {train_flops_per_example(model, sample):.4g}\n')

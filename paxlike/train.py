@@ -118,8 +118,8 @@ def setup(task: Task) -> Setup:
   client_sharding = partitioning.client_sharding(mesh)
   eval_sharding = partitioning.eval_batch_sharding(mesh)
   client_eval = data.client_eval()
-  eval_step = evaluation.eval_step(task.model, client_eval.num_groups if client_eval else 1,
-                                   algorithm.ensemble)
+  eval_step = evaluation.eval_step(task.model, data.item,
+                                   client_eval.num_groups if client_eval else 1, algorithm.ensemble)
   with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.rules_for_mesh(task.mesh.rules, mesh)):
     try:
       boxed_params = jax.eval_shape(init_params, jax.random.key(0))
@@ -138,7 +138,6 @@ def setup(task: Task) -> Setup:
         abstract_state.alg, jax.tree.map(lambda x: spec(x, eval_sharding), eval_batch),
         spec(np.zeros(eval_batch['mask'].shape, np.int32), eval_sharding)).compile()
   round_shape = batches['mask'].shape[:3]
-  item = 'tokens' if batches['inputs'].dtype.kind in 'iu' else 'examples'
   items = int(batches['mask'].size)
   if isinstance(task.model, TransformerLM):  # Model FLOPs; XLA counts a loop body only once.
     flops = model_stats.flops_per_token(task.model, batches['inputs'].shape[-1]) * items / mesh.size
@@ -148,7 +147,7 @@ def setup(task: Task) -> Setup:
     flops = flops and flops * math.prod(round_shape[:2]) / mesh.size
   eval_rows = partitioning.process_block(eval_sharding, (len(sample),))
   return Setup(task, mesh, compiled_init, step, compiled_eval, client_eval, abstract_state,
-               flops, (item, items), round_shape,
+               flops, (data.item, items), round_shape,
                partitioning.process_block(batch_sharding, round_shape), (len(sample), *eval_rows),
                accountant, evaluation.personalization(task, client_eval))
 

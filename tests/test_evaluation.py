@@ -7,7 +7,8 @@ import optax
 import pytest
 
 from paxlike import evaluation, losses
-from paxlike.federated import btm, ensemble_log_probs
+from paxlike.ensemble import ensemble_log_probs
+from paxlike.federated import btm
 from paxlike.layers import TransformerLM
 
 MODEL = TransformerLM(num_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=16)
@@ -19,7 +20,7 @@ def _setup(experts: int = 2):
            'mask': jnp.ones((4, 12)).at[3, 6:].set(0.0)}
   params = MODEL.init(jax.random.key(0), batch['inputs'])['params']
   alg = btm(losses.model_loss_fn(MODEL), optax.sgd(0.1), num_experts=experts)
-  step = jax.jit(evaluation.eval_step(MODEL, 1, alg.ensemble))
+  step = jax.jit(evaluation.eval_step(MODEL, 'tokens', 1, alg.ensemble))
   return alg, alg.init(params), batch, step
 
 
@@ -63,7 +64,8 @@ def test_classifier_ensemble_is_the_prior_weighted_mixture():
   state = alg.init(params)
   experts = jax.tree.map(lambda x: x.at[1].multiply(-2.0), state.experts)
   state = state._replace(experts=experts, domain_examples=jnp.array([3.0, 1.0]))
-  out = jax.jit(evaluation.eval_step(model, 1, alg.ensemble))(state, batch, jnp.zeros(6, jnp.int32))
+  step = jax.jit(evaluation.eval_step(model, 'examples', 1, alg.ensemble))
+  out = step(state, batch, jnp.zeros(6, jnp.int32))
   probs = [jax.nn.softmax(model.apply({'params': jax.tree.map(lambda x: x[k], experts)}, inputs))
            for k in range(2)]
   mixture = 0.75 * np.asarray(probs[0]) + 0.25 * np.asarray(probs[1])

@@ -36,7 +36,7 @@ def _params():
 
 def _client_eval_summary(task, params):
   client_eval = task.data.client_eval()
-  step, totals = evaluation.eval_step(MODEL, client_eval.num_groups), None
+  step, totals = evaluation.eval_step(MODEL, task.data.item, client_eval.num_groups), None
   for batch, groups in zip(task.data.eval_batches(), client_eval.groups):
     totals = evaluation.combine(totals, step(State(params), batch, groups))
   return evaluation.finish(totals, client_eval)[0]

@@ -2,7 +2,7 @@
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -72,6 +72,8 @@ class ImageData:
   sampling: str = 'uniform'
   eval_batch_size: int = 256
   num_eval_batches: int | None = None
+
+  item: ClassVar[sources.Item] = 'examples'
 
   def __post_init__(self):
     sources.check_fields(

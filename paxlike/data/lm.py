@@ -109,6 +109,7 @@ class LmData:
   eval_batch_size: int = 16
   num_eval_batches: int | None = 8
 
+  item: ClassVar[sources.Item] = 'tokens'
   vocab_size: ClassVar[int] = 256
 
   def __post_init__(self):

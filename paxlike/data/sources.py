@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 import dataclasses
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -10,6 +10,7 @@ from paxlike.errors import UserError
 
 Batch = dict[str, np.ndarray]  # Exactly the keys 'inputs', 'targets', 'mask'.
 SAMPLINGS = ('uniform', 'weighted', 'fixed')
+Item = Literal['tokens', 'examples']  # What a batch's mask counts: LM tokens, or examples.
 
 # Distinct streams so that the cohort of a round does not depend on batch shapes.
 COHORT_STREAM, EXAMPLE_STREAM = 0, 1
@@ -39,6 +40,7 @@ class ClientEval:
 class DataSource(Protocol):
   """Per-round batches for the trainer; centralized training is 1 client x 1 local step."""
 
+  item: Item
   clients_per_round: int
   local_steps: int
   batch_size: int

@@ -12,7 +12,8 @@ import optax
 import pytest
 
 from paxlike import optim
-from paxlike.federated import AlgorithmConfigError, btm, ensemble_log_probs, papa
+from paxlike.ensemble import ensemble_log_probs
+from paxlike.federated import AlgorithmConfigError, btm, papa
 
 D, B, P = 3, 8, 4
 REQUIRED = {'loss', 'clients', 'loss_before', 'loss_after', 'pseudo_grad_norm'}
