@@ -149,7 +149,7 @@ def measure(task: Any, args: argparse.Namespace, peak: float | None, bare: bool 
     began = time.time()
     s = train.setup(task)
     row.update({'devices': s.mesh.size, 'round_shape': list(s.round_shape),
-                s.items_per_step[0] + '_per_step': s.items_per_step[1],
+                s.item + '_per_step': s.items_per_step,
                 'flops_per_step': s.flops_per_device * s.mesh.size,  # Every client, local step.
                 'setup_s': round(time.time() - began, 1)})
     rate = 1 / trainer_seconds_per_step(s, args.warmup, args.steps)

@@ -11,7 +11,7 @@ split (`personalized_*`, see `personalization`).
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import flax.linen as nn
 import jax
@@ -19,11 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 from clu import metrics as clu_metrics
 
-from paxlike import losses
+from paxlike import losses, partitioning
 from paxlike.data.sources import ClientEval, Item
 from paxlike.ensemble import ensemble_log_probs, mixture_log_probs
 from paxlike.federated.algorithms import client_update
 from paxlike.federated.primitives import federated_broadcast, federated_map, federated_program
+
+if TYPE_CHECKING:  # (Not at run time: train imports this module.)
+  from paxlike.train import Setup
 
 # An algorithm's ensemble: state -> (stacked member params, log prior [members]).
 Ensemble = Callable[[Any], tuple[Any, jax.Array]]
@@ -206,3 +209,22 @@ def personalization(task: Any, client_eval: ClientEval | None
     return client_summary(loss, accuracy, covered, 'personalized')
 
   return metrics
+
+
+def evaluate(placed: 'Setup', alg_state: Any
+             ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+  """Held-out metrics of `alg_state.params` (and of the algorithm's ensemble): pooled loss and
+  accuracy plus per-client summaries, and the per-client table (see `finish`)."""
+  rows = placed.eval_rows
+  batches = placed.task.data.eval_batches(rows=rows)
+  groups = ([g[rows] for g in placed.client_eval.groups] if placed.client_eval else
+            [np.zeros(b['mask'].shape, np.int32) for b in batches])
+  sharding, totals = partitioning.eval_batch_sharding(placed.mesh), None
+  for batch, group in zip(batches, groups):
+    batch, group = partitioning.block_to_global((batch, group), sharding, (rows,),
+                                                (placed.eval_batch_size,))
+    totals = combine(totals, placed.eval(alg_state, batch, group))
+  metrics, table = finish(totals, placed.client_eval)
+  if placed.personalized is not None:
+    metrics.update(placed.personalized(alg_state.params))
+  return metrics, table

@@ -114,7 +114,8 @@ def run(argv: list[str]) -> None:
   if not FLAGS.job_log_dir:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
 
-  from paxlike import decode, distributed, train  # Heavy imports only once a job really runs.
+  # Heavy imports only once a job really runs.
+  from paxlike import decode, distributed, evaluation, restore, train
   from paxlike.data import fingerprint, prepare
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          FLAGS.distributed_init_timeout, FLAGS.heartbeat_timeout)
@@ -135,9 +136,9 @@ def run(argv: list[str]) -> None:
       train.train(setup, directory, restore_fallback=FLAGS.restore_fallback, on_start=on_start)
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
-  setup, step, state = train.load_latest_state(task, directory)
+  setup, step, state = restore.load_latest_state(task, directory)
   if FLAGS.mode == 'eval':
-    evals, clients = train.evaluate(setup, state.alg)
+    evals, clients = evaluation.evaluate(setup, state.alg)
     print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in evals.items()},
                       **({'eval_clients': clients} if clients else {})}))
   else:

@@ -17,14 +17,17 @@ Elementwise work (norms, softmax, rope, activations) is not counted, as is usual
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from paxlike import throughput
 from paxlike.errors import UserError
 from paxlike.layers import TransformerLM
+from paxlike.losses import LossFn
 
 
 def abstract_params(model: nn.Module, seq_len: int = 8, sample: Any = None) -> Any:
@@ -81,6 +84,26 @@ def train_flops_per_example(model: nn.Module, sample: Any) -> float:
   lowered = jax.jit(model.apply).lower(variables, sample)
   return 3.0 * float(lowered.cost_analysis()['flops'])
 
+
+
+def gradient_flops(loss_fn: LossFn, params: Any, batch: dict) -> float | None:
+  """XLA's FLOP count of one loss-and-gradient evaluation on `batch`, on one device."""
+  rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+  grad_fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+  return throughput.step_flops_per_device(grad_fn.lower(params, batch, rng).compile())
+
+
+def step_flops(model: nn.Module, loss_fn: LossFn, boxed_params: Any, batches: dict,
+               num_devices: int) -> float | None:
+  """Model FLOPs per device of one step on round `batches` [clients, local_steps, batch, ...]:
+  6N + attention per token for a TransformerLM, else XLA's count of one micro-batch's gradient
+  times clients × local steps (XLA counts a loop body only once); None where XLA has no count."""
+  if isinstance(model, TransformerLM):
+    tokens = batches['mask'].size
+    return flops_per_token(model, batches['inputs'].shape[-1]) * tokens / num_devices
+  flops = gradient_flops(loss_fn, nn.meta.unbox(boxed_params),
+                         jax.tree.map(lambda x: x[0, 0], batches))
+  return flops and flops * math.prod(batches['mask'].shape[:2]) / num_devices
 
 
 def input_sample(data: Any) -> jax.ShapeDtypeStruct:

@@ -43,7 +43,7 @@ def test_lm_step_flops_count_every_client_and_local_step():
   s = train.setup(task)
   tokens = 2 * 4 * task.data.batch_size * task.data.seq_len  # clients × local steps × batch × seq
   expected = model_stats.flops_per_token(task.model, task.data.seq_len) * tokens
-  assert s.items_per_step == ('tokens', tokens)
+  assert (s.item, s.items_per_step) == ('tokens', tokens)
   assert s.flops_per_device == pytest.approx(expected)
 
 
@@ -59,5 +59,5 @@ def test_classifier_step_flops_count_every_client_and_local_step():
   layers = [(64, 32), (32, 16), (16, 10)]  # 8x8 digits → 32 → 16 → 10 classes.
   per_example = sum(4 * i * o for i, o in layers) + sum(2 * i * o for i, o in layers[1:])
   examples = 5 * 5 * task.data.batch_size  # clients × local steps × batch
-  assert s.items_per_step == ('examples', examples)
+  assert (s.item, s.items_per_step) == ('examples', examples)
   assert s.flops_per_device == pytest.approx(per_example * examples, rel=0.1)

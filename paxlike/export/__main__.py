@@ -45,7 +45,7 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from paxlike import job_dir, losses, train
+  from paxlike import job_dir, losses, restore, train
   from paxlike.errors import UserError
   from paxlike.export import artifacts
 
@@ -54,7 +54,7 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   artifacts.check_new(out)
   task = config_io.build(cfg)
   if job_log_dir:
-    setup, step, state = train.load_latest_state(task, job_dir.existing(job_log_dir))
+    setup, step, state = restore.load_latest_state(task, job_dir.existing(job_log_dir))
   else:
     setup, step = train.setup(task), 0
     with jax.set_mesh(setup.mesh):

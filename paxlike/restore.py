@@ -1,0 +1,22 @@
+"""The latest committed state of a job dir, for `--mode=eval`, decoding and export."""
+
+from pathlib import Path
+
+from paxlike import train
+from paxlike.checkpoint import Checkpoints
+from paxlike.errors import UserError
+from paxlike.experiment import Task
+
+
+def load_latest_state(task: Task, job_dir: Path) -> tuple[train.Setup, int, train.TrainState]:
+  """`task` placed on its mesh, and the latest committed step and state in `job_dir`."""
+  placed = train.setup(task)
+  checkpoints = Checkpoints(job_dir / 'checkpoints', task.train.max_to_keep)
+  try:
+    restored = checkpoints.restore(placed.abstract_state)
+  finally:
+    checkpoints.close()
+  if restored is None:
+    raise UserError(f'no checkpoint in {job_dir / "checkpoints"}; train first')
+  step, state, _ = restored
+  return placed, step, state
