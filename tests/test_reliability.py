@@ -164,9 +164,8 @@ def test_restore_refuses_a_checkpoint_from_another_data_position(tiny_job, tmp_p
   before = snapshot(job)
   proc = run_cli(*TINY, '--fdl_set=train.seed=7', '--fdl_set=train.num_steps=30',
                  '--allow_config_change', f'--job_log_dir={job}', check=False)
-  assert proc.returncode == 2
-  last = proc.stderr.strip().splitlines()[-1]
-  assert last.startswith("paxlike: error: checkpoint step 20 was saved at data position "
+  assert proc.returncode == 2 and proc.stderr.count('\n') == 1
+  assert proc.stderr.startswith("paxlike: error: checkpoint step 20 was saved at data position "
                                 "{'seed': 0, 'next_step': 21}, but this run continues at "
                                 "{'seed': 7, 'next_step': 21}")
   assert snapshot(job) == before
