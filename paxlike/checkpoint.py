@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,6 +65,7 @@ class Checkpoints:
       except UserError:
         raise
       except Exception as error:  # Orbax/tensorstore raise many kinds for damaged files.
+        _quiet_closed_loop_noise()
         message = (f'checkpoint step {candidate} in {self._manager.directory} is unreadable '
                    f'({type(error).__name__}: {_first_line(error)})')
         if self.fallback == 'off':
@@ -137,6 +139,23 @@ def _copy(tree: Any) -> Any:
   """A device copy of every array in `tree`, in the same sharding: new buffers, so a step
   that donates `tree` leaves the copy intact."""
   return jax.tree.map(jnp.copy, tree)
+
+
+def _quiet_closed_loop_noise() -> None:
+  """After a failed restore, Orbax's tensorstore callbacks keep posting to an asyncio loop it
+  has closed, and Python prints each 'Event loop is closed' as an unraisable traceback at random
+  moments, burying (and splitting) the one line that matters. Drop exactly those."""
+  default = sys.unraisablehook
+  if getattr(default, 'paxlike_quiet', False):
+    return
+
+  def hook(unraisable):
+    if unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == 'Event loop is closed':
+      return
+    default(unraisable)
+
+  hook.paxlike_quiet = True
+  sys.unraisablehook = hook
 
 
 def data_position(seed: int, step: int) -> dict[str, int]:

@@ -133,7 +133,8 @@ def run(argv: list[str]) -> None:
 
     with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
       fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
-      train.train(setup, directory, restore_fallback=FLAGS.restore_fallback, on_start=on_start)
+      train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
+                  allow_config_change=FLAGS.allow_config_change, on_start=on_start)
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = restore.load_latest_state(task, directory)

@@ -222,11 +222,14 @@ def round_inputs(placed: Setup, step: int, host: tuple[dict, np.ndarray] | None 
   return batches, weights, jax.random.fold_in(jax.random.key(placed.task.train.seed), step)
 
 
-def restore_or_init(placed: Setup, checkpoints: Checkpoints) -> tuple[int, TrainState, dict]:
-  """The latest committed (step, state, metadata), or (0, a fresh state, {})."""
+def restore_or_init(placed: Setup, checkpoints: Checkpoints, allow_config_change: bool = False
+                    ) -> tuple[int, TrainState, dict]:
+  """The latest committed (step, state, metadata), or (0, a fresh state, {}). A checkpoint saved
+  at another data position (seed) is refused unless the user allowed the config to change."""
   restored = checkpoints.restore(placed.abstract_state)
   if restored is not None:
-    checkpoint.check_data_position(restored[2], placed.task.train.seed, restored[0])
+    if not allow_config_change:
+      checkpoint.check_data_position(restored[2], placed.task.train.seed, restored[0])
     status(f'resumed from checkpoint step {restored[0]}')
     return restored
   with jax.set_mesh(placed.mesh):
@@ -234,6 +237,7 @@ def restore_or_init(placed: Setup, checkpoints: Checkpoints) -> tuple[int, Train
 
 
 def train(placed: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
+          allow_config_change: bool = False,
           on_start: Callable[[], None] | None = None) -> dict[str, Any]:
   """Trains `placed.task` to `train.num_steps`, resuming from `job_dir` if it holds a checkpoint.
 
@@ -244,7 +248,7 @@ def train(placed: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
   task, cfg = placed.task, placed.task.train
   primary = jax.process_index() == 0
   checkpoints = Checkpoints(job_dir / 'checkpoints', cfg.max_to_keep, fallback=restore_fallback)
-  start, state, meta = restore_or_init(placed, checkpoints)
+  start, state, meta = restore_or_init(placed, checkpoints, allow_config_change)
   if jax.process_count() > 1:
     clients, _, rows = placed.block
     status(f'process {jax.process_index()} loads clients {clients.start}:{clients.stop}, rows '

@@ -159,12 +159,17 @@ def test_restore_checks_shapes_against_the_model(tiny_job, tmp_path):
 
 
 def test_restore_refuses_a_checkpoint_from_another_data_position(tiny_job, tmp_path):
+  """Checkpoints of seed 0 under a config.json that says seed 7 (say, copied from another job):
+  the config check passes, the checkpoint's own data position does not."""
+  from paxlike import config_io
   job = tmp_path / 'job'
   shutil.copytree(tiny_job, job)
+  cfg = config_io.load_file(job / 'config.json')
+  cfg.train.seed = 7
+  (job / 'config.json').write_text(config_io.to_json(cfg))
   before = snapshot(job)
-  proc = run_cli(*TINY, '--fdl_set=train.seed=7', '--fdl_set=train.num_steps=30',
-                 '--allow_config_change', f'--job_log_dir={job}', check=False)
-  assert proc.returncode == 2 and proc.stderr.count('\n') == 1
+  proc = run_cli(*TINY, '--fdl_set=train.seed=7', f'--job_log_dir={job}', check=False)
+  assert proc.returncode == 2 and proc.stderr.count('\n') == 1, proc.stderr
   assert proc.stderr.startswith("paxlike: error: checkpoint step 20 was saved at data position "
                                 "{'seed': 0, 'next_step': 21}, but this run continues at "
                                 "{'seed': 7, 'next_step': 21}")
