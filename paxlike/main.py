@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import sys
+from typing import Callable
 
 from absl import app, flags, logging
 
@@ -148,14 +149,20 @@ def run(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
+  run_reporting_errors(run, argv, 'paxlike')
+
+
+def run_reporting_errors(run_fn: Callable[[list[str]], None], argv: list[str], prog: str) -> None:
+  """`run_fn(argv)` with absl's INFO logs off unless asked; a UserError exits 2 and a RunFailure
+  1, each as one line on stderr prefixed by `prog`."""
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   try:
-    run(argv)
+    run_fn(argv)
   except UserError as error:
-    exit_with(2, f'paxlike: error: {error}')
+    exit_with(2, f'{prog}: error: {error}')
   except RunFailure as error:
-    exit_with(1, f'paxlike: failed: {error}')
+    exit_with(1, f'{prog}: failed: {error}')
 
 
 def exit_with(code: int, message: str) -> None:

@@ -16,7 +16,7 @@ import functools
 from pathlib import Path
 from typing import Any, Callable
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from paxlike import config_io
 from paxlike import main as cli
@@ -94,15 +94,7 @@ def run(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-  from paxlike.errors import RunFailure, UserError
-  if not FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
-  try:
-    run(argv)
-  except UserError as error:
-    cli.exit_with(2, f'paxlike.export: error: {error}')
-  except RunFailure as error:
-    cli.exit_with(1, f'paxlike.export: failed: {error}')
+  cli.run_reporting_errors(run, argv, 'paxlike.export')
 
 
 if __name__ == '__main__':

@@ -31,6 +31,7 @@ import numpy as np
 from jax.extend import core
 
 from paxlike.errors import UserError
+from paxlike.federated import chunking
 from paxlike.federated.primitives import broadcast_p, mean_p, sum_p
 
 AGGREGATIONS = {sum_p: 'sum', mean_p: 'mean'}
@@ -155,11 +156,18 @@ def specs(args: Any, placed: Sequence[bool], clients: int) -> Any:
       for x, p in zip(leaves, placed)])
 
 
+def round_jaxpr(fn: Callable, args: Sequence[Any]) -> core.ClosedJaxpr:
+  """The jaxpr of `fn(*args)` with every client mapped at once, whatever the platform's default
+  `client_chunk`: chunked clients run in a loop, which the placement cannot split."""
+  with chunking.all_clients_at_once():
+    return jax.make_jaxpr(fn)(*args)
+
+
 def placed_round(fn_at: Callable[[int], Callable], args: Sequence[Any],
                  placed: Sequence[bool], clients: int) -> PlacedRound:
   """Traces `fn_at(N)` and `fn_at(N + 1)` and places every value of the first (see above)."""
-  closed = jax.make_jaxpr(fn_at(clients))(*specs(args, placed, clients))
-  more = jax.make_jaxpr(fn_at(clients + 1))(*specs(args, placed, clients + 1)).jaxpr
+  closed = round_jaxpr(fn_at(clients), specs(args, placed, clients))
+  more = round_jaxpr(fn_at(clients + 1), specs(args, placed, clients + 1)).jaxpr
   jaxpr = closed.jaxpr
   if not _same_structure(jaxpr, more):
     raise ExportError(f'the round runs different equations for {clients} and {clients + 1} '

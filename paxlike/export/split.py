@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from jax.extend import core
 
 from paxlike.export.placement import (AGGREGATIONS, FEDERATED, ExportError, PlacedRound,
-                                      aligned, is_var, placed_round, specs, var_map)
+                                      aligned, is_var, placed_round, round_jaxpr, specs,
+                                      var_map)
 from paxlike.federated.primitives import broadcast_p
 
 __all__ = ['ExportError', 'Program', 'Split', 'split']
@@ -82,7 +83,7 @@ def split(fn_at: Callable[[int], Callable], args: Sequence[Any], client_placed: 
   server_pre = _server_program(r, server_in, pre_out, 'server_pre', key_impl)
   server_post = _server_program(r, server_in + [(v, n, None) for v, n in aggregates],
                                 server_out, 'server_post', key_impl)
-  one = jax.make_jaxpr(fn_at(1))(*specs(args, placed, 1))
+  one = round_jaxpr(fn_at(1), specs(args, placed, 1))
   client = _client_program(one, r.jaxpr, client_in, client_out, key_impl)
   return Split(server_pre, client, server_post, down + up, r.clients)
 

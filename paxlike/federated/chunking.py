@@ -10,14 +10,29 @@ on accelerators, and all at once wherever the `clients` mesh axis really shards 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import sys
+from typing import Iterator
 
 import jax
 
 from paxlike.federated.primitives import CLIENTS_AXIS
 
 CPU_CLIENT_CHUNK = 1
+_ALL_AT_ONCE = contextvars.ContextVar('paxlike_all_clients_at_once', default=False)
+
+
+@contextlib.contextmanager
+def all_clients_at_once() -> Iterator[None]:
+  """Within: an unset `client_chunk` maps all clients at once on every platform (the exporter
+  traces rounds so: a plan's client program is one client; chunking is the runtime's choice)."""
+  token = _ALL_AT_ONCE.set(True)
+  try:
+    yield
+  finally:
+    _ALL_AT_ONCE.reset(token)
 
 
 def default_client_chunk(platform: str, clients_axis_size: int) -> int | None:
@@ -31,7 +46,7 @@ def default_client_chunk(platform: str, clients_axis_size: int) -> int | None:
 def resolve_client_chunk(client_chunk: int | None) -> int | None:
   """`client_chunk` if the config set it, else the default for the ambient mesh's platform
   (said once on stderr). Call while tracing the round."""
-  if client_chunk is not None:
+  if client_chunk is not None or _ALL_AT_ONCE.get():
     return client_chunk
   mesh = jax.sharding.get_abstract_mesh()
   device = None if mesh.empty else mesh.abstract_device

@@ -40,3 +40,11 @@ def test_the_default_cpu_round_is_the_chunked_round():
     return str(jax.make_jaxpr(alg.next)(alg.init(params), batches, weights, jax.random.key(0)))
 
   assert program(None) == program(chunking.CPU_CLIENT_CHUNK) != program(4)
+
+
+def test_all_clients_at_once_overrides_only_an_unset_chunk():
+  assert chunking.resolve_client_chunk(None) == chunking.CPU_CLIENT_CHUNK
+  with chunking.all_clients_at_once():
+    assert chunking.resolve_client_chunk(None) is None
+    assert chunking.resolve_client_chunk(2) == 2
+  assert chunking.resolve_client_chunk(None) == chunking.CPU_CLIENT_CHUNK
