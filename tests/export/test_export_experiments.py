@@ -77,6 +77,20 @@ def test_diloco_export_runs_like_training(tmp_path):
   assert any(n.startswith('state.client_opt_state') for n in state)  # Carried at the clients.
 
 
+def test_dp_fedavg_export_runs_like_training(tmp_path):
+  """Clipping is client code, the noise and the adaptive clip norm are server code: the same
+  rounds as the trainer's, noise included (it comes from the round's key)."""
+  registry.import_all()
+  cfg = registry.get('federated.DigitsDpFedAvg')().config()
+  config_io.apply_overrides(cfg, [*TINY, 'data.clients_per_round=3'])
+  rows, state = train_to(cfg, tmp_path / 'job', 2)
+  export_experiment(cfg, tmp_path / 'export', rounds=2, experiment='federated.DigitsDpFedAvg')
+  history = run.run_rounds(run.load(tmp_path / 'export'), 2)
+  assert_round_matches(history[0], rows[0])
+  assert_round_matches(history[1], rows[1], state)
+  assert any(n.startswith('state.aggregator_state') for n in state)
+
+
 def test_fedadam_export_from_a_job_dir_continues_its_training(tmp_path):
   cfg, job = digits(fed.fed_adam(local_steps=2, server_learning_rate=0.05)), tmp_path / 'job'
   _, checkpointed = train_to(cfg, job, 1)
