@@ -33,11 +33,16 @@ FALLBACKS: tuple[Fallback, ...] = ('off', 'previous', 'from_scratch')
 class Checkpoints:
   """The job's checkpoint directory: restore the latest committed step, async save."""
 
-  def __init__(self, directory: Path, max_to_keep: int, fallback: Fallback = 'off'):
+  def __init__(self, directory: Path, max_to_keep: int, fallback: Fallback = 'off',
+               read_only: bool = False):
+    """`read_only` (eval, decode, export): restore only, and leave the temp dirs of a live
+    trainer's in-flight saves alone; only the trainer, holding the job-dir lock, cleans them."""
     assert fallback in FALLBACKS, fallback
+    assert not (read_only and fallback != 'off'), 'a reader moves no damaged step aside'
     self.fallback = fallback
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, enable_async_checkpointing=True, cleanup_tmp_directories=True,
+        max_to_keep=max_to_keep, enable_async_checkpointing=True, read_only=read_only,
+        cleanup_tmp_directories=not read_only,
         enable_background_delete=True)  # Old steps are deleted off the train thread.
     self._manager = ocp.CheckpointManager(
         Path(directory).absolute(), options=options,

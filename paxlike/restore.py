@@ -11,7 +11,7 @@ from paxlike.experiment import Task
 def load_latest_state(task: Task, job_dir: Path) -> tuple[train.Setup, int, train.TrainState]:
   """`task` placed on its mesh, and the latest committed step and state in `job_dir`."""
   placed = train.setup(task)
-  checkpoints = Checkpoints(job_dir / 'checkpoints', task.train.max_to_keep)
+  checkpoints = Checkpoints(job_dir / 'checkpoints', task.train.max_to_keep, read_only=True)
   try:
     restored = checkpoints.restore(placed.abstract_state)
   finally:

@@ -66,3 +66,23 @@ def test_a_failed_save_raises_in_the_next_call_and_commits_nothing(tmp_path):
     assert meta == {'step': 1}  # The committed step is untouched.
   finally:
     checkpoints.close()
+
+
+def test_a_reader_leaves_a_live_trainers_in_flight_save_alone(tmp_path):
+  """Eval on a job dir while it trains: its in-flight save's temp dir must survive the reader
+  (it did not: eval deleted it, and the trainer crashed at its next save)."""
+  directory = tmp_path / 'checkpoints'
+  checkpoints = Checkpoints(directory, max_to_keep=2)
+  try:
+    checkpoints.save(1, _state(), {'step': 1})
+  finally:
+    checkpoints.close()
+  in_flight = directory / '2.orbax-checkpoint-tmp'
+  (in_flight / 'state').mkdir(parents=True)
+  reader = Checkpoints(directory, max_to_keep=2, read_only=True)
+  try:
+    step, restored, _ = reader.restore(jax.eval_shape(_state))
+    assert step == 1 and int(restored['count']) == 7
+  finally:
+    reader.close()
+  assert in_flight.is_dir() and _committed(directory) == [1]
