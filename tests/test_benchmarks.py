@@ -84,6 +84,7 @@ def test_checkpoint_cost_saves_in_every_async_window_and_splits_the_extra_time()
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_cpu_step_times_whole_runs_of_paxlike_and_the_flax_baseline():
   out = run_json('benchmarks/cpu_step.py', '--quick')
   assert out['benchmark'] == 'cpu_step' and out['steps'] == [2, 4]
@@ -109,6 +110,7 @@ def _platform() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_gpu_mfu_quick_times_trainer_and_bare_step_and_the_federated_round():
   """Runs on any host (CPU here, the GPU on a GPU host); MFU is model FLOPs × rate / peak."""
   from configs.models import lm_125m
@@ -168,6 +170,7 @@ def test_gpu_mfu_sh_rejects_bad_arguments():
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_device_check_quick_runs_its_parts_and_prints_one_json_object():
   out = run_json('benchmarks/device_check.sh', '--quick', '--python', sys.executable,
                  '--parts', 'lever_remat_none,lever_no_donation', '--budget', '900')
@@ -195,6 +198,7 @@ def test_device_check_rejects_unknown_parts():
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_weak_scaling_quick_grows_cohort_with_devices_and_plots(tmp_path):
   png = tmp_path / 'weak.png'
   out = run_json('benchmarks/weak_scaling.py', '--quick', f'--png={png}')
