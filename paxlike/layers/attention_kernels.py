@@ -123,19 +123,27 @@ def resolve(impl: str, *, dtype: Any, num_heads: int, num_kv_heads: int, head_di
   if impl == 'splash' or (impl == 'auto' and platform == 'tpu'):
     why = ('needs a TPU' if platform != 'tpu' else
            None if splash_block(seq_len) else f'needs seq_len % 128 == 0, got {seq_len}')
-    if why is None:
-      return 'splash'
-    if impl == 'splash':
-      raise UserError(f"attention_impl='splash' {why} (platform {platform})")
-    _say_once(f'attention_impl=auto: XLA attention (splash {why})')
-    return 'xla'
+    return _kernel_or_xla(impl, 'splash', why,
+                          f"attention_impl='splash' {why} (platform {platform})",
+                          f'splash {why}')
   if impl == 'cudnn' or platform == 'gpu':
     why = cudnn_refusal(jnp.dtype(dtype).name, num_heads, num_kv_heads, head_dim, sliding_window)
-    if why is None:
-      return 'cudnn'
-    if impl == 'cudnn':
-      raise UserError(f"attention_impl='cudnn': cuDNN flash attention cannot run here: {why}")
-    _say_once(f'attention_impl=auto: XLA attention (cuDNN refused: {why})')
+    return _kernel_or_xla(
+        impl, 'cudnn', why,
+        f"attention_impl='cudnn': cuDNN flash attention cannot run here: {why}",
+        f'cuDNN refused: {why}')
+  return 'xla'
+
+
+def _kernel_or_xla(impl: str, kernel: str, why: str | None, forced_error: str,
+                   fallback_note: str) -> str:
+  """`kernel` where nothing refuses it (`why` is None); else a UserError if the config forced
+  it, or XLA, said once, under 'auto'."""
+  if why is None:
+    return kernel
+  if impl == kernel:
+    raise UserError(forced_error)
+  _say_once(f'attention_impl=auto: XLA attention ({fallback_note})')
   return 'xla'
 
 
