@@ -40,10 +40,14 @@ class Checkpoints:
     assert fallback in FALLBACKS, fallback
     assert not (read_only and fallback != 'off'), 'a reader moves no damaged step aside'
     self.fallback = fallback
+    # A reader's options are already what Orbax would force, so it warns about none of them.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, enable_async_checkpointing=True, read_only=read_only,
-        cleanup_tmp_directories=not read_only,
+        max_to_keep=None if read_only else max_to_keep, read_only=read_only,
+        save_interval_steps=0 if read_only else 1, create=not read_only,
+        cleanup_tmp_directories=not read_only, enable_async_checkpointing=True,
         enable_background_delete=True)  # Old steps are deleted off the train thread.
+    if read_only:
+      _drop_read_only_notice()
     self._manager = ocp.CheckpointManager(
         Path(directory).absolute(), options=options,
         item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})
@@ -144,6 +148,20 @@ def _copy(tree: Any) -> Any:
   """A device copy of every array in `tree`, in the same sharding: new buffers, so a step
   that donates `tree` leaves the copy intact."""
   return jax.tree.map(jnp.copy, tree)
+
+
+def _drop_read_only_notice() -> None:
+  """Orbax logs 'Given directory is read only' on every read-only open: eval, decode and export
+  open one on purpose, and their errors must stay one line."""
+  absl_logger = logging.getLogger('absl')
+  if not any(isinstance(f, _ReadOnlyNoticeFilter) for f in absl_logger.filters):
+    absl_logger.addFilter(_ReadOnlyNoticeFilter())
+
+
+class _ReadOnlyNoticeFilter(logging.Filter):
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith('Given directory is read only')
 
 
 def _quiet_closed_loop_noise() -> None:
