@@ -34,6 +34,8 @@ flags.DEFINE_multi_string('fdl_fiddler', [], 'A fiddler from configs/fiddlers.py
 flags.DEFINE_multi_string('allow_import', [], 'Extra module allowed in --fdl_config/--fdl_fiddler.')
 flags.DEFINE_string('data_dir', None, 'Data root (else $PAXLIKE_DATA_DIR, else ../shared/data).')
 flags.DEFINE_bool('allow_config_change', False, 'Resume a job dir whose saved config differs.')
+flags.DEFINE_string('compilation_cache_dir', None, 'Persistent XLA compilation cache, so a rerun '
+                    'skips compiling (default: ~/.cache/paxlike/jax; empty: off).')
 
 
 class _FallbackParser(flags.EnumParser):
@@ -90,6 +92,15 @@ def task_config():
   return cfg
 
 
+def use_local_settings() -> None:
+  """The data root and the compilation cache, from the flags (before any data or compile)."""
+  if FLAGS.data_dir:
+    os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
+  from paxlike import compile_cache
+  compile_cache.configure(compile_cache.default_dir() if FLAGS.compilation_cache_dir is None
+                          else FLAGS.compilation_cache_dir)
+
+
 def run(argv: list[str]) -> None:
   """Dispatches on --mode. Raises UserError/RunFailure for the caller to turn into exit codes."""
   if len(argv) > 1:
@@ -100,8 +111,7 @@ def run(argv: list[str]) -> None:
     return
   if FLAGS.mode not in MODES:
     raise UserError(f'--mode={FLAGS.mode!r} is not one of {", ".join(MODES)}')
-  if FLAGS.data_dir:
-    os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
+  use_local_settings()
   cfg = task_config()
   task = config_io.build(cfg)
   from paxlike import memory, model_stats, privacy

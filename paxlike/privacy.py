@@ -22,8 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-
-import dp_accounting
+from typing import TYPE_CHECKING
 
 from paxlike.errors import UserError
 from paxlike.federated.dp import DpAggregator
@@ -31,10 +30,16 @@ from paxlike.federated.dp import DpAggregator
 SAMPLINGS = ('poisson', 'without_replacement', 'full')
 DATA_SAMPLING = {'uniform': 'without_replacement', 'fixed': 'full'}  # data.sampling -> ours.
 
+# dp_accounting pulls in scipy (about a second of start-up), so it is imported where it is used:
+# only DP runs pay for it.
+if TYPE_CHECKING:
+  import dp_accounting
+
 
 def round_event(noise_multiplier: float, sampling: str, clients_per_round: int,
                 num_clients: int) -> dp_accounting.DpEvent:
   """One round's DpEvent (see the module docstring for the three samplings)."""
+  import dp_accounting
   if sampling == 'poisson':
     return dp_accounting.PoissonSampledDpEvent(
         clients_per_round / num_clients, dp_accounting.GaussianDpEvent(noise_multiplier))
@@ -49,6 +54,7 @@ def round_event(noise_multiplier: float, sampling: str, clients_per_round: int,
 def epsilon(event: dp_accounting.DpEvent, rounds: int, delta: float,
             accountant: str = 'rdp') -> float:
   """ε after `rounds` compositions of `event` at `delta` (z > 0)."""
+  import dp_accounting
   if rounds == 0:
     return 0.0
   if accountant == 'pld':

@@ -84,9 +84,7 @@ def run(argv: list[str]) -> None:
     raise UserError(f'unexpected arguments: {" ".join(argv[1:])}')
   if not FLAGS.out:
     raise UserError('--out is required')
-  if FLAGS.data_dir:
-    import os
-    os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
+  cli.use_local_settings()
   sizes = export_experiment(cli.task_config(), Path(FLAGS.out), FLAGS.job_log_dir, FLAGS.rounds,
                             FLAGS.exp or '')
   for name, size in sizes.items():

@@ -1,0 +1,36 @@
+"""JAX's persistent compilation cache, on by default: a restarted or resumed job (and eval, decode
+and export of it) loads its compiled programs instead of compiling them again.
+
+`--compilation_cache_dir` picks the directory (default `$XDG_CACHE_HOME/paxlike/jax`, else
+`~/.cache/paxlike/jax`; empty turns it off). JAX's own `JAX_COMPILATION_CACHE_DIR` wins when
+set. The cache is bounded (least recently used entries go first) and file-locked, so processes
+of several jobs can share it. Only compiles that took over a second are kept (JAX's default
+`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`), which is the train step on any real model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+
+MAX_BYTES = 4 << 30
+
+
+def default_dir() -> str:
+  """The per-user cache directory."""
+  root = os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache'
+  return str(Path(root) / 'paxlike' / 'jax')
+
+
+def configure(directory: str) -> str | None:
+  """Points JAX's compilation cache at `directory` ('' = off) unless JAX_COMPILATION_CACHE_DIR
+  is set; returns the directory in use, or None when the cache is off."""
+  if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    directory = os.environ['JAX_COMPILATION_CACHE_DIR']
+  if not directory:
+    return None
+  jax.config.update('jax_compilation_cache_dir', directory)
+  jax.config.update('jax_compilation_cache_max_size', MAX_BYTES)
+  return directory
