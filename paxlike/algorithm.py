@@ -72,6 +72,12 @@ FIXED_COHORT_ARGS = ('num_replicas', 'population', 'num_experts', 'num_clients')
 PER_CLIENT_ARGS = ('num_clients',)
 
 
+def fixed_cohort_args(builder: AlgorithmBuilder) -> list[str]:
+  """The FIXED_COHORT_ARGS a builder (a partial of an algorithm) sets."""
+  keywords = getattr(builder, 'keywords', {})
+  return [arg for arg in FIXED_COHORT_ARGS if arg in keywords]
+
+
 # How clients are weighted in a round's averages: the weights the data gives (each client's
 # number of examples), the mask count of the client's round batches (the tokens, or for
 # classifiers the examples, it trained on: what TFF and FedJAX use), or equally.

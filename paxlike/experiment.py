@@ -7,7 +7,7 @@ them; that joined config is what `--fdl_set` edits, what `config.json` stores, a
 
 The data alone says a round's shape (`data.clients_per_round` × `data.local_steps`); the
 algorithms read it from the batches. Algorithms whose state has one slice per cohort slot name
-that count too (`FIXED_COHORT_ARGS`), and building the Task checks the two agree.
+that count too (`paxlike.algorithm.FIXED_COHORT_ARGS`), and building the Task checks the two agree.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import fiddle as fdl
 import flax.linen as nn
 import optax
 
-from paxlike.algorithm import FIXED_COHORT_ARGS, PER_CLIENT_ARGS, AlgorithmBuilder
+from paxlike.algorithm import PER_CLIENT_ARGS, AlgorithmBuilder, fixed_cohort_args
 from paxlike.errors import UserError
 from paxlike.partitioning import MeshConfig
 
@@ -72,12 +72,12 @@ class Task:
 def check_fixed_cohort(algorithm: AlgorithmBuilder, data: DataSource) -> None:
   """Raises a one-line UserError unless `data`'s cohort is the one a fixed-cohort `algorithm`
   (a partial with one of FIXED_COHORT_ARGS) keeps state for."""
-  keywords = getattr(algorithm, 'keywords', {})
-  for arg in FIXED_COHORT_ARGS:
-    if arg in keywords and keywords[arg] != data.clients_per_round:
-      raise UserError(f'algorithm.{arg}={keywords[arg]} but data.clients_per_round='
+  for arg in fixed_cohort_args(algorithm):
+    count = algorithm.keywords[arg]
+    if count != data.clients_per_round:
+      raise UserError(f'algorithm.{arg}={count} but data.clients_per_round='
                       f'{data.clients_per_round}: set both to the same cohort size')
-    if arg in keywords and arg in PER_CLIENT_ARGS and data.sampling != 'fixed':
+    if arg in PER_CLIENT_ARGS and data.sampling != 'fixed':
       raise UserError(f'algorithm.{arg} keeps state per client, so it trains every client '
                       f"every round: set data.sampling='fixed', not {data.sampling!r}")
 

@@ -29,8 +29,8 @@ FLAGS = flags.FLAGS
 def cohort_algorithm(task: Any, loss_fn: Any) -> Callable[[int], Any]:
   """`n -> Algorithm` for a cohort of n: the task's algorithm with its fixed cohort arguments
   (paxlike.algorithm.FIXED_COHORT_ARGS: DiLoCo's replicas, PAPA's population, ...) set to n."""
-  from paxlike.algorithm import FIXED_COHORT_ARGS
-  fixed = [arg for arg in FIXED_COHORT_ARGS if arg in getattr(task.algorithm, 'keywords', {})]
+  from paxlike.algorithm import fixed_cohort_args
+  fixed = fixed_cohort_args(task.algorithm)
 
   def make(n: int) -> Any:
     return functools.partial(task.algorithm, **{arg: n for arg in fixed})(loss_fn, task.optimizer)
