@@ -1,8 +1,8 @@
 """Centralized training as an algorithm: the same `(init, next)` pair the federated ones are.
 
 `batches` has leading axes `[1, micro_batches, batch, ...]`: one "client" (the whole job; a
-larger cohort is refused), and its local steps are micro-batches whose gradients are averaged before one optimizer update
-(gradient accumulation with `lax.scan`).
+larger cohort is refused), and its local steps are micro-batches whose gradients are averaged
+before one optimizer update (gradient accumulation with `lax.scan`).
 """
 
 from __future__ import annotations

@@ -189,8 +189,8 @@ def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
   optimizer each round, then the server optimizer on the pseudo-gradient (SGD at lr 1, the
   default, is plain weighted averaging of the client models). DP-FedAvg with
   `aggregator=DpAggregator(...)`, FedProx with `prox_mu` > 0 (see `pseudo_gradient`)."""
-  return pseudo_gradient(loss_fn, client_optimizer, server_optimizer, client_chunk=client_chunk, weighting=weighting, aggregator=aggregator,
-                         prox_mu=prox_mu)
+  return pseudo_gradient(loss_fn, client_optimizer, server_optimizer, client_chunk=client_chunk,
+                         weighting=weighting, aggregator=aggregator, prox_mu=prox_mu)
 
 
 FLAVOURS = ('paper', 'optax')
