@@ -4,7 +4,7 @@
 
 The task is `--exp` (default federated.ShakespeareFedAvg: `configs.models.lm_tiny()` on Tiny
 Shakespeare by role) with `data.seq_len`, `data.batch_size`, `data.clients_per_round` and
-`algorithm.local_steps` set from the flags. Per cohort, a child process times in alternating
+`data.local_steps` set from the flags. Per cohort, a child process times in alternating
 repeats, on the same device-resident round batches:
 - `paxlike`: `train.setup(task).step`, the default round: `algorithm.client_chunk` unset, so
   chosen per platform (paxlike/federated/chunking.py: one client at a time on CPU; all at once
@@ -107,7 +107,7 @@ def build_task(args: argparse.Namespace, cohort: int) -> tuple[Any, str]:
   clients_axis = math.gcd(args.devices, cohort)
   config_io.apply_overrides(cfg, [
       f'data.seq_len={args.seq_len}', f'data.batch_size={args.batch_size}',
-      f'data.clients_per_round={cohort}', f'algorithm.local_steps={args.local_steps}',
+      f'data.clients_per_round={cohort}', f'data.local_steps={args.local_steps}',
       f'mesh.ici=({clients_axis}, {args.devices // clients_axis})',
       "mesh.axes=('clients', 'data')", *args.set])
   task = config_io.build(cfg)

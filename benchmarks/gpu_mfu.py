@@ -37,8 +37,8 @@ QUICK_MODEL = ['model.num_layers=2', 'model.d_model=64', 'model.num_heads=4',
                'model.num_kv_heads=2', 'model.d_ff=128', 'model.vocab_size=256']
 QUICK_LM = [*QUICK_MODEL, 'data.seq_len=32', 'data.batch_size=8', 'data.eval_batch_size=8',
             'data.num_eval_batches=1']
-QUICK_FEDERATED = [*QUICK_MODEL, 'data.clients_per_round=4', 'algorithm.local_steps=2']
-FEDERATED = ['data.clients_per_round=16', 'algorithm.local_steps=4']
+QUICK_FEDERATED = [*QUICK_MODEL, 'data.clients_per_round=4', 'data.local_steps=2']
+FEDERATED = ['data.clients_per_round=16', 'data.local_steps=4']
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

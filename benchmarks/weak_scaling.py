@@ -54,7 +54,7 @@ def point(args: argparse.Namespace, devices: int) -> dict[str, Any]:
   from paxlike import train
   cohort = devices * args.clients_per_device
   task = gpu_mfu.task_of(args.exp, [], [
-      f'data.clients_per_round={cohort}', f'algorithm.local_steps={args.local_steps}',
+      f'data.clients_per_round={cohort}', f'data.local_steps={args.local_steps}',
       f'mesh.ici=({devices}, 1)', "mesh.axes=('clients', 'data')", *args.set])
   s = train.setup(task)
   assert s.mesh.size == devices == len(jax.devices())

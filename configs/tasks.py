@@ -13,10 +13,17 @@ def train_config(num_steps: int, log_every: int = 50, eval_every: int = 200,
                     eval_every=eval_every, checkpoint_every=checkpoint_every)
 
 
+def task(model: fdl.Config, algorithm: fdl.Partial, optimizer: fdl.Config, num_steps: int,
+         **train) -> fdl.Config[Task]:
+  """A task on a data-parallel mesh; the experiment's `datasets()` fills in its data (and with
+  it the cohort shape). `optimizer` is the clients' for federated algorithms; `train` sets
+  log/eval/checkpoint intervals. Steps are rounds for federated algorithms."""
+  return fdl.Config(Task, model=model, optimizer=optimizer, algorithm=algorithm, data=None,
+                    mesh=meshes.data_parallel(), train=train_config(num_steps, **train))
+
+
 def centralized_task(model: fdl.Config, num_steps: int, peak_lr: float = 3e-3,
                      **train) -> fdl.Config[Task]:
   """Centralized training with AdamW on a warmup-cosine schedule, data-parallel mesh."""
-  return fdl.Config(
-      Task, model=model, optimizer=optimizers.adamw(peak_lr, num_steps),
-      algorithm=fdl.Partial(centralized), data=None, mesh=meshes.data_parallel(),
-      train=train_config(num_steps, **train))
+  return task(model, fdl.Partial(centralized), optimizers.adamw(peak_lr, num_steps), num_steps,
+              **train)

@@ -3,10 +3,11 @@ step = one round.
 
 Every Shakespeare experiment trains the same 2-layer byte transformer (`configs.models.lm_tiny`)
 on Tiny Shakespeare split by speaking role, evaluated on the pooled held-out speeches. Each
-runs 100 rounds by default, a few minutes on 2 CPU cores. Cohort fields have one home each
-(configs/federated.py), e.g. `--fdl_set=algorithm.local_steps=8`,
-`--fdl_set=data.clients_per_round=16` (FedAvg), `--fdl_set=algorithm.num_replicas=8` (DiLoCo;
-fixed domains also need `data.num_clients=8`), `--fdl_set=optimizer.learning_rate=1e-3` (client),
+runs 100 rounds by default, a few minutes on 2 CPU cores. The data sets a round's shape, e.g.
+`--fdl_set=data.local_steps=8 --fdl_set=data.clients_per_round=16`; a fixed-cohort algorithm
+names its count too, and a mismatch is refused (DiLoCo on 8 fixed domains:
+`algorithm.num_replicas=8`, `data.clients_per_round=8`, `data.num_clients=8`). Also
+`--fdl_set=optimizer.learning_rate=1e-3` (client),
 `--fdl_set=algorithm.server_optimizer.learning_rate=0.5`. A `clients` mesh axis on 8 devices:
 `--fdl_set=mesh.ici=(2,4) --fdl_set="mesh.axes=('clients','data')"`.
 """
@@ -24,10 +25,10 @@ ROUNDS = 100
 EVERY = dict(log_every=10, eval_every=25, checkpoint_every=25)
 
 
-def shakespeare(**kwargs) -> fdl.Partial:
-  """Shakespeare by role, 64-byte windows, 8 per client batch; cohort fields as derived."""
-  return fdl.Partial(LmData, **{'dataset': 'shakespeare', 'partition': 'natural',
-                                'seq_len': 64, 'batch_size': 8, **kwargs})
+def shakespeare(**kwargs) -> fdl.Config[LmData]:
+  """Shakespeare by role, 64-byte windows, 8 per client batch; `kwargs` set the rest."""
+  return fdl.Config(LmData, **{'dataset': 'shakespeare', 'partition': 'natural',
+                               'seq_len': 64, 'batch_size': 8, **kwargs})
 
 
 @register
@@ -39,11 +40,11 @@ class ShakespeareFedAvg(Experiment):
   """
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.fed_avg(local_steps=4),
-                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return tasks.task(models.lm_tiny(), fed.fed_avg(),
+                      optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return shakespeare(clients_per_round=8)
+    return shakespeare(clients_per_round=8, local_steps=4)
 
 
 @register
@@ -56,11 +57,11 @@ class ShakespeareFedAdam(Experiment):
   """
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.fed_adam(local_steps=4),
-                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return tasks.task(models.lm_tiny(), fed.fed_adam(),
+                      optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return shakespeare(clients_per_round=8)
+    return shakespeare(clients_per_round=8, local_steps=4)
 
 
 @register
@@ -72,11 +73,11 @@ class ShakespeareFedYogi(Experiment):
   """
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.fed_yogi(local_steps=4),
-                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return tasks.task(models.lm_tiny(), fed.fed_yogi(),
+                      optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return shakespeare(clients_per_round=8)
+    return shakespeare(clients_per_round=8, local_steps=4)
 
 
 @register
@@ -89,11 +90,11 @@ class ShakespeareFedAdagrad(Experiment):
   """
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.fed_adagrad(local_steps=4),
-                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return tasks.task(models.lm_tiny(), fed.fed_adagrad(),
+                      optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return shakespeare(clients_per_round=8)
+    return shakespeare(clients_per_round=8, local_steps=4)
 
 
 @register
@@ -105,11 +106,11 @@ class ShakespeareFedAvgM(Experiment):
   """
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.fed_avgm(local_steps=4),
-                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return tasks.task(models.lm_tiny(), fed.fed_avgm(),
+                      optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return shakespeare(clients_per_round=8)
+    return shakespeare(clients_per_round=8, local_steps=4)
 
 
 @register
@@ -120,13 +121,15 @@ class ShakespeareDiLoCo(Experiment):
   python -m paxlike.main --exp=federated.ShakespeareDiLoCo --job_log_dir=/tmp/diloco
   With --fdl_set=train.num_steps=30: eval_loss 2.26 (untrained 5.55), docs/federated_results.md.
   """
+  REPLICAS = 4
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.diloco(local_steps=8, num_replicas=4),
-                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return tasks.task(models.lm_tiny(), fed.diloco(num_replicas=self.REPLICAS),
+                      optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return shakespeare(partition='domains', num_clients=4, sampling='fixed')
+    return shakespeare(partition='domains', num_clients=self.REPLICAS, sampling='fixed',
+                       clients_per_round=self.REPLICAS, local_steps=8)
 
 
 @register
@@ -141,13 +144,14 @@ class ShakespearePapa(Experiment):
   With --fdl_set=train.num_steps=30: eval_loss 3.94 (a poor soup of 4 unrelated inits this early;
   2.38 with --fdl_set=algorithm.same_init=True), docs/federated_results.md.
   """
+  POPULATION = 4
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.papa(population=4, alpha=0.99, every=2),
-                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    algorithm = fed.papa(population=self.POPULATION, alpha=0.99, every=2)
+    return tasks.task(models.lm_tiny(), algorithm, optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return shakespeare(partition='pooled', local_steps=5)
+    return shakespeare(partition='pooled', clients_per_round=self.POPULATION, local_steps=5)
 
 
 @register
@@ -160,13 +164,15 @@ class ShakespeareBtm(Experiment):
   python -m paxlike.main --exp=federated.ShakespeareBtm --job_log_dir=/tmp/btm
   With --fdl_set=train.num_steps=30: see docs/federated_results.md (untrained 5.55).
   """
+  EXPERTS = 4
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.btm(num_experts=4, seed_steps=10),
-                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return tasks.task(models.lm_tiny(), fed.btm(num_experts=self.EXPERTS, seed_steps=10),
+                      optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return shakespeare(partition='domains', num_clients=4, sampling='fixed', local_steps=4)
+    return shakespeare(partition='domains', num_clients=self.EXPERTS, sampling='fixed',
+                       clients_per_round=self.EXPERTS, local_steps=4)
 
 
 @register
@@ -195,13 +201,15 @@ class StdlibDiLoCo(Experiment):
   python -m paxlike.main --exp=federated.StdlibDiLoCo --job_log_dir=/tmp/stdlib_diloco
   With --fdl_set=train.num_steps=30: eval_loss 2.09 (untrained 5.55), docs/federated_results.md.
   """
+  REPLICAS = 4
 
   def task(self):
-    return fed.federated_task(models.lm_tiny(), fed.diloco(local_steps=8, num_replicas=4),
-                              optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return tasks.task(models.lm_tiny(), fed.diloco(num_replicas=self.REPLICAS),
+                      optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return fdl.Partial(LmData, dataset='stdlib', partition='pooled', seq_len=64, batch_size=8)
+    return fdl.Config(LmData, dataset='stdlib', partition='pooled', seq_len=64, batch_size=8,
+                      clients_per_round=self.REPLICAS, local_steps=8)
 
 
 @register
@@ -214,12 +222,11 @@ class DigitsFedAvg(Experiment):
   """
 
   def task(self):
-    return fed.federated_task(models.mlp(), fed.fed_avg(local_steps=5), optimizers.sgd(0.1),
-                              ROUNDS, **EVERY)
+    return tasks.task(models.mlp(), fed.fed_avg(), optimizers.sgd(0.1), ROUNDS, **EVERY)
 
   def datasets(self):
-    return fdl.Partial(ImageData, dataset='digits', partition='dirichlet', alpha=0.3,
-                       num_clients=20, clients_per_round=5, batch_size=16)
+    return fdl.Config(ImageData, dataset='digits', partition='dirichlet', alpha=0.3,
+                      num_clients=20, clients_per_round=5, local_steps=5, batch_size=16)
 
 
 @register
@@ -236,13 +243,12 @@ class FashionMnistFedAvg(Experiment):
   def task(self):
     model = models.cnn()
     model.features, model.dense = (16, 32), 128
-    return fed.federated_task(model, fed.fed_avg(local_steps=2), optimizers.sgd(0.05),
-                              ROUNDS, **EVERY)
+    return tasks.task(model, fed.fed_avg(), optimizers.sgd(0.05), ROUNDS, **EVERY)
 
   def datasets(self):
-    return fdl.Partial(ImageData, dataset='fashion_mnist', partition='shards', num_clients=100,
-                       shards_per_client=2, clients_per_round=10, batch_size=16,
-                       eval_batch_size=256, num_eval_batches=8)
+    return fdl.Config(ImageData, dataset='fashion_mnist', partition='shards', num_clients=100,
+                      shards_per_client=2, clients_per_round=10, local_steps=2, batch_size=16,
+                      eval_batch_size=256, num_eval_batches=8)
 
 
 def dp(clip_norm: float, noise_multiplier: float, **kwargs) -> fdl.Config[DpAggregator]:
@@ -270,12 +276,12 @@ class ShakespeareDpFedAvg(Experiment):
   def task(self):
     model = models.lm_tiny()
     model.num_layers, model.d_model, model.num_heads, model.d_ff = 1, 32, 2, 64
-    algorithm = fed.fed_avg(local_steps=4)
+    algorithm = fed.fed_avg()
     algorithm.aggregator = dp(clip_norm=0.5, noise_multiplier=8.0, delta=1e-5)
-    return fed.federated_task(model, algorithm, optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
+    return tasks.task(model, algorithm, optimizers.constant_adamw(3e-3), ROUNDS, **EVERY)
 
   def datasets(self):
-    return shakespeare(clients_per_round=147, sampling='fixed')
+    return shakespeare(clients_per_round=147, sampling='fixed', local_steps=4)
 
 
 @register
@@ -292,14 +298,14 @@ class DigitsDpFedAvg(Experiment):
   """
 
   def task(self):
-    algorithm = fed.fed_avg(local_steps=5)
+    algorithm = fed.fed_avg()
     algorithm.aggregator = dp(clip_norm=0.5, noise_multiplier=6.0, delta=1e-5, max_epsilon=10.0)
-    return fed.federated_task(models.mlp(hidden=(32,)), algorithm, optimizers.sgd(0.1),
-                              ROUNDS, **EVERY)
+    return tasks.task(models.mlp(hidden=(32,)), algorithm, optimizers.sgd(0.1),
+                      ROUNDS, **EVERY)
 
   def datasets(self):
-    return fdl.Partial(ImageData, dataset='digits', partition='dirichlet', alpha=0.3,
-                       num_clients=400, clients_per_round=100, batch_size=16)
+    return fdl.Config(ImageData, dataset='digits', partition='dirichlet', alpha=0.3,
+                      num_clients=400, clients_per_round=100, local_steps=5, batch_size=16)
 
 
 @register
@@ -313,13 +319,13 @@ class ShakespeareFedProx(Experiment):
   """
 
   def task(self):
-    algorithm = fed.fed_avg(local_steps=4)
+    algorithm = fed.fed_avg()
     algorithm.prox_mu = 0.01
-    return fed.federated_task(models.lm_tiny(), algorithm, optimizers.constant_adamw(3e-3), ROUNDS,
-                              **EVERY)
+    return tasks.task(models.lm_tiny(), algorithm, optimizers.constant_adamw(3e-3), ROUNDS,
+                      **EVERY)
 
   def datasets(self):
-    return shakespeare(clients_per_round=8)
+    return shakespeare(clients_per_round=8, local_steps=4)
 
 
 @register
@@ -332,11 +338,13 @@ class DigitsScaffold(Experiment):
   With --fdl_set=train.num_steps=30: eval_loss 0.30, accuracy 0.93; FedAvg on the same cohort of
   all 20 clients: 0.61, 0.89.
   """
+  CLIENTS = 20
 
   def task(self):
-    return fed.federated_task(models.mlp(), fed.scaffold(local_steps=5, num_clients=20),
-                              optimizers.sgd(0.1), ROUNDS, **EVERY)
+    return tasks.task(models.mlp(), fed.scaffold(num_clients=self.CLIENTS), optimizers.sgd(0.1),
+                      ROUNDS, **EVERY)
 
   def datasets(self):
-    return fdl.Partial(ImageData, dataset='digits', partition='dirichlet', alpha=0.3,
-                       num_clients=20, sampling='fixed', batch_size=16)
+    return fdl.Config(ImageData, dataset='digits', partition='dirichlet', alpha=0.3,
+                      num_clients=self.CLIENTS, clients_per_round=self.CLIENTS, sampling='fixed',
+                      local_steps=5, batch_size=16)

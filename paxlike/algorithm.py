@@ -50,23 +50,32 @@ def cast_like(tree: Any, like: Any) -> Any:
   return jax.tree.map(lambda x, ref: x.astype(ref.dtype), tree, like)
 
 
-def cohort_size(batches: Any, local_steps: int | None = None,
-                fixed: tuple[int, str] | None = None) -> int:
-  """The number of clients (leading axis of `batches`); checks the local-steps axis if given,
-  and with `fixed=(n, 'experts')` that the cohort is exactly the algorithm's n members."""
+def cohort_size(batches: Any, fixed: tuple[int, str] | None = None) -> int:
+  """The number of clients (leading axis of `batches`, which lead [clients, local_steps]); with
+  `fixed=(n, 'experts')`, checks that the cohort is exactly the algorithm's n members."""
   shapes = {jnp.shape(leaf)[:2] for leaf in jax.tree.leaves(batches)}
   if len(shapes) != 1 or len(next(iter(shapes))) != 2:
     raise AlgorithmConfigError(
         f'batches need common leading axes [clients, local_steps], got {shapes}.')
-  clients, steps = shapes.pop()
-  if local_steps is not None and steps != local_steps:
-    raise AlgorithmConfigError(
-        f'batches have {steps} local steps per client, the algorithm {local_steps}.')
+  clients, _ = shapes.pop()
   if fixed is not None and clients != fixed[0]:
     raise AlgorithmConfigError(
         f'the cohort has {clients} clients but the algorithm has {fixed[0]} {fixed[1]}; '
         f'set clients_per_round = {fixed[0]}, one fixed client per slot.')
   return clients
+
+
+# Arguments that fix an algorithm's cohort: its state keeps one slice per cohort slot (DiLoCo's
+# replicas, PAPA's members, BTM's experts, SCAFFOLD's clients), so the data's clients_per_round
+# must equal it. The one in PER_CLIENT_ARGS also needs slot i to be client i every round.
+FIXED_COHORT_ARGS = ('num_replicas', 'population', 'num_experts', 'num_clients')
+PER_CLIENT_ARGS = ('num_clients',)
+
+
+def fixed_cohort_args(builder: AlgorithmBuilder) -> list[str]:
+  """The FIXED_COHORT_ARGS a builder (a partial of an algorithm) sets."""
+  keywords = getattr(builder, 'keywords', {})
+  return [arg for arg in FIXED_COHORT_ARGS if arg in keywords]
 
 
 # How clients are weighted in a round's averages: the weights the data gives (each client's

@@ -1,8 +1,8 @@
 """Centralized training as an algorithm: the same `(init, next)` pair the federated ones are.
 
-`batches` has leading axes `[1, micro_batches, batch, ...]`: one "client" (the whole job), and
-its local steps are micro-batches whose gradients are averaged before one optimizer update
-(gradient accumulation with `lax.scan`).
+`batches` has leading axes `[1, micro_batches, batch, ...]`: one "client" (the whole job; a
+larger cohort is refused), and its local steps are micro-batches whose gradients are averaged
+before one optimizer update (gradient accumulation with `lax.scan`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from paxlike import optim
-from paxlike.algorithm import Algorithm
+from paxlike.algorithm import Algorithm, AlgorithmConfigError, cohort_size
 from paxlike.losses import LossFn
 
 
@@ -31,6 +31,10 @@ def centralized(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> Alg
 
   def next(state, batches, weights, rng):
     del weights  # One client: nothing to weight.
+    clients = cohort_size(batches)
+    if clients != 1:
+      raise AlgorithmConfigError(f'centralized training takes a cohort of 1 client, got '
+                                 f'{clients}; set data.clients_per_round=1.')
     micro = jax.tree.map(lambda x: x[0], batches)
     num_micro = jax.tree.leaves(micro)[0].shape[0]
 

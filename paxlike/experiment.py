@@ -4,6 +4,10 @@ An experiment is a small class: `task()` returns a `fdl.Config[Task]` (model, op
 algorithm, mesh, train settings) and `datasets()` returns the data config. `config()` joins
 them; that joined config is what `--fdl_set` edits, what `config.json` stores, and what
 `fdl.build` turns into a runnable `Task`.
+
+The data alone says a round's shape (`data.clients_per_round` × `data.local_steps`); the
+algorithms read it from the batches. Algorithms whose state has one slice per cohort slot name
+that count too (`paxlike.algorithm.FIXED_COHORT_ARGS`), and building the Task checks the two agree.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import fiddle as fdl
 import flax.linen as nn
 import optax
 
-from paxlike.algorithm import AlgorithmBuilder
+from paxlike.algorithm import PER_CLIENT_ARGS, AlgorithmBuilder, fixed_cohort_args
 from paxlike.errors import UserError
 from paxlike.partitioning import MeshConfig
 
@@ -60,6 +64,22 @@ class Task:
   data: DataSource
   mesh: MeshConfig = MeshConfig()
   train: TrainConfig = TrainConfig()
+
+  def __post_init__(self):
+    check_fixed_cohort(self.algorithm, self.data)
+
+
+def check_fixed_cohort(algorithm: AlgorithmBuilder, data: DataSource) -> None:
+  """Raises a one-line UserError unless `data`'s cohort is the one a fixed-cohort `algorithm`
+  (a partial with one of FIXED_COHORT_ARGS) keeps state for."""
+  for arg in fixed_cohort_args(algorithm):
+    count = algorithm.keywords[arg]
+    if count != data.clients_per_round:
+      raise UserError(f'algorithm.{arg}={count} but data.clients_per_round='
+                      f'{data.clients_per_round}: set both to the same cohort size')
+    if arg in PER_CLIENT_ARGS and data.sampling != 'fixed':
+      raise UserError(f'algorithm.{arg} keeps state per client, so it trains every client '
+                      f"every round: set data.sampling='fixed', not {data.sampling!r}")
 
 
 class Experiment(abc.ABC):

@@ -4,7 +4,7 @@
 
 Each experiment trains through the real CLI (`python -m paxlike.main`) into `DIR/runs/NAME`.
 Budget: an experiment's round costs `clients_per_round × local_steps` client steps (read from
-its built task: `task.data`, where the federated configs copy the algorithm's cohort fields);
+its built task: `task.data`, the one place the cohort shape is set);
 the costliest one runs `--rounds` rounds, and every other one gets
 `train.num_steps = round(budget / its client steps per round)` (`--budget tokens` weighs each
 client step by its batch's tokens or examples instead). Writes `DIR/report.md` (final eval

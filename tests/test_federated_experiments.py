@@ -1,5 +1,5 @@
 """The federated experiments end to end: each trains through the CLI, DiLoCo and PAPA resume
-exactly, a `clients` mesh axis on 8 devices matches 1 device, and cohort fields have one home."""
+exactly, and a `clients` mesh axis on 8 devices matches 1 device (cohort shapes: test_cohort.py)."""
 
 import json
 import math
@@ -9,8 +9,6 @@ import textwrap
 
 import pytest
 
-from paxlike import config_io, registry
-from paxlike.errors import UserError
 from tests.helpers import REPO, cli_env, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow
@@ -163,43 +161,3 @@ def test_round_batches_on_a_4x2_clients_data_mesh():
   assert out['weights'] == [[4], "P('clients',)", [1]]
   assert out['client_state'] and all(s.startswith("P('clients'")
                                      for s in out['client_state'])
-
-
-@pytest.fixture(scope='module')
-def configs():
-  registry.import_all()
-  return lambda name: registry.get(f'federated.{name}')().config()
-
-
-@pytest.mark.parametrize('name,overrides,expected', [
-    ('ShakespeareFedAvg', ['algorithm.local_steps=8', 'data.clients_per_round=16'], (8, 16)),
-    ('ShakespeareDiLoCo', ['algorithm.local_steps=2', 'algorithm.num_replicas=2',
-                           'data.num_clients=2'], (2, 2)),
-    ('ShakespearePapa', ['algorithm.population=6', 'data.local_steps=3'], (3, 6)),
-    ('ShakespeareBtm', ['algorithm.num_experts=2', 'data.num_clients=2'], (4, 2)),
-    ('FashionMnistFedAvg', ['algorithm.local_steps=1', 'data.local_steps=1'], (1, 10)),
-    ('ShakespeareCentralized', ['data.local_steps=2'], (2, 1)),
-])
-def test_cohort_fields_are_set_once(configs, name, overrides, expected):
-  cfg = configs(name)
-  config_io.apply_overrides(cfg, overrides)
-  data = config_io.build(cfg).data
-  assert (data.local_steps, data.clients_per_round) == expected
-
-
-@pytest.mark.parametrize('name,override,message', [
-    ('ShakespeareFedAvg', 'data.local_steps=3',
-     'data.local_steps=3 disagrees with algorithm.local_steps=4; set algorithm.local_steps only'),
-    ('ShakespearePapa', 'data.clients_per_round=2',
-     'data.clients_per_round=2 disagrees with algorithm.population=4; '
-     'set algorithm.population only'),
-    ('ShakespeareBtm', 'algorithm.num_experts=3',
-     "LmData: sampling='fixed' trains every client each round, so clients_per_round=3 must "
-     'equal the 4 clients'),
-])
-def test_cohort_mismatches_are_one_line_user_errors(configs, name, override, message):
-  cfg = configs(name)
-  config_io.apply_overrides(cfg, [override])
-  with pytest.raises(UserError) as error:
-    config_io.build(cfg)
-  assert str(error.value) == message

@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from paxlike import losses
+from paxlike.algorithm import AlgorithmConfigError
 from paxlike.centralized import centralized
 from paxlike.layers import TransformerLM
 
@@ -49,3 +50,12 @@ def test_micro_batches_equal_full_batch(micro):
                                        (full_state.params, acc_state.params, params, grads))):
     np.testing.assert_allclose(new_acc, new_full, atol=1e-6, rtol=1e-5)
     np.testing.assert_allclose(p - new_acc, g, atol=1e-6, rtol=1e-4)
+
+
+def test_a_cohort_of_two_clients_is_refused():
+  """Centralized training is one client: a second one is an error, not silently dropped."""
+  params = jax.eval_shape(lambda: nn.unbox(MODEL.init(jax.random.key(0),
+                                                      _batches(1)['inputs'][0, 0]))['params'])
+  two = jax.tree.map(lambda x: jnp.concatenate([x, x]), _batches(2))
+  with pytest.raises(AlgorithmConfigError, match=r'a cohort of 1 client, got 2; set data\.'):
+    jax.eval_shape(ALG.next, ALG.init(params), two, jnp.ones((2,)), jax.random.key(2))

@@ -13,7 +13,7 @@ from tests.helpers import metric_rows, run_cli
 pytestmark = pytest.mark.slow
 
 # FedAvg with one local step: the clients' loss is finite, but the update sends params to ±inf.
-DIGITS = ['--exp=federated.DigitsFedAvg', '--fdl_set=algorithm.local_steps=1',
+DIGITS = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.local_steps=1',
           '--fdl_set=train.checkpoint_every=1', '--fdl_set=train.log_every=1',
           '--fdl_set=train.eval_every=100', '--fdl_set=train.max_to_keep=10']
 EXPLODE = ['--fdl_set=optimizer.learning_rate=1e30',

@@ -28,10 +28,9 @@ FLAGS = flags.FLAGS
 
 def cohort_algorithm(task: Any, loss_fn: Any) -> Callable[[int], Any]:
   """`n -> Algorithm` for a cohort of n: the task's algorithm with its fixed cohort arguments
-  (DiLoCo's replicas, PAPA's population, BTM's experts) set to n."""
-  from configs.federated import COHORT_ARGS
-  fixed = [arg for arg, field in COHORT_ARGS.items() if field == 'clients_per_round'
-           and arg in getattr(task.algorithm, 'keywords', {})]
+  (paxlike.algorithm.FIXED_COHORT_ARGS: DiLoCo's replicas, PAPA's population, ...) set to n."""
+  from paxlike.algorithm import fixed_cohort_args
+  fixed = fixed_cohort_args(task.algorithm)
 
   def make(n: int) -> Any:
     return functools.partial(task.algorithm, **{arg: n for arg in fixed})(loss_fn, task.optimizer)

@@ -121,11 +121,12 @@ def placed_init(optimizer: optax.GradientTransformation, clients: int) -> Callab
 
 
 def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
-                    local_steps: int, server_optimizer: optax.GradientTransformation,
+                    server_optimizer: optax.GradientTransformation,
                     num_replicas: int | None = None, client_chunk: int | None = None,
                     weighting: str = 'num_examples', aggregator: Aggregator | None = None,
                     prox_mu: float = 0.0) -> Algorithm:
-  """The FedAvg/FedOpt/DiLoCo round. With `num_replicas`, the client optimizer states are kept
+  """The FedAvg/FedOpt/DiLoCo round; each client runs one local step per entry of the batches'
+  local-steps axis. With `num_replicas`, the client optimizer states are kept
   across rounds (replica i always takes cohort slot i); without, every round starts them fresh.
   `client_chunk`: clients trained at a time (`federated_map(chunk=)`; >= the cohort: all at
   once; None: chosen per platform, see chunking.py).
@@ -144,8 +145,7 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
     return PseudoGradientState(params, server_opt_state, client_opt_state, kept)
 
   def next(state, batches, weights, rng):
-    clients = cohort_size(batches, local_steps,
-                          None if num_replicas is None else (num_replicas, 'replicas'))
+    clients = cohort_size(batches, None if num_replicas is None else (num_replicas, 'replicas'))
     weights = client_weights(weighting, batches, weights)
 
     @federated_program(clients=clients)
@@ -181,7 +181,7 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
   return Algorithm(init, next)
 
 
-def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
+def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
             server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
             client_chunk: int | None = None, weighting: str = 'num_examples',
             aggregator: Aggregator | None = None, prox_mu: float = 0.0) -> Algorithm:
@@ -189,9 +189,8 @@ def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, loc
   optimizer each round, then the server optimizer on the pseudo-gradient (SGD at lr 1, the
   default, is plain weighted averaging of the client models). DP-FedAvg with
   `aggregator=DpAggregator(...)`, FedProx with `prox_mu` > 0 (see `pseudo_gradient`)."""
-  return pseudo_gradient(loss_fn, client_optimizer, local_steps, server_optimizer,
-                         client_chunk=client_chunk, weighting=weighting, aggregator=aggregator,
-                         prox_mu=prox_mu)
+  return pseudo_gradient(loss_fn, client_optimizer, server_optimizer, client_chunk=client_chunk,
+                         weighting=weighting, aggregator=aggregator, prox_mu=prox_mu)
 
 
 FLAVOURS = ('paper', 'optax')
@@ -205,7 +204,7 @@ def adaptive_server(flavour: str, paper: optax.GradientTransformation,
   return paper if flavour == 'paper' else optax_flavour
 
 
-def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
+def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
              tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
              weighting: str = 'num_examples', aggregator: Aggregator | None = None,
@@ -215,11 +214,10 @@ def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, lo
   paper once β2ᵗ is small, after a few hundred rounds at β2 = 0.99)."""
   server = adaptive_server(flavour, server_optim.adam(server_learning_rate, b1, b2, tau),
                            optax.adam(server_learning_rate, b1=b1, b2=b2, eps=tau))
-  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk, weighting,
-                 aggregator, prox_mu)
+  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu)
 
 
-def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, local_steps: int,
+def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
              tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
              weighting: str = 'num_examples') -> Algorithm:
@@ -230,11 +228,11 @@ def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, lo
       optax.chain(
           optax.scale_by_yogi(b1=b1, b2=b2, eps=tau, initial_accumulator_value=tau**2),
           optax.scale_by_learning_rate(server_learning_rate)))
-  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk, weighting)
+  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting)
 
 
 def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
-                local_steps: int, server_learning_rate: float = 1e-2, b1: float = 0.9,
+                server_learning_rate: float = 1e-2, b1: float = 0.9,
                 tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
                 weighting: str = 'num_examples') -> Algorithm:
   """FedAdagrad. `flavour='paper'`: Algorithm 2 (`server_optim.adagrad`, with server momentum
@@ -243,20 +241,20 @@ def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
   server = adaptive_server(
       flavour, server_optim.adagrad(server_learning_rate, b1, tau),
       optax.adagrad(server_learning_rate, initial_accumulator_value=tau**2, eps=0.0))
-  return fed_avg(loss_fn, client_optimizer, local_steps, server, client_chunk, weighting)
+  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting)
 
 
-def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation, local_steps: int,
+def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,
            outer_optimizer: optax.GradientTransformation = optax.sgd(
                0.7, momentum=0.9, nesterov=True),
            num_replicas: int | None = None, client_chunk: int | None = None,
            weighting: str = 'num_examples', aggregator: Aggregator | None = None,
            prox_mu: float = 0.0) -> Algorithm:
-  """DiLoCo: H inner steps per replica (inner state kept across rounds), then the outer
-  optimizer on the averaged pseudo-gradient. `num_replicas` is required and must equal the
-  cohort size; replica i always trains on cohort slot i."""
+  """DiLoCo: H inner steps per replica (H: the batches' local steps; inner state kept across
+  rounds), then the outer optimizer on the averaged pseudo-gradient. `num_replicas` is required
+  and must equal the cohort size; replica i always trains on cohort slot i."""
   if num_replicas is None or num_replicas < 1:
     raise AlgorithmConfigError(
         f'diloco needs num_replicas >= 1 (the cohort size), got {num_replicas!r}.')
-  return pseudo_gradient(loss_fn, inner_optimizer, local_steps, outer_optimizer, num_replicas,
-                         client_chunk, weighting, aggregator, prox_mu)
+  return pseudo_gradient(loss_fn, inner_optimizer, outer_optimizer, num_replicas, client_chunk,
+                         weighting, aggregator, prox_mu)

@@ -68,14 +68,13 @@ def corrected_update(loss_fn: LossFn, optimizer: optax.GradientTransformation):
   return update
 
 
-def scaffold(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_steps: int,
-             num_clients: int, server_optimizer: optax.GradientTransformation = optax.sgd(1.0)
+def scaffold(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_clients: int,
+             server_optimizer: optax.GradientTransformation = optax.sgd(1.0)
              ) -> Algorithm:
   """SCAFFOLD over a fixed population of `num_clients` (every client every round); the server
   optimizer steps along params − mean(client params) (SGD at lr 1: the paper's η_g = 1)."""
-  if num_clients < 1 or local_steps < 1:
-    raise AlgorithmConfigError(f'scaffold needs num_clients >= 1 and local_steps >= 1, got '
-                               f'{num_clients} and {local_steps}.')
+  if num_clients < 1:
+    raise AlgorithmConfigError(f'scaffold needs num_clients >= 1, got {num_clients}.')
   update = corrected_update(loss_fn, optimizer)
 
   def init(params):
@@ -84,7 +83,7 @@ def scaffold(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_ste
     return ScaffoldState(params, server_optimizer.init(params), control, client_controls)
 
   def next(state, batches, weights, rng):
-    clients = cohort_size(batches, local_steps, (num_clients, 'clients (scaffold)'))
+    clients = cohort_size(batches, (num_clients, 'clients (scaffold)'))
 
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):

@@ -27,16 +27,17 @@ pytestmark = pytest.mark.slow  # Trainer runs and CLI subprocesses, each a few s
 TINY = ['data.batch_size=8', 'train.log_every=1', 'train.eval_every=100',
         'train.checkpoint_every=1']
 CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3',
-            '--fdl_set=algorithm.local_steps=2', *(f'--fdl_set={o}' for o in TINY)]
+            '--fdl_set=data.local_steps=2', *(f'--fdl_set={o}' for o in TINY)]
 
 
 def digits(algorithm: fdl.Partial | None = None) -> fdl.Config:
-  """DigitsFedAvg with 3 clients a round and batches of 8, and `algorithm` instead of FedAvg."""
+  """DigitsFedAvg with 3 clients a round of 2 local steps on batches of 8, and `algorithm`
+  instead of FedAvg."""
   registry.import_all()
   cfg = registry.get('federated.DigitsFedAvg')().config()
   if algorithm is not None:
     cfg.algorithm = algorithm
-  config_io.apply_overrides(cfg, [*TINY, 'data.clients_per_round=3'])
+  config_io.apply_overrides(cfg, [*TINY, 'data.clients_per_round=3', 'data.local_steps=2'])
   return cfg
 
 
@@ -68,7 +69,7 @@ def assert_round_matches(outputs: dict, row: dict, state: dict | None = None) ->
 
 
 def test_diloco_export_runs_like_training(tmp_path):
-  cfg = digits(fed.diloco(local_steps=2, num_replicas=3))
+  cfg = digits(fed.diloco(num_replicas=3))
   rows, state = train_to(cfg, tmp_path / 'job', 2)
   export_experiment(cfg, tmp_path / 'export', rounds=2, experiment='digits_diloco')
   history = run.run_rounds(run.load(tmp_path / 'export'), 2)
@@ -92,7 +93,7 @@ def test_dp_fedavg_export_runs_like_training(tmp_path):
 
 
 def test_fedadam_export_from_a_job_dir_continues_its_training(tmp_path):
-  cfg, job = digits(fed.fed_adam(local_steps=2, server_learning_rate=0.05)), tmp_path / 'job'
+  cfg, job = digits(fed.fed_adam(server_learning_rate=0.05)), tmp_path / 'job'
   _, checkpointed = train_to(cfg, job, 1)
   export_experiment(cfg, tmp_path / 'export', job_log_dir=str(job), experiment='digits_fedadam')
   exported = run.load(tmp_path / 'export')
@@ -129,9 +130,7 @@ def test_fedavg_cli_export_runs_like_training(fedavg_export, tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   printed = [json.loads(line) for line in proc.stdout.splitlines()]
   assert [p['round'] for p in printed] == [1, 2]
-  cfg = digits()
-  config_io.apply_overrides(cfg, ['algorithm.local_steps=2'])
-  rows, state = train_to(cfg, tmp_path / 'job', 2)
+  rows, state = train_to(digits(), tmp_path / 'job', 2)
   with np.load(tmp_path / 'last.npz') as last:
     assert_round_matches(dict(last), rows[1], state)
   assert printed[0]['metrics.loss'] == pytest.approx(rows[0]['loss'], rel=1e-5)

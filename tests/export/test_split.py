@@ -66,8 +66,8 @@ def assert_outputs_equal(executed, state, metrics):
 
 
 ALGORITHMS = {
-    'fed_avg': lambda n: fed_avg(loss_fn, optax.sgd(0.1), STEPS),
-    'diloco': lambda n: diloco(loss_fn, optax.adamw(0.05), STEPS, num_replicas=n),
+    'fed_avg': lambda n: fed_avg(loss_fn, optax.sgd(0.1)),
+    'diloco': lambda n: diloco(loss_fn, optax.adamw(0.05), num_replicas=n),
     'btm': lambda n: btm(loss_fn, optax.adam(0.05), n),
 }
 

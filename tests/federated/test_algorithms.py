@@ -58,7 +58,7 @@ def _pooled_grad(params, batches, step):
 @pytest.mark.parametrize('server_lr', [1.0, 0.5])
 def test_fedavg_one_local_step_is_pooled_gradient_descent(server_lr):
   eta, params, batches = 0.1, _params(), _batches(4, 1)
-  alg = fed_avg(loss_fn, optax.sgd(eta), 1, optax.sgd(server_lr))
+  alg = fed_avg(loss_fn, optax.sgd(eta), optax.sgd(server_lr))
   state, _ = _run(alg, params, 1, batches, jnp.full((4,), float(B)))
   grad = _pooled_grad(params, batches, 0)
   _close(state.params, jax.tree.map(lambda p, g: p - server_lr * eta * g, params, grad))
@@ -67,7 +67,7 @@ def test_fedavg_one_local_step_is_pooled_gradient_descent(server_lr):
 def test_identical_clients_equal_one_client():
   params, one = _params(), _batches(1, 3)
   many = jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), one)
-  alg = fed_avg(loss_fn, optax.adam(0.05), 3, optax.sgd(0.8, momentum=0.5))
+  alg = fed_avg(loss_fn, optax.adam(0.05), optax.sgd(0.8, momentum=0.5))
   s1, m1 = _run(alg, params, 3, one, jnp.ones((1,)))
   s4, m4 = _run(alg, params, 3, many, jnp.full((4,), 7.0))
   _close(s4.params, s1.params)
@@ -77,7 +77,7 @@ def test_identical_clients_equal_one_client():
 def test_weighted_mean_uses_weights():
   eta, params, batches = 0.2, _params(), _batches(3, 1)
   weights = jnp.array([1.0, 3.0, 6.0])
-  state, metrics = _run(fed_avg(loss_fn, optax.sgd(eta), 1), params, 1, batches, weights)
+  state, metrics = _run(fed_avg(loss_fn, optax.sgd(eta)), params, 1, batches, weights)
   per_client = [jax.tree.map(lambda x: x[i, 0], batches) for i in range(3)]
   grads = [jax.grad(lambda p: loss_fn(p, b, None)[0])(params) for b in per_client]
   losses = np.array([loss_fn(params, b, None)[0] for b in per_client])
@@ -124,7 +124,7 @@ def _server_moves(alg, deltas):
     (fed_adagrad, (1e-3, 2e-3), (0.041421, 0.125492)),
 ])
 def test_paper_fedopt_first_two_rounds_by_hand(builder, deltas, want):
-  alg = builder(linear_loss_fn, optax.sgd(1.0), 1, server_learning_rate=1.0, tau=1e-3)
+  alg = builder(linear_loss_fn, optax.sgd(1.0), server_learning_rate=1.0, tau=1e-3)
   moves = _server_moves(alg, [jnp.array([d, -d]) for d in deltas])
   np.testing.assert_allclose(moves[:, 0], want, rtol=2e-5)
   np.testing.assert_allclose(moves[:, 1], -np.array(want), rtol=2e-5)  # Odd in Δ.
@@ -139,7 +139,7 @@ def test_paper_fedopt_first_two_rounds_by_hand(builder, deltas, want):
 def test_configs_presets_build_the_papers_server_optimizers(preset, deltas, want):
   """The configs presets at server lr 1 (hand values as above)."""
   from configs import federated as presets
-  builder = fdl.build(getattr(presets, preset)(local_steps=1, server_learning_rate=1.0))
+  builder = fdl.build(getattr(presets, preset)(server_learning_rate=1.0))
   moves = _server_moves(builder(linear_loss_fn, optax.sgd(1.0)),
                         [jnp.full(2, d) for d in deltas])
   np.testing.assert_allclose(moves[:, 0], want, rtol=1e-4)
@@ -147,12 +147,12 @@ def test_configs_presets_build_the_papers_server_optimizers(preset, deltas, want
 
 def test_optax_fedadam_bias_corrects_and_moves_ten_times_further():
   """optax's Adam, round 1: m̂ = Δ, v̂ = Δ², so x moves η·Δ/(|Δ| + τ) = 0.5 (the paper: 0.05)."""
-  paper, ours = (fed_adam(linear_loss_fn, optax.sgd(1.0), 1, 1.0, flavour=f)
+  paper, ours = (fed_adam(linear_loss_fn, optax.sgd(1.0), 1.0, flavour=f)
                  for f in ('paper', 'optax'))
   np.testing.assert_allclose(_server_moves(paper, [jnp.full(2, 1e-3)])[0], 0.05, rtol=2e-5)
   np.testing.assert_allclose(_server_moves(ours, [jnp.full(2, 1e-3)])[0], 0.5, rtol=2e-5)
   with pytest.raises(UserError, match='flavour'):
-    fed_adam(linear_loss_fn, optax.sgd(1.0), 1, flavour='keras')
+    fed_adam(linear_loss_fn, optax.sgd(1.0), flavour='keras')
 
 
 def test_fedavg_trains_each_client_separately_then_averages():
@@ -160,7 +160,7 @@ def test_fedavg_trains_each_client_separately_then_averages():
   round), then the weighted mean, over 2 rounds."""
   optimizer, H, weights = optax.adam(0.05), 3, np.array([1.0, 2.0, 5.0])
   rounds = [_batches(3, H, seed=10 + r) for r in range(2)]
-  alg = fed_avg(loss_fn, optimizer, H)
+  alg = fed_avg(loss_fn, optimizer)
   state, step = alg.init(_params()), jax.jit(alg.next)
   want = _params()
   for r, batches in enumerate(rounds):
@@ -184,7 +184,7 @@ def test_diloco_default_outer_nesterov_over_two_rounds_by_hand():
   gradient Δ: b = μ·b + Δ, x ← x − 0.7·(Δ + μ·b)."""
   eta, H, weights = 0.1, 2, np.array([1.0, 3.0, 2.0, 2.0])
   rounds = [_batches(4, H, seed=20 + r) for r in range(2)]
-  alg = diloco(loss_fn, optax.sgd(eta), H, num_replicas=4)
+  alg = diloco(loss_fn, optax.sgd(eta), num_replicas=4)
   state, step = alg.init(_params()), jax.jit(alg.next)
   x = jax.tree.map(np.asarray, _params())
   b = jax.tree.map(np.zeros_like, x)
@@ -217,27 +217,32 @@ def test_client_weighting(weighting):
   either equals 'num_examples' given those weights."""
   counts = [3, 16, 9]
   batches, data_weights = _masked(_batches(3, 2), counts), jnp.array([5.0, 1.0, 1.0])
-  got, got_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), 2, weighting=weighting), _params(),
+  got, got_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), weighting=weighting), _params(),
                           2, batches, data_weights)
   weights = jnp.array(counts, jnp.float32) if weighting == 'num_tokens_seen' else jnp.ones(3)
-  want, want_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), 2), _params(), 2, batches, weights)
+  want, want_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1)), _params(), 2, batches, weights)
   _close(got.params, want.params)
   _close(got_metrics['loss'], want_metrics['loss'])
-  plain, _ = _run(fed_avg(loss_fn, optax.sgd(0.1), 2), _params(), 2, batches, data_weights)
+  plain, _ = _run(fed_avg(loss_fn, optax.sgd(0.1)), _params(), 2, batches, data_weights)
   assert not np.allclose(got.params['w'], plain.params['w'])
   with pytest.raises(UserError, match='weighting'):
-    fed_avg(loss_fn, optax.sgd(0.1), 2, weighting='tokens')
+    fed_avg(loss_fn, optax.sgd(0.1), weighting='tokens')
 
 
-def test_local_steps_axis_is_checked():
-  alg = fed_avg(loss_fn, optax.sgd(0.1), 2)
-  with pytest.raises(ValueError, match='local steps'):
-    alg.next(alg.init(_params()), _batches(2, 3), jnp.ones((2,)), jax.random.key(0))
+def test_local_steps_come_from_the_batches():
+  """One FedAvg (SGD, one client) runs as many local steps as its batches have: 1, then 3."""
+  eta, alg = 0.1, fed_avg(loss_fn, optax.sgd(0.1))
+  for steps in (1, 3):
+    batches, want = _batches(1, steps), _params()
+    state, _ = _run(alg, want, 1, batches, jnp.ones((1,)))
+    for h in range(steps):
+      want = jax.tree.map(lambda p, g: p - eta * g, want, _pooled_grad(want, batches, h))
+    _close(state.params, want)
 
 
 def test_diloco_h1_is_data_parallel_sgd():
   eta, alpha, params, batches = 0.1, 0.7, _params(), _batches(4, 1)
-  alg = diloco(loss_fn, optax.sgd(eta), 1, optax.sgd(alpha), num_replicas=4)
+  alg = diloco(loss_fn, optax.sgd(eta), optax.sgd(alpha), num_replicas=4)
   state, step = alg.init(params), jax.jit(alg.next)
   want = params
   for r in range(3):
@@ -251,7 +256,7 @@ def test_diloco_h1_is_data_parallel_sgd():
 def test_diloco_single_replica_is_inner_adamw():
   inner, params, batches = optax.adamw(0.05, weight_decay=0.1), _params(), _batches(1, 3)
   rounds = [jax.tree.map(lambda x: jnp.roll(x, r, axis=2) * (1 + r), batches) for r in range(4)]
-  alg = diloco(loss_fn, inner, 3, optax.sgd(1.0), num_replicas=1)
+  alg = diloco(loss_fn, inner, optax.sgd(1.0), num_replicas=1)
   state, step = alg.init(params), jax.jit(alg.next)
   want, opt_state = params, inner.init(params)
   for r, round_batches in enumerate(rounds):
@@ -267,8 +272,8 @@ def test_diloco_single_replica_is_inner_adamw():
 
 def test_diloco_checks_replicas():
   with pytest.raises(ValueError, match='num_replicas'):
-    diloco(loss_fn, optax.adamw(1e-3), 2)
-  alg = diloco(loss_fn, optax.adamw(1e-3), 2, num_replicas=3)
+    diloco(loss_fn, optax.adamw(1e-3))
+  alg = diloco(loss_fn, optax.adamw(1e-3), num_replicas=3)
   with pytest.raises(UserError, match='replicas'):  # Also a ValueError; the CLI exits 2.
     alg.next(alg.init(_params()), _batches(2, 2), jnp.ones((2,)), jax.random.key(0))
 
@@ -276,8 +281,8 @@ def test_diloco_checks_replicas():
 @pytest.mark.parametrize('name', ['fed_avg', 'diloco'])
 def test_metrics_keys_and_values(name):
   inner = optim.sgd(0.1)  # inject_hyperparams: the learning rate is readable.
-  alg = (fed_avg(loss_fn, inner, 2) if name == 'fed_avg'
-         else diloco(loss_fn, inner, 2, num_replicas=3))
+  alg = (fed_avg(loss_fn, inner) if name == 'fed_avg'
+         else diloco(loss_fn, inner, num_replicas=3))
   params, batches, weights = _params(), _batches(3, 2), jnp.array([1.0, 2.0, 3.0])
   state, metrics = _run(alg, params, 1, batches, weights)
   assert REQUIRED | {'learning_rate', 'mae'} <= set(metrics)
@@ -290,7 +295,7 @@ def test_metrics_keys_and_values(name):
   pseudo = jax.tree.map(jnp.subtract, params, state.params)  # Server lr: fed_avg 1.
   if name == 'fed_avg':
     np.testing.assert_allclose(metrics['pseudo_grad_norm'], optax.tree.norm(pseudo), rtol=1e-5)
-  no_lr = fed_avg(loss_fn, optax.sgd(0.1), 2)
+  no_lr = fed_avg(loss_fn, optax.sgd(0.1))
   assert 'learning_rate' not in _run(no_lr, params, 1, batches, weights)[1]
 
 
@@ -316,8 +321,8 @@ _MESH_SCRIPT = textwrap.dedent("""
              'targets': jax.random.randint(k2, (4, 3, 8), 0, 5),
              'mask': jnp.ones((4, 3, 8))}
   weights = jnp.array([8.0, 4.0, 8.0, 2.0])
-  algs = {'fed_avg': fed_avg(loss_fn, optax.sgd(0.3), 3, optax.sgd(0.9, momentum=0.5)),
-          'diloco': diloco(loss_fn, optax.adamw(0.01), 3, num_replicas=4)}
+  algs = {'fed_avg': fed_avg(loss_fn, optax.sgd(0.3), optax.sgd(0.9, momentum=0.5)),
+          'diloco': diloco(loss_fn, optax.adamw(0.01), num_replicas=4)}
   mesh = jax.make_mesh((2, 4), ('clients', 'data'), axis_types=(AxisType.Auto,) * 2)
   results = {}
   for name, alg in algs.items():
@@ -362,9 +367,9 @@ def test_client_chunks_give_the_same_rounds_as_all_clients_at_once(name, chunk):
   """`client_chunk` trades memory for sequential chunks (3 does not divide the 4 clients)."""
   from paxlike.federated import btm, papa
   builders = {
-      'fed_avg': lambda c: fed_avg(loss_fn, optax.sgd(0.1), 2, client_chunk=c),
-      'fed_adam': lambda c: fed_adam(loss_fn, optax.sgd(0.1), 2, client_chunk=c),
-      'diloco': lambda c: diloco(loss_fn, optax.adam(0.01), 2, num_replicas=4, client_chunk=c),
+      'fed_avg': lambda c: fed_avg(loss_fn, optax.sgd(0.1), client_chunk=c),
+      'fed_adam': lambda c: fed_adam(loss_fn, optax.sgd(0.1), client_chunk=c),
+      'diloco': lambda c: diloco(loss_fn, optax.adam(0.01), num_replicas=4, client_chunk=c),
       'papa': lambda c: papa(loss_fn, optax.adam(0.01), 4, every=1, client_chunk=c),
       'btm': lambda c: btm(loss_fn, optax.adam(0.01), 4, client_chunk=c),
   }
@@ -380,5 +385,5 @@ def test_client_chunks_give_the_same_rounds_as_all_clients_at_once(name, chunk):
 
 def test_client_chunk_must_be_positive():
   with pytest.raises(ValueError, match='chunk must be a positive int'):
-    _run(fed_avg(loss_fn, optax.sgd(0.1), 1, client_chunk=0), _params(), 1, _batches(2, 1),
+    _run(fed_avg(loss_fn, optax.sgd(0.1), client_chunk=0), _params(), 1, _batches(2, 1),
          jnp.ones(2))

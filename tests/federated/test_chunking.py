@@ -36,7 +36,7 @@ def test_the_default_cpu_round_is_the_chunked_round():
   params, batches, weights = _params(), _batches(4, 2), jnp.ones(4)
 
   def program(chunk):
-    alg = fed_avg(loss_fn, optax.sgd(0.1), 2, client_chunk=chunk)
+    alg = fed_avg(loss_fn, optax.sgd(0.1), client_chunk=chunk)
     return str(jax.make_jaxpr(alg.next)(alg.init(params), batches, weights, jax.random.key(0)))
 
   assert program(None) == program(chunking.CPU_CLIENT_CHUNK) != program(4)

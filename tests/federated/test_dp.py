@@ -29,9 +29,9 @@ def _aggregate(aggregator, deltas, rng=jax.random.key(0), clip_norm=None):
 @pytest.mark.parametrize('builder', ['fed_avg', 'fed_adam', 'diloco'])
 def test_no_noise_and_no_clipping_is_the_plain_algorithm(builder):
   params, batches, weights = _params(), _batches(4, 3), jnp.full((4,), 5.0)
-  make = {'fed_avg': lambda **kw: fed_avg(loss_fn, optax.sgd(0.1), 3, **kw),
-          'fed_adam': lambda **kw: fed_adam(loss_fn, optax.sgd(0.1), 3, **kw),
-          'diloco': lambda **kw: diloco(loss_fn, optax.adam(0.05), 3, num_replicas=4, **kw)}
+  make = {'fed_avg': lambda **kw: fed_avg(loss_fn, optax.sgd(0.1), **kw),
+          'fed_adam': lambda **kw: fed_adam(loss_fn, optax.sgd(0.1), **kw),
+          'diloco': lambda **kw: diloco(loss_fn, optax.adam(0.05), num_replicas=4, **kw)}
   plain, plain_metrics = _run(make[builder](), params, 3, batches, weights)
   private = DpAggregator(clip_norm=math.inf, noise_multiplier=0.0)
   dp, dp_metrics = _run(make[builder](aggregator=private), params, 3, batches, weights)

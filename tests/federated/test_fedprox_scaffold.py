@@ -30,14 +30,14 @@ def quadratic_batches(steps: int = K):
 
 def test_fedprox_with_mu_zero_is_fedavg():
   params, batches, weights = _params(), _batches(3, 4), jnp.array([1.0, 2.0, 5.0])
-  plain, _ = _run(fed_avg(loss_fn, optax.adam(0.05), 4), params, 3, batches, weights)
-  prox, _ = _run(fed_avg(loss_fn, optax.adam(0.05), 4, prox_mu=0.0), params, 3, batches, weights)
+  plain, _ = _run(fed_avg(loss_fn, optax.adam(0.05)), params, 3, batches, weights)
+  prox, _ = _run(fed_avg(loss_fn, optax.adam(0.05), prox_mu=0.0), params, 3, batches, weights)
   _close(prox.params, plain.params, rtol=0, atol=0)
 
 
 def test_fedprox_round_matches_the_proximal_closed_form():
   mu, x = 0.5, 0.3
-  alg = fed_avg(quadratic_loss, optax.sgd(ETA), K, prox_mu=mu)
+  alg = fed_avg(quadratic_loss, optax.sgd(ETA), prox_mu=mu)
   state, _ = _run(alg, {'w': jnp.float32(x)}, 1, quadratic_batches(), jnp.ones(2))
   # SGD on a/2 (w − b)² + μ/2 (w − x)² contracts to w* = (ab + μx)/(a + μ) by 1 − η(a + μ).
   w_star = (A * B + mu * x) / (A + mu)
@@ -49,8 +49,8 @@ def test_scaffold_with_identical_clients_is_fedavg():
   params, one = _params(), _batches(1, 3)
   many = jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), one)
   weights = jnp.ones((4,))
-  avg, avg_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), 3), params, 4, many, weights)
-  sca, sca_metrics = _run(scaffold(loss_fn, optax.sgd(0.1), 3, num_clients=4), params, 4, many,
+  avg, avg_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1)), params, 4, many, weights)
+  sca, sca_metrics = _run(scaffold(loss_fn, optax.sgd(0.1), num_clients=4), params, 4, many,
                           weights)
   _close(sca.params, avg.params, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(sca_metrics['loss'], avg_metrics['loss'], rtol=1e-5)
@@ -64,8 +64,8 @@ def test_scaffold_converges_where_fedavg_drifts():
   fedavg_fixed_point = ((1 - r) * B).sum() / (1 - r).sum()
   assert abs(fedavg_fixed_point - optimum) > 0.2
   start, batches, weights = {'w': jnp.float32(-1.0)}, quadratic_batches(), jnp.ones(2)
-  avg, _ = _run(fed_avg(quadratic_loss, optax.sgd(ETA), K), start, 100, batches, weights)
-  sca, metrics = _run(scaffold(quadratic_loss, optax.sgd(ETA), K, num_clients=2), start, 100,
+  avg, _ = _run(fed_avg(quadratic_loss, optax.sgd(ETA)), start, 100, batches, weights)
+  sca, metrics = _run(scaffold(quadratic_loss, optax.sgd(ETA), num_clients=2), start, 100,
                       batches, weights)
   np.testing.assert_allclose(avg.params['w'], fedavg_fixed_point, rtol=1e-4)
   np.testing.assert_allclose(sca.params['w'], optimum, rtol=1e-4)
@@ -76,7 +76,7 @@ def test_scaffold_converges_where_fedavg_drifts():
 
 
 def test_scaffold_refuses_a_cohort_other_than_its_population():
-  alg = scaffold(quadratic_loss, optax.sgd(ETA), K, num_clients=3)
+  alg = scaffold(quadratic_loss, optax.sgd(ETA), num_clients=3)
   with pytest.raises(UserError, match='clients_per_round = 3'):
     alg.next(alg.init({'w': jnp.float32(0.0)}), quadratic_batches(), jnp.ones(2),
              jax.random.key(0))
