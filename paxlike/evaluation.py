@@ -25,8 +25,8 @@ from paxlike.ensemble import ensemble_log_probs, mixture_log_probs
 from paxlike.federated.algorithms import client_update
 from paxlike.federated.primitives import federated_broadcast, federated_map, federated_program
 
-if TYPE_CHECKING:  # (Not at run time: train imports this module.)
-  from paxlike.train import Setup
+if TYPE_CHECKING:  # (Not at run time: trainer_setup imports this module.)
+  from paxlike.trainer_setup import Setup
 
 # An algorithm's ensemble: state -> (stacked member params, log prior [members]).
 Ensemble = Callable[[Any], tuple[Any, jax.Array]]

@@ -126,12 +126,12 @@ def run(argv: list[str]) -> None:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
 
   # Heavy imports only once a job really runs.
-  from paxlike import decode, distributed, evaluation, restore, train
+  from paxlike import decode, distributed, evaluation, restore, train, trainer_setup
   from paxlike.data import fingerprint, prepare
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          FLAGS.distributed_init_timeout, FLAGS.heartbeat_timeout)
   if FLAGS.mode == 'train':
-    setup = train.setup(task)  # Validates mesh, data and model before the job dir is touched.
+    setup = trainer_setup.setup(task)  # Checks mesh, data and model before the job dir is touched.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
                                 [*FLAGS.allow_import, *registry.trusted_modules()])
     notes = model_stats.kernel_line(task.model, task.data)

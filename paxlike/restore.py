@@ -2,15 +2,16 @@
 
 from pathlib import Path
 
-from paxlike import train
 from paxlike.checkpoint import Checkpoints
 from paxlike.errors import UserError
 from paxlike.experiment import Task
+from paxlike.train_state import TrainState
+from paxlike.trainer_setup import Setup, setup
 
 
-def load_latest_state(task: Task, job_dir: Path) -> tuple[train.Setup, int, train.TrainState]:
+def load_latest_state(task: Task, job_dir: Path) -> tuple[Setup, int, TrainState]:
   """`task` placed on its mesh, and the latest committed step and state in `job_dir`."""
-  placed = train.setup(task)
+  placed = setup(task)
   checkpoints = Checkpoints(job_dir / 'checkpoints', task.train.max_to_keep, read_only=True)
   try:
     restored = checkpoints.restore(placed.abstract_state)

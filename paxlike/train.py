@@ -1,32 +1,34 @@
-"""The train loop, top to bottom: mesh → abstract state → init or restore → loop → final save.
+"""The train loop, top to bottom: init or restore → loop (step, eval, log, save) → final save.
 
 Every algorithm (centralized or federated) is an `(init, next)` pair; the loop only feeds it
 round batches `[clients, local_steps, batch, ...]` and client weights. Step s's batch and
 randomness are pure functions of `(seed, s)`, so a restarted run repeats an uninterrupted one.
+The plumbing lives elsewhere: `trainer_setup` places a task on its mesh and compiles its
+programs, `train_state` holds the state and the step, `preemption` turns signals into a stop.
 """
 
 
-import dataclasses
 import functools
-import signal
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh
 
-from paxlike import checkpoint, evaluation, losses, model_stats, partitioning, privacy, throughput
-from paxlike.algorithm import Algorithm
+from paxlike import checkpoint, evaluation, partitioning, privacy, throughput
 from paxlike.checkpoint import Checkpoints, Fallback
 from paxlike.data.prefetch import Prefetcher
-from paxlike.data.sources import ClientEval, Item
-from paxlike.errors import RunFailure, UserError
-from paxlike.experiment import Task
+from paxlike.errors import RunFailure
+from paxlike.preemption import StopSignal
 from paxlike.summaries import RunWriter, status
+from paxlike.train_state import FINITE
+
+# The trainer's public names besides the loop's own, defined in train_state and trainer_setup:
+# tests and benchmarks call train.setup(task) and read train.Setup and train.TrainState.
+from paxlike.train_state import TrainState
+from paxlike.trainer_setup import Setup, setup  # noqa: F401 (re-exported)
 
 
 # Logged as the mean over the steps since the previous row (a step's own value is noisy).
@@ -41,167 +43,6 @@ def _add_metrics(sums: dict, metrics: dict) -> dict:
 @jax.jit
 def _mean_metrics(sums: dict, count: jax.Array) -> dict:
   return jax.tree.map(lambda x: x / count, sums)
-
-
-class TrainState(NamedTuple):
-  """What is checkpointed: the algorithm's state and the count of skipped non-finite steps."""
-
-  alg: Any
-  nonfinite_steps: jax.Array
-
-
-@dataclasses.dataclass(frozen=True)
-class Setup:
-  """A task placed on a mesh: its compiled functions, the abstract (sharded) train state, and
-  which part of each batch this process loads."""
-
-  task: Task
-  mesh: Mesh
-  init: Callable[[jax.Array], TrainState]
-  step: Callable[..., tuple[TrainState, dict]]
-  eval: Callable[[Any, dict, jax.Array], evaluation.Outputs]  # (alg state, batch, groups).
-  client_eval: ClientEval | None  # How eval splits into clients' held-out metrics.
-  abstract_state: TrainState
-  flops_per_device: float | None  # One step's model FLOPs per device (model_stats.step_flops).
-  item: Item                      # What items_per_step counts: 'tokens' or 'examples'.
-  items_per_step: int
-  round_shape: tuple[int, int, int]     # [clients, local_steps, batch] of a round's batches.
-  block: tuple[slice, slice, slice]     # The part of round_shape this process loads.
-  eval_batch_size: int
-  eval_rows: slice                      # The rows of each eval batch this process loads.
-  accountant: privacy.Accountant | None = None  # DP runs: the ε spent by each round.
-  personalized: Callable[[Any], dict[str, float]] | None = None  # Eval after fine-tuning.
-
-
-FINITE = 'finite'  # The step's metric: are its loss, grad norm and whole new state finite?
-
-
-def all_finite(tree: Any) -> jax.Array:
-  """Whether every floating-point value in `tree` is finite: one fused reduction."""
-  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-  return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
-
-
-def init_params(model: nn.Module, sample: np.ndarray, rng: jax.Array) -> Any:
-  """The model's (boxed) params, initialised on one row of `sample` inputs."""
-  return model.init({'params': rng, 'dropout': rng}, sample[:1])['params']
-
-
-def init_state(rng: jax.Array, *, algorithm: Algorithm, params_at: Callable[[jax.Array], Any],
-               boxed_params: Any, param_shardings: Any) -> TrainState:
-  """The algorithm's initial state from `params_at(rng)` (PAPA's members: from their own keys),
-  every subtree shaped like the params (e.g. Adam's moments) sharded like them."""
-  alg_state = (algorithm.init(params_at(rng)) if algorithm.seeded_init is None
-               else algorithm.seeded_init(params_at, rng))
-  alg_state = partitioning.constrain_like_params(alg_state, nn.meta.unbox(boxed_params),
-                                                 param_shardings)
-  return TrainState(alg_state, jnp.zeros((), jnp.int32))
-
-
-def train_step(state: TrainState, batches: dict, weights: jax.Array, rng: jax.Array, *,
-               algorithm: Algorithm, skip_nonfinite: bool) -> tuple[TrainState, dict]:
-  """One round of the algorithm, and its metrics with FINITE. A non-finite round is kept out of
-  the state (and counted) with `skip_nonfinite`, else the host raises before saving it."""
-  alg_state, metrics = algorithm.next(state.alg, batches, weights, rng)
-  new = TrainState(alg_state, state.nonfinite_steps)
-  finite = all_finite((alg_state, metrics['loss'], metrics.get('grad_norm', 0.0)))
-  if skip_nonfinite:
-    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
-    new = new._replace(nonfinite_steps=state.nonfinite_steps + 1 - finite.astype(jnp.int32))
-    metrics = {**metrics, 'nonfinite_steps': new.nonfinite_steps}
-  return new, {**metrics, FINITE: finite}
-
-
-def _spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
-  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-
-
-def setup(task: Task) -> Setup:
-  """Builds the mesh and shardings, and compiles init, the train step and eval for `task`.
-
-  Everything a run can get wrong by configuration (mesh, batch divisibility, data, model
-  fields) fails here, before anything is written.
-  """
-  mesh, data = partitioning.make_mesh(task.mesh), task.data
-  accountant = privacy.checked_accountant(task)  # Refuses a run over its privacy budget.
-  batches, weights = data.round_batches(task.train.seed, 1)
-  eval_batch = data.eval_batches()[0]
-  sample = eval_batch['inputs']
-  partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size, len(sample))
-  loss_fn = losses.model_loss_fn(task.model)
-  algorithm = task.algorithm(loss_fn, task.optimizer)
-  client_eval = data.client_eval()
-  rng_spec = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-  batch_sharding = partitioning.round_batch_sharding(mesh)
-  client_sharding = partitioning.client_sharding(mesh)
-  eval_sharding = partitioning.eval_batch_sharding(mesh)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.rules_for_mesh(task.mesh.rules, mesh)):
-    try:
-      boxed_params = jax.eval_shape(functools.partial(init_params, task.model, sample),
-                                    jax.random.key(0))
-    except (ValueError, TypeError) as error:  # Flax layers validate their fields at trace time.
-      raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
-    param_shardings = partitioning.logical_shardings(boxed_params, mesh, task.mesh.rules)
-
-    def params_at(rng):
-      params = nn.meta.unbox(init_params(task.model, sample, rng))
-      return jax.lax.with_sharding_constraint(params, param_shardings)
-
-    init = functools.partial(init_state, algorithm=algorithm, params_at=params_at,
-                             boxed_params=boxed_params, param_shardings=param_shardings)
-    compiled_init = jax.jit(init).lower(rng_spec).compile()
-    state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
-    abstract_state = jax.tree.map(_spec, jax.eval_shape(init, rng_spec), state_shardings)
-    step = functools.partial(train_step, algorithm=algorithm,
-                             skip_nonfinite=task.train.skip_nonfinite)
-    compiled_step = jax.jit(step, donate_argnums=0,
-                            in_shardings=(state_shardings, batch_sharding, client_sharding, None),
-                            out_shardings=(state_shardings, None)).lower(
-        abstract_state, jax.tree.map(lambda x: _spec(x, batch_sharding), batches),
-        _spec(np.asarray(weights, np.float32), client_sharding), rng_spec).compile()
-    eval_step = evaluation.eval_step(task.model, data.item,
-                                     client_eval.num_groups if client_eval else 1,
-                                     algorithm.ensemble)
-    compiled_eval = jax.jit(eval_step).lower(
-        abstract_state.alg, jax.tree.map(lambda x: _spec(x, eval_sharding), eval_batch),
-        _spec(np.zeros(eval_batch['mask'].shape, np.int32), eval_sharding)).compile()
-  round_shape = batches['mask'].shape[:3]
-  return Setup(
-      task=task, mesh=mesh, init=compiled_init, step=compiled_step, eval=compiled_eval,
-      client_eval=client_eval, abstract_state=abstract_state,
-      flops_per_device=model_stats.step_flops(task.model, loss_fn, boxed_params, batches,
-                                              mesh.size),
-      item=data.item, items_per_step=int(batches['mask'].size), round_shape=round_shape,
-      block=partitioning.process_block(batch_sharding, round_shape),
-      eval_batch_size=len(sample),
-      eval_rows=partitioning.process_block(eval_sharding, (len(sample),))[0],
-      accountant=accountant, personalized=evaluation.personalization(task, client_eval))
-
-
-class _StopSignal:
-  """Turns SIGTERM/SIGINT into a flag the loop checks after each step."""
-
-  def __init__(self):
-    self.received = None
-    self._previous = {}
-
-  def __enter__(self):
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      self._previous[sig] = signal.signal(sig, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    del frame
-    self.received = signal.Signals(signum).name
-
-  def __exit__(self, *exc):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-
-  def should_stop(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      return multihost_utils.reached_preemption_sync_point(step) or self.received is not None
-    return self.received is not None
 
 
 def host_round(placed: Setup, step: int) -> tuple[dict, np.ndarray]:
@@ -294,7 +135,7 @@ def train(placed: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
     return {}
 
   try:
-    with (_StopSignal() as stop, jax.set_mesh(placed.mesh), nn.logical_axis_rules(rules),
+    with (StopSignal() as stop, jax.set_mesh(placed.mesh), nn.logical_axis_rules(rules),
           Prefetcher(functools.partial(host_round, placed), start + 1) as host_rounds):
       pending = None  # (step, metrics) dispatched but not yet read back: ≤ 2 steps in flight.
       for step in range(start + 1, cfg.num_steps + 1):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paxlike import config_io, train
+from paxlike import config_io, train, train_state
 from paxlike.checkpoint import Checkpoints
 from tests.helpers import metric_rows, run_cli
 
@@ -23,9 +23,10 @@ EXPLODE = ['--fdl_set=optimizer.learning_rate=1e30',
 def test_all_finite_looks_at_every_float_leaf_and_ignores_the_rest():
   tree = {'w': jnp.ones((3,)), 'count': jnp.array(7), 'key': jax.random.key(0),
           'opt': (jnp.zeros((2, 2), jnp.bfloat16),)}
-  assert bool(train.all_finite(tree))
+  assert bool(train_state.all_finite(tree))
   for bad in (jnp.inf, -jnp.inf, jnp.nan):
-    assert not bool(train.all_finite({**tree, 'opt': (jnp.zeros((2, 2), jnp.bfloat16).at[1, 0].set(bad),)}))
+    bad_opt = (jnp.zeros((2, 2), jnp.bfloat16).at[1, 0].set(bad),)
+    assert not bool(train_state.all_finite({**tree, 'opt': bad_opt}))
 
 
 def restored_states(job) -> dict[int, train.TrainState]:

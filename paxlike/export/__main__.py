@@ -44,7 +44,7 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from paxlike import job_dir, losses, restore, train
+  from paxlike import job_dir, losses, restore, train, trainer_setup
   from paxlike.errors import UserError
   from paxlike.export import artifacts
 
@@ -55,7 +55,7 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   if job_log_dir:
     setup, step, state = restore.load_latest_state(task, job_dir.existing(job_log_dir))
   else:
-    setup, step = train.setup(task), 0
+    setup, step = trainer_setup.setup(task), 0
     with jax.set_mesh(setup.mesh):
       state = setup.init(jax.random.key(task.train.seed))
   with jax.set_mesh(setup.mesh):

@@ -1,0 +1,62 @@
+"""The train state and the pure functions that make and advance it: `init_state`, `train_step`.
+
+Each is traced once by `trainer_setup.setup`, which compiles them for a task's mesh; the loop
+(`train.py`) only calls the compiled programs.
+"""
+
+
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paxlike import partitioning
+from paxlike.algorithm import Algorithm
+
+
+class TrainState(NamedTuple):
+  """What is checkpointed: the algorithm's state and the count of skipped non-finite steps."""
+
+  alg: Any
+  nonfinite_steps: jax.Array
+
+
+FINITE = 'finite'  # The step's metric: are its loss, grad norm and whole new state finite?
+
+
+def all_finite(tree: Any) -> jax.Array:
+  """Whether every floating-point value in `tree` is finite: one fused reduction."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
+
+
+def init_params(model: nn.Module, sample: np.ndarray, rng: jax.Array) -> Any:
+  """The model's (boxed) params, initialised on one row of `sample` inputs."""
+  return model.init({'params': rng, 'dropout': rng}, sample[:1])['params']
+
+
+def init_state(rng: jax.Array, *, algorithm: Algorithm, params_at: Callable[[jax.Array], Any],
+               boxed_params: Any, param_shardings: Any) -> TrainState:
+  """The algorithm's initial state from `params_at(rng)` (PAPA's members: from their own keys),
+  every subtree shaped like the params (e.g. Adam's moments) sharded like them."""
+  alg_state = (algorithm.init(params_at(rng)) if algorithm.seeded_init is None
+               else algorithm.seeded_init(params_at, rng))
+  alg_state = partitioning.constrain_like_params(alg_state, nn.meta.unbox(boxed_params),
+                                                 param_shardings)
+  return TrainState(alg_state, jnp.zeros((), jnp.int32))
+
+
+def train_step(state: TrainState, batches: dict, weights: jax.Array, rng: jax.Array, *,
+               algorithm: Algorithm, skip_nonfinite: bool) -> tuple[TrainState, dict]:
+  """One round of the algorithm, and its metrics with FINITE. A non-finite round is kept out of
+  the state (and counted) with `skip_nonfinite`, else the host raises before saving it."""
+  alg_state, metrics = algorithm.next(state.alg, batches, weights, rng)
+  new = TrainState(alg_state, state.nonfinite_steps)
+  finite = all_finite((alg_state, metrics['loss'], metrics.get('grad_norm', 0.0)))
+  if skip_nonfinite:
+    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
+    new = new._replace(nonfinite_steps=state.nonfinite_steps + 1 - finite.astype(jnp.int32))
+    metrics = {**metrics, 'nonfinite_steps': new.nonfinite_steps}
+  return new, {**metrics, FINITE: finite}

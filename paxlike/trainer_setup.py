@@ -1,0 +1,111 @@
+"""A task placed on its mesh (`Setup`): shardings, compiled init/step/eval, FLOPs, data blocks.
+
+`setup(task)` is where everything a run can get wrong by configuration fails, before the job
+dir is touched; the loop (`train.py`) then only runs what it returns.
+"""
+
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from paxlike import evaluation, losses, model_stats, partitioning, privacy
+from paxlike.data.sources import ClientEval, Item
+from paxlike.errors import UserError
+from paxlike.experiment import Task
+from paxlike.train_state import TrainState, init_params, init_state, train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """A task placed on a mesh: its compiled functions, the abstract (sharded) train state, and
+  which part of each batch this process loads."""
+
+  task: Task
+  mesh: Mesh
+  init: Callable[[jax.Array], TrainState]
+  step: Callable[..., tuple[TrainState, dict]]
+  eval: Callable[[Any, dict, jax.Array], evaluation.Outputs]  # (alg state, batch, groups).
+  client_eval: ClientEval | None  # How eval splits into clients' held-out metrics.
+  abstract_state: TrainState
+  flops_per_device: float | None  # One step's model FLOPs per device (model_stats.step_flops).
+  item: Item                      # What items_per_step counts: 'tokens' or 'examples'.
+  items_per_step: int
+  round_shape: tuple[int, int, int]     # [clients, local_steps, batch] of a round's batches.
+  block: tuple[slice, slice, slice]     # The part of round_shape this process loads.
+  eval_batch_size: int
+  eval_rows: slice                      # The rows of each eval batch this process loads.
+  accountant: privacy.Accountant | None = None  # DP runs: the ε spent by each round.
+  personalized: Callable[[Any], dict[str, float]] | None = None  # Eval after fine-tuning.
+
+
+def _spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
+  """An abstract value shaped like `x`, placed by `sharding`: what programs are compiled for."""
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def setup(task: Task) -> Setup:
+  """Builds the mesh and shardings, and compiles init, the train step and eval for `task`.
+
+  Everything a run can get wrong by configuration (mesh, batch divisibility, data, model
+  fields) fails here, before anything is written.
+  """
+  mesh, data = partitioning.make_mesh(task.mesh), task.data
+  accountant = privacy.checked_accountant(task)  # Refuses a run over its privacy budget.
+  batches, weights = data.round_batches(task.train.seed, 1)
+  eval_batch = data.eval_batches()[0]
+  sample = eval_batch['inputs']
+  partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size, len(sample))
+  loss_fn = losses.model_loss_fn(task.model)
+  algorithm = task.algorithm(loss_fn, task.optimizer)
+  client_eval = data.client_eval()
+  rng_spec = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+  batch_sharding = partitioning.round_batch_sharding(mesh)
+  client_sharding = partitioning.client_sharding(mesh)
+  eval_sharding = partitioning.eval_batch_sharding(mesh)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.rules_for_mesh(task.mesh.rules, mesh)):
+    try:
+      boxed_params = jax.eval_shape(functools.partial(init_params, task.model, sample),
+                                    jax.random.key(0))
+    except (ValueError, TypeError) as error:  # Flax layers validate their fields at trace time.
+      raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
+    param_shardings = partitioning.logical_shardings(boxed_params, mesh, task.mesh.rules)
+
+    def params_at(rng):
+      params = nn.meta.unbox(init_params(task.model, sample, rng))
+      return jax.lax.with_sharding_constraint(params, param_shardings)
+
+    init = functools.partial(init_state, algorithm=algorithm, params_at=params_at,
+                             boxed_params=boxed_params, param_shardings=param_shardings)
+    compiled_init = jax.jit(init).lower(rng_spec).compile()
+    state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
+    abstract_state = jax.tree.map(_spec, jax.eval_shape(init, rng_spec), state_shardings)
+    step = functools.partial(train_step, algorithm=algorithm,
+                             skip_nonfinite=task.train.skip_nonfinite)
+    compiled_step = jax.jit(step, donate_argnums=0,
+                            in_shardings=(state_shardings, batch_sharding, client_sharding, None),
+                            out_shardings=(state_shardings, None)).lower(
+        abstract_state, jax.tree.map(lambda x: _spec(x, batch_sharding), batches),
+        _spec(np.asarray(weights, np.float32), client_sharding), rng_spec).compile()
+    eval_step = evaluation.eval_step(task.model, data.item,
+                                     client_eval.num_groups if client_eval else 1,
+                                     algorithm.ensemble)
+    compiled_eval = jax.jit(eval_step).lower(
+        abstract_state.alg, jax.tree.map(lambda x: _spec(x, eval_sharding), eval_batch),
+        _spec(np.zeros(eval_batch['mask'].shape, np.int32), eval_sharding)).compile()
+  round_shape = batches['mask'].shape[:3]
+  return Setup(
+      task=task, mesh=mesh, init=compiled_init, step=compiled_step, eval=compiled_eval,
+      client_eval=client_eval, abstract_state=abstract_state,
+      flops_per_device=model_stats.step_flops(task.model, loss_fn, boxed_params, batches,
+                                              mesh.size),
+      item=data.item, items_per_step=int(batches['mask'].size), round_shape=round_shape,
+      block=partitioning.process_block(batch_sharding, round_shape),
+      eval_batch_size=len(sample),
+      eval_rows=partitioning.process_block(eval_sharding, (len(sample),))[0],
+      accountant=accountant, personalized=evaluation.personalization(task, client_eval))
