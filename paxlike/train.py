@@ -7,7 +7,6 @@ The plumbing lives elsewhere: `trainer_setup` places a task on its mesh and comp
 programs, `train_state` holds the state and the step, `preemption` turns signals into a stop.
 """
 
-
 import functools
 from pathlib import Path
 from typing import Any, Callable
