@@ -22,7 +22,7 @@ from paxlike.data.prefetch import Prefetcher
 from paxlike.errors import RunFailure
 from paxlike.preemption import StopSignal
 from paxlike.summaries import RunWriter, status
-from paxlike.train_state import FINITE
+from paxlike.train_state import FINITE, with_hyperparams
 
 # The trainer's public names besides the loop's own, defined in train_state and trainer_setup:
 # tests and benchmarks call train.setup(task) and read train.Setup and train.TrainState.
@@ -65,13 +65,18 @@ def round_inputs(placed: Setup, step: int, host: tuple[dict, np.ndarray] | None 
 def restore_or_init(placed: Setup, checkpoints: Checkpoints, allow_config_change: bool = False
                     ) -> tuple[int, TrainState, dict]:
   """The latest committed (step, state, metadata), or (0, a fresh state, {}). A checkpoint saved
-  at another data position (seed) is refused unless the user allowed the config to change."""
+  at another data position (seed) is refused unless the user allowed the config to change; then
+  the optimizer hyperparameters (learning rates, ...) are the config's, not the checkpoint's."""
   restored = checkpoints.restore(placed.abstract_state)
   if restored is not None:
+    step, state, meta = restored
     if not allow_config_change:
-      checkpoint.check_data_position(restored[2], placed.task.train.seed, restored[0])
-    status(f'resumed from checkpoint step {restored[0]}')
-    return restored
+      checkpoint.check_data_position(meta, placed.task.train.seed, step)
+    elif placed.hyperparams is not None:
+      with jax.set_mesh(placed.mesh):
+        state = with_hyperparams(state, placed.hyperparams(jax.random.key(placed.task.train.seed)))
+    status(f'resumed from checkpoint step {step}')
+    return step, state, meta
   with jax.set_mesh(placed.mesh):
     return 0, placed.init(jax.random.key(placed.task.train.seed)), {}
 

@@ -23,6 +23,20 @@ class TrainState(NamedTuple):
   nonfinite_steps: jax.Array
 
 
+def hyperparams_of(state: Any) -> dict[str, jax.Array]:
+  """keystr(path) -> value of every optimizer hyperparameter that `optax.inject_hyperparams`
+  keeps in `state` (those under a `.hyperparams` field)."""
+  return {jax.tree_util.keystr(path): leaf
+          for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+          if any(getattr(key, 'name', None) == 'hyperparams' for key in path)}
+
+
+def with_hyperparams(state: Any, hyperparams: dict[str, jax.Array]) -> Any:
+  """`state` with the values at `hyperparams`' paths (see hyperparams_of) replaced."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: hyperparams.get(jax.tree_util.keystr(path), leaf), state)
+
+
 FINITE = 'finite'  # The step's metric: are its loss, grad norm and whole new state finite?
 
 

@@ -18,7 +18,7 @@ from paxlike import evaluation, losses, model_stats, partitioning, privacy
 from paxlike.data.sources import ClientEval, Item
 from paxlike.errors import UserError
 from paxlike.experiment import Task
-from paxlike.train_state import TrainState, init_params, init_state, train_step
+from paxlike.train_state import TrainState, hyperparams_of, init_params, init_state, train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,11 +42,21 @@ class Setup:
   eval_rows: slice                      # The rows of each eval batch this process loads.
   accountant: privacy.Accountant | None = None  # DP runs: the ε spent by each round.
   personalized: Callable[[Any], dict[str, float]] | None = None  # Eval after fine-tuning.
+  # rng -> the optimizer hyperparameters a fresh state gets from the config (train_state.
+  # hyperparams_of); jitted, not compiled until a resume with a changed config asks for them.
+  hyperparams: Callable[[jax.Array], dict[str, jax.Array]] | None = None
 
 
 def _spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
   """An abstract value shaped like `x`, placed by `sharding`: what programs are compiled for."""
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def _fresh_hyperparams(init: Callable[[jax.Array], TrainState], rules: Any, mesh: Mesh,
+                       rng: jax.Array) -> dict[str, jax.Array]:
+  """The hyperparameters of `init(rng)`; under jit, XLA drops the rest of the init."""
+  with nn.logical_axis_rules(partitioning.rules_for_mesh(rules, mesh)):
+    return hyperparams_of(init(rng))
 
 
 def setup(task: Task) -> Setup:
@@ -108,4 +118,7 @@ def setup(task: Task) -> Setup:
       block=partitioning.process_block(batch_sharding, round_shape),
       eval_batch_size=len(sample),
       eval_rows=partitioning.process_block(eval_sharding, (len(sample),))[0],
-      accountant=accountant, personalized=evaluation.personalization(task, client_eval))
+      accountant=accountant, personalized=evaluation.personalization(task, client_eval),
+      hyperparams=jax.jit(functools.partial(_fresh_hyperparams, init, task.mesh.rules, mesh),
+                          out_shardings={path: spec.sharding for path, spec
+                                         in hyperparams_of(abstract_state).items()}))
