@@ -3,9 +3,11 @@ exactly, and a `clients` mesh axis on 8 devices matches 1 device (cohort shapes:
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -86,10 +88,22 @@ def test_per_client_held_out_metrics_are_logged_at_each_eval(trained, name):
     assert all(math.isfinite(x) and x > 0 for x in client_losses)
 
 
+def killed_after_half(job: Path, copy: Path) -> None:
+  """Copies `job` as if killed after round ROUNDS // 2's checkpoint: later checkpoints and rows
+  gone, so only the restored state can make the resumed rounds repeat the uninterrupted ones."""
+  shutil.copytree(job, copy, dirs_exist_ok=True)
+  for step in (copy / 'checkpoints').iterdir():
+    if step.name.isdigit() and int(step.name) > ROUNDS // 2:
+      shutil.rmtree(step)
+  for rows in (copy / 'metrics.jsonl', copy / 'eval_clients.jsonl'):
+    if rows.exists():
+      kept = [l for l in rows.read_text().splitlines() if json.loads(l)['step'] <= ROUNDS // 2]
+      rows.write_text(''.join(f'{l}\n' for l in kept))
+
+
 @pytest.mark.parametrize('name', ['ShakespeareDiLoCo', 'ShakespearePapa', 'ShakespeareBtm'])
 def test_resume_repeats_the_uninterrupted_run(trained, name, tmp_path):
-  half = f'--fdl_set=train.num_steps={ROUNDS // 2}'
-  run_cli(*cli_args(name), f'--job_log_dir={tmp_path}', half)
+  killed_after_half(trained(name), tmp_path)
   proc = run_cli(*cli_args(name), f'--job_log_dir={tmp_path}')
   assert f'resumed from checkpoint step {ROUNDS // 2}' in proc.stderr
   assert metric_rows(tmp_path) == metric_rows(trained(name))
