@@ -67,7 +67,9 @@ def test_two_trainers_on_one_job_dir(tmp_path):
     while not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
       assert first.poll() is None and time.monotonic() < deadline, (tmp_path / 'first.err').read_text()
       time.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)  # Holds its lock, leaves the cores to the second.
     second = run_cli(*long, f'--job_log_dir={tmp_path / "job"}', check=False)
+    first.send_signal(signal.SIGCONT)
     assert second.returncode == 2
     assert second.stderr.strip() == (
         f'paxlike: error: {tmp_path / "job"} is in use by another trainer (host {HOST} pid '
