@@ -1,9 +1,9 @@
 """Mixed precision: float32 params, bfloat16 compute, float32 loss trains as well as float32.
 
-The tiny size (configs.models.lm_tiny_llama) trains for 80 Adam steps on real text (bytes of two
+The tiny size (configs.models.lm_tiny_llama) trains for 48 Adam steps on real text (bytes of two
 stdlib modules) from the same init and batches in float32 and in bfloat16 compute. Tolerance:
-the held-out losses differ by less than 0.05 nats (observed: about 0.01), after both have
-fallen from ~5.5 to below 2.6.
+the held-out losses differ by less than 0.05 nats (observed: about 0.002), after both have
+fallen from ~6.2 to below 2.6 (observed: 2.43; 2.20 after 80 steps, which take 40% longer).
 """
 
 import inspect
@@ -23,7 +23,7 @@ import pytest
 from configs import models
 from paxlike import losses
 
-STEPS, BATCH, SEQ = 80, 16, 64
+STEPS, BATCH, SEQ = 48, 16, 64
 TOLERANCE_NATS = 0.05
 
 
@@ -64,7 +64,7 @@ def _train_and_eval(dtype, train: np.ndarray, evals: np.ndarray) -> tuple[float,
   return float(first), float(eval_loss), trained
 
 
-@pytest.mark.slow  # 2 x 80 training steps.
+@pytest.mark.slow  # 2 x 48 training steps.
 def test_bf16_compute_trains_to_the_float32_eval_loss():
   train, evals = _text_batches()
   first32, eval32, params32 = _train_and_eval(jnp.float32, train, evals)
