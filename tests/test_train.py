@@ -97,6 +97,7 @@ MESH_SCRIPT = textwrap.dedent('''
     for ici, axes in json.loads(sys.argv[1]):
       cfg = registry.get('lm.StdlibTiny')().config()
       config_io.apply_overrides(cfg, ['train.num_steps=3', 'train.log_every=1', 'train.eval_every=3',
+                                      'model.num_layers=1',
                                       f'mesh.ici={tuple(ici)}', f'mesh.axes={tuple(axes)}'])
       task = config_io.build(cfg)
       s = train.setup(task)
