@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JOB_DIR ?= /tmp/paxlike/stdlib_tiny
-PYTEST_ARGS ?= -n 2 -m 'not bench'
+PYTEST_ARGS ?= -n 2 --dist worksteal -m 'not bench'
 
 # Python >= 3.12 (jax 0.12 needs it): PATH first, then pyenv's versions.
 PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
@@ -29,7 +29,7 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
 test-all: setup  # Also the quick runs of whole benchmarks (marked 'bench'): ~2 min more.
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -n 2 --dist worksteal tests
 
 BENCHMARKS := overhead federated_round checkpoint_cost startup cpu_step
 
