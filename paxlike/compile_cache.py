@@ -4,12 +4,14 @@ and export of it) loads its compiled programs instead of compiling them again.
 `--compilation_cache_dir` picks the directory (default `$XDG_CACHE_HOME/paxlike/jax`, else
 `~/.cache/paxlike/jax`; empty turns it off). JAX's own `JAX_COMPILATION_CACHE_DIR` wins when
 set. The cache is bounded (least recently used entries go first) and file-locked, so processes
-of several jobs can share it. Only compiles that took over a second are kept (JAX's default
+of several jobs can share it (where `filelock` is missing, say a bare accelerator image, it is
+unbounded, as JAX makes it). Only compiles that took over a second are kept (JAX's default
 `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`), which is the train step on any real model.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -32,5 +34,6 @@ def configure(directory: str) -> str | None:
   if not directory:
     return None
   jax.config.update('jax_compilation_cache_dir', directory)
-  jax.config.update('jax_compilation_cache_max_size', MAX_BYTES)
+  if importlib.util.find_spec('filelock') is not None:  # JAX needs it to bound the cache.
+    jax.config.update('jax_compilation_cache_max_size', MAX_BYTES)
   return directory
