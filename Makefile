@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JOB_DIR ?= /tmp/paxlike/stdlib_tiny
-PYTEST_ARGS ?= -n 2 --dist worksteal -m 'not bench'
+PYTEST_ARGS ?= -n 2 --dist worksteal
 
 # Python >= 3.12 (jax 0.12 needs it): PATH first, then pyenv's versions.
 PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
@@ -12,7 +12,7 @@ PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
 	done; for c in $$(pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python3 $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3; do \
 	  [ -x $$c ] && { echo $$c; exit; }; done)
 
-.PHONY: setup run test test-all bench clean
+.PHONY: setup run test bench clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
@@ -27,9 +27,6 @@ run: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS) tests
-
-test-all: setup  # Also the quick runs of whole benchmarks (marked 'bench'): ~2 min more.
-	$(PY) -m pytest -n 2 --dist worksteal tests
 
 BENCHMARKS := overhead federated_round checkpoint_cost startup cpu_step
 
