@@ -1,6 +1,5 @@
 """Stopping a run cleanly: SIGTERM/SIGINT (and, across hosts, JAX's preemption sync point)."""
 
-
 import signal
 
 import jax

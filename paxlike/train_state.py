@@ -4,7 +4,6 @@ Each is traced once by `trainer_setup.setup`, which compiles them for a task's m
 (`train.py`) only calls the compiled programs.
 """
 
-
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn

@@ -4,7 +4,6 @@
 dir is touched; the loop (`train.py`) then only runs what it returns.
 """
 
-
 import dataclasses
 import functools
 from typing import Any, Callable

@@ -15,7 +15,7 @@ def cache_entries(directory):
 @pytest.mark.slow
 def test_a_rerun_compiles_nothing_new_and_trains_the_same(tmp_path):
   env = cli_env(XDG_CACHE_HOME=str(tmp_path / 'xdg'), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
-  del env['JAX_COMPILATION_CACHE_DIR']  # The suite's shared cache; this test wants the default.
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)  # The suite's shared cache; this test wants the default.
   cache = tmp_path / 'xdg' / 'paxlike' / 'jax'
   run_cli(*TINY, f'--job_log_dir={tmp_path / "first"}', env=env)
   first = cache_entries(cache)
