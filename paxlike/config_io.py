@@ -7,6 +7,7 @@ config file cannot run arbitrary code.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 from pathlib import Path
 import typing
@@ -118,27 +119,50 @@ def is_allowed(module: str, allow: Iterable[str] = ()) -> bool:
   return any(module == a or module.startswith(a + '.') for a in ALLOWED_MODULES + tuple(allow))
 
 
-def _modules(node: Any) -> Iterable[str]:
+def _pyrefs(node: Any) -> Iterable[tuple[str, str]]:
+  """Every (module, name) a serialized config imports."""
   if isinstance(node, dict):
     if node.get('type') == 'pyref':
-      yield node.get('module', '')
+      yield node.get('module', ''), node.get('name', '')
     for value in node.values():
-      yield from _modules(value)
+      yield from _pyrefs(value)
   elif isinstance(node, list):
     for value in node:
-      yield from _modules(value)
+      yield from _pyrefs(value)
+
+
+def _resolves(module: str, name: str) -> bool:
+  """Whether `module.name` exists in this installation (call for allow-listed modules only)."""
+  try:
+    target = importlib.import_module(module)
+  except ModuleNotFoundError as error:  # Only the module itself missing is a stale name.
+    return not (error.name and (module + '.').startswith(error.name + '.'))
+  for part in name.split('.'):
+    if not hasattr(target, part):
+      return False
+    target = getattr(target, part)
+  return True
+
+
+class StaleConfig(UserError):
+  """A well-formed serialized config that names what this version of paxlike no longer has."""
 
 
 def from_json(text: str, source: str, allow: Iterable[str] = ()) -> fdl.Buildable:
-  """Loads a serialized config, importing only allow-listed modules."""
+  """Loads a serialized config, importing only allow-listed modules. StaleConfig when it names a
+  module or function that no longer exists (renamed or removed since it was saved)."""
   try:
-    modules = set(_modules(json.loads(text)))
+    refs = sorted(set(_pyrefs(json.loads(text))))
   except json.JSONDecodeError as error:
     raise UserError(f'{source} is not valid JSON ({error.msg} at line {error.lineno})') from None
-  for module in sorted(modules):
+  for module in sorted({module for module, _ in refs}):
     if not is_allowed(module, allow):
       raise UserError(f'{source} imports {module!r}, which is not allowed; '
                       f'pass --allow_import={module.split(".")[0]} if you trust it')
+  missing = [f'{module}.{name}' for module, name in refs if not _resolves(module, name)]
+  if missing:
+    raise StaleConfig(f'{source} names {", ".join(missing)}, which this version of paxlike '
+                      'does not have (renamed or removed since it was saved)')
   try:
     return serialization.load_json(text)
   except Exception as error:  # Fiddle raises many kinds for malformed documents.

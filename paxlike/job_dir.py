@@ -59,7 +59,15 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool,
       raise UserError(f'{saved} is damaged ({error.msg} at line {error.lineno}), perhaps cut short '
                       'by a crash; check config.txt against this run and remove config.json to '
                       'continue') from None
-    old = config_io.from_json(text, str(saved), allow_import)
+    try:
+      old = config_io.from_json(text, str(saved), allow_import)
+    except config_io.StaleConfig as error:  # Saved by an older paxlike: nothing to compare.
+      if not allow_change:
+        raise UserError(f'{error}; pass --allow_config_change to continue that run under '
+                        'the current config, or use another --job_log_dir') from None
+      print(f'warning: {error}; continuing under the current config (--allow_config_change)',
+            file=sys.stderr)
+      return path
     diffs = config_io.differences(old, cfg)
     if diffs and not allow_change:
       shown = '; '.join(diffs[:3]) + ('; ...' if len(diffs) > 3 else '')

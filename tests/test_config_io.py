@@ -1,8 +1,9 @@
 import copy
+import re
 
 import pytest
 
-from paxlike import config_io, registry
+from paxlike import config_io, job_dir, registry
 from paxlike.errors import UserError
 
 
@@ -68,6 +69,34 @@ def test_loading_refuses_modules_off_the_allow_list(cfg):
 def test_corrupt_json_is_a_user_error(cfg):
   with pytest.raises(UserError, match='not valid JSON'):
     config_io.from_json(config_io.to_json(cfg)[:-40], 'cut.json')
+
+
+def _renamed(text: str, module: str, name: str, new_name: str) -> str:
+  """`text` with the pyref `module.name` renamed, as if saved by a paxlike that had it."""
+  pattern = rf'("module": "{re.escape(module)}",\s*"name": )"{re.escape(name)}"'
+  renamed, count = re.subn(pattern, rf'\1"{new_name}"', text)
+  assert count, f'{module}.{name} is not in the config'
+  return renamed
+
+
+def test_a_config_naming_a_removed_function_is_a_stale_config(cfg):
+  text = _renamed(config_io.to_json(cfg), 'paxlike.optim', 'adamw', 'matched_adamw')
+  with pytest.raises(config_io.StaleConfig, match=r'names paxlike\.optim\.matched_adamw, which '
+                     'this version of paxlike does not have'):
+    config_io.from_json(text, 'old.json')
+  gone_module = config_io.to_json(cfg).replace('"paxlike.optim"', '"paxlike.configs_v0"')
+  with pytest.raises(config_io.StaleConfig, match=r'paxlike\.configs_v0\.adamw'):
+    config_io.from_json(gone_module, 'old.json')
+
+
+def test_a_job_dir_saved_by_an_older_paxlike_resumes_only_when_allowed(cfg, tmp_path, capsys):
+  job_dir.record_config(tmp_path, cfg)
+  saved = tmp_path / 'config.json'
+  saved.write_text(_renamed(saved.read_text(), 'paxlike.optim', 'adamw', 'matched_adamw'))
+  with pytest.raises(UserError, match='matched_adamw.*pass --allow_config_change to continue'):
+    job_dir.prepare(str(tmp_path), cfg, allow_change=False)
+  assert job_dir.prepare(str(tmp_path), cfg, allow_change=True) == tmp_path
+  assert 'continuing under the current config' in capsys.readouterr().err
 
 
 def test_differences_ignore_resumable_fields(cfg):
