@@ -123,6 +123,23 @@ def test_apply_rope_scores_depend_only_on_relative_position():
   assert abs(score(3, 1) - score(3, 2)) > 1e-3
 
 
+def test_rope_of_bfloat16_features_turns_them_by_float32_angles():
+  """Far into a sequence a bfloat16 angle is useless (at position 3001 its spacing is 16 rad),
+  so the angles and the rotation must be float32 whatever the features' dtype: the output then
+  equals a float64 rotation up to bfloat16 rounding of the result."""
+  x = jax.random.normal(jax.random.key(7), (1, 2, 2, 16)).astype(jnp.bfloat16)
+  positions = np.array([3001, 3002])
+  out = apply_rope(x, jnp.asarray(positions))
+  assert out.dtype == jnp.bfloat16
+  x64 = np.asarray(x, np.float64)
+  half = x64.shape[-1] // 2
+  angles = positions[:, None, None] * 10_000.0 ** (-np.arange(half) / half)  # [T, 1, H/2]
+  x1, x2 = x64[..., :half], x64[..., half:]
+  want = np.concatenate([x1 * np.cos(angles) - x2 * np.sin(angles),
+                         x2 * np.cos(angles) + x1 * np.sin(angles)], axis=-1)
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=0.02 * np.abs(x64).max())
+
+
 @pytest.mark.parametrize('rope', [True, False])
 def test_rope_is_translation_invariant(rope):
   """With a sliding window, a position only sees a bounded suffix.
