@@ -13,6 +13,10 @@ spills into the next window. `ratio` is async / none step time (median of the re
 `extra_ms_per_step` splits the difference into the read-back, the blocking part of `save()`
 (`save_call_ms` per save) and the rest (background writes); `--profile FILE` writes a cProfile
 of one extra `async` window (main thread only) and logs its top entries.
+`save_cpu_ms` is the CPU time (all threads) one save costs, measured alone after the windows;
+`save_cpu_share` puts it against the CPU the machine has while `every` steps run
+(cores x every x the `none` step time): where the step keeps every core busy, a background save
+can hide nothing, and `ratio` stays near 1 + that share however little of it blocks the loop.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
+import resource
 import sys
 import tempfile
 import time
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                                  'async': lambda: window(checkpoints)}, args.repeats)
       if args.profile:
         profile(lambda: window(checkpoints), args.profile)
+      save_cpu_ms = cpu_ms_per_save(checkpoints, run['state'], run['step'])
     finally:
       checkpoints.close()
   ratio = common.paired_ratio(values['none'], values['async'])
@@ -120,8 +127,23 @@ def main(argv: list[str] | None = None) -> None:
       # the blocking part of save(), and the rest (Orbax's background writes sharing the CPU).
       'extra_ms_per_step': {'sync': ms['sync_only'] - ms['none'], 'save_call': blocking,
                             'background': ms['async'] - ms['sync_only'] - blocking},
+      'save_cpu_ms': save_cpu_ms,
+      'save_cpu_share': save_cpu_ms / (os.cpu_count() * args.every * ms['none']),
       'spread': {k: round(common.spread(v), 3) for k, v in values.items()},
   })
+
+
+def cpu_ms_per_save(checkpoints, state, last_step: int, saves: int = 4) -> float:
+  """Process CPU time (every thread's: Orbax's writers, tensorstore, the save thread) per
+  save-and-commit of `state`, with nothing else running."""
+  def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+  start = cpu_seconds()
+  for step in range(last_step + 1, last_step + 1 + saves):
+    checkpoints.save(step, state, {'step': step, 'data': {'seed': 0, 'next_step': step + 1}})
+    checkpoints.wait()
+  return 1e3 * (cpu_seconds() - start) / saves
 
 
 def profile(fn, path: Path) -> None:

@@ -76,6 +76,8 @@ def test_checkpoint_cost_saves_in_every_async_window_and_splits_the_extra_time()
   # --quick: 1 repeat of 4 steps with a save every 2: the timed async window saved twice.
   assert (out['repeats'], out['steps'], out['every']) == (1, 4, 2) and out['saves'] == 2
   assert out['save_call_ms'] > 0
+  # A save costs CPU (Orbax's writers), measured on its own after the windows.
+  assert 0 < out['save_cpu_ms'] < 1e4 and 0 < out['save_cpu_share']
   ms = out['step_time_ms']
   assert ms['async'] == pytest.approx(1e3 / out['steps_per_sec'])
   assert ms['none'] == pytest.approx(1e3 / out['baseline_steps_per_sec'])
