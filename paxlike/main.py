@@ -150,6 +150,10 @@ def run(argv: list[str]) -> None:
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = restore.load_latest_state(task, directory)
   if FLAGS.mode == 'eval':
+    differs = fingerprint.mismatch(directory, prepare.data_fingerprint(task.data))
+    if differs:  # Still evaluated (on today's data), but not silently.
+      print(f'warning: {differs}; these eval numbers are on the data as it is now',
+            file=sys.stderr)
     evals, clients = evaluation.evaluate(setup, state.alg)
     print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in evals.items()},
                       **({'eval_clients': clients} if clients else {})}))

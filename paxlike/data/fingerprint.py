@@ -39,18 +39,26 @@ def digest(files: Mapping[str, Path]) -> str:
   return h.hexdigest()
 
 
+def mismatch(job_dir: Path, current: dict[str, Any] | None) -> str | None:
+  """What differs between the data `job_dir` was trained on and `current`, or None (also when
+  either side has no record)."""
+  saved_path = job_dir / FILE
+  if current is None or not saved_path.is_file():
+    return None
+  saved = json.loads(saved_path.read_text())
+  if saved.get('sha256') == current['sha256'] and saved.get('dataset') == current['dataset']:
+    return None
+  return (f'{job_dir} was trained on {saved.get("dataset")} data with fingerprint '
+          f'{str(saved.get("sha256"))[:12]}, but the data now has {current["sha256"][:12]} '
+          f'({current["source"]})')
+
+
 def check_resume(job_dir: Path, current: dict[str, Any] | None, allow_change: bool) -> None:
   """Refuses (UserError) to continue a job dir trained on data whose fingerprint differs from
   `current`, unless `allow_change`. A job dir without a record is accepted."""
-  saved_path = job_dir / FILE
-  if current is None or allow_change or not saved_path.is_file():
-    return
-  saved = json.loads(saved_path.read_text())
-  if saved.get('sha256') != current['sha256'] or saved.get('dataset') != current['dataset']:
-    raise UserError(
-        f'{job_dir} was trained on {saved.get("dataset")} data with fingerprint '
-        f'{str(saved.get("sha256"))[:12]}, but the data now has {current["sha256"][:12]} '
-        f'({current["source"]}); use another --job_log_dir or pass --allow_config_change')
+  differs = None if allow_change else mismatch(job_dir, current)
+  if differs:
+    raise UserError(f'{differs}; use another --job_log_dir or pass --allow_config_change')
 
 
 def record(job_dir: Path, current: dict[str, Any] | None) -> None:

@@ -84,10 +84,10 @@ def test_upper_cased_corpus_changes_step_one_and_refuses_the_old_resume(tmp_path
   shutil.copy(SHAKESPEARE, corpus)
   env = helpers.cli_env(**{root.TFDS_DIR_ENV: str(tmp_path / 'tfds')})
 
-  def train(job: str, steps: int, check: bool = True):
+  def train(job: str, steps: int, check: bool = True, *flags: str):
     return helpers.run_cli('--exp=lm.ShakespeareTiny', '--fdl_fiddler=tiny', f'--data_dir={data}',
                            f'--job_log_dir={tmp_path / job}', f'--fdl_set=train.num_steps={steps}',
-                           env=env, check=check)
+                           *flags, env=env, check=check)
 
   train('original', 1)
   upper_case(corpus)  # In place: same path, same name, new content.
@@ -102,4 +102,10 @@ def test_upper_cased_corpus_changes_step_one_and_refuses_the_old_resume(tmp_path
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith(
       f'paxlike: error: {tmp_path / "original"} was trained on shakespeare data with fingerprint')
+  assert helpers.snapshot(tmp_path / 'original') == before
+  # Eval still runs on the changed data, but says so.
+  evaluated = train('original', 1, True, '--mode=eval')
+  assert 'was trained on shakespeare data with fingerprint' in evaluated.stderr
+  assert 'these eval numbers are on the data as it is now' in evaluated.stderr
+  assert json.loads(evaluated.stdout.strip().splitlines()[-1])['step'] == 1
   assert helpers.snapshot(tmp_path / 'original') == before
