@@ -15,9 +15,14 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ['--exp=lm.StdlibTiny', '--fdl_fiddler=tiny']
 
 
-def cli_env(devices: int = 1, **extra: str) -> dict[str, str]:
+def cli_env(devices: int = 1, optimized: bool = False, **extra: str) -> dict[str, str]:
+  """The environment of a CLI subprocess on `devices` forced CPU devices, keeping the suite's
+  XLA flags (conftest.py), less its -O0 when `optimized` (long runs: compiling is not their cost)."""
   env = {**os.environ, 'PYTHONPATH': str(REPO), **extra}
-  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  kept = [f for f in os.environ.get('XLA_FLAGS', '').split()
+          if not f.startswith('--xla_force_host_platform_device_count')
+          and not (optimized and f.startswith('--xla_backend_optimization_level'))]
+  env['XLA_FLAGS'] = ' '.join([*kept, f'--xla_force_host_platform_device_count={devices}'])
   return env
 
 

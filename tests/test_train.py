@@ -154,5 +154,5 @@ def test_default_experiment_beats_the_unigram_entropy(tmp_path):
   p = counts[counts > 0] / counts.sum()
   unigram_entropy = float(-(p * np.log(p)).sum())  # nats per byte of the held-out split
   run_cli('--exp=lm.StdlibTiny', '--fdl_set=train.num_steps=100', '--fdl_set=train.eval_every=100',
-          f'--job_log_dir={tmp_path}')
+          f'--job_log_dir={tmp_path}', env=cli_env(optimized=True))  # `make run`'s XLA flags.
   assert metric_rows(tmp_path)[-1]['eval_loss'] < unigram_entropy - 0.5
