@@ -17,7 +17,8 @@ TINY = ['--exp=lm.StdlibTiny', '--fdl_fiddler=tiny']
 
 def cli_env(devices: int = 1, optimized: bool = False, **extra: str) -> dict[str, str]:
   """The environment of a CLI subprocess on `devices` forced CPU devices, keeping the suite's
-  XLA flags (conftest.py), less its -O0 when `optimized` (long runs: compiling is not their cost)."""
+  XLA flags (conftest.py), less its -O0 when `optimized` (long runs, where compiling is not
+  the cost)."""
   env = {**os.environ, 'PYTHONPATH': str(REPO), **extra}
   kept = [f for f in os.environ.get('XLA_FLAGS', '').split()
           if not f.startswith('--xla_force_host_platform_device_count')

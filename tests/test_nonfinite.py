@@ -52,7 +52,8 @@ def test_exploding_federated_round_exits_1_and_no_checkpoint_holds_a_nonfinite_v
                  check=False)  # The issue's repro: round 1's loss is finite, its params are not.
   assert proc.returncode == 1, proc.stderr[-2000:]
   last = re.fullmatch(r'paxlike: failed: non-finite parameters or optimizer state at step 1: '
-                      r'loss=(\S+); the last checkpoint is untouched', proc.stderr.strip().splitlines()[-1])
+                      r'loss=(\S+); the last checkpoint is untouched',
+                      proc.stderr.strip().splitlines()[-1])
   assert last and float(last.group(1)) == pytest.approx(2.2463455, rel=1e-6), proc.stderr[-2000:]
   assert not any(p.name.isdigit() for p in (tmp_path / 'a' / 'checkpoints').iterdir())
   # Three good rounds, then a resume whose client step overflows float32 in round 4.
