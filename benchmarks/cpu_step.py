@@ -1,11 +1,12 @@
 """Whole-process steps/s of paxlike's CPU train step against a minimal flax.linen step.
 
-    python benchmarks/cpu_step.py [--steps 20,120] [--repeats 3] [--quick]
+    python benchmarks/cpu_step.py [--steps 20,120] [--repeats 3] [--mesh 4x2|8] [--quick]
 
 The shape: a 2-layer d128 byte LM (4 heads, d_ff 512, vocab 256), seq 64, global batch 32,
 float32, on a 4×2 ('data', 'model') mesh of 8 forced CPU devices. Two whole processes:
 - `paxlike`: `python -m paxlike.main --exp=lm.StdlibTiny --fdl_fiddler=cpu8` with those
   overrides, in a fresh job dir (logs every 50 steps; eval and checkpoint only at the end);
+  `--mesh 8` leaves the fiddler out: the default mesh, all 8 devices on 'data';
 - `flax`: this file's `--child`: a minimal flax.linen LM of the same math (tied embeddings,
   RMSNorm, rope, causal attention, SwiGLU), AdamW, the batch sharded over 'data' and params
   left to jit; random byte batches made on the host each step, ≤ 2 steps in flight.
@@ -13,12 +14,16 @@ Each runs at two lengths n1 < n2, timed from process start to exit, so start-up,
 and the final eval and save cancel: rate = (n2 - n1) / (t2 - t1). Repeats alternate the
 order; `ratio` is the median of paxlike / flax rates over repeats. Goal: paxlike >= 12
 steps/s at a load average below 2 (1.6x Pax 1.4.0 on this shape; it was 10.3 before).
+`cpu_ms_per_step` is each one's CPU time per step (every thread, by the same difference), and
+`cpu_ratio` flax / paxlike of it: the work per step, which other users' load moves far less
+than it moves wall time (both keep the 2 cores busy, so wall time is the machine's).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -31,7 +36,7 @@ from benchmarks import common  # noqa: E402
 
 GOAL_STEPS_PER_SEC = 12.0
 LAYERS, D_MODEL, HEADS, D_FF, VOCAB, SEQ, BATCH = 2, 128, 4, 512, 256, 64, 32
-PAXLIKE_ARGS = ['--exp=lm.StdlibTiny', '--fdl_fiddler=cpu8',
+PAXLIKE_ARGS = ['--exp=lm.StdlibTiny',
                 f'--fdl_set=model.num_layers={LAYERS}', f'--fdl_set=model.d_model={D_MODEL}',
                 f'--fdl_set=model.num_heads={HEADS}', f'--fdl_set=model.d_ff={D_FF}',
                 f'--fdl_set=data.seq_len={SEQ}', f'--fdl_set=data.batch_size={BATCH}']
@@ -41,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--steps', default='20,120', help='the two run lengths n1,n2')
   parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--mesh', choices=('4x2', '8'), default='4x2',
+                      help="paxlike's mesh: 4x2 data x model (--fdl_fiddler=cpu8, tensor "
+                           "parallel over 'model'), or 8: the default all-data mesh")
   parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   parser.add_argument('--child', type=int, metavar='STEPS', help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -119,24 +127,31 @@ def flax_run(steps: int) -> None:
   print(f'final loss {float(previous):.3f}', file=sys.stderr)
 
 
-def whole_run(mode: str, steps: int) -> float:
-  """Seconds from start to exit of a `mode` process that trains `steps` steps."""
+def whole_run(mode: str, steps: int, mesh: str = '4x2') -> tuple[float, float]:
+  """Seconds from start to exit of a `mode` process that trains `steps` steps, and the CPU
+  seconds (user + system, every thread) it used."""
   env = common.child_env(8)
   with tempfile.TemporaryDirectory(prefix='paxlike_cpu_step_') as job:
     if mode == 'paxlike':
-      command = ['-m', 'paxlike.main', *PAXLIKE_ARGS, f'--job_log_dir={job}',
+      fiddler = ['--fdl_fiddler=cpu8'] if mesh == '4x2' else []
+      command = ['-m', 'paxlike.main', *PAXLIKE_ARGS, *fiddler, f'--job_log_dir={job}',
                  f'--fdl_set=train.num_steps={steps}', '--fdl_set=train.log_every=50',
                  f'--fdl_set=train.eval_every={steps}', f'--fdl_set=train.checkpoint_every={steps}']
     else:
       command = [__file__, f'--child={steps}']
-    start = time.perf_counter()
+    cpu_before, start = _children_cpu_seconds(), time.perf_counter()
     proc = subprocess.run([sys.executable, *command], cwd=common.REPO, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, _children_cpu_seconds() - cpu_before
   if proc.returncode != 0:
     raise RuntimeError(f'{mode} run of {steps} steps exited {proc.returncode}: '
                        f'{proc.stderr[-2000:]}')
-  return elapsed
+  return elapsed, cpu
+
+
+def _children_cpu_seconds() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,21 +162,30 @@ def main(argv: list[str] | None = None) -> None:
   n1, n2 = (int(n) for n in args.steps.split(','))
   machine = common.machine()
 
+  cpu_ms: dict[str, list[float]] = {'paxlike': [], 'flax': []}
+
   def rate(mode: str) -> float:
-    short, long = whole_run(mode, n1), whole_run(mode, n2)
-    common.log(f'  {mode}: {n1} steps {short:.2f}s, {n2} steps {long:.2f}s')
+    (short, short_cpu), (long, long_cpu) = (whole_run(mode, n, args.mesh) for n in (n1, n2))
+    common.log(f'  {mode}: {n1} steps {short:.2f}s ({short_cpu:.1f} CPU-s), '
+               f'{n2} steps {long:.2f}s ({long_cpu:.1f} CPU-s)')
+    cpu_ms[mode].append(1e3 * (long_cpu - short_cpu) / (n2 - n1))
     return (n2 - n1) / (long - short)
 
   values = common.alternate({'paxlike': lambda: rate('paxlike'),
                              'flax': lambda: rate('flax')}, args.repeats)
   paxlike = common.median(values['paxlike'])
+  cpu = {mode: common.median(v) for mode, v in cpu_ms.items()}
   common.emit({
       'benchmark': 'cpu_step', 'steps': [n1, n2], 'repeats': args.repeats, 'machine': machine,
       'load_avg_1m_end': round(os.getloadavg()[0], 2),
       'shape': {'layers': LAYERS, 'd_model': D_MODEL, 'heads': HEADS, 'd_ff': D_FF,
-                'vocab': VOCAB, 'seq_len': SEQ, 'batch': BATCH, 'mesh': [4, 2]},
+                'vocab': VOCAB, 'seq_len': SEQ, 'batch': BATCH,
+                'mesh': [4, 2] if args.mesh == '4x2' else [8]},
       'steps_per_sec': paxlike, 'flax_steps_per_sec': common.median(values['flax']),
       'ratio': common.paired_ratio(values['paxlike'], values['flax']),
+      # CPU time per step (all threads, from the run-length difference): the work each does,
+      # which the machine's load moves far less than it moves wall time.
+      'cpu_ms_per_step': cpu, 'cpu_ratio': cpu['flax'] / cpu['paxlike'],
       'goal_steps_per_sec': GOAL_STEPS_PER_SEC, 'goal_met': paxlike >= GOAL_STEPS_PER_SEC,
       # A longer run that finished sooner: start-up noise swamped n2 - n1 steps (use more).
       'noise_dominated': any(r <= 0 for v in values.values() for r in v),

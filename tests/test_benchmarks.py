@@ -94,6 +94,9 @@ def test_cpu_step_times_whole_runs_of_paxlike_and_the_flax_baseline():
   # Rates from two run lengths: noisy at 2 extra steps, but both processes ran and exited 0.
   assert set(out['spread']) == {'paxlike', 'flax'} and isinstance(out['goal_met'], bool)
   assert out['ratio'] == pytest.approx(out['steps_per_sec'] / out['flax_steps_per_sec'])
+  cpu = out['cpu_ms_per_step']
+  assert set(cpu) == {'paxlike', 'flax'}
+  assert out['cpu_ratio'] == pytest.approx(cpu['flax'] / cpu['paxlike'])
 
 
 def test_startup_phases_add_up_to_the_total():
