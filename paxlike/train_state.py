@@ -39,10 +39,30 @@ def with_hyperparams(state: Any, hyperparams: dict[str, jax.Array]) -> Any:
 FINITE = 'finite'  # The step's metric: are its loss, grad norm and whole new state finite?
 
 
-def all_finite(tree: Any) -> jax.Array:
-  """Whether every floating-point value in `tree` is finite: one fused reduction."""
-  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-  return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
+def _float_leaves(tree: Any) -> list[Any]:
+  return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+
+
+def finite_groups(abstract_tree: Any) -> tuple[tuple[int, ...], ...]:
+  """The floating-point leaves of `abstract_tree` (indices in flatten order) grouped by shape,
+  dtype and sharding: each group can be stacked without moving data, and checked at once."""
+  groups: dict[Any, list[int]] = {}
+  for index, leaf in enumerate(_float_leaves(abstract_tree)):
+    key = (leaf.shape, jnp.dtype(leaf.dtype), getattr(leaf, 'sharding', None))
+    groups.setdefault(key, []).append(index)
+  return tuple(tuple(group) for group in groups.values())
+
+
+def all_finite(tree: Any, groups: tuple[tuple[int, ...], ...] | None = None) -> jax.Array:
+  """Whether every floating-point value in `tree` is finite. With `groups` (`finite_groups` of
+  its abstract version) the leaves of a group are stacked and reduced together: a state of
+  params and Adam moments then costs a handful of reductions instead of one per leaf (on CPU
+  each is a kernel per device: 175 of the 537 in a small LM's step)."""
+  leaves = _float_leaves(tree)
+  if groups is None:
+    groups = tuple((i,) for i in range(len(leaves)))
+  return jnp.all(jnp.stack([jnp.isfinite(jnp.stack([leaves[i] for i in group])).all()
+                            for group in groups]))
 
 
 def init_params(model: nn.Module, sample: np.ndarray, rng: jax.Array) -> Any:
@@ -62,12 +82,16 @@ def init_state(rng: jax.Array, *, algorithm: Algorithm, params_at: Callable[[jax
 
 
 def train_step(state: TrainState, batches: dict, weights: jax.Array, rng: jax.Array, *,
-               algorithm: Algorithm, skip_nonfinite: bool) -> tuple[TrainState, dict]:
+               algorithm: Algorithm, skip_nonfinite: bool,
+               finite_groups: tuple[tuple[int, ...], ...] | None = None
+               ) -> tuple[TrainState, dict]:
   """One round of the algorithm, and its metrics with FINITE. A non-finite round is kept out of
-  the state (and counted) with `skip_nonfinite`, else the host raises before saving it."""
+  the state (and counted) with `skip_nonfinite`, else the host raises before saving it.
+  `finite_groups`: `finite_groups(abstract state.alg)`, to check the new state in few reductions."""
   alg_state, metrics = algorithm.next(state.alg, batches, weights, rng)
   new = TrainState(alg_state, state.nonfinite_steps)
-  finite = all_finite((alg_state, metrics['loss'], metrics.get('grad_norm', 0.0)))
+  finite = (all_finite(alg_state, finite_groups)
+            & all_finite((metrics['loss'], metrics.get('grad_norm', 0.0))))
   if skip_nonfinite:
     new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
     new = new._replace(nonfinite_steps=state.nonfinite_steps + 1 - finite.astype(jnp.int32))

@@ -17,7 +17,8 @@ from paxlike import evaluation, losses, model_stats, partitioning, privacy
 from paxlike.data.sources import ClientEval, Item
 from paxlike.errors import UserError
 from paxlike.experiment import Task
-from paxlike.train_state import TrainState, hyperparams_of, init_params, init_state, train_step
+from paxlike.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
+                                 init_state, train_step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,8 @@ def setup(task: Task) -> Setup:
     state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
     abstract_state = jax.tree.map(_spec, jax.eval_shape(init, rng_spec), state_shardings)
     step = functools.partial(train_step, algorithm=algorithm,
-                             skip_nonfinite=task.train.skip_nonfinite)
+                             skip_nonfinite=task.train.skip_nonfinite,
+                             finite_groups=finite_groups(abstract_state.alg))
     compiled_step = jax.jit(step, donate_argnums=0,
                             in_shardings=(state_shardings, batch_sharding, client_sharding, None),
                             out_shardings=(state_shardings, None)).lower(

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paxlike import config_io, train, train_state
+from paxlike import config_io, registry, train, train_state
 from paxlike.checkpoint import Checkpoints
 from tests.helpers import metric_rows, run_cli
 
@@ -29,6 +29,25 @@ def test_all_finite_looks_at_every_float_leaf_and_ignores_the_rest():
   for bad in (jnp.inf, -jnp.inf, jnp.nan):
     bad_opt = (jnp.zeros((2, 2), jnp.bfloat16).at[1, 0].set(bad),)
     assert not bool(train_state.all_finite({**tree, 'opt': bad_opt}))
+
+
+def test_grouped_check_finds_a_bad_value_in_every_leaf_of_a_real_train_state():
+  """The step checks its state in groups of same-shaped, same-sharded leaves (params and their
+  Adam moments together): one inf or nan anywhere, in any leaf, still makes it False."""
+  registry.import_all()
+  s = train.setup(config_io.build(registry.get('lm.StdlibTiny')().config()))
+  groups = train_state.finite_groups(s.abstract_state.alg)
+  leaves, treedef = jax.tree.flatten(s.init(jax.random.key(0)).alg)
+  floats = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  assert sorted(i for g in groups for i in g) == list(range(len(floats)))  # Each leaf once.
+  assert len(groups) < len(floats) / 3  # Params and both moments share their groups.
+  check = jax.jit(lambda tree: train_state.all_finite(tree, groups))
+  assert bool(check(jax.tree.unflatten(treedef, leaves)))
+  for n, i in enumerate(floats):
+    bad = (jnp.inf, -jnp.inf, jnp.nan)[n % 3]
+    broken = list(leaves)
+    broken[i] = leaves[i].at[(0,) * leaves[i].ndim].set(bad)
+    assert not bool(check(jax.tree.unflatten(treedef, broken))), f'leaf {i} ({bad}) passed'
 
 
 def restored_states(job) -> dict[int, train.TrainState]:
