@@ -4,6 +4,7 @@ Each is traced once by `trainer_setup.setup`, which compiles them for a task's m
 (`train.py`) only calls the compiled programs.
 """
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
@@ -43,14 +44,26 @@ def _float_leaves(tree: Any) -> list[Any]:
   return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
 
 
+# At most this many bytes of leaves are stacked into one group: should XLA copy a stack instead
+# of fusing it into its reduction, the copy stays small. Larger leaves are checked one by one
+# (for them a kernel per leaf costs nothing next to reading them).
+GROUP_BYTES = 64 << 20
+
+
 def finite_groups(abstract_tree: Any) -> tuple[tuple[int, ...], ...]:
   """The floating-point leaves of `abstract_tree` (indices in flatten order) grouped by shape,
-  dtype and sharding: each group can be stacked without moving data, and checked at once."""
-  groups: dict[Any, list[int]] = {}
+  dtype and sharding, up to GROUP_BYTES a group: each group can be stacked without moving data,
+  and checked at once."""
+  groups: dict[Any, list[list[int]]] = {}
   for index, leaf in enumerate(_float_leaves(abstract_tree)):
     key = (leaf.shape, jnp.dtype(leaf.dtype), getattr(leaf, 'sharding', None))
-    groups.setdefault(key, []).append(index)
-  return tuple(tuple(group) for group in groups.values())
+    nbytes = math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize
+    per_group = max(1, GROUP_BYTES // max(1, nbytes))
+    chunks = groups.setdefault(key, [[]])
+    if len(chunks[-1]) == per_group:
+      chunks.append([])
+    chunks[-1].append(index)
+  return tuple(tuple(chunk) for chunks in groups.values() for chunk in chunks)
 
 
 def all_finite(tree: Any, groups: tuple[tuple[int, ...], ...] | None = None) -> jax.Array:
