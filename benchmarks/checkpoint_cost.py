@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
   machine = common.machine()
   import jax
-  from paxlike import config_io, registry, train
+  from paxlike import checkpoint, config_io, registry, train
   from paxlike.checkpoint import Checkpoints
 
   registry.import_all()
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         pending = None
       if checkpoints is not None and step % args.every == 0:
         began = time.perf_counter()
-        checkpoints.save(step, state, {'step': step, 'data': {'seed': 0, 'next_step': step + 1}})
+        checkpoints.save(step, state, {'step': step, 'data': checkpoint.data_position(0, step)})
         save_calls.append(time.perf_counter() - began)
     if pending is not None:
       jax.device_get(pending)
@@ -136,12 +136,13 @@ def main(argv: list[str] | None = None) -> None:
 def cpu_ms_per_save(checkpoints, state, last_step: int, saves: int = 4) -> float:
   """Process CPU time (every thread's: Orbax's writers, tensorstore, the save thread) per
   save-and-commit of `state`, with nothing else running."""
+  from paxlike import checkpoint
   def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
   start = cpu_seconds()
   for step in range(last_step + 1, last_step + 1 + saves):
-    checkpoints.save(step, state, {'step': step, 'data': {'seed': 0, 'next_step': step + 1}})
+    checkpoints.save(step, state, {'step': step, 'data': checkpoint.data_position(0, step)})
     checkpoints.wait()
   return 1e3 * (cpu_seconds() - start) / saves
 

@@ -53,8 +53,8 @@ def test_grouped_check_finds_a_bad_value_in_every_leaf_of_a_real_train_state():
 def test_groups_stack_at_most_group_bytes_of_leaves(monkeypatch):
   monkeypatch.setattr(train_state, 'GROUP_BYTES', 3 * 400)  # Three 100-float leaves a group.
   tree = {'a': [jax.ShapeDtypeStruct((100,), jnp.float32) for _ in range(7)],
-          'big': jax.ShapeDtypeStruct((1000,), jnp.float32), 'n': jax.ShapeDtypeStruct((), jnp.int32),
-          'b': jax.ShapeDtypeStruct((100,), jnp.bfloat16)}
+          'big': jax.ShapeDtypeStruct((1000,), jnp.float32),
+          'n': jax.ShapeDtypeStruct((), jnp.int32), 'b': jax.ShapeDtypeStruct((100,), jnp.bfloat16)}
   # Flatten order: a0..a6 (0-6), b (7), big (8); the int leaf is not checked.
   assert train_state.finite_groups(tree) == ((0, 1, 2), (3, 4, 5), (6,), (7,), (8,))
 
