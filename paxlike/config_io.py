@@ -10,11 +10,13 @@ import ast
 import importlib
 import json
 from pathlib import Path
+import types
 import typing
 from typing import Any, Iterable
 
 import fiddle as fdl
 import jax.numpy as jnp
+import numpy as np
 from fiddle import daglish
 from fiddle.experimental import serialization
 
@@ -131,17 +133,63 @@ def _pyrefs(node: Any) -> Iterable[tuple[str, str]]:
       yield from _pyrefs(value)
 
 
-def _resolves(module: str, name: str) -> bool:
-  """Whether `module.name` exists in this installation (call for allow-listed modules only)."""
+# What configs are made of: the packages whose classes and functions a config may call (the
+# object itself must be defined under one of them, so a re-exported `os.system` is no way in),
+# the packages that may give classes only (data sources, layers, Fiddle's buildables), and by
+# name the builtin containers and the dtypes. Nothing else: not `numpy.load` or `builtins.open`,
+# though their modules are importable for dtypes and containers.
+BUILDING_BLOCKS = ('paxlike.layers', 'paxlike.federated', 'paxlike.centralized', 'paxlike.optim',
+                   'paxlike.experiment', 'paxlike.partitioning', 'paxlike.algorithm',
+                   'experiments', 'configs', 'optax', 'jax.nn', 'jax._src.nn')
+CLASSES_ONLY = ('paxlike.data', 'flax.linen', 'fiddle._src.config', 'fiddle._src.partial',
+                'fiddle._src.tagging')
+BUILTINS = ('dict', 'tuple', 'list', 'set', 'frozenset', 'slice', 'int', 'float', 'bool',
+            'str', 'complex', 'bytes', 'range')
+
+
+def _under(module: str | None, prefixes: Iterable[str]) -> bool:
+  return bool(module) and any(module == p or module.startswith(p + '.') for p in prefixes)
+
+
+def _is_dtype_object(obj: Any) -> bool:
+  if any(obj is getattr(jnp, name) for name in DTYPES + ('int32', 'int8', 'uint8')):
+    return True
+  return isinstance(obj, type) and issubclass(obj, np.generic)
+
+
+def refusal(obj: Any, allow: Iterable[str] = ()) -> str | None:
+  """Why a config may not name `obj` (None when it may): see BUILDING_BLOCKS."""
+  if _is_dtype_object(obj):
+    return None
+  if isinstance(obj, types.ModuleType):
+    return f'it reaches into module {obj.__name__}'
+  if not callable(obj):
+    return 'it is not a class or function'
+  module = getattr(obj, '__module__', None)
+  if module == 'builtins':
+    return None if getattr(obj, '__name__', None) in BUILTINS else 'a builtin with effects'
+  if _under(module, BUILDING_BLOCKS + tuple(allow)):
+    return None
+  if _under(module, CLASSES_ONLY) and isinstance(obj, type):
+    return None
+  return f'it is defined in {module}, whose functions a config may not call'
+
+
+def resolve_ref(module: str, name: str) -> tuple[bool, Any]:
+  """(found, object) of `module.name`, walking `name`'s dotted parts (call for allow-listed
+  modules only). A module met on the way (`os` in `numpy.lib._npyio_impl.os.system`) is the
+  result, for `refusal` to refuse."""
   try:
     target = importlib.import_module(module)
   except ModuleNotFoundError as error:  # Only the module itself missing is a stale name.
-    return not (error.name and (module + '.').startswith(error.name + '.'))
+    return not (error.name and (module + '.').startswith(error.name + '.')), None
   for part in name.split('.'):
     if not hasattr(target, part):
-      return False
+      return False, None
     target = getattr(target, part)
-  return True
+    if isinstance(target, types.ModuleType):
+      return True, target
+  return True, target
 
 
 class StaleConfig(UserError):
@@ -159,10 +207,15 @@ def from_json(text: str, source: str, allow: Iterable[str] = ()) -> fdl.Buildabl
     if not is_allowed(module, allow):
       raise UserError(f'{source} imports {module!r}, which is not allowed; '
                       f'pass --allow_import={module.split(".")[0]} if you trust it')
-  missing = [f'{module}.{name}' for module, name in refs if not _resolves(module, name)]
+  resolved = {(module, name): resolve_ref(module, name) for module, name in refs}
+  missing = [f'{module}.{name}' for (module, name), (found, _) in resolved.items() if not found]
   if missing:
     raise StaleConfig(f'{source} names {", ".join(missing)}, which this version of paxlike '
                       'does not have (renamed or removed since it was saved)')
+  for (module, name), (_, obj) in resolved.items():
+    why = refusal(obj, allow)
+    if why:
+      raise UserError(f'{source} names {module}.{name}, which a config may not use ({why})')
   try:
     return serialization.load_json(text)
   except Exception as error:  # Fiddle raises many kinds for malformed documents.

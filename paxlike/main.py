@@ -9,6 +9,7 @@ Exit codes: 0 success, 2 usage or config error, 1 runtime failure; errors are on
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -65,15 +66,20 @@ FLAGS = flags.FLAGS
 
 
 def resolve_fiddler(name: str):
-  """A fiddler function from configs.fiddlers, or an allowed dotted `module.function`."""
+  """A fiddler: a function of configs.fiddlers (a bare name), of `configs`, or of a module the
+  user allowed (`--allow_import`), named `module.function`."""
   module_name, _, fn_name = name.rpartition('.')
   module_name = module_name or 'configs.fiddlers'
-  if not config_io.is_allowed(module_name, FLAGS.allow_import):
+  allowed = ('configs', *FLAGS.allow_import)
+  if not any(module_name == a or module_name.startswith(a + '.') for a in allowed):
     raise UserError(f'--fdl_fiddler={name}: module {module_name} is not allowed; see --allow_import')
   try:
-    return getattr(importlib.import_module(module_name), fn_name)
+    fn = getattr(importlib.import_module(module_name), fn_name)
   except (ImportError, AttributeError):
     raise UserError(f'--fdl_fiddler={name}: no such fiddler') from None
+  if not inspect.isfunction(fn) or config_io.refusal(fn, FLAGS.allow_import):
+    raise UserError(f'--fdl_fiddler={name}: not a fiddler function of {module_name}')
+  return fn
 
 
 def task_config():

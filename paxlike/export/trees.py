@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import jax
@@ -61,7 +60,8 @@ def _namedtuple(name: str) -> type:
   module_name, _, qualname = name.rpartition('.')
   if not config_io.is_allowed(module_name):
     raise UserError(f'tree node class {name} is not from an allowed module')
-  cls = importlib.import_module(module_name)
-  for part in qualname.split('.'):
-    cls = getattr(cls, part)
+  found, cls = config_io.resolve_ref(module_name, qualname)
+  if not (found and isinstance(cls, type) and issubclass(cls, tuple)
+          and config_io.is_allowed(cls.__module__)):
+    raise UserError(f'tree node class {name} is not a named tuple a plan may use')
   return cls
