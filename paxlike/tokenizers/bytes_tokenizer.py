@@ -1,0 +1,34 @@
+"""The byte-level tokenizer: UTF-8 bytes are the ids (what paxlike's byte LMs have always used)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from paxlike.tokenizers.common import decodable_ids
+
+
+class BytesTokenizer:
+  """Ids 0..255 are UTF-8 bytes; '\\n' (10) separates documents, as in today's byte corpora.
+
+  pad is 0 (NUL), so `decode` drops NUL bytes; bytes that are not valid UTF-8 decode to U+FFFD.
+  """
+
+  kind = 'bytes'
+  vocab_size = 256
+  bos_id = None
+  eos_id = ord('\n')
+  pad_id = 0
+  fingerprint = 'bytes'
+  path = None
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    return [np.frombuffer(text.encode('utf-8'), np.uint8).astype(np.int32) for text in texts]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    kept = decodable_ids(ids, self.pad_id, self.vocab_size)
+    return bytes(kept).decode('utf-8', errors='replace')
+
+  def __repr__(self) -> str:
+    return 'BytesTokenizer()'
