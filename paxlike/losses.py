@@ -2,6 +2,7 @@
 
 LM batches have targets [B, T] and logits [B, T, V]; classifiers have targets [B] and logits
 [B, C]. A `mask` of zeros removes padding and missing examples from both the loss and its weight.
+Packed LM batches also carry `segment_ids` and `positions` [B, T], which go to the model.
 """
 
 from __future__ import annotations
@@ -30,11 +31,21 @@ def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+PACKING_KEYS = ('segment_ids', 'positions')
+
+
+def model_inputs(batch: Batch) -> dict[str, jax.Array]:
+  """The keyword inputs of the model besides the tokens: a packed batch's segment ids and
+  positions, where the batch has them."""
+  return {key: batch[key] for key in PACKING_KEYS if key in batch}
+
+
 def model_loss_fn(model: nn.Module) -> LossFn:
   """`loss_fn(params, batch, rng) -> (loss, aux)` for `model`; rng=None means no dropout."""
   def loss_fn(params, batch, rng):
     rngs = {} if rng is None else {'dropout': rng}
-    logits = model.apply({'params': params}, batch['inputs'], deterministic=rng is None, rngs=rngs)
+    logits = model.apply({'params': params}, batch['inputs'], deterministic=rng is None, rngs=rngs,
+                         **model_inputs(batch))
     losses, correct = per_example_loss(logits, batch)
     mask = batch['mask'].astype(jnp.float32)
     return masked_mean(losses, mask), {'accuracy': masked_mean(correct, mask)}

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import attention_kernels
+from paxlike.layers import attention_kernels, kv_cache
 
 DType = Any
 
@@ -18,16 +18,17 @@ KV_HEADS_ACT = ('batch', 'length', 'kv_heads', 'kv')
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
-  """Rotates features of x[B, T, N, H] by angles positions[T] * base^(-2i/H).
+  """Rotates features of x[B, T, N, H] by angles positions * base^(-2i/H).
 
+  `positions` is [T] (shared by the batch) or [B, T] (per row: packed documents, decoding).
   Uses the "rotate half" layout: feature i is paired with feature i + H/2.
   Computed in float32 and cast back to x.dtype.
   """
   half = x.shape[-1] // 2
   freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles = positions.astype(jnp.float32)[:, None] * freq  # [T, H/2]
-  sin = jnp.sin(angles)[:, None, :]  # [T, 1, H/2], broadcasts over heads
-  cos = jnp.cos(angles)[:, None, :]
+  angles = positions.astype(jnp.float32)[..., None] * freq  # [(B,) T, H/2]
+  sin = jnp.sin(angles)[..., None, :]  # [(B,) T, 1, H/2], broadcasts over heads
+  cos = jnp.cos(angles)[..., None, :]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
@@ -42,7 +43,8 @@ class CausalSelfAttention(nn.Module):
   key head over its features (learned scale 'query_norm'/'key_norm', named
   ('kv',)) before rope, as in Gemma 3 / Qwen 3. `implementation` names the attention
   kernel: 'auto' (cuDNN flash on NVIDIA GPUs, Pallas splash on TPU, XLA otherwise), 'xla',
-  'cudnn' or 'splash'; see `attention_kernels.resolve`.
+  'cudnn' or 'splash'; see `attention_kernels.resolve`. Decoding with a KV cache always uses
+  XLA's attention (one query per step).
   """
 
   num_heads: int
@@ -74,8 +76,16 @@ class CausalSelfAttention(nn.Module):
                       param_dtype=self.param_dtype, name=name)
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """x: [B, T, embed] -> [B, T, embed]."""
+  def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None, decode: bool = False,
+               cache_len: int | None = None) -> jax.Array:
+    """x: [B, T, embed] -> [B, T, embed].
+
+    `segment_ids` int32[B, T] keep packed documents apart (0 is padding); `positions` [B, T]
+    are the rope positions (default 0..T-1). `decode` attends over a 'cache' collection of
+    `cache_len` slots (created on the first call): the T new keys and values are written at
+    the cache's index, which then advances by T (see `kv_cache`).
+    """
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f'num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}'
@@ -93,17 +103,46 @@ class CausalSelfAttention(nn.Module):
       q = self._head_norm('query_norm')(q)
       k = self._head_norm('key_norm')(k)
     if self.rope:
-      positions = jnp.arange(x.shape[1])
+      positions = jnp.arange(x.shape[1]) if positions is None else positions
       q = apply_rope(q, positions, self.rope_base)
       k = apply_rope(k, positions, self.rope_base)
     q = nn.with_logical_constraint(q, HEADS_ACT)
     k = nn.with_logical_constraint(k, KV_HEADS_ACT)
     v = nn.with_logical_constraint(v, KV_HEADS_ACT)
-    kernel = attention_kernels.resolve(
-        self.implementation, dtype=q.dtype, num_heads=n, num_kv_heads=n_kv, head_dim=h,
-        seq_len=x.shape[1], sliding_window=self.sliding_window)
-    out = attention_kernels.attend(q, k, v, kernel, self.sliding_window,
-                                   nn.logical_to_mesh_axes(HEADS_ACT),
-                                   nn.logical_to_mesh_axes(KV_HEADS_ACT))
+    if decode:
+      out = self._cached_attention(q, k, v, segment_ids, cache_len)
+    else:
+      kernel = attention_kernels.resolve(
+          self.implementation, dtype=q.dtype, num_heads=n, num_kv_heads=n_kv, head_dim=h,
+          seq_len=x.shape[1], sliding_window=self.sliding_window,
+          segmented=segment_ids is not None)
+      out = attention_kernels.attend(q, k, v, kernel, self.sliding_window,
+                                     nn.logical_to_mesh_axes(HEADS_ACT),
+                                     nn.logical_to_mesh_axes(KV_HEADS_ACT),
+                                     segment_ids=segment_ids)
     out = nn.with_logical_constraint(out, HEADS_ACT)
     return jnp.einsum('btnh,nhd->btd', out, wo)
+
+  def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                        segment_ids: jax.Array | None, cache_len: int | None) -> jax.Array:
+    """Writes k, v (and their segment ids) into the cache at its index, then attends q over
+    every cache slot its mask allows (XLA attention: T is the prompt once, then 1)."""
+    b, t, n_kv, h = k.shape
+    if segment_ids is None:
+      segment_ids = jnp.ones((b, t), jnp.int32)
+    if not self.has_variable('cache', 'key') and cache_len is None:
+      raise ValueError('decode=True needs cache_len on the first (prefill) call')
+    zeros = lambda shape, dtype: lambda: jnp.zeros(shape, dtype)
+    keys = self.variable('cache', 'key', zeros((b, cache_len, n_kv, h), k.dtype))
+    values = self.variable('cache', 'value', zeros((b, cache_len, n_kv, h), v.dtype))
+    segments = self.variable('cache', 'segment_ids', zeros((b, cache_len), jnp.int32))
+    index = self.variable('cache', 'index', zeros((), jnp.int32))
+    start = index.value
+    keys.value = nn.with_logical_constraint(kv_cache.write(keys.value, k, start), KV_HEADS_ACT)
+    values.value = nn.with_logical_constraint(kv_cache.write(values.value, v, start),
+                                              KV_HEADS_ACT)
+    segments.value = kv_cache.write(segments.value, segment_ids.astype(jnp.int32), start)
+    index.value = start + t
+    mask = kv_cache.decode_mask(segment_ids, segments.value, start, self.sliding_window)
+    return jax.nn.dot_product_attention(q, keys.value, values.value, mask=mask,
+                                        implementation='xla')

@@ -8,7 +8,11 @@ head counts) compiles, Pallas splash attention on TPU when the sequence length s
 (`UserError`, exit 2), never a silent fallback.
 
 Every kernel computes the same causal (optionally sliding-window) grouped-query attention on
-q [B, T, N, H], k and v [B, T, K, H] with N a multiple of K, softmax scale 1/sqrt(H).
+q [B, T, N, H], k and v [B, T, K, H] with N a multiple of K, softmax scale 1/sqrt(H). With
+`segment_ids` int32[B, T] (packed documents), a query sees only keys of its own segment: splash
+takes them as its `SegmentIds`; XLA and cuDNN take a boolean [B, 1, T, T] mask (cuDNN turns it
+into a bias), and-ed with the causal and window masks. Padding (segment 0) attends padding, so
+no softmax row is empty.
 """
 
 from __future__ import annotations
@@ -48,11 +52,12 @@ def _splash_kernel(seq_len: int, groups: int, window: int | None, interpret: boo
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None = None,
-                     interpret: bool = False) -> jax.Array:
+                     interpret: bool = False, segment_ids: jax.Array | None = None) -> jax.Array:
   """Causal GQA attention with the Pallas splash kernel, unsharded (see `attend` for meshes).
 
   Each kv head serves its `N // K` query heads as one MQA kernel call, vmapped over batch and kv
   heads. `interpret=True` runs the kernel in Pallas' interpreter (any platform; for tests).
+  `segment_ids` [B, T] keeps each query in its own segment (splash's `SegmentIds`).
   """
   b, t, n, h = q.shape
   kv = k.shape[2]
@@ -61,18 +66,25 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: i
   kernel = _splash_kernel(t, n // kv, sliding_window, interpret)
   scale = jnp.asarray(1 / np.sqrt(h), q.dtype)
   grouped_q = (q * scale).transpose(0, 2, 1, 3).reshape(b, kv, n // kv, t, h)
-  out = jax.vmap(jax.vmap(kernel))(grouped_q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
+  k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+  if segment_ids is None:
+    out = jax.vmap(jax.vmap(kernel))(grouped_q, k, v)
+  else:
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only module.
+    one = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(q=ids, kv=ids))
+    out = jax.vmap(jax.vmap(one, in_axes=(0, 0, 0, None)))(grouped_q, k, v, segment_ids)
   return out.reshape(b, n, t, h).transpose(0, 2, 1, 3)
 
 
 def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None,
-                    q_spec: Any, kv_spec: Any, interpret: bool) -> jax.Array:
+                    q_spec: Any, kv_spec: Any, interpret: bool,
+                    segment_ids: jax.Array | None) -> jax.Array:
   """`splash_attention` per shard under the current mesh (a Pallas call is not partitioned by
   XLA). Shards split batch and heads only; kv heads are repeated when they are sharded
   differently from the query heads, so each shard keeps whole GQA groups."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return splash_attention(q, k, v, sliding_window, interpret)
+    return splash_attention(q, k, v, sliding_window, interpret, segment_ids)
   if q_spec[1] is not None:
     raise UserError("attention_impl='splash' cannot run with the sequence ('length') sharded")
   if tuple(kv_spec)[2:3] != tuple(q_spec)[2:3]:
@@ -80,21 +92,27 @@ def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: in
     k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
     kv_spec = q_spec
   fn = functools.partial(splash_attention, sliding_window=sliding_window, interpret=interpret)
-  return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
-                       check_vma=False)(q, k, v)
+  if segment_ids is None:
+    return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
+                         check_vma=False)(q, k, v)
+  ids_spec = jax.sharding.PartitionSpec(q_spec[0], None)
+  return jax.shard_map(lambda q, k, v, ids: fn(q, k, v, segment_ids=ids), mesh=mesh,
+                       in_specs=(q_spec, kv_spec, kv_spec, ids_spec), out_specs=q_spec,
+                       check_vma=False)(q, k, v, segment_ids)
 
 
 @functools.lru_cache(maxsize=None)
 def cudnn_refusal(dtype: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                  sliding_window: int | None) -> str | None:
+                  sliding_window: int | None, segmented: bool = False) -> str | None:
   """Why cuDNN flash attention cannot run these shapes here (None when its forward and backward
-  compile). Compiles a [1, 128] probe once per shape."""
+  compile). Compiles a [1, 128] probe once per shape (`segmented`: with a segment mask)."""
   if jax.devices()[0].platform != 'gpu':
     return f'no NVIDIA GPU (platform {jax.devices()[0].platform})'
   window = None if sliding_window is None else (sliding_window - 1, 0)
   attn = functools.partial(jax.nn.dot_product_attention, is_causal=True,
                            local_window_size=window, implementation='cudnn')
-  loss = lambda q, k, v: attn(q, k, v).astype(jnp.float32).sum()
+  ids = jnp.repeat(jnp.arange(2, dtype=jnp.int32), 64)[None] if segmented else None
+  loss = lambda q, k, v: attn(q, k, v, mask=segment_mask(ids)).astype(jnp.float32).sum()
   q = jax.ShapeDtypeStruct((1, 128, num_heads, head_dim), jnp.dtype(dtype))
   kv = jax.ShapeDtypeStruct((1, 128, num_kv_heads, head_dim), jnp.dtype(dtype))
   try:
@@ -110,8 +128,9 @@ def _say_once(message: str) -> None:
 
 
 def resolve(impl: str, *, dtype: Any, num_heads: int, num_kv_heads: int, head_dim: int,
-            seq_len: int, sliding_window: int | None = None) -> str:
-  """The kernel that runs for `impl` on this platform: 'xla', 'cudnn' or 'splash'.
+            seq_len: int, sliding_window: int | None = None, segmented: bool = False) -> str:
+  """The kernel that runs for `impl` on this platform: 'xla', 'cudnn' or 'splash'
+  (`segmented`: with packed documents' segment ids).
 
   Raises UserError for an unknown name, or a forced kernel this platform cannot run.
   """
@@ -127,7 +146,8 @@ def resolve(impl: str, *, dtype: Any, num_heads: int, num_kv_heads: int, head_di
                           f"attention_impl='splash' {why} (platform {platform})",
                           f'splash {why}')
   if impl == 'cudnn' or platform == 'gpu':
-    why = cudnn_refusal(jnp.dtype(dtype).name, num_heads, num_kv_heads, head_dim, sliding_window)
+    why = cudnn_refusal(jnp.dtype(dtype).name, num_heads, num_kv_heads, head_dim, sliding_window,
+                        segmented)
     return _kernel_or_xla(
         impl, 'cudnn', why,
         f"attention_impl='cudnn': cuDNN flash attention cannot run here: {why}",
@@ -147,12 +167,21 @@ def _kernel_or_xla(impl: str, kernel: str, why: str | None, forced_error: str,
   return 'xla'
 
 
+def segment_mask(segment_ids: jax.Array | None) -> jax.Array | None:
+  """bool [B, 1, T, T]: query i may see key j of the same segment (None for None)."""
+  if segment_ids is None:
+    return None
+  return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, kernel: str, sliding_window: int | None,
-           q_spec: Any = None, kv_spec: Any = None, interpret: bool = False) -> jax.Array:
+           q_spec: Any = None, kv_spec: Any = None, interpret: bool = False,
+           segment_ids: jax.Array | None = None) -> jax.Array:
   """Causal GQA attention with a resolved `kernel`; specs place splash's shards on the mesh
-  (`interpret`: splash in Pallas' interpreter, for tests off TPU)."""
+  (`interpret`: splash in Pallas' interpreter, for tests off TPU); `segment_ids` [B, T] keep
+  packed documents apart."""
   if kernel == 'splash':
-    return _sharded_splash(q, k, v, sliding_window, q_spec, kv_spec, interpret)
+    return _sharded_splash(q, k, v, sliding_window, q_spec, kv_spec, interpret, segment_ids)
   window = None if sliding_window is None else (sliding_window - 1, 0)
-  return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=window,
-                                      implementation=kernel)
+  return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids), is_causal=True,
+                                      local_window_size=window, implementation=kernel)

@@ -89,11 +89,13 @@ class DecoderBlock(nn.Module):
   norm_eps: float = 1e-6
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-    """x: [B, T, embed] -> [B, T, embed]."""
+  def __call__(self, x: jax.Array, deterministic: bool, decode: bool = False,
+               cache_len: int | None = None, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+    """x: [B, T, embed] -> [B, T, embed]; the rest goes to the attention."""
     norm = lambda name: make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, name,
                                   self.norm_eps)
-    h = self.attention(norm('attn_norm')(x))
+    h = self.attention(norm('attn_norm')(x), segment_ids, positions, decode, cache_len)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     x = nn.with_logical_constraint(x + h, EMBED_ACT)
     h = Mlp(self.d_ff, self.gated_mlp, self.dtype, self.param_dtype, self.mlp_activation,
@@ -102,9 +104,11 @@ class DecoderBlock(nn.Module):
     return nn.with_logical_constraint(x + h, EMBED_ACT)
 
 
-def _scan_step(block: DecoderBlock, x: jax.Array, deterministic: bool) -> tuple[jax.Array, None]:
+def _scan_step(block: DecoderBlock, x: jax.Array, segment_ids: jax.Array | None,
+               positions: jax.Array | None, deterministic: bool, decode: bool,
+               cache_len: int | None) -> tuple[jax.Array, None]:
   """One layer as an `nn.scan` body: the residual stream is the carry."""
-  return block(x, deterministic), None
+  return block(x, deterministic, decode, cache_len, segment_ids, positions), None
 
 
 class TransformerLM(nn.Module):
@@ -200,7 +204,7 @@ class TransformerLM(nn.Module):
     block_cls = DecoderBlock
     if self.remat_policy != 'none':
       block_cls = nn.remat(block_cls, policy=REMAT_POLICIES[self.remat_policy],
-                           prevent_cse=not self.scan_layers, static_argnums=(2,))
+                           prevent_cse=not self.scan_layers, static_argnums=(2, 3, 4))
     activation = self.mlp_activation or ('silu' if self.gated_mlp else 'gelu')
     return block_cls(
         attention,
@@ -215,26 +219,42 @@ class TransformerLM(nn.Module):
         name=name,
     )
 
-  def _layers(self, x: jax.Array, deterministic: bool) -> jax.Array:
-    """All decoder layers, unrolled ('block_{i}') or scanned ('blocks', stacked on 'layers')."""
+  def _layers(self, x: jax.Array, deterministic: bool, decode: bool, cache_len: int | None,
+              segment_ids: jax.Array | None, positions: jax.Array | None) -> jax.Array:
+    """All decoder layers, unrolled ('block_{i}') or scanned ('blocks', stacked on 'layers';
+    a decode cache is stacked the same way)."""
     if not self.scan_layers:
       for i in range(self.num_layers):
-        x = self._block(f'block_{i}')(x, deterministic)
+        x = self._block(f'block_{i}')(x, deterministic, decode, cache_len, segment_ids, positions)
       return x
     scan = nn.scan(
-        functools.partial(_scan_step, deterministic=deterministic),
-        variable_axes={'params': 0},
+        functools.partial(_scan_step, deterministic=deterministic, decode=decode,
+                          cache_len=cache_len),
+        variable_axes={'params': 0, 'cache': 0},
         split_rngs={'params': True, 'dropout': True},
+        in_axes=(nn.broadcast, nn.broadcast),
         length=self.num_layers,
         metadata_params={nn.PARTITION_NAME: 'layers'},
     )
-    x, _ = scan(self._block('blocks'), x)
+    x, _ = scan(self._block('blocks'), x, segment_ids, positions)
     return x
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """tokens int32[B, T] -> logits float32[B, T, vocab_size]; dropout iff not deterministic."""
+  def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False, cache_len: int | None = None) -> jax.Array:
+    """tokens int32[B, T] -> logits float32[B, T, vocab_size]; dropout iff not deterministic.
+
+    Packed documents: `segment_ids` int32[B, T] (1, 2, ... per document, 0 for padding) keep
+    attention inside each document, and `positions` int32[B, T] (restarting at 0 per document)
+    place rope or the learned position embedding; None means one document at 0..T-1.
+    `decode=True` runs on a mutable 'cache' collection (see `CausalSelfAttention`), created on
+    the first call with `cache_len` slots (default `max_len`); then `positions` are required.
+    """
     self._check(tokens.shape[1])
+    if decode and positions is None:
+      raise ValueError('decode=True needs the positions of the new tokens')
+    cache_len = (cache_len or self.max_len) if decode else None
     embed_init = nn.initializers.normal(stddev=self.d_model**-0.5)
     embed = nn.Embed(
         self.vocab_size,
@@ -248,10 +268,11 @@ class TransformerLM(nn.Module):
     if not self.rope:
       pos_init = nn.with_logical_partitioning(embed_init, (None, 'embed'))
       pos = self.param('pos_embed', pos_init, (self.max_len, self.d_model), self.param_dtype)
-      x = x + jnp.asarray(pos[: tokens.shape[1]], self.dtype)[None]
+      rows = pos[: tokens.shape[1]][None] if positions is None else pos[positions]
+      x = x + jnp.asarray(rows, self.dtype)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, EMBED_ACT)
-    x = self._layers(x, deterministic)
+    x = self._layers(x, deterministic, decode, cache_len, segment_ids, positions)
     x = make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, 'final_norm', self.norm_eps)(x)
     if self.tied_embeddings:
       logits = embed.attend(x)
