@@ -11,7 +11,9 @@ clear error instead of a silent reshape.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +50,8 @@ class Checkpoints:
         enable_background_delete=True)  # Old steps are deleted off the train thread.
     if read_only:
       _drop_read_only_notice()
+    else:  # A failed save's noise can start in Orbax's threads before the loop sees the error.
+      _quiet_closed_loop_noise()
     self._manager = ocp.CheckpointManager(
         Path(directory).absolute(), options=options,
         item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})
@@ -56,6 +60,9 @@ class Checkpoints:
     self._saver = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='checkpoint')
                    if jax.process_count() == 1 else None)
     self._started: concurrent.futures.Future | None = None  # The save the thread is starting.
+    self._unconfirmed: list[int] = []  # Steps whose saves started but may not have committed.
+    self._failed: RunFailure | None = None  # The last failed save (close skips Orbax's then).
+    self._failed_step = -1
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict] | None:
     """(step, state, meta) from `step` (default: the latest committed), or None when there is none.
@@ -114,12 +121,14 @@ class Checkpoints:
   def save(self, step: int, state: Any, meta: dict) -> None:
     """Starts an async save of `state` at `step`. Returns once a device copy of `state` is
     dispatched (the caller may donate `state` to the next step); the save thread then copies
-    it to host and Orbax writes and commits it. Raises the error of a previous failed save."""
+    it to host and Orbax writes and commits it. Raises the error of a previous failed save, as
+    a one-line RunFailure (a full disk says so) naming the step and the last intact one."""
     self._check_started()
     args = ocp.args.Composite(state=ocp.args.StandardSave(_copy(state)),
                               meta=ocp.args.JsonSave(meta))
+    self._unconfirmed.append(step)
     if self._saver is None:
-      self._manager.save(step, args=args, force=True)
+      self._reporting_failure(self._manager.save, step, args=args, force=True)
     else:
       self._started = self._saver.submit(self._manager.save, step, args=args, force=True)
 
@@ -127,20 +136,57 @@ class Checkpoints:
     """Waits for the save thread's current start, raising its error if it failed."""
     started, self._started = self._started, None
     if started is not None:
-      started.result()
+      self._reporting_failure(started.result)
+    self._reporting_failure(self._manager.check_for_errors)  # A finished save that failed.
+
+  def _reporting_failure(self, fn, *args, **kwargs) -> Any:
+    """`fn(*args, **kwargs)`, its error (Orbax's or tensorstore's) made a one-line RunFailure
+    about the oldest unconfirmed save."""
+    try:
+      return fn(*args, **kwargs)
+    except Exception as error:  # Orbax and tensorstore raise many kinds for failed writes.
+      self._failed = RunFailure(self._failure_message(error))
+      self._unconfirmed = [s for s in self._unconfirmed if s > self._failed_step]
+      raise self._failed from error
+
+  def _failure_message(self, error: BaseException) -> str:
+    directory = Path(self._manager.directory)
+    committed = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    failed = next((s for s in self._unconfirmed if s not in committed),
+                  self._unconfirmed[-1] if self._unconfirmed else None)
+    self._failed_step = -1 if failed is None else failed
+    text = ' '.join(str(e) for e in _chain(error))
+    why = ('the disk is full' if 'No space left on device' in text or
+           any(getattr(e, 'errno', None) == errno.ENOSPC for e in _chain(error))
+           else f'{type(error).__name__}: {_first_line(error)}')
+    intact = (f'step {committed[-1]} is the last intact checkpoint' if committed
+              else 'no checkpoint is saved yet')
+    return f'checkpoint step {failed} could not be saved in {directory} ({why}); {intact}'
 
   def wait(self) -> None:
     """Blocks until every started save has committed."""
     self._check_started()
-    self._manager.wait_until_finished()
+    self._reporting_failure(self._manager.wait_until_finished)
+    self._unconfirmed.clear()
 
   def close(self) -> None:
     try:
-      self._check_started()
+      if self._failed is None:
+        self._check_started()
     finally:
       if self._saver is not None:
         self._saver.shutdown(wait=True)
-      self._manager.close()
+      if self._failed is None:
+        self._manager.close()
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+  """`error` and its causes and contexts."""
+  seen = []
+  while error is not None and error not in seen:
+    seen.append(error)
+    error = error.__cause__ or error.__context__
+  return seen
 
 
 @jax.jit
@@ -164,21 +210,39 @@ class _ReadOnlyNoticeFilter(logging.Filter):
     return not str(record.msg).startswith('Given directory is read only')
 
 
+def _is_closed_loop_noise(exc_type: type, exc_value: BaseException) -> bool:
+  return exc_type is RuntimeError and str(exc_value) == 'Event loop is closed'
+
+
 def _quiet_closed_loop_noise() -> None:
-  """After a failed restore, Orbax's tensorstore callbacks keep posting to an asyncio loop it
-  has closed, and Python prints each 'Event loop is closed' as an unraisable traceback at random
-  moments, burying (and splitting) the one line that matters. Drop exactly those."""
-  default = sys.unraisablehook
-  if getattr(default, 'paxlike_quiet', False):
+  """After a failed restore or save, Orbax's tensorstore callbacks keep posting to an asyncio
+  loop it has closed, and Python prints each 'Event loop is closed' as a traceback (unraisable,
+  or uncaught in a callback) at random moments, burying (and splitting) the one line that
+  matters; Orbax also logs the failed write's traceback, which the RunFailure reports in one
+  line. Drop exactly those."""
+  if getattr(sys.unraisablehook, 'paxlike_quiet', False):
     return
+  unraisable_default, except_default = sys.unraisablehook, sys.excepthook
 
-  def hook(unraisable):
-    if unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == 'Event loop is closed':
-      return
-    default(unraisable)
+  def unraisable(info):
+    if not _is_closed_loop_noise(info.exc_type, info.exc_value):
+      unraisable_default(info)
 
-  hook.paxlike_quiet = True
-  sys.unraisablehook = hook
+  def excepthook(exc_type, exc_value, tb):
+    if not _is_closed_loop_noise(exc_type, exc_value):
+      except_default(exc_type, exc_value, tb)
+
+  unraisable.paxlike_quiet = True
+  sys.unraisablehook, sys.excepthook = unraisable, excepthook
+  logging.getLogger('absl').addFilter(_FailedWriteLogFilter())
+
+
+class _FailedWriteLogFilter(logging.Filter):
+  """Orbax's error logs of a failed save: each is the error that `Checkpoints` raises, as a
+  RunFailure of one line, with a traceback of Orbax's threads."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno >= logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)
 
 
 def data_position(seed: int, step: int) -> dict[str, int]:

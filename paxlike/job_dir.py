@@ -36,6 +36,24 @@ def _writable_dir(path: Path) -> Path:
   return path
 
 
+# What the trainer writes into a job dir, by kind: a path of the wrong kind (a stray file named
+# `checkpoints`) would fail only at the first save, after every step has been trained.
+DIRECTORIES = ('checkpoints', 'summaries', 'summaries/train', 'summaries/eval')
+FILES = ('config.json', 'config.txt', 'metrics.jsonl', 'eval_clients.jsonl',
+         'data_fingerprint.json', 'trainer.lock')
+
+
+def check_layout(path: Path) -> None:
+  """UserError naming the first path in the job dir whose kind (file or directory) is not what
+  the trainer writes there; nothing is touched."""
+  for name, want_dir in [*((d, True) for d in DIRECTORIES), *((f, False) for f in FILES)]:
+    entry = path / name
+    if entry.exists() and entry.is_dir() != want_dir:
+      kind = 'a directory' if want_dir else 'a file'
+      raise UserError(f'{entry} is not {kind}, as the job dir layout needs; move it away or use '
+                      'another --job_log_dir')
+
+
 def _write_atomic(path: Path, text: str) -> None:
   tmp = path.with_name(path.name + '.tmp')
   tmp.write_text(text)
@@ -50,6 +68,7 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool,
   experiment module). Writes nothing into it: see `record_config`.
   """
   path = _writable_dir(Path(job_log_dir).expanduser().absolute())
+  check_layout(path)
   saved = path / 'config.json'
   if saved.exists():
     text = saved.read_text()
@@ -147,4 +166,5 @@ def existing(job_log_dir: str) -> Path:
   path = Path(job_log_dir).expanduser().absolute()
   if not path.is_dir():
     raise UserError(f'--job_log_dir {path} does not exist; train first')
+  check_layout(path)
   return path

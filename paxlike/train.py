@@ -167,7 +167,9 @@ def train(placed: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
       if start >= cfg.num_steps:
         status(f'already trained to step {start}')
   finally:
-    checkpoints.wait()
-    checkpoints.close()
-    writer.close()
+    try:
+      checkpoints.wait()
+    finally:
+      checkpoints.close()
+      writer.close()
   return last_row

@@ -138,6 +138,22 @@ def test_job_dir_that_is_a_file_or_unwritable(paxlike_main, tmp_path):
   assert_one_line_error(*paxlike_main(*TINY, '--job_log_dir=/proc/paxlike_job'), 'is not writable')
 
 
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('entry, is_dir', [('checkpoints', False), ('summaries', False),
+                                           ('metrics.jsonl', True)])
+def test_job_dir_entries_of_the_wrong_kind_stop_before_step_1(paxlike_main, tmp_path, mode,
+                                                              entry, is_dir):
+  """A stray `checkpoints` file used to be found at the first save, after training every step
+  (and rewriting metrics.jsonl)."""
+  (tmp_path / 'metrics.jsonl').write_text('{"step": 7, "loss": 1.0}\n') if not is_dir else None
+  stray = tmp_path / entry
+  stray.mkdir() if is_dir else stray.write_text('not a checkpoint')
+  before = snapshot(tmp_path)
+  assert_one_line_error(*paxlike_main(*TINY, f'--job_log_dir={tmp_path}', f'--mode={mode}'),
+                        f'{stray} is not a {"file" if is_dir else "directory"}')
+  assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize('mode', ['eval', 'decode'])
 def test_eval_and_decode_need_a_checkpoint(paxlike_main, tmp_path, mode):
   assert_one_line_error(*paxlike_main(*TINY, f'--job_log_dir={tmp_path}', f'--mode={mode}'),

@@ -10,6 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from paxlike.checkpoint import Checkpoints
+from paxlike.errors import RunFailure
 
 
 def _committed(directory):
@@ -57,7 +58,8 @@ def test_a_failed_save_raises_in_the_next_call_and_commits_nothing(tmp_path):
   try:
     checkpoints.save(1, _state(), {'step': 1})
     checkpoints.save(1, _state(), {'step': 'again'})  # The save thread's Orbax call refuses.
-    with pytest.raises(ocp.checkpoint_manager.StepAlreadyExistsError):
+    with pytest.raises(RunFailure, match=r'checkpoint step 1 could not be saved in .*'
+                       r'\(StepAlreadyExistsError: .*\); step 1 is the last intact checkpoint'):
       checkpoints.wait()
     checkpoints.save(2, _state(), {'step': 2})  # Reported once; saving goes on.
     checkpoints.wait()
@@ -86,3 +88,27 @@ def test_a_reader_leaves_a_live_trainers_in_flight_save_alone(tmp_path):
   finally:
     reader.close()
   assert in_flight.is_dir() and _committed(directory) == [1]
+
+
+def test_a_full_disk_is_one_line_naming_the_failed_and_the_intact_step(tmp_path, monkeypatch):
+  """Orbax's write error, as tensorstore raises it on ENOSPC, becomes one line."""
+  checkpoints = Checkpoints(tmp_path / 'checkpoints', max_to_keep=2)
+  real_save = ocp.CheckpointManager.save
+
+  def full_disk(self, step, *args, **kwargs):
+    if step == 2:
+      raise ValueError('RESOURCE_EXHAUSTED: Error writing "w/0.0" in OCDBT database: Failed to '
+                       "write 4096 bytes to file 22: No space left on device [os_error_code='28']")
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', full_disk)
+  try:
+    checkpoints.save(1, _state(), {'step': 1})
+    checkpoints.wait()
+    checkpoints.save(2, _state(), {'step': 2})
+    with pytest.raises(RunFailure) as failed:
+      checkpoints.wait()
+    assert str(failed.value) == (f'checkpoint step 2 could not be saved in {tmp_path}/checkpoints '
+                                 '(the disk is full); step 1 is the last intact checkpoint')
+  finally:
+    checkpoints.close()
