@@ -152,6 +152,9 @@ def run(argv: list[str]) -> None:
       fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
       train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
                   allow_config_change=FLAGS.allow_config_change, on_start=on_start)
+    if distributed.is_primary():
+      print(f'results in {directory}: metrics.jsonl, checkpoints/, summaries/ (tensorboard '
+            f'--logdir {directory / "summaries"})', file=sys.stderr)
     return
   directory = job_dir.existing(FLAGS.job_log_dir)
   setup, step, state = restore.load_latest_state(task, directory)

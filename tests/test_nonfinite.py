@@ -108,3 +108,41 @@ def test_skip_nonfinite_keeps_the_last_finite_federated_state(tmp_path):
     assert int(state.nonfinite_steps) == step
     for got, want in zip(jax.tree.leaves(state.alg.params), jax.tree.leaves(initial.alg.params)):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def _overflowing_fed_adam(tmp_path):
+  """DigitsFedAvg's clients with a server FedAdam, and a client sgd(1e30): the pseudo-gradient
+  is ~1e30, so the server's second moment (its square) overflows float32 while the params,
+  moved by m / sqrt(v) = 0, stay finite. That state must never be kept or saved."""
+  from configs import federated as fed
+  registry.import_all()
+  cfg = registry.get('federated.DigitsFedAvg')().config()
+  cfg.algorithm = fed.fed_adam()
+  config_io.apply_overrides(cfg, ['optimizer.learning_rate=1e30', 'data.local_steps=1',
+                                  'train.num_steps=2', 'train.checkpoint_every=1'])
+  path = tmp_path / 'fedadam.json'
+  path.write_text(config_io.to_json(cfg))
+  return cfg, path
+
+
+def test_a_finite_step_with_a_nonfinite_server_state_fails_the_real_steps_check(tmp_path):
+  cfg, _ = _overflowing_fed_adam(tmp_path)
+  placed = train.setup(config_io.build(cfg))
+  state = placed.init(jax.random.key(0))
+  with jax.set_mesh(placed.mesh):
+    new, metrics = placed.step(state, *train.round_inputs(placed, 1))
+  assert np.isfinite(float(metrics['loss']))
+  finite = lambda tree: all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tree))
+  assert finite(new.alg.params)  # Only the server optimizer's state went non-finite.
+  assert not finite(new.alg)
+  assert not bool(metrics[train_state.FINITE])
+
+
+def test_the_cli_saves_nothing_of_a_nonfinite_server_state(tmp_path):
+  _, path = _overflowing_fed_adam(tmp_path)
+  job = tmp_path / 'job'
+  proc = run_cli(f'--fdl_config={path}', f'--job_log_dir={job}', check=False)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      'paxlike: failed: non-finite parameters or optimizer state at step 1')
+  assert not any(p.name.isdigit() for p in (job / 'checkpoints').iterdir())

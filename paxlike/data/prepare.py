@@ -50,7 +50,10 @@ def source_fingerprint(name: str, **kwargs: Any) -> dict[str, str]:
 
 
 def data_fingerprint(data: Any) -> dict[str, str] | None:
-  """The source fingerprint of a DataSource's named dataset (None for other sources)."""
+  """The source fingerprint of a DataSource's named dataset, or TextData's token-store key
+  (files, tokenizer, reading fields); None for other sources."""
+  if callable(getattr(data, 'store_fingerprint', None)):
+    return data.store_fingerprint()
   name = getattr(data, 'dataset', None)
   return source_fingerprint(name) if name in DATASETS else None
 
@@ -92,10 +95,11 @@ def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
         for stale in final.parent.glob(f'incomplete.*_{final.name}'):
           shutil.rmtree(stale, ignore_errors=True)
         tfds.disable_progress_bar()
-        progress = io.StringIO()  # tfds prints progress to stdout; show it only on success,
-        with contextlib.redirect_stdout(progress):  # so a missing file stays a one-line error.
+        # tfds prints "Downloading and preparing dataset Unknown size ..." to stdout, which is
+        # wrong here (the files are local) and would break a missing file's one-line error.
+        with contextlib.redirect_stdout(io.StringIO()):
           builder.download_and_prepare(download_dir=str(root.prepared_dir() / 'downloads'))
-        sys.stderr.write(progress.getvalue())
+        sys.stderr.write(f'prepared {builder.name} from local files into {final}\n')
   return tfds.builder_from_directory(str(final))
 
 

@@ -100,7 +100,8 @@ def test_concurrent_preparation_is_safe(tmp_path, monkeypatch):
   outputs = [p.communicate(timeout=120) for p in procs]
   assert [p.returncode for p in procs] == [0, 0, 0], outputs
   assert {out for out, _ in outputs} == {b'5852\n'}
-  assert sum(err.count(b'Downloading and preparing') for _, err in outputs) == 1
+  assert sum(err.count(b'prepared shakespeare from local files') for _, err in outputs) == 1
+  assert not any(b'Downloading' in err for _, err in outputs)  # The files are local.
   assert not stale.exists()
   assert [p.name for p in variant.iterdir()] == ['1.0.0']
 
