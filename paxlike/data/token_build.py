@@ -1,0 +1,152 @@
+"""Tokenizing a corpus for the token store: documents in chunks, encoded by worker processes.
+
+The main process reads the files (text_files.read) and cuts the documents into chunks of about
+CHUNK_CHARS characters; each chunk is encoded with one `tokenizer.encode_batch` call (per
+field), EOS appended to every document, and each document's text hashed for the held-out split.
+With `num_workers` > 1 and a corpus of at least POOL_MIN_BYTES, chunks go to a pool of spawned
+processes (a forked child of a process running JAX's threads may deadlock), at most two chunks
+per worker in flight, so memory stays bounded; results come back in order. Below that size the
+pool's start-up (each worker imports paxlike and the tokenizer) costs more than the encoding.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paxlike.data import text_files
+
+CHUNK_CHARS = 1 << 20
+CHUNK_DOCS = 8192
+POOL_MIN_BYTES = 64 << 20
+PROGRESS_EVERY_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+  """A chunk's documents tokenized: tokens back to back, each document followed by EOS."""
+
+  tokens: np.ndarray  # The store's dtype [sum(lengths)].
+  lengths: np.ndarray  # int64 [docs], EOS included.
+  hashes: np.ndarray  # uint64 [docs]: blake2b of each document's text (SFT: prompt \0 text).
+  prompt_lengths: np.ndarray  # int32 [docs]: prompt tokens (0 without a prompt).
+
+
+@dataclasses.dataclass
+class Chunk:
+  """Documents on their way to the encoder, and what the store keeps of them besides."""
+
+  texts: list[str] = dataclasses.field(default_factory=list)
+  prompts: list[str] | None = None
+  files: list[int] = dataclasses.field(default_factory=list)
+  clients: list[str | None] = dataclasses.field(default_factory=list)
+  chars: int = 0
+
+
+def text_hash(text: str, prompt: str | None) -> int:
+  """The 64-bit hash that places a document in the held-out split or not."""
+  data = text if prompt is None else f'{prompt}\0{text}'
+  return int.from_bytes(hashlib.blake2b(data.encode('utf-8', 'surrogatepass'),
+                                        digest_size=8).digest(), 'little')
+
+
+def encode_chunk(tokenizer: Any, dtype: np.dtype, texts: list[str],
+                 prompts: list[str] | None) -> Encoded:
+  """Each text (after its prompt) tokenized, followed by the tokenizer's EOS."""
+  ids = tokenizer.encode_batch(texts)
+  prompt_ids = tokenizer.encode_batch(prompts) if prompts is not None else None
+  eos = np.array([tokenizer.eos_id], dtype)
+  parts = ([x for a in ids for x in (a, eos)] if prompt_ids is None else
+           [x for p, a in zip(prompt_ids, ids) for x in (p, a, eos)])
+  prompt_lengths = np.array([len(p) for p in prompt_ids] if prompt_ids else [0] * len(ids),
+                            np.int32)
+  lengths = np.array([len(a) + 1 for a in ids], np.int64) + prompt_lengths
+  hashes = np.array([text_hash(t, p) for t, p in zip(texts, prompts or [None] * len(texts))],
+                    np.uint64)
+  return Encoded(np.concatenate(parts).astype(dtype), lengths, hashes, prompt_lengths)
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer: Any, dtype: np.dtype) -> None:
+  _WORKER.update(tokenizer=tokenizer, dtype=dtype)
+
+
+def _encode_in_worker(texts: list[str], prompts: list[str] | None) -> Encoded:
+  return encode_chunk(_WORKER['tokenizer'], _WORKER['dtype'], texts, prompts)
+
+
+def chunks(files: dict[str, Path], fields: text_files.Fields,
+           counts: text_files.Counts) -> Iterator[Chunk]:
+  """The corpus's documents, file after file, in chunks of about CHUNK_CHARS characters."""
+  sft = fields.prompt_field is not None
+  chunk = Chunk(prompts=[] if sft else None)
+  for index, path in enumerate(files.values()):
+    for doc in text_files.read(path, fields, counts):
+      chunk.texts.append(doc.text)
+      if sft:
+        chunk.prompts.append(doc.prompt)
+      chunk.files.append(index)
+      chunk.clients.append(doc.client)
+      chunk.chars += len(doc.text) + len(doc.prompt or '')
+      if chunk.chars >= CHUNK_CHARS or len(chunk.texts) >= CHUNK_DOCS:
+        yield chunk
+        chunk = Chunk(prompts=[] if sft else None)
+  if chunk.texts:
+    yield chunk
+
+
+def encoded_chunks(files: dict[str, Path], fields: text_files.Fields,
+                   counts: text_files.Counts, tokenizer: Any, dtype: np.dtype,
+                   num_workers: int) -> Iterator[tuple[Chunk, Encoded]]:
+  """Each chunk (texts dropped) with its encoding into `dtype` ids, in corpus order."""
+  total = sum(p.stat().st_size for p in files.values())
+  if num_workers <= 1 or total < POOL_MIN_BYTES:
+    for chunk in chunks(files, fields, counts):
+      encoded = encode_chunk(tokenizer, dtype, chunk.texts, chunk.prompts)
+      yield dataclasses.replace(chunk, texts=[], prompts=None), encoded
+    return
+  context = multiprocessing.get_context('spawn')
+  with context.Pool(num_workers, _init_worker, (tokenizer, dtype)) as pool:
+    pending: collections.deque = collections.deque()
+    for chunk in chunks(files, fields, counts):
+      result = pool.apply_async(_encode_in_worker, (chunk.texts, chunk.prompts))
+      pending.append((dataclasses.replace(chunk, texts=[], prompts=None), result))
+      if len(pending) >= 2 * num_workers:
+        done, result = pending.popleft()
+        yield done, result.get()
+    while pending:
+      done, result = pending.popleft()
+      yield done, result.get()
+
+
+class Progress:
+  """A line on stderr every PROGRESS_EVERY_S seconds: documents, tokens/s, share read, ETA."""
+
+  def __init__(self, total_bytes: int, counts: text_files.Counts):
+    self.total, self.counts = max(total_bytes, 1), counts
+    self.start = self.last = time.perf_counter()
+
+  def update(self, docs: int, tokens: int) -> None:
+    now = time.perf_counter()
+    if now - self.last < PROGRESS_EVERY_S:
+      return
+    self.last, elapsed = now, now - self.start
+    share = min(self.counts.bytes_done / self.total, 1.0)
+    eta = elapsed * (1 - share) / share if share > 0 else float('nan')
+    print(f'tokenizing: {docs:,} documents, {tokens:,} tokens, {tokens / elapsed:,.0f} '
+          f'tokens/s, {share:.0%} read, ETA {eta:.0f} s', file=sys.stderr, flush=True)
+
+  def done(self, docs: int, tokens: int, summary: str | None) -> None:
+    elapsed = time.perf_counter() - self.start
+    print(f'tokenized {docs:,} documents into {tokens:,} tokens in {elapsed:.1f} s '
+          f'({tokens / max(elapsed, 1e-9):,.0f} tokens/s)' + (f'; {summary}' if summary else ''),
+          file=sys.stderr, flush=True)

@@ -1,0 +1,240 @@
+"""The token store: a corpus tokenized once into memory-mapped files that every run reuses.
+
+`<token_dir()>/<key>/`, where the key hashes the files' names and contents, the tokenizer's
+fingerprint, the reading fields (text_files.Fields) and FORMAT:
+  tokens-00000.bin ...  token ids (uint16 when the vocab fits, else uint32): the documents back
+                        to back, each followed by EOS (SFT: prompt, completion, EOS)
+  doc_start.bin   int64  [docs + 1]  each document's first token in the store, then the end
+  doc_file.bin    int32  [docs]      its file (index into manifest['files'])
+  doc_client.bin  int32  [docs]      its client_field value (index into clients.json), else 0
+  doc_hash.bin    uint64 [docs]      blake2b of its text: held out when below eval_fraction *
+                                     2**64, so the split is stable when files are added and
+                                     eval_fraction is not part of the key
+  doc_prompt.bin  int32  [docs]      its prompt tokens (SFT), else 0
+  manifest.json   written last
+  derived/NAME/   arrays computed from the store (packing plans), cached the same way
+
+A build writes into a temporary directory and `os.replace`s it into place under an exclusive
+lock, so concurrent runs build once; a directory without its manifest (a killed build) is never
+read, and is removed by the next build. Everything is read through memory maps.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paxlike.data import fingerprint
+from paxlike.data import prepare
+from paxlike.data import text_files
+from paxlike.data import token_build
+from paxlike.errors import UserError
+
+FORMAT = 1
+TOKEN_DIR_ENV = 'PAXLIKE_TOKEN_DIR'
+MANIFEST = 'manifest.json'
+SHARD_TOKENS = 1 << 30  # A new shard starts (between chunks) once a shard holds this many.
+DOC_ARRAYS = {'doc_start': np.int64, 'doc_file': np.int32, 'doc_client': np.int32,
+              'doc_hash': np.uint64, 'doc_prompt': np.int32}
+
+
+def token_dir() -> Path:
+  """$PAXLIKE_TOKEN_DIR, else ~/.cache/paxlike/tokens."""
+  return Path(os.environ.get(TOKEN_DIR_ENV) or '~/.cache/paxlike/tokens').expanduser()
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+  return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def store_key(files: dict[str, Path], fields: text_files.Fields, tokenizer: Any) -> str:
+  """sha256 of everything the store's contents depend on."""
+  spec = {'format': FORMAT, 'files': fingerprint.digest(files),
+          'tokenizer': [tokenizer.fingerprint, tokenizer.vocab_size, tokenizer.eos_id],
+          'fields': dataclasses.asdict(fields)}
+  return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+  """A complete store, memory-mapped read-only."""
+
+  path: Path
+  manifest: dict[str, Any]
+  shards: tuple[np.ndarray, ...]
+  shard_start: np.ndarray  # int64 [shards + 1]: each shard's first token.
+  doc_start: np.ndarray
+  doc_file: np.ndarray
+  doc_client: np.ndarray
+  doc_hash: np.ndarray
+  doc_prompt: np.ndarray
+
+  @classmethod
+  def open(cls, path: Path) -> 'Store':
+    manifest = json.loads((path / MANIFEST).read_text())
+    dtype, docs = np.dtype(manifest['token_dtype']), manifest['num_docs']
+    sizes = manifest['shards']
+    shards = tuple(np.memmap(path / f'tokens-{i:05d}.bin', dtype, 'r', shape=(n,))
+                   for i, n in enumerate(sizes))
+    arrays = {name: np.memmap(path / f'{name}.bin', dtype, 'r',
+                              shape=(docs + (name == 'doc_start'),))
+              for name, dtype in DOC_ARRAYS.items()}
+    return cls(path, manifest, shards, np.concatenate([[0], np.cumsum(sizes)]), **arrays)
+
+  @property
+  def num_docs(self) -> int:
+    return self.manifest['num_docs']
+
+  def tokens_at(self, index: np.ndarray) -> np.ndarray:
+    """The token ids at int64 store positions `index` (any shape)."""
+    if len(self.shards) == 1:
+      return self.shards[0][index]
+    shard = np.searchsorted(self.shard_start, index, side='right') - 1
+    out = np.empty(np.shape(index), self.shards[0].dtype)
+    for s in np.unique(shard).tolist():
+      at = shard == s
+      out[at] = self.shards[s][index[at] - self.shard_start[s]]
+    return out
+
+  def heldout(self, fraction: float) -> np.ndarray:
+    """bool [docs]: the documents of the held-out split for `eval_fraction=fraction`."""
+    return np.asarray(self.doc_hash) < np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
+
+
+class Writer:
+  """Appends encoded chunks to a store directory; `finish` writes the manifest last."""
+
+  def __init__(self, directory: Path, dtype: np.dtype, shard_tokens: int = SHARD_TOKENS):
+    self.directory, self.dtype, self.shard_tokens = directory, np.dtype(dtype), shard_tokens
+    self.docs = {name: open(directory / f'{name}.bin', 'wb') for name in DOC_ARRAYS}
+    self.docs['doc_start'].write(np.zeros(1, np.int64).tobytes())
+    self.shards: list[int] = []
+    self.shard = None
+    self.num_docs = self.num_tokens = 0
+
+  def add(self, chunk: token_build.Encoded, files: np.ndarray, clients: np.ndarray) -> None:
+    """Documents of `chunk`, from files `files` and of clients `clients` (int32 each)."""
+    if self.shard is None or self.shards[-1] >= self.shard_tokens:
+      if self.shard is not None:
+        self.shard.close()
+      self.shard = open(self.directory / f'tokens-{len(self.shards):05d}.bin', 'wb')
+      self.shards.append(0)
+    self.shard.write(np.ascontiguousarray(chunk.tokens, self.dtype).tobytes())
+    ends = self.num_tokens + np.cumsum(chunk.lengths, dtype=np.int64)
+    for name, values in (('doc_start', ends), ('doc_file', files), ('doc_client', clients),
+                         ('doc_hash', chunk.hashes), ('doc_prompt', chunk.prompt_lengths)):
+      self.docs[name].write(np.ascontiguousarray(values, DOC_ARRAYS[name]).tobytes())
+    self.shards[-1] += len(chunk.tokens)
+    self.num_docs += len(chunk.lengths)
+    self.num_tokens += len(chunk.tokens)
+
+  def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Flushes every file to disk, then writes the manifest (what makes the store complete)."""
+    for f in [*self.docs.values(), *([self.shard] if self.shard else [])]:
+      f.flush()
+      os.fsync(f.fileno())
+      f.close()
+    manifest = {**manifest, 'format': FORMAT, 'num_docs': self.num_docs,
+                'num_tokens': self.num_tokens, 'token_dtype': self.dtype.name,
+                'shards': self.shards}
+    _write_json(self.directory / MANIFEST, manifest)
+    return manifest
+
+
+def _write_json(path: Path, value: Any) -> None:
+  tmp = path.with_name(path.name + '.tmp')
+  tmp.write_text(json.dumps(value, indent=1) + '\n')
+  os.replace(tmp, path)
+
+
+def _complete(path: Path, key: str) -> bool:
+  try:
+    manifest = json.loads((path / MANIFEST).read_text())
+  except (OSError, ValueError):
+    return False
+  return manifest.get('key') == key and manifest.get('format') == FORMAT
+
+
+def _replace_atomically(final: Path, lock: Path, key: str | None,
+                        write: Callable[[Path], None]) -> None:
+  """Unless `final` is complete, `write(tmp)` into a fresh temporary directory beside it and
+  move that into place, holding `lock`; leftovers of killed writers are removed first."""
+  with prepare._locked(lock):  # pylint: disable=protected-access (the data package's flock)
+    if (_complete(final, key) if key else (final / MANIFEST).is_file()):
+      return
+    for stale in final.parent.glob(f'.tmp-{final.name}-*'):
+      shutil.rmtree(stale, ignore_errors=True)
+    tmp = final.parent / f'.tmp-{final.name}-{os.getpid()}'
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if final.exists():  # Torn: no manifest, or another key's (a hash prefix clash).
+      shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def open_or_build(files: dict[str, Path], fields: text_files.Fields, tokenizer: Any,
+                  num_workers: int) -> Store:
+  """The store of `files` read with `fields` and tokenized by `tokenizer`: opened if complete,
+  else built (by `num_workers` processes, see token_build.py) first. The corpus is only hashed
+  when the store exists."""
+  key = store_key(files, fields, tokenizer)
+  final = token_dir() / key[:32]
+  if not _complete(final, key):
+    def write(tmp: Path) -> None:
+      build(tmp, files, fields, tokenizer, num_workers, key)
+    _replace_atomically(final, token_dir() / f'.{final.name}.lock', key, write)
+  return Store.open(final)
+
+
+def build(directory: Path, files: dict[str, Path], fields: text_files.Fields, tokenizer: Any,
+          num_workers: int, key: str) -> dict[str, Any]:
+  """Reads, tokenizes and writes the store into `directory` (see token_build.encoded_chunks)."""
+  counts, clients = text_files.Counts(), {}
+  writer = Writer(directory, token_dtype(tokenizer.vocab_size))
+  progress = token_build.Progress(sum(p.stat().st_size for p in files.values()), counts)
+  for meta, encoded in token_build.encoded_chunks(files, fields, counts, tokenizer,
+                                                  writer.dtype, num_workers):
+    client_ids = [clients.setdefault(c, len(clients)) if c is not None else 0
+                  for c in meta.clients]
+    writer.add(encoded, np.asarray(meta.files, np.int32), np.asarray(client_ids, np.int32))
+    progress.update(writer.num_docs, writer.num_tokens)
+  if not writer.num_docs:
+    raise UserError(f'data.files: the {len(files)} files hold no documents'
+                    + (f' ({summary})' if (summary := counts.summary(fields)) else ''))
+  progress.done(writer.num_docs, writer.num_tokens, counts.summary(fields))
+  _write_json(directory / 'clients.json', list(clients))
+  return writer.finish({
+      'key': key, 'files': list(files), 'fields': dataclasses.asdict(fields),
+      'tokenizer': {'kind': tokenizer.kind, 'fingerprint': tokenizer.fingerprint,
+                    'path': tokenizer.path, 'vocab_size': tokenizer.vocab_size,
+                    'eos_id': tokenizer.eos_id, 'pad_id': tokenizer.pad_id,
+                    'bos_id': tokenizer.bos_id},
+      'counts': {'missing': counts.missing, 'empty': counts.empty,
+                 'replaced': counts.replaced}})
+
+
+def client_names(store: Store) -> list[str]:
+  """The client_field values of the store's documents, by doc_client index."""
+  return json.loads((store.path / 'clients.json').read_text())
+
+
+def derived(store: Store, name: str, make: Callable[[], tuple[dict[str, np.ndarray], dict]]
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """Arrays and metadata `make()` computes from `store`, cached in `store.path/derived/name`
+  (made once, atomically, under the store's lock), then memory-mapped."""
+  final = store.path / 'derived' / name
+  if not (final / MANIFEST).is_file():
+    def write(tmp: Path) -> None:
+      arrays, meta = make()
+      for key, value in arrays.items():
+        np.save(tmp / f'{key}.npy', value)
+      _write_json(tmp / MANIFEST, meta)
+    _replace_atomically(final, store.path.parent / f'.{store.path.name}.lock', None, write)
+  arrays = {p.stem: np.load(p, mmap_mode='r') for p in sorted(final.glob('*.npy'))}
+  return arrays, json.loads((final / MANIFEST).read_text())
