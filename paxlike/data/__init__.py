@@ -1,6 +1,6 @@
 """Data: tfds builders over local corpora, client partitions and per-round batching.
 
-The trainer consumes a `DataSource` (`LmData` or `ImageData`); see sources.py.
+The trainer consumes a `DataSource` (`LmData`, `TextData` or `ImageData`); see sources.py.
 """
 
 from paxlike.data.images import ImageData
@@ -13,6 +13,7 @@ from paxlike.data.prepare import make_builder
 from paxlike.data.root import data_root
 from paxlike.data.root import prepared_dir
 from paxlike.data.sources import DataSource
+from paxlike.data.text_data import TextData
 
 __all__ = ['DATASETS', 'DataSource', 'ImageData', 'LmData', 'Prefetcher', 'data_root',
-           'load_split', 'make_builder', 'prefetch', 'prepared_dir']
+           'load_split', 'make_builder', 'prefetch', 'prepared_dir', 'TextData']

@@ -63,6 +63,8 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
   the cost is O(items) numpy work plus O(distinct lengths + distinct rooms) Python steps.
   """
   lengths = np.asarray(lengths, np.int64)
+  if not len(lengths):
+    return np.zeros(0, np.int64)
   order = np.argsort(-lengths, kind='stable')
   ordered = lengths[order]
   row = np.empty(len(lengths), np.int64)

@@ -1,0 +1,279 @@
+"""`TextData`: a user's own corpus as packed, tokenized LM batches (see TextData)."""
+
+import dataclasses
+import functools
+import math
+import os
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from paxlike.data import packing
+from paxlike.data import sources
+from paxlike.data import text_files
+from paxlike.data import token_store
+from paxlike.errors import UserError
+
+PARTITIONS = ('pooled', 'file', 'field')
+PLAN_ARRAYS = ('doc', 'offset', 'length', 'row_start')
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed:
+  """The packing of a store for one (seq_len, partition, eval_fraction): training rows, client
+  c's being train rows client_rows[c]:client_rows[c + 1], and the held-out rows."""
+
+  train: packing.Plan
+  client_rows: np.ndarray  # int64 [clients + 1]
+  client_tokens: np.ndarray  # int64 [clients]: training tokens (the FedAvg sizes).
+  client_ids: np.ndarray  # int64 [clients]: each client's file / client_field index.
+  eval: packing.Plan
+  meta: dict[str, Any]
+
+
+def make_packed(store: token_store.Store, capacity: int, partition: str,
+                eval_fraction: float) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """The arrays and metadata of `Packed` (what `token_store.derived` caches)."""
+  lengths = np.diff(np.asarray(store.doc_start))
+  heldout = store.heldout(eval_fraction)
+  owner = {'pooled': np.zeros(store.num_docs, np.int64), 'file': np.asarray(store.doc_file),
+           'field': np.asarray(store.doc_client)}[partition].astype(np.int64)
+  train_docs = np.flatnonzero(~heldout)
+  ids, counts = np.unique(owner[train_docs], return_counts=True)
+  by_client = np.split(train_docs[np.argsort(owner[train_docs], kind='stable')],
+                       np.cumsum(counts)[:-1])
+  plans = [packing.make_plan(lengths, docs, capacity) for docs in by_client]
+  train, client_rows = (packing.concat_plans(plans) if plans else
+                        (packing.make_plan(lengths, train_docs, capacity), np.zeros(1, np.int64)))
+  evals = packing.make_plan(lengths, np.flatnonzero(heldout), capacity)
+  arrays = {**{f'train_{k}': getattr(train, k) for k in PLAN_ARRAYS},
+            **{f'eval_{k}': getattr(evals, k) for k in PLAN_ARRAYS},
+            'client_rows': client_rows, 'client_ids': ids.astype(np.int64),
+            'client_tokens': np.array([lengths[d].sum() for d in by_client], np.int64)}
+  meta = {'packing_efficiency': packing.efficiency(train, capacity),
+          'eval_packing_efficiency': packing.efficiency(evals, capacity),
+          'train_documents': len(train_docs), 'eval_documents': int(heldout.sum()),
+          'eval_tokens': int(lengths[heldout].sum())}
+  return arrays, meta
+
+
+def epoch_seed(seed: int, client: int, epoch: int) -> int:
+  """The 32-bit seed of client `client`'s row order in epoch `epoch` (any ints)."""
+  state = np.random.SeedSequence([seed % 2**64, client, epoch % 2**64]).generate_state(1)
+  return int(state[0])
+
+
+def shuffled_rows(seed: int, clients: np.ndarray, positions: np.ndarray,
+                  client_rows: np.ndarray) -> np.ndarray:
+  """The train row at position `positions` (any ints, same shape as `clients`) of each
+  client's endless row sequence: epoch after epoch of its rows, each epoch in an order of its
+  own, drawn by grain's index shuffle (a bijection computed per index: no permutation array,
+  so memory does not grow with the corpus)."""
+  from grain.experimental import index_shuffle  # pylint: disable=import-outside-toplevel
+  sizes = np.diff(client_rows)
+  out = np.empty(np.shape(positions), np.int64)
+  seeds: dict[tuple[int, int], int] = {}
+  for at, (client, pos) in enumerate(zip(np.ravel(clients).tolist(),
+                                         np.ravel(positions).tolist())):
+    epoch, within = divmod(pos, int(sizes[client]))
+    key = (client, epoch)
+    if key not in seeds:
+      seeds[key] = epoch_seed(seed, client, epoch)
+    out.flat[at] = client_rows[client] + index_shuffle(
+        within, max_index=int(sizes[client]) - 1, seed=seeds[key], rounds=4)
+  return out
+
+
+@dataclasses.dataclass
+class TextData:
+  """LM batches of a user's files, tokenized once into a token store and packed.
+
+  `files`: a glob or a list of globs of .txt / .jsonl / .jsonl.gz / .parquet files; JSONL and
+  Parquet documents are each row's `text_field`, a .txt file is one document per file, per
+  line or per paragraph (`txt_document`). SFT: with `prompt_field` set, each row is a prompt
+  + completion example and only the completion's tokens and its EOS are targets. `tokenizer`:
+  'bytes' or a tokenizer path (paxlike.tokenizers). A document is held out for eval when the
+  hash of its text falls in `eval_fraction`, so adding files never moves a document between
+  splits. Partitions: 'pooled' (one stream; each cohort slot reads its own rows), 'file' (one
+  client per file), 'field' (one client per value of `client_field`); cohorts are drawn by
+  `sampling` as in LmData, clients weighted by their training tokens.
+
+  Batches: `inputs`, `targets`, `segment_ids`, `positions` (int32) and `mask` (float32), see
+  packing.py. Each client's rows are read epoch after epoch, each epoch in a fresh order of
+  (seed, client, epoch); round `step`'s rows are positions `step * local_steps * batch_size +
+  ...` of that sequence (pooled: of `step * clients_per_round + slot`), so a batch is a pure
+  function of (seed, step) and a process builds only its own block of it.
+
+  Loader: round_batches runs in the trainer's prefetch thread (data.prefetch); measured by
+  benchmarks/data_pipeline.py against a grain MapDataset with multi-process prefetch over
+  the same function, see the report in that benchmark's output (`loader`).
+  """
+
+  files: str | Sequence[str] = ()
+  text_field: str = 'text'
+  txt_document: str = 'file'
+  tokenizer: str = 'bytes'
+  seq_len: int = 512
+  batch_size: int = 16
+  eval_fraction: float = 0.01
+  num_eval_batches: int | None = 8
+  eval_batch_size: int = 16
+  clients_per_round: int = 1
+  local_steps: int = 1
+  partition: str = 'pooled'
+  client_field: str | None = None
+  sampling: str = 'uniform'
+  prompt_field: str | None = None
+  completion_field: str = 'completion'
+  num_workers: int | None = None  # Tokenizing processes; None: os.cpu_count().
+
+  item: ClassVar[sources.Item] = 'tokens'
+
+  def __post_init__(self):
+    sources.check_fields(
+        self, ['seq_len', 'batch_size', 'clients_per_round', 'local_steps', 'eval_batch_size'],
+        {'txt_document': text_files.TXT_DOCUMENTS, 'partition': PARTITIONS,
+         'sampling': sources.SAMPLINGS})
+    globs = [self.files] if isinstance(self.files, str) else self.files
+    if not isinstance(globs, (list, tuple)) or not globs or not all(
+        isinstance(g, str) and g for g in globs):
+      raise UserError(f'TextData.files must be a glob or a list of globs, got {self.files!r}')
+    for name in ('text_field', 'tokenizer', 'completion_field'):
+      if not isinstance(getattr(self, name), str) or not getattr(self, name):
+        raise UserError(f'TextData.{name} must be a non-empty string, got '
+                        f'{getattr(self, name)!r}')
+    for name in ('prompt_field', 'client_field'):
+      if getattr(self, name) is not None and not (isinstance(getattr(self, name), str)
+                                                  and getattr(self, name)):
+        raise UserError(f'TextData.{name} must be None or a field name, got '
+                        f'{getattr(self, name)!r}')
+    if (self.partition == 'field') != (self.client_field is not None):
+      raise UserError("TextData: partition='field' and client_field go together; got "
+                      f'partition={self.partition!r}, client_field={self.client_field!r}')
+    if not isinstance(self.eval_fraction, (int, float)) or not 0 < self.eval_fraction < 1:
+      raise UserError(f'TextData.eval_fraction must be in (0, 1), got {self.eval_fraction!r}')
+    for name in ('num_eval_batches', 'num_workers'):
+      value = getattr(self, name)
+      if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                or value <= 0):
+        raise UserError(f'TextData.{name} must be a positive int or None, got {value!r}')
+
+  @property
+  def fields(self) -> text_files.Fields:
+    """What tokenization depends on (the store's key)."""
+    return text_files.Fields(self.text_field, self.txt_document, self.prompt_field,
+                             self.completion_field,
+                             self.client_field if self.partition == 'field' else None)
+
+  @functools.cached_property
+  def loaded_tokenizer(self) -> Any:
+    """The tokenizer named by `tokenizer` (paxlike.tokenizers.load_tokenizer)."""
+    from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
+    return load_tokenizer(self.tokenizer)
+
+  @property
+  def vocab_size(self) -> int:
+    """The tokenizer's vocabulary (the model rounds it up)."""
+    return self.loaded_tokenizer.vocab_size
+
+  @functools.cached_property
+  def store(self) -> token_store.Store:
+    """The token store of the files (built the first time, by any run)."""
+    return token_store.open_or_build(text_files.expand(self.files), self.fields,
+                                     self.loaded_tokenizer, self.num_workers or os.cpu_count())
+
+  @functools.cached_property
+  def packed(self) -> Packed:
+    """The packing plan (computed once per store, seq_len, partition and eval_fraction)."""
+    capacity, store = self.seq_len + 1, self.store
+    name = f'plan-seq{self.seq_len}-{self.partition}-eval{self.eval_fraction:.9g}'
+    arrays, meta = token_store.derived(
+        store, name, lambda: make_packed(store, capacity, self.partition, self.eval_fraction))
+    plan = lambda split: packing.Plan(*(arrays[f'{split}_{k}'] for k in PLAN_ARRAYS))
+    packed = Packed(plan('train'), arrays['client_rows'], arrays['client_tokens'],
+                    arrays['client_ids'], plan('eval'), meta)
+    if not packed.eval.num_rows or not packed.train.num_rows:
+      raise UserError(f'TextData.eval_fraction={self.eval_fraction} holds out '
+                      f'{meta["eval_documents"]} of the {store.num_docs} documents; '
+                      'both splits need some: change eval_fraction or add documents')
+    if self.partition != 'pooled':
+      sources.check_cohort(self, len(packed.client_tokens))
+    return packed
+
+  def _batch(self, plan: packing.Plan, rows: np.ndarray) -> sources.Batch:
+    store = self.store
+    return packing.pack_rows(plan, rows, store.doc_start, store.tokens_at, self.seq_len + 1,
+                             store.manifest['tokenizer']['pad_id'], store.doc_prompt)
+
+  def round_batches(self, seed: int, step: int, clients: slice = slice(None),
+                    rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
+    """[clients_per_round, local_steps, batch_size, seq_len] batches (cohort slots `clients`
+    and batch rows `rows` of them) and the whole cohort's weights."""
+    p, k, steps = self.packed, self.clients_per_round, self.local_steps
+    if self.partition == 'pooled':
+      cohort = np.zeros(k, np.int64)
+    else:
+      cohort = sources.sample_cohort(seed, step, p.client_tokens, k, self.sampling)
+    slots = np.arange(k)[clients][:, None, None]
+    local = np.arange(steps)[None, :, None]
+    row = np.arange(self.batch_size)[rows][None, None, :]
+    rounds = step * k + slots if self.partition == 'pooled' else np.full_like(slots, step)
+    positions = (rounds * steps + local) * self.batch_size + row
+    picked = shuffled_rows(seed, np.broadcast_to(cohort[slots], positions.shape), positions,
+                           p.client_rows)
+    return (self._batch(p.train, picked),
+            sources.cohort_weights(p.client_tokens, cohort, self.sampling))
+
+  def _eval_rows(self) -> np.ndarray:
+    """[batches, eval_batch_size] held-out rows (-1: an empty row): all of them (None), else
+    `num_eval_batches` batches of evenly spaced rows (all rows, then empty ones, if fewer)."""
+    n, b = self.packed.eval.num_rows, self.eval_batch_size
+    count = math.ceil(n / b) * b if self.num_eval_batches is None else self.num_eval_batches * b
+    if n >= count:
+      return np.linspace(0, n - 1, count).astype(np.int64).reshape(-1, b)
+    return np.concatenate([np.arange(n), np.full(count - n, -1)]).astype(np.int64).reshape(-1, b)
+
+  def eval_batches(self, rows: slice = slice(None)) -> list[sources.Batch]:
+    """The held-out rows (`_eval_rows`), rows `rows` of each batch; empty rows are all masked."""
+    return [self._batch(self.packed.eval, picked[rows]) for picked in self._eval_rows()]
+
+  def client_eval(self) -> sources.ClientEval | None:
+    """'file' and 'field' partitions: each held-out target belongs to the training client of
+    its document (-1: padding, or a client with no training documents); None when pooled."""
+    if self.partition == 'pooled':
+      return None
+    p, store = self.packed, self.store
+    owner = np.asarray(store.doc_file if self.partition == 'file' else store.doc_client)
+    index = np.full(int(owner.max()) + 1, -1, np.int32)
+    index[p.client_ids] = np.arange(len(p.client_ids), dtype=np.int32)
+    groups = []
+    for picked in self._eval_rows():
+      docs = packing.target_docs(p.eval, picked, self.seq_len + 1)
+      groups.append(np.where(docs >= 0, index[owner[np.maximum(docs, 0)]], -1).astype(np.int32))
+    return sources.ClientEval(self.client_names, groups, np.eye(len(p.client_ids)))
+
+  @property
+  def client_names(self) -> tuple[str, ...]:
+    """Each training client's file name or client_field value ('pooled': one)."""
+    if self.partition == 'pooled':
+      return ('pooled',)
+    names = (self.store.manifest['files'] if self.partition == 'file' else
+             token_store.client_names(self.store))
+    return tuple(names[i] for i in self.packed.client_ids.tolist())
+
+  def store_fingerprint(self) -> dict[str, str]:
+    """The job dir's record of the data (prepare.data_fingerprint): the store's key."""
+    globs = [self.files] if isinstance(self.files, str) else list(self.files)
+    return {'dataset': 'text', 'sha256': self.store.manifest['key'],
+            'source': f'{", ".join(globs)} (tokenizer {self.tokenizer})'}
+
+  def describe(self) -> dict[str, Any]:
+    """Corpus, store, packing and client statistics (sizes in training tokens)."""
+    manifest = self.store.manifest
+    return {'dataset': 'text', 'files': len(manifest['files']),
+            'documents': manifest['num_docs'], 'tokens': manifest['num_tokens'],
+            'tokenizer': manifest['tokenizer']['kind'], 'vocab_size': self.vocab_size,
+            'seq_len': self.seq_len, 'partition': self.partition, 'store': str(self.store.path),
+            'train_rows': self.packed.train.num_rows, 'eval_rows': self.packed.eval.num_rows,
+            **self.packed.meta, **sources.size_stats(self.packed.client_tokens)}

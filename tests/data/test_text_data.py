@@ -1,0 +1,233 @@
+"""TextData: batches a pure function of (seed, step), blocks equal slices, every token once
+per epoch, stable held-out split, federated partitions, SFT masks, config errors."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paxlike.data import fingerprint
+from paxlike.data import prepare
+from paxlike.data import token_build
+from paxlike.data import token_store
+from paxlike.data.text_data import TextData
+from paxlike.errors import UserError
+
+SHAKESPEARE = Path(__file__).resolve().parents[3] / 'shared/data/tinyshakespeare/input.txt'
+
+
+@pytest.fixture(autouse=True)
+def token_dir(tmp_path, monkeypatch):
+  monkeypatch.setenv(token_store.TOKEN_DIR_ENV, str(tmp_path / 'tokens'))
+
+
+def write_jsonl(path, rows):
+  path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  return str(path)
+
+
+def texts_of(letters, n, seed):
+  """n distinct texts of the given letters, of 1 to 60 characters."""
+  rng = np.random.default_rng(seed)
+  return [''.join(rng.choice(list(letters), rng.integers(1, 60))) + str(i) for i in range(n)]
+
+
+def byte_counts(batch):
+  """How often each byte is a trained target."""
+  return np.bincount(batch['targets'][batch['mask'] == 1], minlength=256)
+
+
+def expected_counts(texts, keep):
+  """Each kept document's bytes and EOS, less its first byte (never a target)."""
+  total = np.zeros(256, np.int64)
+  for text in texts:
+    if keep(text):
+      total += np.bincount(np.frombuffer((text + '\n').encode()[1:], np.uint8), minlength=256)
+  return total
+
+
+def heldout(text, fraction=0.1):
+  return token_build.text_hash(text, None) < fraction * 2**64
+
+
+@pytest.fixture
+def corpus(tmp_path):
+  texts = texts_of('abcdef ', 300, 0)
+  return texts, write_jsonl(tmp_path / 'c.jsonl', [{'text': t} for t in texts])
+
+
+def test_round_batches_are_a_pure_function_of_seed_and_step(corpus):
+  data = TextData(files=corpus[1], seq_len=32, batch_size=4, eval_fraction=0.1)
+  again = TextData(files=corpus[1], seq_len=32, batch_size=4, eval_fraction=0.1)
+  for step in (0, 1, 7, 10**6, -1):
+    a, b = data.round_batches(3, step)[0], again.round_batches(3, step)[0]
+    assert a.keys() == {'inputs', 'targets', 'mask', 'segment_ids', 'positions'}
+    assert all(np.array_equal(a[k], b[k]) for k in a) and a['inputs'].shape == (1, 1, 4, 32)
+  assert not np.array_equal(data.round_batches(3, 1)[0]['inputs'],
+                            data.round_batches(3, 2)[0]['inputs'])
+  assert not np.array_equal(data.round_batches(3, 1)[0]['inputs'],
+                            data.round_batches(4, 1)[0]['inputs'])
+  # Pooled cohort slots read consecutive stretches of the one stream: slot q of round s is
+  # round 2s + q of a one-slot run.
+  pair = dataclasses.replace(data, clients_per_round=2)
+  for step in (0, 3):
+    both = pair.round_batches(3, step)[0]['inputs']
+    assert np.array_equal(both[0], data.round_batches(3, 2 * step)[0]['inputs'][0])
+    assert np.array_equal(both[1], data.round_batches(3, 2 * step + 1)[0]['inputs'][0])
+
+
+@pytest.mark.parametrize('partition', ['pooled', 'file'])
+def test_a_block_equals_the_same_slice_of_the_whole(tmp_path, partition):
+  files = [write_jsonl(tmp_path / f'{i}.jsonl', [{'text': t} for t in texts_of('xyz ', 80, i)])
+           for i in range(4)]
+  data = TextData(files=files, seq_len=16, batch_size=6, clients_per_round=4, local_steps=2,
+                  partition=partition, eval_fraction=0.1)
+  whole, weights = data.round_batches(0, 5)
+  assert whole['inputs'].shape == (4, 2, 6, 16)
+  for clients, rows in ((slice(0, 2), slice(None)), (slice(2, 4), slice(3, 6)),
+                        (slice(1, 2), slice(0, 2))):
+    block, block_weights = data.round_batches(0, 5, clients=clients, rows=rows)
+    assert np.array_equal(block_weights, weights)
+    for key in whole:
+      assert np.array_equal(block[key], whole[key][clients, :, rows])
+
+
+def test_every_training_token_is_a_target_once_per_epoch(corpus):
+  texts, files = corpus
+  data = TextData(files=files, seq_len=24, batch_size=1, eval_fraction=0.1)
+  rows = data.packed.train.num_rows
+  epoch = [data.round_batches(0, s)[0] for s in range(rows)]
+  assert np.array_equal(sum(byte_counts(b) for b in epoch),
+                        expected_counts(texts, lambda t: not heldout(t)))
+  firsts = [data.round_batches(0, s)[0]['inputs'][0, 0, 0, :5].tolist() for s in range(rows)]
+  seconds = [data.round_batches(0, s)[0]['inputs'][0, 0, 0, :5].tolist()
+             for s in range(rows, 2 * rows)]
+  assert sorted(firsts) == sorted(seconds) and firsts != seconds  # Each epoch its own order.
+
+
+def test_whole_eval_split_scores_every_heldout_token_once(corpus):
+  texts, files = corpus
+  data = TextData(files=files, seq_len=24, eval_fraction=0.1, eval_batch_size=5,
+                  num_eval_batches=None)
+  batches = data.eval_batches()
+  assert len(batches) == -(-data.packed.eval.num_rows // 5)
+  assert np.array_equal(sum(byte_counts(b) for b in batches), expected_counts(texts, heldout))
+  last = batches[-1]
+  empty = 5 * len(batches) - data.packed.eval.num_rows
+  assert empty == 0 or last['mask'][-empty:].sum() == 0
+  some = dataclasses.replace(data, num_eval_batches=2)
+  assert len(some.eval_batches()) == 2
+  sliced = some.eval_batches(rows=slice(1, 3))
+  assert all(np.array_equal(s[k], w[k][1:3]) for s, w in zip(sliced, some.eval_batches())
+             for k in s)
+
+
+def test_heldout_split_is_stable_when_a_file_is_added(tmp_path):
+  first = texts_of('ab ', 400, 1)
+  a = write_jsonl(tmp_path / 'a.jsonl', [{'text': t} for t in first])
+  b = write_jsonl(tmp_path / 'b.jsonl', [{'text': t} for t in texts_of('cd ', 400, 2)])
+
+  def heldout_texts(data):
+    store = data.store
+    start = np.asarray(store.doc_start)
+    flags = store.heldout(data.eval_fraction)
+    tokens = [store.tokens_at(np.arange(start[d], start[d + 1] - 1))
+              for d in np.flatnonzero(flags)]
+    return {bytes(t.astype(np.uint8)).decode() for t in tokens}
+
+  alone = heldout_texts(TextData(files=a, eval_fraction=0.2))
+  both = heldout_texts(TextData(files=[a, b], eval_fraction=0.2))
+  assert alone == {t for t in both if t in set(first)} and 40 < len(alone) < 120
+
+
+def test_file_partition_reads_each_clients_own_rows(tmp_path):
+  letters = ['a', 'b', 'c']
+  files = [write_jsonl(tmp_path / f'{x}.jsonl',
+                       [{'text': x * (1 + i % 40)} for i in range(60 * (k + 1))])
+           for k, x in enumerate(letters)]
+  data = TextData(files=files, seq_len=16, batch_size=3, partition='file', sampling='fixed',
+                  clients_per_round=3, eval_fraction=0.2)
+  batch, weights = data.round_batches(0, 4)
+  for slot, x in enumerate(letters):
+    trained = set(batch['targets'][slot][batch['mask'][slot] == 1].tolist())
+    assert trained <= {ord(x), ord('\n')}
+  sizes = data.packed.client_tokens
+  assert np.array_equal(weights, sizes.astype(np.float32)) and sizes[0] < sizes[1] < sizes[2]
+  assert data.client_names == ('a.jsonl', 'b.jsonl', 'c.jsonl')
+  with pytest.raises(UserError, match='clients_per_round=4 exceeds the 3 clients'):
+    dataclasses.replace(data, clients_per_round=4, sampling='uniform').round_batches(0, 1)
+
+
+def test_field_partition_and_its_per_client_eval_groups(tmp_path):
+  rows = [{'text': x * (1 + i % 30), 'author': x.upper()} for i in range(300) for x in 'pqr']
+  data = TextData(files=write_jsonl(tmp_path / 'r.jsonl', rows), seq_len=20, partition='field',
+                  client_field='author', clients_per_round=2, eval_fraction=0.2,
+                  num_eval_batches=None)
+  assert data.client_names == ('P', 'Q', 'R')
+  client_eval = data.client_eval()
+  for batch, group in zip(data.eval_batches(), client_eval.groups):
+    scored = batch['mask'] == 1
+    letters = np.array(['pqr'.index(chr(t)) if chr(t) in 'pqr' else -1
+                        for t in batch['targets'][scored]])
+    known = letters >= 0  # EOS targets have no letter of their own.
+    assert np.array_equal(group[scored][known], letters[known])
+    assert (group[~scored & (batch['segment_ids'] == 0)] == -1).all()
+  assert np.array_equal(client_eval.mix, np.eye(3))
+  assert TextData(files=str(tmp_path / 'r.jsonl')).client_eval() is None
+
+
+def test_sft_batches_score_completion_and_eos_only(tmp_path):
+  rows = [{'prompt': 'Q' * (1 + i % 9), 'completion': 'a' * (1 + i % 5)} for i in range(200)]
+  data = TextData(files=write_jsonl(tmp_path / 's.jsonl', rows), seq_len=16, batch_size=1,
+                  prompt_field='prompt', eval_fraction=0.1)
+  epoch = [data.round_batches(0, s)[0] for s in range(data.packed.train.num_rows)]
+  counts = sum(byte_counts(b) for b in epoch)
+  train = [r for r in rows if not token_build.text_hash(r['completion'], r['prompt'])
+           < 0.1 * 2**64]
+  assert counts[ord('Q')] == 0 and counts[ord('\n')] == len(train)
+  assert counts[ord('a')] == sum(len(r['completion']) for r in train)
+
+
+def test_tiny_shakespeare_lines_pack_to_over_99_percent_at_seq_512():
+  data = TextData(files=str(SHAKESPEARE), txt_document='line', seq_len=512)
+  info = data.describe()
+  assert info['packing_efficiency'] >= 0.99 and info['vocab_size'] == data.vocab_size == 256
+  assert info['documents'] == sum(1 for line in SHAKESPEARE.read_text().splitlines()
+                                  if line.strip())
+
+
+def test_job_dir_fingerprint_is_the_store_key_and_changes_with_a_file(corpus, tmp_path):
+  texts, files = corpus
+  data = TextData(files=files, eval_fraction=0.1)
+  record = prepare.data_fingerprint(data)
+  assert record['dataset'] == 'text' and record['sha256'] == data.store.manifest['key']
+  fingerprint.record(tmp_path, record)
+  Path(files).write_text(Path(files).read_text().replace(texts[0], texts[0] + '!'))
+  changed = prepare.data_fingerprint(TextData(files=files, eval_fraction=0.1))
+  assert 'was trained on text data' in fingerprint.mismatch(tmp_path, changed)
+
+
+@pytest.mark.parametrize('fields, message', [
+    ({'files': ()}, 'files must be a glob or a list of globs'),
+    ({'files': ['a', 3]}, 'files must be a glob'),
+    ({'seq_len': 0}, 'seq_len must be a positive int'),
+    ({'txt_document': 'page'}, 'txt_document must be one of file, line, paragraph'),
+    ({'partition': 'field'}, "partition='field' and client_field go together"),
+    ({'client_field': 'author'}, "partition='field' and client_field go together"),
+    ({'eval_fraction': 0}, r'eval_fraction must be in \(0, 1\)'),
+    ({'num_eval_batches': 0}, 'num_eval_batches must be a positive int or None'),
+    ({'tokenizer': ''}, 'tokenizer must be a non-empty string'),
+    ({'sampling': 'most'}, 'sampling must be one of'),
+])
+def test_config_errors_are_one_line_user_errors(fields, message):
+  with pytest.raises(UserError, match=message) as error:
+    TextData(**{'files': 'x.txt', **fields})
+  assert '\n' not in str(error.value)
+
+
+def test_too_small_a_corpus_for_both_splits_is_a_user_error(tmp_path):
+  files = write_jsonl(tmp_path / 'one.jsonl', [{'text': 'only one document'}])
+  with pytest.raises(UserError, match='holds out 0 of the 1 documents'):
+    TextData(files=files, eval_fraction=0.01).round_batches(0, 1)
