@@ -159,6 +159,11 @@ class TextData:
                                 or value <= 0):
         raise UserError(f'TextData.{name} must be a positive int or None, got {value!r}')
 
+  def __getstate__(self) -> dict[str, Any]:
+    """The fields and the tokenizer: a copy (a loader worker's) reopens the store's memory maps
+    instead of pickling their contents."""
+    return {k: v for k, v in self.__dict__.items() if k not in ('store', 'packed')}
+
   @property
   def fields(self) -> text_files.Fields:
     """What tokenization depends on (the store's key)."""

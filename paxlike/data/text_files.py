@@ -3,7 +3,9 @@
 Rows without the field are counted and skipped (a file where every row lacks it is a
 UserError); bytes that are not UTF-8 are replaced by U+FFFD and counted; a truncated `.gz`, a
 line that is not JSON, or an unreadable Parquet file is corrupt data (RunFailure naming the
-file). Files are read as streams (Parquet in record batches), so memory does not grow with them.
+file). Files are read as streams of blocks of documents (text in blocks of BLOCK_BYTES cut at a
+newline, Parquet in record batches), so memory does not grow with them, and the per-document
+work in Python stays small (a block is decoded and split in one call).
 """
 
 import dataclasses
@@ -21,6 +23,8 @@ from paxlike.errors import RunFailure, UserError
 SUFFIXES = ('.txt', '.jsonl', '.jsonl.gz', '.parquet')
 TXT_DOCUMENTS = ('file', 'line', 'paragraph')
 PARQUET_BATCH_ROWS = 1024
+BLOCK_BYTES = 4 << 20
+BLOCK_ROWS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +46,12 @@ class Fields:
     return text + ([self.client_field] if self.client_field else [])
 
 
-class Document(NamedTuple):
-  text: str  # The text (SFT: the completion).
-  prompt: str | None  # SFT: the prompt.
-  client: str | None  # The value of Fields.client_field.
+class Block(NamedTuple):
+  """Consecutive documents of one file."""
+
+  texts: list[str]  # The texts (SFT: the completions).
+  prompts: list[str] | None  # SFT: the prompts.
+  clients: list[str] | None  # The values of Fields.client_field.
 
 
 @dataclasses.dataclass
@@ -99,8 +105,9 @@ def decode(raw: bytes, counts: Counts) -> str:
     return text
 
 
-def read(path: Path, fields: Fields, counts: Counts) -> Iterator[Document]:
-  """The documents of one file, in file order; see the module docstring for bad input."""
+def read(path: Path, fields: Fields, counts: Counts) -> Iterator[Block]:
+  """The documents of one file in blocks, in file order; see the module docstring for bad
+  input."""
   name = path.name
   if fields.prompt_field and name.endswith('.txt'):
     raise UserError(f'{path}: SFT data (data.prompt_field={fields.prompt_field!r}) needs '
@@ -125,33 +132,49 @@ def read(path: Path, fields: Fields, counts: Counts) -> Iterator[Document]:
   counts.bytes_done = start + path.stat().st_size
 
 
-def _txt(raw: BinaryIO, mode: str, counts: Counts, start: int) -> Iterator[Document]:
+def _line_blocks(raw: BinaryIO, counts: Counts, start: int) -> Iterator[list[str]]:
+  """The file's lines (without line ends), BLOCK_BYTES at a time, each block cut after a
+  newline (which no UTF-8 sequence contains) and decoded in one call."""
+  rest = b''
+  while data := raw.read(BLOCK_BYTES):
+    data, cut = rest + data, len(rest)
+    cut = data.rfind(b'\n', cut) + 1
+    rest = data[cut:] if cut else data
+    counts.bytes_done = start + raw.tell()
+    if cut:
+      yield [line.rstrip('\r') for line in decode(data[:cut], counts).split('\n')[:-1]]
+  if rest:
+    yield [decode(rest, counts).rstrip('\r')]
+
+
+def _txt(raw: BinaryIO, mode: str, counts: Counts, start: int) -> Iterator[Block]:
   if mode == 'file':
     text = decode(raw.read(), counts)
     if text.strip():
-      yield Document(text, None, None)
+      yield Block([text], None, None)
     else:
       counts.empty += 1
     return
-  block: list[str] = []
-  for line in raw:
-    text = decode(line, counts).rstrip('\r\n')
-    counts.bytes_done = start + raw.tell()
+  paragraph: list[str] = []
+  for lines in _line_blocks(raw, counts, start):
     if mode == 'line':
-      if text.strip():
-        yield Document(text, None, None)
-    elif text.strip():
-      block.append(text)
-    elif block:
-      yield Document('\n'.join(block), None, None)
-      block = []
-  if block:
-    yield Document('\n'.join(block), None, None)
+      yield Block([line for line in lines if line.strip()], None, None)
+      continue
+    texts = []
+    for line in lines:
+      if line.strip():
+        paragraph.append(line)
+      elif paragraph:
+        texts.append('\n'.join(paragraph))
+        paragraph = []
+    yield Block(texts, None, None)
+  if paragraph:
+    yield Block(['\n'.join(paragraph)], None, None)
 
 
 def _jsonl(path: Path, lines: BinaryIO, raw: BinaryIO, fields: Fields, counts: Counts,
-           start: int) -> Iterator[Document]:
-  rows, missing = 0, counts.missing
+           start: int) -> Iterator[Block]:
+  rows, missing, block = 0, counts.missing, _Rows(fields)
   for number, line in enumerate(lines, 1):
     if not line.strip():
       continue
@@ -160,14 +183,15 @@ def _jsonl(path: Path, lines: BinaryIO, raw: BinaryIO, fields: Fields, counts: C
     except ValueError:
       raise RunFailure(f'{path}:{number}: not a JSON line') from None
     rows += 1
-    counts.bytes_done = start + raw.tell()
-    doc = _document(record if isinstance(record, dict) else {}, fields, counts)
-    if doc:
-      yield doc
+    block.add(record if isinstance(record, dict) else {}, counts)
+    if len(block.texts) >= BLOCK_ROWS:
+      counts.bytes_done = start + raw.tell()
+      yield block.take()
+  yield block.take()
   _check_some_rows(path, rows, counts.missing - missing, fields)
 
 
-def _parquet(path: Path, fields: Fields, counts: Counts) -> Iterator[Document]:
+def _parquet(path: Path, fields: Fields, counts: Counts) -> Iterator[Block]:
   import pyarrow as pa  # Only a Parquet corpus needs pyarrow.
   import pyarrow.parquet as pq
   try:
@@ -176,16 +200,15 @@ def _parquet(path: Path, fields: Fields, counts: Counts) -> Iterator[Document]:
     absent = [f for f in fields.needed() if f not in names]
     if absent:
       raise UserError(f'{path}: no column {absent[0]!r} (columns: {", ".join(sorted(names))})')
-    rows, missing = 0, counts.missing
+    rows, missing, block = 0, counts.missing, _Rows(fields)
     size, total = path.stat().st_size, max(file.metadata.num_rows, 1)
     for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=fields.needed()):
       columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
       for values in zip(*columns):
-        rows += 1
-        doc = _document(dict(zip(fields.needed(), values)), fields, counts)
-        if doc:
-          yield doc
+        block.add(dict(zip(fields.needed(), values)), counts)
+      rows += batch.num_rows
       counts.bytes_done += size * batch.num_rows // total
+      yield block.take()
   except (pa.ArrowException, OSError) as error:
     raise RunFailure(f'{path}: unreadable Parquet file ({str(error).splitlines()[0]})') from None
   _check_some_rows(path, rows, counts.missing - missing, fields)
@@ -197,23 +220,38 @@ def _text(value: Any, counts: Counts) -> str | None:
   return value if isinstance(value, str) else None
 
 
-def _document(row: dict[str, Any], fields: Fields, counts: Counts) -> Document | None:
-  """The row's document; None (counted) when a needed field is absent or not text."""
-  client = None
-  if fields.client_field:
-    client = row.get(fields.client_field)
-    client = None if client is None or isinstance(client, (dict, list)) else str(client)
-  text = _text(row.get(fields.completion_field if fields.prompt_field else fields.text_field),
-               counts)
-  prompt = _text(row.get(fields.prompt_field), counts) if fields.prompt_field else None
-  if text is None or (fields.prompt_field and prompt is None) or (
-      fields.client_field and client is None):
-    counts.missing += 1
-    return None
-  if not text and not prompt:
-    counts.empty += 1
-    return None
-  return Document(text, prompt, client)
+class _Rows:
+  """A block being filled from rows: each row's document, or (counted) none when a needed
+  field is absent or not text, or the document is empty."""
+
+  def __init__(self, fields: Fields):
+    self.fields = fields
+    self.texts: list[str] = []
+    self.prompts: list[str] | None = [] if fields.prompt_field else None
+    self.clients: list[str] | None = [] if fields.client_field else None
+
+  def add(self, row: dict[str, Any], counts: Counts) -> None:
+    f = self.fields
+    text = _text(row.get(f.completion_field if f.prompt_field else f.text_field), counts)
+    prompt = _text(row.get(f.prompt_field), counts) if f.prompt_field else None
+    client = row.get(f.client_field) if f.client_field else None
+    if text is None or (f.prompt_field and prompt is None) or (
+        f.client_field and (client is None or isinstance(client, (dict, list)))):
+      counts.missing += 1
+    elif not text and not prompt:
+      counts.empty += 1
+    else:
+      self.texts.append(text)
+      if self.prompts is not None:
+        self.prompts.append(prompt)
+      if self.clients is not None:
+        self.clients.append(str(client))
+
+  def take(self) -> Block:
+    """The block so far; the next starts empty."""
+    block = Block(self.texts, self.prompts, self.clients)
+    self.__init__(self.fields)
+    return block
 
 
 def _check_some_rows(path: Path, rows: int, missing: int, fields: Fields) -> None:

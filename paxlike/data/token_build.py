@@ -25,7 +25,7 @@ from paxlike.data import text_files
 
 CHUNK_CHARS = 1 << 20
 CHUNK_DOCS = 8192
-POOL_MIN_BYTES = 64 << 20
+POOL_MIN_BYTES = 16 << 20
 PROGRESS_EVERY_S = 5.0
 
 
@@ -50,11 +50,18 @@ class Chunk:
   chars: int = 0
 
 
+def text_hashes(texts: list[str], prompts: list[str] | None) -> np.ndarray:
+  """uint64 [docs]: the 64-bit blake2b of each document (SFT: prompt \\0 completion), which
+  places it in the held-out split or not."""
+  data = texts if prompts is None else [f'{p}\0{t}' for p, t in zip(prompts, texts)]
+  digests = b''.join(hashlib.blake2b(d.encode('utf-8', 'surrogatepass'), digest_size=8).digest()
+                     for d in data)
+  return np.frombuffer(digests, '<u8').astype(np.uint64)
+
+
 def text_hash(text: str, prompt: str | None) -> int:
-  """The 64-bit hash that places a document in the held-out split or not."""
-  data = text if prompt is None else f'{prompt}\0{text}'
-  return int.from_bytes(hashlib.blake2b(data.encode('utf-8', 'surrogatepass'),
-                                        digest_size=8).digest(), 'little')
+  """The hash of one document (text_hashes)."""
+  return int(text_hashes([text], None if prompt is None else [prompt])[0])
 
 
 def encode_chunk(tokenizer: Any, dtype: np.dtype, texts: list[str],
@@ -62,15 +69,19 @@ def encode_chunk(tokenizer: Any, dtype: np.dtype, texts: list[str],
   """Each text (after its prompt) tokenized, followed by the tokenizer's EOS."""
   ids = tokenizer.encode_batch(texts)
   prompt_ids = tokenizer.encode_batch(prompts) if prompts is not None else None
-  eos = np.array([tokenizer.eos_id], dtype)
-  parts = ([x for a in ids for x in (a, eos)] if prompt_ids is None else
-           [x for p, a in zip(prompt_ids, ids) for x in (p, a, eos)])
   prompt_lengths = np.array([len(p) for p in prompt_ids] if prompt_ids else [0] * len(ids),
                             np.int32)
   lengths = np.array([len(a) + 1 for a in ids], np.int64) + prompt_lengths
-  hashes = np.array([text_hash(t, p) for t, p in zip(texts, prompts or [None] * len(texts))],
-                    np.uint64)
-  return Encoded(np.concatenate(parts).astype(dtype), lengths, hashes, prompt_lengths)
+  ends = np.cumsum(lengths)
+  tokens = np.empty(int(ends[-1]) if len(ends) else 0, dtype)
+  body = np.ones(len(tokens), bool)
+  body[ends - 1] = False
+  tokens[~body] = tokenizer.eos_id
+  if prompt_ids is not None:
+    ids = [x for pair in zip(prompt_ids, ids) for x in pair]
+  if ids:
+    tokens[body] = np.concatenate(ids)
+  return Encoded(tokens, lengths, text_hashes(texts, prompts), prompt_lengths)
 
 
 _WORKER: dict[str, Any] = {}
@@ -86,17 +97,18 @@ def _encode_in_worker(texts: list[str], prompts: list[str] | None) -> Encoded:
 
 def chunks(files: dict[str, Path], fields: text_files.Fields,
            counts: text_files.Counts) -> Iterator[Chunk]:
-  """The corpus's documents, file after file, in chunks of about CHUNK_CHARS characters."""
+  """The corpus's documents, file after file, in chunks of at least CHUNK_CHARS characters
+  or CHUNK_DOCS documents (whole blocks of text_files.read)."""
   sft = fields.prompt_field is not None
   chunk = Chunk(prompts=[] if sft else None)
   for index, path in enumerate(files.values()):
-    for doc in text_files.read(path, fields, counts):
-      chunk.texts.append(doc.text)
+    for block in text_files.read(path, fields, counts):
+      chunk.texts += block.texts
       if sft:
-        chunk.prompts.append(doc.prompt)
-      chunk.files.append(index)
-      chunk.clients.append(doc.client)
-      chunk.chars += len(doc.text) + len(doc.prompt or '')
+        chunk.prompts += block.prompts
+      chunk.files += [index] * len(block.texts)
+      chunk.clients += block.clients or [None] * len(block.texts)
+      chunk.chars += sum(map(len, block.texts)) + sum(map(len, block.prompts or ()))
       if chunk.chars >= CHUNK_CHARS or len(chunk.texts) >= CHUNK_DOCS:
         yield chunk
         chunk = Chunk(prompts=[] if sft else None)

@@ -209,14 +209,19 @@ def build(directory: Path, files: dict[str, Path], fields: text_files.Fields, to
                     + (f' ({summary})' if (summary := counts.summary(fields)) else ''))
   progress.done(writer.num_docs, writer.num_tokens, counts.summary(fields))
   _write_json(directory / 'clients.json', list(clients))
-  return writer.finish({
-      'key': key, 'files': list(files), 'fields': dataclasses.asdict(fields),
-      'tokenizer': {'kind': tokenizer.kind, 'fingerprint': tokenizer.fingerprint,
-                    'path': tokenizer.path, 'vocab_size': tokenizer.vocab_size,
-                    'eos_id': tokenizer.eos_id, 'pad_id': tokenizer.pad_id,
-                    'bos_id': tokenizer.bos_id},
-      'counts': {'missing': counts.missing, 'empty': counts.empty,
-                 'replaced': counts.replaced}})
+  return writer.finish({**base_manifest(key, files, fields, tokenizer),
+                        'counts': {'missing': counts.missing, 'empty': counts.empty,
+                                   'replaced': counts.replaced}})
+
+
+def base_manifest(key: str, files: dict[str, Path], fields: text_files.Fields,
+                  tokenizer: Any) -> dict[str, Any]:
+  """What a manifest says of the store's inputs (Writer.finish adds its contents)."""
+  return {'key': key, 'files': list(files), 'fields': dataclasses.asdict(fields),
+          'tokenizer': {'kind': tokenizer.kind, 'fingerprint': tokenizer.fingerprint,
+                        'path': tokenizer.path, 'vocab_size': tokenizer.vocab_size,
+                        'eos_id': tokenizer.eos_id, 'pad_id': tokenizer.pad_id,
+                        'bos_id': tokenizer.bos_id}}
 
 
 def client_names(store: Store) -> list[str]:

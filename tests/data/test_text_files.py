@@ -13,9 +13,18 @@ from paxlike.errors import RunFailure, UserError
 F = text_files.Fields
 
 
+class Doc:
+  """One document of a block."""
+
+  def __init__(self, text, prompt, client):
+    self.text, self.prompt, self.client = text, prompt, client
+
+
 def read_all(path, fields=F()):
   counts = text_files.Counts()
-  return list(text_files.read(path, fields, counts)), counts
+  docs = [Doc(t, (b.prompts or [None] * len(b.texts))[i], (b.clients or [None] * len(b.texts))[i])
+          for b in text_files.read(path, fields, counts) for i, t in enumerate(b.texts)]
+  return docs, counts
 
 
 def write_jsonl(path, rows):
@@ -23,7 +32,9 @@ def write_jsonl(path, rows):
   return path
 
 
-def test_txt_as_one_document_per_file_line_or_paragraph(tmp_path):
+@pytest.mark.parametrize('block_bytes', [4 << 20, 1, 7])
+def test_txt_as_one_document_per_file_line_or_paragraph(tmp_path, monkeypatch, block_bytes):
+  monkeypatch.setattr(text_files, 'BLOCK_BYTES', block_bytes)  # Blocks cut anywhere.
   path = tmp_path / 'a.txt'
   path.write_text('first line\nsecond\n\n  \nthird\r\nfourth\n')
   docs, _ = read_all(path, F(txt_document='file'))

@@ -138,7 +138,7 @@ class Slow(BytesTokenizer):
   def encode_batch(self, texts):
     time.sleep(0.2)
     return super().encode_batch(texts)
-token_build.CHUNK_DOCS = 5
+token_build.CHUNK_DOCS = text_files.BLOCK_ROWS = 5
 token_store.open_or_build(text_files.expand(sys.argv[1]), text_files.Fields(), Slow(), 1)
 '''
 
@@ -164,6 +164,7 @@ def test_worker_processes_build_the_same_store(tmp_path, monkeypatch, token_dir)
   _, path = corpus(tmp_path, n=300)
   files = text_files.expand(str(path))
   monkeypatch.setattr(token_build, 'CHUNK_DOCS', 40)
+  monkeypatch.setattr(text_files, 'BLOCK_ROWS', 40)
   alone = token_store.open_or_build(files, F(), BytesTokenizer(), 1)
   os.rename(alone.path, token_dir / 'alone')
   monkeypatch.setattr(token_build, 'POOL_MIN_BYTES', 0)

@@ -1,0 +1,38 @@
+"""benchmarks/data_pipeline.py: its quick run prints every number it promises (timings are
+never asserted)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, cli_env
+
+
+def run_json(*args: str, timeout: float) -> dict:
+  proc = subprocess.run([sys.executable, 'benchmarks/data_pipeline.py', *args], cwd=REPO,
+                        text=True, capture_output=True, timeout=timeout, env=cli_env(1))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.strip().splitlines()
+  assert len(lines) == 1, proc.stdout
+  return json.loads(lines[0])
+
+
+@pytest.mark.slow
+def test_quick_run_prints_every_number():
+  out = run_json('--quick', timeout=300)
+  assert out['benchmark'] == 'data_pipeline'
+  build = out['build']
+  for key in ('library_tokens_per_sec', 'encode_batch_tokens_per_sec', 'store_tokens_per_sec'):
+    assert build[key] > 0
+  assert build['overhead'] > -1 and build['tokens'] > 100_000
+  for shape in ('stdlib_tiny', 'llama125m'):
+    assert out['loader'][shape]['direct_tokens_per_sec'] > 0
+    assert out['loader'][shape]['grain_tokens_per_sec'] > 0
+  assert set(out['steps']) == {'stdlib_tiny_cpu_tokens_per_sec',
+                               'llama125m_cpu_estimate_tokens_per_sec',
+                               'llama125m_h200_40pct_mfu_tokens_per_sec'}
+  assert min(out['packing'].values()) >= 0.99
+  assert out['rss']['2']['store_mb'] == 2 and out['rss']['20']['store_mb'] == 20
+
