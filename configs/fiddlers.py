@@ -3,6 +3,7 @@
 import fiddle as fdl
 
 from configs import meshes, sizes
+from paxlike.families import family_of
 
 
 def tiny(cfg: fdl.Config) -> None:
@@ -11,8 +12,7 @@ def tiny(cfg: fdl.Config) -> None:
   cfg.train.log_every = 5
   cfg.train.eval_every = 10
   cfg.train.checkpoint_every = 10
-  if hasattr(cfg.model, 'num_layers'):
-    cfg.model.num_layers = 1
+  family_of(cfg.model).shrink(cfg.model)
 
 
 def cpu8(cfg: fdl.Config) -> None:

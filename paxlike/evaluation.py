@@ -11,7 +11,7 @@ split (`personalized_*`, see `personalization`).
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import flax.linen as nn
 import jax
@@ -19,14 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 from clu import metrics as clu_metrics
 
+from jax.sharding import Mesh
+
 from paxlike import losses, partitioning
 from paxlike.data.sources import ClientEval, Item
-from paxlike.ensemble import ensemble_log_probs, mixture_log_probs
+from paxlike.errors import UserError
+from paxlike.families import family_of
 from paxlike.federated.algorithms import client_update
 from paxlike.federated.primitives import federated_broadcast, federated_map, federated_program
-
-if TYPE_CHECKING:  # (Not at run time: trainer_setup imports this module.)
-  from paxlike.trainer_setup import Setup
 
 # An algorithm's ensemble: state -> (stacked member params, log prior [members]).
 Ensemble = Callable[[Any], tuple[Any, jax.Array]]
@@ -50,8 +50,11 @@ def group_sums(values: jax.Array, correct: jax.Array, mask: jax.Array, groups: j
 
 def eval_step(model: nn.Module, item: Item, num_groups: int, ensemble: Ensemble | None = None
               ) -> Callable[[Any, dict, jax.Array], Outputs]:
-  """`step(alg_state, batch, groups)`: metrics of `alg_state.params` (and of the ensemble) on
-  batches of `item`s."""
+  """`step(alg_state, batch, groups)`: metrics of `alg_state.params` (and of the ensemble, mixed
+  as the model's family mixes one) on batches of `item`s, the items the family trains on."""
+  family = family_of(model)
+  if item != family.item:
+    raise UserError(f'{type(model).__name__} is evaluated on {family.item}, not {item}')
 
   def results(logits, batch, groups):
     per_target, correct = losses.per_example_loss(logits, batch)
@@ -67,8 +70,8 @@ def eval_step(model: nn.Module, item: Item, num_groups: int, ensemble: Ensemble 
     out = {'': results(apply(state.params, batch['inputs']), batch, groups)}
     if ensemble is not None:  # LMs: mixed by the domain posterior; classifiers: by the prior.
       members, log_prior = ensemble(state)
-      mix = ensemble_log_probs if item == 'tokens' else mixture_log_probs
-      out['ensemble_'] = results(mix(apply, members, batch['inputs'], log_prior), batch, groups)
+      mixed = family.mix_ensemble(apply, members, batch['inputs'], log_prior)
+      out['ensemble_'] = results(mixed, batch, groups)
     return out
 
   return step
@@ -211,7 +214,19 @@ def personalization(task: Any, client_eval: ClientEval | None
   return metrics
 
 
-def evaluate(placed: 'Setup', alg_state: Any
+class Placed(Protocol):
+  """What `evaluate` reads of a placed task (trainer_setup.Setup has it)."""
+
+  task: Any
+  mesh: Mesh
+  eval: Callable[[Any, dict, jax.Array], Outputs]
+  client_eval: ClientEval | None
+  eval_batch_size: int
+  eval_rows: slice
+  personalized: Callable[[Any], dict[str, float]] | None
+
+
+def evaluate(placed: Placed, alg_state: Any
              ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
   """Held-out metrics of `alg_state.params` (and of the algorithm's ensemble): pooled loss and
   accuracy plus per-client summaries, and the per-client table (see `finish`)."""

@@ -11,25 +11,28 @@ from paxlike.data import prepare
 from paxlike.data import sources
 from paxlike.errors import UserError
 
-LM_DATASETS = ('stdlib', 'shakespeare')
+# Each dataset's documents in source order, by the field that gives it: Shakespeare's speech
+# index, the stdlib's module path. A new dataset is an entry here.
+SOURCE_ORDER = {'stdlib': 'path', 'shakespeare': 'index'}
+LM_DATASETS = tuple(SOURCE_ORDER)
 LM_PARTITIONS = ('pooled', 'natural', 'iid', 'domains')
 SEPARATOR = ord('\n')  # Appended to every document when documents are concatenated.
 
 
 @functools.lru_cache(maxsize=8)
-def _documents(directory: str, split: str) -> tuple[tuple, np.ndarray]:
-  """(uint8 texts, str client ids) of a split of a prepared dataset, in source order
-  (Shakespeare: speech index; stdlib: path)."""
+def _documents(directory: str, split: str, order: str) -> tuple[tuple, np.ndarray]:
+  """(uint8 texts, str client ids) of a split of a prepared dataset, in source order (sorted by
+  the examples' field `order`, see SOURCE_ORDER)."""
   rows = prepare.read_split(directory, split)
   examples = rows.__getitems__(list(range(len(rows))))
-  examples.sort(key=lambda e: e['index'] if 'index' in e else e['path'])
+  examples.sort(key=lambda e: e[order])
   texts = tuple(e['text'] for e in examples)
   return texts, np.array([e['client_id'].decode('utf-8') for e in examples])
 
 
 def read_documents(dataset: str, split: str) -> tuple[tuple, np.ndarray]:
   """Cached per process, per prepared directory (which the source's fingerprint names)."""
-  return _documents(prepare.prepared(dataset), split)
+  return _documents(prepare.prepared(dataset), split, SOURCE_ORDER[dataset])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +155,11 @@ class LmData:
     if self.partition != 'pooled':
       sources.check_cohort(self, len(streams.sizes))
     return streams
+
+  @property
+  def client_names(self) -> tuple[str, ...]:
+    """The training clients (the LM family counts a DP run's population by them)."""
+    return self.train_streams.names
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:

@@ -1,0 +1,133 @@
+"""Per-device training memory of an LM task, from shapes: nothing is allocated or compiled.
+
+    params + optimizer state + gradients   exact bytes of the real trees (`jax.eval_shape` of
+                                           the model's and the optimizer's init), each leaf
+                                           divided by the mesh axes its logical names map to
+    activations                            what the backward pass keeps, per token, for an LM:
+
+- every layer keeps its input (the scan carry): d_model elements;
+- remat 'dots' also keeps the matmul outputs: q, k, v (n_heads + 2·n_kv_heads)·head_dim, the
+  attention projection d_model, the MLP's (2 if gated else 1)·d_ff and its output d_model;
+- remat 'none' keeps everything: also both norms' outputs (2·d_model), the attention output
+  n_heads·head_dim, the residual sum d_model and the MLP's activation and product
+  (2·d_ff if gated else d_ff), plus, with XLA attention, the [heads, keys] probabilities
+  (causal: on average (T + 1)/2 keys; flash kernels keep one float32 log-sum-exp per head);
+- 'full' keeps only the input, and one layer is recomputed at a time (counted once as 'none');
+- the head: float32 logits and their gradient (2 · vocab · 4 bytes) plus the final norm output.
+Elements are in the compute dtype. Tokens per device are the global batch (× clients × local
+steps for federated rounds) divided by the mesh axes that split the batch; a 'model' (tensor
+parallel) axis further splits everything but the d_model-wide terms. XLA's fusion and
+buffer reuse move the real number either way; read this as the size class, not a promise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from paxlike import partitioning
+from paxlike.errors import UserError
+from paxlike.families.lm_flops import attended_keys
+from paxlike.layers import TransformerLM
+
+Task = Any  # paxlike.experiment.Task (which imports the families: named, not imported, here).
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """Bytes per device of each part of the training state, on `devices` devices."""
+
+  devices: int
+  mesh: dict[str, int]
+  params: float
+  optimizer: float
+  gradients: float
+  activations: float
+
+  @property
+  def total(self) -> float:
+    return self.params + self.optimizer + self.gradients + self.activations
+
+  def line(self) -> str:
+    mesh = ' × '.join(f'{axis} {size}' for axis, size in self.mesh.items())
+    return (f'# memory per device on {self.devices} devices ({mesh}): {self.total / GB:.1f} GB = '
+            f'params {self.params / GB:.2f} + optimizer {self.optimizer / GB:.2f} + gradients '
+            f'{self.gradients / GB:.2f} + activations {self.activations / GB:.2f}\n')
+
+
+def _ways(names: tuple[str | None, ...], mesh: dict[str, int], rules: dict[str, Any]) -> int:
+  """How many devices split a leaf named `names` (its logical axes) on `mesh`."""
+  ways = 1
+  for name in names:
+    axes = rules.get(name) if name else None
+    for axis in axes if isinstance(axes, tuple) else (axes,):
+      ways *= mesh.get(axis, 1) if axis else 1
+  return ways
+
+
+def activation_bytes_per_token(model: TransformerLM, seq_len: int, kernel: str,
+                               model_ways: int = 1) -> float:
+  """Bytes the backward pass keeps per token, on one of `model_ways` tensor-parallel shards
+  (see the module docstring)."""
+  d, f, layers = model.d_model, model.d_ff, model.num_layers
+  head_dim = d // model.num_heads
+  heads = model.num_heads / model_ways
+  q_width = heads * head_dim
+  kv_width = (model.num_kv_heads or model.num_heads) / model_ways * head_dim
+  mlp_in = (2 if model.gated_mlp else 1) * f / model_ways
+  size = jnp.dtype(model.dtype).itemsize
+  dots = d + q_width + 2 * kv_width + d + mlp_in + d
+  attention = (heads * attended_keys(seq_len, model.sliding_window) * size
+               if kernel == 'xla' else heads * 4)
+  everything = (dots + 2 * d + q_width + d + mlp_in) * size + attention
+  per_layer = {'none': everything, 'dots': dots * size, 'full': d * size}[model.remat_policy]
+  recompute = everything if model.remat_policy == 'full' else 0
+  return layers * per_layer + recompute + 2 * model.vocab_size / model_ways * 4 + d * size
+
+
+def estimate(task: Task, devices: int) -> Estimate:
+  """The per-device estimate for `task` on `devices` devices; UserError if its mesh can't fit."""
+  mesh_cfg = task.mesh
+  mesh = dict(zip(mesh_cfg.axes, partitioning.mesh_shape(mesh_cfg, devices)))
+  rules = dict(mesh_cfg.rules)
+  data, model = task.data, task.model
+  sample = jax.ShapeDtypeStruct((1, data.seq_len), jnp.int32)
+  boxed = jax.eval_shape(model.init, jax.random.key(0), sample)['params']
+  leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  total = sum(x.value.size * x.value.dtype.itemsize for x in leaves)
+  params = sum(x.value.size * x.value.dtype.itemsize / _ways(x.names, mesh, rules) for x in leaves)
+  opt_state = jax.eval_shape(task.optimizer.init, nn.unbox(boxed))
+  optimizer = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(opt_state))
+  # Optimizer states mirror the params and are sharded like them.
+  optimizer *= params / total
+  batch_ways = math.prod(mesh.get(a, 1) for a in (*partitioning.BATCH_AXES,
+                                                  partitioning.CLIENTS_AXIS))
+  tokens = (data.batch_size * data.seq_len * getattr(data, 'clients_per_round', 1)
+            * getattr(data, 'local_steps', 1)) / batch_ways
+  kernel = model.attention_kernel(data.seq_len)
+  activations = tokens * activation_bytes_per_token(model, data.seq_len, kernel,
+                                                    mesh.get('model', 1))
+  return Estimate(devices, mesh, params, optimizer, params, activations)
+
+
+def summary(task: Task, device_counts: tuple[int, ...] = (8, 64, 256)) -> str:
+  """Estimate lines for `--mode=print_config`: for this host's device count and for the pod
+  sizes in `device_counts` that the mesh and batch fit."""
+  lines = []
+  for devices in sorted({jax.device_count(), *device_counts}):
+    try:
+      mesh = partitioning.mesh_shape(task.mesh, devices)
+    except UserError:
+      continue
+    shape = dict(zip(task.mesh.axes, mesh))
+    if task.data.batch_size % math.prod(shape.get(a, 1) for a in partitioning.BATCH_AXES):
+      continue
+    lines.append(estimate(task, devices).line())
+  return ''.join(lines)
