@@ -18,6 +18,22 @@ from paxlike.errors import UserError
 from paxlike.losses import LossFn
 
 
+class FixedCohort(NamedTuple):
+  """What an algorithm whose state keeps one slice per cohort slot needs of the data (DiLoCo's
+  replicas, PAPA's members, BTM's experts, SCAFFOLD's clients).
+
+  `size`: the slots; the data's `clients_per_round` must equal it. `arg`: the builder argument
+  that sets it (errors name `algorithm.<arg>`). `per_client`: slot i must also be client i in
+  every round (data sampling 'fixed'). `resized(n)`: the same algorithm with n slots (the
+  exporter traces the one-client program with it).
+  """
+
+  size: int
+  arg: str
+  per_client: bool
+  resized: Callable[[int], 'Algorithm']
+
+
 class Algorithm(NamedTuple):
   """An optax-style pure pair. `init(params) -> state`; `next(state, batches, weights, rng) ->
   (state, metrics)`, with `batches` leading `[clients, local_steps, ...]`, `weights` [clients]
@@ -29,12 +45,19 @@ class Algorithm(NamedTuple):
   `seeded_init(init_params, rng) -> state`, for algorithms that draw their own initial params
   with `init_params(key) -> params` (PAPA's members, each from its own key); the trainer calls
   it instead of `init(init_params(rng))`.
+
+  What the algorithm needs, declared for the code that checks or reads it: `fixed_cohort`
+  (None: any cohort; see FixedCohort), read by the cohort check and the exporter, and
+  `aggregator`, how client updates become the server's update (None: their weighted mean),
+  read by the privacy accountant.
   """
 
   init: Callable[[Any], Any]
   next: Callable[[Any, Any, jax.Array, jax.Array], tuple[Any, dict[str, jax.Array]]]
   ensemble: Callable[[Any], tuple[Any, jax.Array]] | None = None
   seeded_init: Callable[[Callable[[jax.Array], Any], jax.Array], Any] | None = None
+  fixed_cohort: FixedCohort | None = None
+  aggregator: Any = None
 
 
 # builder(loss_fn, optimizer) -> Algorithm: what `Task.algorithm` holds (a `fdl.Partial` of one).
@@ -63,19 +86,6 @@ def cohort_size(batches: Any, fixed: tuple[int, str] | None = None) -> int:
         f'the cohort has {clients} clients but the algorithm has {fixed[0]} {fixed[1]}; '
         f'set clients_per_round = {fixed[0]}, one fixed client per slot.')
   return clients
-
-
-# Arguments that fix an algorithm's cohort: its state keeps one slice per cohort slot (DiLoCo's
-# replicas, PAPA's members, BTM's experts, SCAFFOLD's clients), so the data's clients_per_round
-# must equal it. The one in PER_CLIENT_ARGS also needs slot i to be client i every round.
-FIXED_COHORT_ARGS = ('num_replicas', 'population', 'num_experts', 'num_clients')
-PER_CLIENT_ARGS = ('num_clients',)
-
-
-def fixed_cohort_args(builder: AlgorithmBuilder) -> list[str]:
-  """The FIXED_COHORT_ARGS a builder (a partial of an algorithm) sets."""
-  keywords = getattr(builder, 'keywords', {})
-  return [arg for arg in FIXED_COHORT_ARGS if arg in keywords]
 
 
 # How clients are weighted in a round's averages: the weights the data gives (each client's

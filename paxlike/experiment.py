@@ -3,25 +3,29 @@
 An experiment is a small class: `task()` returns a `fdl.Config[Task]` (model, optimizer,
 algorithm, mesh, train settings) and `datasets()` returns the data config. `config()` joins
 them; that joined config is what `--fdl_set` edits, what `config.json` stores, and what
-`fdl.build` turns into a runnable `Task`.
+`fdl.build` turns into a runnable `Task`; building it checks the model against the data (its
+family's `check_data`: e.g. an LM's vocab_size against the data's).
 
 The data alone says a round's shape (`data.clients_per_round` × `data.local_steps`); the
-algorithms read it from the batches. Algorithms whose state has one slice per cohort slot name
-that count too (`paxlike.algorithm.FIXED_COHORT_ARGS`), and building the Task checks the two agree.
+algorithms read it from the batches. Algorithms whose state has one slice per cohort slot declare
+that count (`Algorithm.fixed_cohort`), and building the Task checks the two agree.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 import fiddle as fdl
 import flax.linen as nn
 import optax
 
-from paxlike.algorithm import PER_CLIENT_ARGS, AlgorithmBuilder, fixed_cohort_args
+from paxlike.algorithm import Algorithm, AlgorithmBuilder
 from paxlike.errors import UserError
+from paxlike.families import family_of
+from paxlike.losses import model_loss_fn
 from paxlike.partitioning import MeshConfig
 
 if TYPE_CHECKING:  # paxlike.data imports tfds; the annotation needs only the protocol.
@@ -66,20 +70,32 @@ class Task:
   train: TrainConfig = TrainConfig()
 
   def __post_init__(self):
-    check_fixed_cohort(self.algorithm, self.data)
+    family_of(self.model).check_data(self.model, self.data)
+    if self.built_algorithm is not None:
+      check_fixed_cohort(self.built_algorithm, self.data)
+
+  @functools.cached_property
+  def built_algorithm(self) -> Algorithm | None:
+    """`algorithm` built for this model's loss and the optimizer: what it declares it needs
+    (its fixed cohort, its aggregator) is read from here. None for a task without one (tests
+    that only evaluate)."""
+    if self.algorithm is None:
+      return None
+    return self.algorithm(model_loss_fn(self.model), self.optimizer)
 
 
-def check_fixed_cohort(algorithm: AlgorithmBuilder, data: DataSource) -> None:
+def check_fixed_cohort(algorithm: Algorithm, data: DataSource) -> None:
   """Raises a one-line UserError unless `data`'s cohort is the one a fixed-cohort `algorithm`
-  (a partial with one of FIXED_COHORT_ARGS) keeps state for."""
-  for arg in fixed_cohort_args(algorithm):
-    count = algorithm.keywords[arg]
-    if count != data.clients_per_round:
-      raise UserError(f'algorithm.{arg}={count} but data.clients_per_round='
-                      f'{data.clients_per_round}: set both to the same cohort size')
-    if arg in PER_CLIENT_ARGS and data.sampling != 'fixed':
-      raise UserError(f'algorithm.{arg} keeps state per client, so it trains every client '
-                      f"every round: set data.sampling='fixed', not {data.sampling!r}")
+  (see `Algorithm.fixed_cohort`) keeps state for."""
+  fixed = algorithm.fixed_cohort
+  if fixed is None:
+    return
+  if fixed.size != data.clients_per_round:
+    raise UserError(f'algorithm.{fixed.arg}={fixed.size} but data.clients_per_round='
+                    f'{data.clients_per_round}: set both to the same cohort size')
+  if fixed.per_client and data.sampling != 'fixed':
+    raise UserError(f'algorithm.{fixed.arg} keeps state per client, so it trains every client '
+                    f"every round: set data.sampling='fixed', not {data.sampling!r}")
 
 
 class Experiment(abc.ABC):

@@ -25,6 +25,7 @@ import math
 from typing import TYPE_CHECKING
 
 from paxlike.errors import UserError
+from paxlike.families import family_of
 from paxlike.federated.dp import DpAggregator
 
 SAMPLINGS = ('poisson', 'without_replacement', 'full')
@@ -101,32 +102,30 @@ class Accountant:
 
 
 def aggregator_of(algorithm: object) -> DpAggregator | None:
-  """The DP aggregator an algorithm builder (a partial) was configured with, if any."""
-  found = getattr(algorithm, 'keywords', {}).get('aggregator')
+  """The DP aggregator a built algorithm declares (`Algorithm.aggregator`), if any."""
+  found = getattr(algorithm, 'aggregator', None)
   return found if isinstance(found, DpAggregator) else None
 
 
-def population(data: object) -> int:
-  """The number of clients cohorts are drawn from (refusing data that has no clients)."""
-  if getattr(data, 'partition', None) == 'pooled':
+def population(task) -> int:
+  """The number of clients cohorts are drawn from, as the model's family counts the data's
+  clients (refusing data that has no clients)."""
+  if getattr(task.data, 'partition', None) == 'pooled':
     raise UserError('differential privacy needs clients: data.partition=pooled has none')
-  sizes = getattr(data, 'client_sizes', None)
-  if sizes is None:
-    sizes = data.train_streams.sizes  # LmData.
-  return len(sizes)
+  return family_of(task.model).population(task.data)
 
 
 def accountant(task) -> Accountant | None:
   """The task's accountant (None without DP). Raises UserError for a sampling that has no
   client-level guarantee or bad accounting settings."""
-  aggregator = aggregator_of(task.algorithm)
+  aggregator = aggregator_of(task.built_algorithm)
   if aggregator is None:
     return None
   data = task.data
   if data.sampling not in DATA_SAMPLING:
     raise UserError(f'differential privacy needs uniform or fixed cohorts, not '
                     f'data.sampling={data.sampling!r}')
-  num_clients = population(data)
+  num_clients = population(task)
   aggregator.update_noise_multiplier(data.clients_per_round)  # Checks adaptive's noise split.
   delta = aggregator.delta if aggregator.delta is not None else num_clients**-1.1
   return Accountant(aggregator, DATA_SAMPLING[data.sampling], data.clients_per_round,

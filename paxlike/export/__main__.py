@@ -12,7 +12,6 @@ Exit codes as paxlike.main: 2 for a usage error or a round that cannot be export
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,16 +25,12 @@ flags.DEFINE_integer('rounds', 1, 'Rounds of client inputs to export for the exe
 FLAGS = flags.FLAGS
 
 
-def cohort_algorithm(task: Any, loss_fn: Any) -> Callable[[int], Any]:
-  """`n -> Algorithm` for a cohort of n: the task's algorithm with its fixed cohort arguments
-  (paxlike.algorithm.FIXED_COHORT_ARGS: DiLoCo's replicas, PAPA's population, ...) set to n."""
-  from paxlike.algorithm import fixed_cohort_args
-  fixed = fixed_cohort_args(task.algorithm)
-
-  def make(n: int) -> Any:
-    return functools.partial(task.algorithm, **{arg: n for arg in fixed})(loss_fn, task.optimizer)
-
-  return make
+def cohort_algorithm(algorithm: Any) -> Callable[[int], Any]:
+  """`n -> Algorithm` for a cohort of n: a fixed-cohort `algorithm` (DiLoCo's replicas, PAPA's
+  population, ...) resized to n slots as it declares (`Algorithm.fixed_cohort`), any other
+  unchanged."""
+  fixed = algorithm.fixed_cohort
+  return (lambda n: algorithm) if fixed is None else fixed.resized
 
 
 def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, rounds: int = 1,
@@ -44,7 +39,7 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from paxlike import job_dir, losses, restore, train, trainer_setup
+  from paxlike import job_dir, restore, train, trainer_setup
   from paxlike.errors import UserError
   from paxlike.export import artifacts
 
@@ -64,7 +59,7 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   data = [{**d, 'batches': jax.device_get(d['batches']), 'weights': np.asarray(d['weights'])}
           for d in data]
   alg_state = jax.device_get(state.alg)
-  make = cohort_algorithm(task, losses.model_loss_fn(task.model))
+  make = cohort_algorithm(task.built_algorithm)
   one = jax.eval_shape(make(1).init, alg_state.params)
   client_state = jax.tree.map(lambda x, o: jnp.shape(x) != o.shape, alg_state, one)
   meta = {'experiment': experiment or '(--fdl_config)',

@@ -20,10 +20,11 @@ import jax.numpy as jnp
 import optax
 
 from paxlike import optim
-from paxlike.algorithm import (Algorithm, AlgorithmConfigError, cast_like, check_weighting,
-                               client_weights, cohort_size)
+from paxlike.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
+                               check_weighting, client_weights, cohort_size)
 from paxlike.federated import server_optim
 from paxlike.federated.chunking import resolve_client_chunk
+from paxlike.federated.options import check_prox_mu
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program, federated_weighted_mean)
 from paxlike.losses import LossFn
@@ -133,7 +134,7 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
   `weighting`: how clients are weighted in the mean (paxlike.algorithm.WEIGHTINGS).
   `aggregator`: how client updates become the pseudo-gradient (None: their weighted mean; a
   `dp.DpAggregator`: clipped, noised). `prox_mu`: FedProx's proximal weight (0: none)."""
-  update = client_update(loss_fn, client_optimizer, prox_mu)
+  update = client_update(loss_fn, client_optimizer, check_prox_mu(prox_mu))
   check_weighting(weighting)
 
   def init(params):
@@ -178,7 +179,11 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
 
     return round_(state, batches, weights, rng)
 
-  return Algorithm(init, next)
+  fixed = None if num_replicas is None else FixedCohort(
+      num_replicas, 'num_replicas', False, lambda n: pseudo_gradient(
+          loss_fn, client_optimizer, server_optimizer, n, client_chunk, weighting, aggregator,
+          prox_mu))
+  return Algorithm(init, next, fixed_cohort=fixed, aggregator=aggregator)
 
 
 def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
@@ -220,28 +225,31 @@ def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
 def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
              tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
-             weighting: str = 'num_examples') -> Algorithm:
+             weighting: str = 'num_examples', aggregator: Aggregator | None = None,
+             prox_mu: float = 0.0) -> Algorithm:
   """FedYogi. `flavour='paper'`: Algorithm 2 (`server_optim.yogi`); `'optax'`: optax's Yogi
-  with eps = τ and both accumulators starting at τ², bias-corrected."""
+  with eps = τ and both accumulators starting at τ², bias-corrected. `aggregator` and `prox_mu`
+  as for `fed_avg`."""
   server = adaptive_server(
       flavour, server_optim.yogi(server_learning_rate, b1, b2, tau),
       optax.chain(
           optax.scale_by_yogi(b1=b1, b2=b2, eps=tau, initial_accumulator_value=tau**2),
           optax.scale_by_learning_rate(server_learning_rate)))
-  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting)
+  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu)
 
 
 def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
                 server_learning_rate: float = 1e-2, b1: float = 0.9,
                 tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
-                weighting: str = 'num_examples') -> Algorithm:
+                weighting: str = 'num_examples', aggregator: Aggregator | None = None,
+                prox_mu: float = 0.0) -> Algorithm:
   """FedAdagrad. `flavour='paper'`: Algorithm 2 (`server_optim.adagrad`, with server momentum
   β1); `'optax'`: `optax.adagrad` with the accumulator starting at τ² and no eps, so the step is
-  Δ/√(τ² + ΣΔ²), without momentum (β1 unused)."""
+  Δ/√(τ² + ΣΔ²), without momentum (β1 unused). `aggregator` and `prox_mu` as for `fed_avg`."""
   server = adaptive_server(
       flavour, server_optim.adagrad(server_learning_rate, b1, tau),
       optax.adagrad(server_learning_rate, initial_accumulator_value=tau**2, eps=0.0))
-  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting)
+  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu)
 
 
 def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,

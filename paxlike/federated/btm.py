@@ -28,9 +28,11 @@ import jax.numpy as jnp
 import optax
 
 from paxlike import optim
-from paxlike.algorithm import (Algorithm, AlgorithmConfigError, cast_like, check_weighting,
-                               client_weights, cohort_size)
+from paxlike.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
+                               check_weighting, client_weights, cohort_size)
 from paxlike.federated.algorithms import client_update, cohort_metrics, placed_init, round_metrics
+from paxlike.federated.chunking import resolve_client_chunk
+from paxlike.federated.options import check_prox_mu, refuse_options
 from paxlike.federated.primitives import federated_map, federated_program, federated_weighted_mean
 from paxlike.losses import LossFn
 
@@ -59,12 +61,15 @@ def pool(batches: Any) -> Any:
 
 def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: int,
         merge_weights: Sequence[float] | None = None, seed_steps: int = 0,
-        client_chunk: int | None = None, weighting: str = 'num_examples') -> Algorithm:
+        client_chunk: int | None = None, weighting: str = 'num_examples', aggregator: None = None,
+        prox_mu: float = 0.0) -> Algorithm:
   """BTM with `num_experts` experts branched from the seed: the params passed to `init`, trained
   centrally on the pooled cohort for the first `seed_steps` rounds. Needs cohort size =
   num_experts, slot k → domain k. Each later round trains every expert for the batches' local
-  steps, then merges. `client_chunk`: experts trained at a time (`federated_map(chunk=)`).
-  `weighting`: what a round adds to each domain's count (paxlike.algorithm.WEIGHTINGS)."""
+  steps, then merges. `weighting`: what a round adds to each domain's count
+  (paxlike.algorithm.WEIGHTINGS). The round options (federated/options.py): `client_chunk`,
+  experts trained at a time; `prox_mu`, every local run (seed and expert) proximal to its
+  start of round; no `aggregator` (experts are merged by their weights, not aggregated)."""
   if num_experts < 1:
     raise AlgorithmConfigError(f'num_experts must be >= 1, got {num_experts}.')
   if merge_weights is not None and len(merge_weights) != num_experts:
@@ -76,7 +81,8 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
   if seed_steps < 0:
     raise AlgorithmConfigError(f'seed_steps must be >= 0, got {seed_steps}.')
   check_weighting(weighting)
-  update = client_update(loss_fn, optimizer)
+  refuse_options('btm', 'experts are merged by their weights, not aggregated', aggregator)
+  update = client_update(loss_fn, optimizer, check_prox_mu(prox_mu))
   branch = placed_init(optimizer, num_experts)
 
   def init(params):
@@ -93,7 +99,8 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
     def expert_round(state, batches, weights, rng):
       keys = jax.random.split(rng, clients)
       experts, opt_state, stats = federated_map(
-          update, (state.experts, state.opt_state, batches, keys), chunk=client_chunk)
+          update, (state.experts, state.opt_state, batches, keys),
+          chunk=resolve_client_chunk(client_chunk))
       seen = state.domain_examples + weights
       mix = seen if merge_weights is None else jnp.asarray(merge_weights, jnp.float32)
       merged = jax.tree.map(lambda m, p: m.astype(p.dtype),
@@ -129,4 +136,7 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
     mix = jnp.where(mix.sum() > 0, mix, jnp.ones_like(mix))
     return state.experts, jnp.log(mix / mix.sum())
 
-  return Algorithm(init, next, ensemble)
+  fixed = FixedCohort(num_experts, 'num_experts', False, lambda n: btm(
+      loss_fn, optimizer, n, merge_weights, seed_steps, client_chunk, weighting, aggregator,
+      prox_mu))
+  return Algorithm(init, next, ensemble, fixed_cohort=fixed)

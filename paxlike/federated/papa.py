@@ -36,8 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from paxlike.algorithm import Algorithm, AlgorithmConfigError, cast_like, cohort_size
+from paxlike.algorithm import Algorithm, AlgorithmConfigError, FixedCohort, cast_like, cohort_size
 from paxlike.federated.algorithms import client_update, cohort_metrics, placed_init
+from paxlike.federated.chunking import resolve_client_chunk
+from paxlike.federated.options import check_prox_mu, refuse_options
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program)
 from paxlike.losses import LossFn
@@ -94,18 +96,21 @@ def average_pairs(members: Any, rng: jax.Array) -> Any:
 
 def papa(loss_fn: LossFn, optimizer: optax.GradientTransformation, population: int,
          alpha: float = 0.99, every: int = 10, variant: str = 'gradual',
-         same_init: bool = False, client_chunk: int | None = None) -> Algorithm:
+         same_init: bool = False, client_chunk: int | None = None, aggregator: None = None,
+         prox_mu: float = 0.0) -> Algorithm:
   """PAPA over `population` members; averaging every `every` rounds (one round = the batches'
   local steps of training per member; see the module docstring for the paper's periods).
   `same_init`: all members start at the same params instead of their own random inits. Needs
-  cohort size = population, slot j → member j. `client_chunk`: members trained at a time
-  (`federated_map(chunk=)`; None: all at once)."""
+  cohort size = population, slot j → member j. The round options (federated/options.py):
+  `client_chunk`, members trained at a time; `prox_mu`, each member's local steps proximal to
+  its start of round; no `aggregator` (members are averaged, not aggregated)."""
   if variant not in VARIANTS:
     raise AlgorithmConfigError(f'variant must be one of {VARIANTS}, got {variant!r}.')
   if population < 1 or every < 1 or not 0.0 <= alpha <= 1.0:
     raise AlgorithmConfigError(f'need population >= 1, every >= 1, 0 <= alpha <= 1; got '
                                f'{population}, {every}, {alpha}.')
-  update = client_update(loss_fn, optimizer)
+  refuse_options('papa', 'members are averaged, not aggregated', aggregator)
+  update = client_update(loss_fn, optimizer, check_prox_mu(prox_mu))
 
   def init(params):
     members, opt_state = placed_init(optimizer, population)(params)
@@ -132,7 +137,8 @@ def papa(loss_fn: LossFn, optimizer: optax.GradientTransformation, population: i
       train_rng, average_rng = jax.random.split(rng)
       keys = jax.random.split(train_rng, clients)
       members, opt_state, stats = federated_map(
-          update, (state.population, state.opt_state, batches, keys), chunk=client_chunk)
+          update, (state.population, state.opt_state, batches, keys),
+          chunk=resolve_client_chunk(client_chunk))
       count = state.round + 1
       averaged = count % every == 0
       members = jax.lax.cond(averaged, average, lambda m, _: m, members, average_rng)
@@ -144,4 +150,7 @@ def papa(loss_fn: LossFn, optimizer: optax.GradientTransformation, population: i
 
     return round_(state, batches, weights, rng)
 
-  return Algorithm(init, next, seeded_init=None if same_init else seeded_init)
+  fixed = FixedCohort(population, 'population', False, lambda n: papa(
+      loss_fn, optimizer, n, alpha, every, variant, same_init, client_chunk, aggregator, prox_mu))
+  return Algorithm(init, next, seeded_init=None if same_init else seeded_init,
+                   fixed_cohort=fixed)

@@ -22,8 +22,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paxlike.algorithm import Algorithm, AlgorithmConfigError, cast_like, cohort_size
+from paxlike.algorithm import Algorithm, AlgorithmConfigError, FixedCohort, cast_like, cohort_size
 from paxlike.federated.algorithms import cohort_metrics
+from paxlike.federated.chunking import resolve_client_chunk
+from paxlike.federated.options import refuse_options
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program)
 from paxlike.losses import LossFn
@@ -69,12 +71,16 @@ def corrected_update(loss_fn: LossFn, optimizer: optax.GradientTransformation):
 
 
 def scaffold(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_clients: int,
-             server_optimizer: optax.GradientTransformation = optax.sgd(1.0)
-             ) -> Algorithm:
+             server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
+             client_chunk: int | None = None, aggregator: None = None,
+             prox_mu: float = 0.0) -> Algorithm:
   """SCAFFOLD over a fixed population of `num_clients` (every client every round); the server
-  optimizer steps along params − mean(client params) (SGD at lr 1: the paper's η_g = 1)."""
+  optimizer steps along params − mean(client params) (SGD at lr 1: the paper's η_g = 1). The
+  round options (federated/options.py): `client_chunk`, clients trained at a time; no
+  `aggregator` and no `prox_mu` (the control variates are what corrects the drift)."""
   if num_clients < 1:
     raise AlgorithmConfigError(f'scaffold needs num_clients >= 1, got {num_clients}.')
+  refuse_options('scaffold', 'the control variates correct the drift', aggregator, prox_mu)
   update = corrected_update(loss_fn, optimizer)
 
   def init(params):
@@ -90,7 +96,7 @@ def scaffold(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_clien
       keys = jax.random.split(rng, clients)
       client_params, client_controls, stats = federated_map(update, (
           federated_broadcast(state.params), federated_broadcast(state.control),
-          state.client_controls, batches, keys))
+          state.client_controls, batches, keys), chunk=resolve_client_chunk(client_chunk))
       pseudo_grad = cast_like(jax.tree.map(
           jnp.subtract, state.params, federated_mean(client_params)), state.params)
       updates, server_opt_state = server_optimizer.update(
@@ -105,4 +111,6 @@ def scaffold(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_clien
 
     return round_(state, batches, weights, rng)
 
-  return Algorithm(init, next)
+  fixed = FixedCohort(num_clients, 'num_clients', True, lambda n: scaffold(
+      loss_fn, optimizer, n, server_optimizer, client_chunk, aggregator, prox_mu))
+  return Algorithm(init, next, fixed_cohort=fixed)
