@@ -126,23 +126,23 @@ class CausalSelfAttention(nn.Module):
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                         segment_ids: jax.Array | None, cache_len: int | None) -> jax.Array:
     """Writes k, v (and their segment ids) into the cache at its index, then attends q over
-    every cache slot its mask allows (XLA attention: T is the prompt once, then 1)."""
+    every cache slot its mask allows (T is the prompt once, then 1)."""
     b, t, n_kv, h = k.shape
     if segment_ids is None:
       segment_ids = jnp.ones((b, t), jnp.int32)
     if not self.has_variable('cache', 'key') and cache_len is None:
       raise ValueError('decode=True needs cache_len on the first (prefill) call')
     zeros = lambda shape, dtype: lambda: jnp.zeros(shape, dtype)
-    keys = self.variable('cache', 'key', zeros((b, cache_len, n_kv, h), k.dtype))
-    values = self.variable('cache', 'value', zeros((b, cache_len, n_kv, h), v.dtype))
+    keys = self.variable('cache', 'key', zeros((b, n_kv, cache_len, h), k.dtype))
+    values = self.variable('cache', 'value', zeros((b, n_kv, cache_len, h), v.dtype))
     segments = self.variable('cache', 'segment_ids', zeros((b, cache_len), jnp.int32))
     index = self.variable('cache', 'index', zeros((), jnp.int32))
     start = index.value
-    keys.value = nn.with_logical_constraint(kv_cache.write(keys.value, k, start), KV_HEADS_ACT)
-    values.value = nn.with_logical_constraint(kv_cache.write(values.value, v, start),
-                                              KV_HEADS_ACT)
-    segments.value = kv_cache.write(segments.value, segment_ids.astype(jnp.int32), start)
+    for cache, new in ((keys, k), (values, v)):
+      cache.value = nn.with_logical_constraint(
+          kv_cache.write(cache.value, new.transpose(0, 2, 1, 3), start, axis=2),
+          kv_cache.CACHE_AXES)
+    segments.value = kv_cache.write(segments.value, segment_ids.astype(jnp.int32), start, axis=1)
     index.value = start + t
     mask = kv_cache.decode_mask(segment_ids, segments.value, start, self.sliding_window)
-    return jax.nn.dot_product_attention(q, keys.value, values.value, mask=mask,
-                                        implementation='xla')
+    return kv_cache.attend(q, keys.value, values.value, mask)

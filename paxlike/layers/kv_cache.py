@@ -1,27 +1,35 @@
-"""Pure helpers of the decoding KV cache: writing new slots and the mask over the cache.
+"""The decoding KV cache of one attention layer: pure functions to write it and attend over it.
 
-The cache of one attention layer holds `key` and `value` [B, L, K, H], the `segment_ids` [B, L]
-of the tokens written so far (0 for left padding) and the `index` of the next free slot. A
-decode call writes its T tokens at slots [index, index + T). A query at slot s sees the keys at
-slots <= s (unwritten slots lie beyond it) of its own segment, and within a sliding window of
-W the W - 1 slots before s. Prompts are left-padded, so each row's real tokens are contiguous
-and slot distance equals position distance.
+The cache holds `key` and `value` [B, K, L, H] (kv heads before slots: the layout XLA's batched
+matmuls read without transposing the whole cache each step), the `segment_ids` [B, L] of the
+tokens written so far (0 for left padding) and the `index` of the next free slot. A decode call
+writes its T tokens at slots [index, index + T). A query at slot s sees the keys at slots <= s
+(unwritten slots lie beyond it) of its own segment and, with a sliding window W, only the W - 1
+slots before s. Prompts are left-padded, so each row's real tokens are contiguous and slot
+distance equals position distance.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+# Logical axes of the cached keys and values: those of the kv activations.
+CACHE_AXES = ('batch', 'kv_heads', 'length', 'kv')
 
 
-def write(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-  """`cache` [B, L, ...] with `new` [B, T, ...] written at slots [index, index + T)."""
-  return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), index, axis=1)
+def write(cache: jax.Array, new: jax.Array, index: jax.Array, axis: int) -> jax.Array:
+  """`cache` with `new` (the same shape but T along `axis`) written at slots
+  [index, index + T) of `axis`."""
+  return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), index, axis=axis)
 
 
 def decode_mask(q_segments: jax.Array, k_segments: jax.Array, index: jax.Array,
                 sliding_window: int | None) -> jax.Array:
-  """bool [B, 1, T, L]: which cache slots each of the T queries written at `index` sees."""
+  """bool [B, T, L]: which cache slots each of the T queries written at `index` sees."""
   t, cache_len = q_segments.shape[1], k_segments.shape[1]
   q_slot = index + jnp.arange(t)[:, None]
   k_slot = jnp.arange(cache_len)[None, :]
@@ -29,4 +37,47 @@ def decode_mask(q_segments: jax.Array, k_segments: jax.Array, index: jax.Array,
   if sliding_window is not None:
     allowed &= q_slot - k_slot < sliding_window
   same = q_segments[:, :, None] == k_segments[:, None, :]
-  return (same & allowed[None])[:, None]
+  return same & allowed[None]
+
+
+def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+  """Grouped-query attention of q [B, T, N, H] over the cache's keys and values [B, K, L, H]
+  where `mask` [B, T, L] allows; softmax in float32, scale 1/sqrt(H). -> [B, T, N, H]."""
+  b, t, n, h = q.shape
+  kv = keys.shape[1]
+  grouped = q.reshape(b, t, kv, n // kv, h)
+  scores = jnp.einsum('btkgh,bklh->bkgtl', grouped, keys, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask[:, None, None], scores / np.sqrt(h), jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+  # In the dot's own output order, then moved: with T = 1 the move is free, where asking the
+  # dot for [B, T, K, G, H] made XLA transpose the output projection's weight every step.
+  out = jnp.einsum('bkgtl,bklh->bkgth', probs, values)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def grow(cache: Any, cache_len: int) -> Any:
+  """A model's 'cache' collection (any nesting; scanned layers stacked in front) with every
+  layer's slots zero-padded at the end to `cache_len`."""
+  def pad(path: tuple[Any, ...], leaf: jax.Array) -> jax.Array:
+    name = getattr(path[-1], 'key', None)
+    axis = {'key': -2, 'value': -2, 'segment_ids': -1}.get(name)
+    if axis is None:
+      return leaf
+    widths = [(0, 0)] * leaf.ndim
+    widths[axis] = (0, cache_len - leaf.shape[axis])
+    return jnp.pad(leaf, widths)
+  return jax.tree_util.tree_map_with_path(pad, cache)
+
+
+def cache_sizes(prompt_len: int, total_len: int, cache_len: int, smallest: int = 128) -> list[int]:
+  """The cache sizes a decode passes through: the prompt (`prompt_len` slots) starts in the
+  smallest `smallest * 2**i` that holds one more slot, which doubles (capped at `cache_len`)
+  until `total_len` slots fit. Attention reads the whole cache every step, so a short decode
+  reads a short cache."""
+  sizes, size = [], smallest
+  while True:
+    if size > prompt_len or size >= cache_len:
+      sizes.append(min(size, cache_len))
+    if size >= total_len or size >= cache_len:
+      return sorted(set(sizes))
+    size *= 2

@@ -1,0 +1,153 @@
+"""Tokens/s and time to first token of the KV-cache decoder and of the full-recompute reference.
+
+    python benchmarks/decode.py [--new_tokens 256] [--prompt_len 32] [--repeats 3] [--quick]
+
+Models: `lm.StdlibTiny`'s (configs/models.py lm_tiny; its rope lets the cache outgrow max_len
+128) and a 4-layer d256 Llama (vocab 256, d_ff 688, max_len 288), random float32 weights, at
+batch 1 and 8, greedy. The KV-cache decoder is `paxlike.decode.generate`'s (prefill, then a
+jitted while loop per cache size); the reference is what `--mode=decode` did before it: one
+jitted forward pass over a fixed `max_len` window per token, from a Python loop. Its cost per
+token does not depend on the position (the window is always full size), so it is timed over
+`--reference_tokens` tokens. `same_tokens` says whether both made the same greedy tokens over
+the reference's tokens. Medians over repeats; the first (compiling) call is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--new_tokens', type=int, default=256)
+  parser.add_argument('--prompt_len', type=int, default=32)
+  parser.add_argument('--reference_tokens', type=int, default=32)
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--batches', default='1,8')
+  parser.add_argument('--quick', action='store_true', help='a few tokens, one repeat (tests)')
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.new_tokens, args.prompt_len, args.reference_tokens, args.repeats = 8, 8, 2, 1
+    args.batches = '1,2'
+  return args
+
+
+def models() -> dict:
+  import fiddle as fdl
+  from configs import models as model_configs
+  from paxlike.layers import TransformerLM
+  llama = TransformerLM(vocab_size=256, num_layers=4, d_model=256, num_heads=4, d_ff=688,
+                        max_len=288, tied_embeddings=False, norm_eps=1e-5)
+  return {'stdlib_tiny': fdl.build(model_configs.lm_tiny()), 'llama_4x256': llama}
+
+
+@functools.lru_cache(maxsize=None)
+def _next_tokens(model):
+  """The reference's jitted step: greedy next tokens after `window[:, :length]`."""
+  import jax
+  import jax.numpy as jnp
+
+  @jax.jit
+  def step(params, window, length):
+    logits = model.apply({'params': params}, window)
+    return jnp.argmax(logits[:, length - 1], axis=-1).astype(jnp.int32)
+  return step
+
+
+def reference(model, params, prompts, new_tokens: int):
+  """Full recompute, as paxlike/decode.py did: a `max_len` window per token (prompts of one
+  length), the whole model rerun on it for every new token. (tokens [B, N], ttft_s, total_s)."""
+  import numpy as np
+  step = _next_tokens(model)
+  context = model.max_len
+  tokens = np.asarray(prompts, np.int32)
+  start, first = time.perf_counter(), None
+  for _ in range(new_tokens):
+    visible = tokens[:, -context:]
+    window = np.zeros((len(tokens), context), np.int32)
+    window[:, :visible.shape[1]] = visible
+    token = np.asarray(step(params, window, visible.shape[1]))
+    first = first or time.perf_counter() - start
+    tokens = np.concatenate([tokens, token[:, None]], axis=1)
+  return tokens[:, len(prompts[0]):], first, time.perf_counter() - start
+
+
+def kv_cache(model, params, prompts, new_tokens: int, cache_len: int):
+  """The KV-cache decoder. (tokens [B, N], ttft_s, total_s)."""
+  import jax
+  import numpy as np
+  from paxlike.decode import engine
+  options = engine.Options(new_tokens, cache_len)
+  run = engine.decoder(model, options)
+  tokens, lengths = engine.left_pad(prompts, 0)
+  live = np.ones(len(prompts), bool)
+  start = time.perf_counter()
+  state = run.prefill(params, tokens, lengths, live, jax.random.key(0))
+  jax.block_until_ready(state.out)
+  ttft = time.perf_counter() - start
+  out = np.asarray(engine.finish(run, options, params, state, tokens.shape[1]).out)
+  return out, ttft, time.perf_counter() - start
+
+
+def measure(fn, repeats: int) -> dict:
+  """Median ttft and tokens/s (all new tokens over the whole time, prefill included) of
+  `fn() -> (tokens, ttft, total)` over repeats, after a compiling call."""
+  tokens, _, _ = fn()
+  ttfts, rates = [], []
+  for _ in range(repeats):
+    tokens, ttft, total = fn()
+    ttfts.append(ttft)
+    rates.append(tokens.size / total)
+  return {'tokens_per_sec': round(statistics.median(rates), 1),
+          'ttft_ms': round(1e3 * statistics.median(ttfts), 2)}, tokens
+
+
+def run_model(name: str, model, args: argparse.Namespace) -> dict:
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))['params']
+  cache_len = max(model.max_len, args.prompt_len + args.new_tokens - 1)
+  rng = np.random.default_rng(0)
+  result = {}
+  for batch in (int(b) for b in args.batches.split(',')):
+    prompts = [rng.integers(1, model.vocab_size, args.prompt_len).astype(np.int32)
+               for _ in range(batch)]
+    common.log(f'{name} batch {batch}')
+    fast, fast_tokens = measure(
+        lambda: kv_cache(model, params, prompts, args.new_tokens, cache_len), args.repeats)
+    slow, slow_tokens = measure(
+        lambda: reference(model, params, prompts, args.reference_tokens), args.repeats)
+    same = bool(np.array_equal(fast_tokens[:, :args.reference_tokens], slow_tokens))
+    result[f'batch_{batch}'] = {'kv_cache': fast, 'reference': slow, 'same_tokens': same,
+                                'speedup': round(fast['tokens_per_sec'] / slow['tokens_per_sec'],
+                                                 1)}
+  batches = sorted(result)
+  if len(batches) > 1:
+    rates = [result[b]['kv_cache']['tokens_per_sec'] for b in batches]
+    result[f'{batches[-1]}_over_{batches[0]}'] = round(rates[-1] / rates[0], 2)
+  return result
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = parse_args(argv)
+  import jax
+  out = {'benchmark': 'decode', 'quick': args.quick, 'platform': jax.devices()[0].platform,
+         'new_tokens': args.new_tokens, 'prompt_len': args.prompt_len,
+         'reference_tokens': args.reference_tokens, 'repeats': args.repeats}
+  for name, model in models().items():
+    out[name] = run_model(name, model, args)
+  common.emit(out)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,55 @@
+"""Text in, text out: `generate` behind a tokenizer (see `paxlike.tokenizers`)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+
+from paxlike.decode.engine import generate
+from paxlike.errors import UserError
+
+
+def check_vocab(model: nn.Module, tokenizer: Any) -> None:
+  """UserError when the tokenizer emits ids the model has no embedding for."""
+  if tokenizer.vocab_size > model.vocab_size:
+    raise UserError(f'the tokenizer has {tokenizer.vocab_size} ids but the model\'s vocab_size '
+                    f'is {model.vocab_size}')
+
+
+def generate_text(model: nn.Module, params: Any, tokenizer: Any, prompts: Sequence[str], *,
+                  stop_at_eos: bool = True, **options: Any) -> list[str]:
+  """The continuation of each prompt (without the prompt, and without the EOS it stopped at).
+
+  `options` are `generate`'s (max_new_tokens, temperature, top_k, top_p, seed, cache_len, mesh,
+  rules); EOS is the tokenizer's unless `stop_at_eos` is False, and padding its pad id.
+  """
+  check_vocab(model, tokenizer)
+  if any(not prompt for prompt in prompts):
+    raise UserError('a prompt is empty')
+  eos_id = tokenizer.eos_id if stop_at_eos else None
+  ids = generate(model, params, tokenizer.encode_batch(list(prompts)), eos_id=eos_id,
+                 pad_id=getattr(tokenizer, 'pad_id', 0), **options)
+  strip = lambda row: row[:-1] if eos_id is not None and len(row) and row[-1] == eos_id else row
+  return [tokenizer.decode(strip(row).tolist()) for row in ids]
+
+
+def sample_text(model: nn.Module, params: Any, prompt: str, steps: int, temperature: float,
+                seed: int, *, tokenizer: Any = None, top_k: int = 0,
+                top_p: float = 1.0) -> str:
+  """The prompt followed by `steps` sampled tokens (it does not stop at EOS; the byte
+  tokenizer by default), for `--mode=decode`."""
+  if not prompt:
+    raise UserError('--prompt must not be empty')
+  if steps <= 0 or temperature < 0:
+    raise UserError('--decode_length must be positive and --temperature non-negative')
+  if tokenizer is None:
+    from paxlike.tokenizers import load_tokenizer
+    tokenizer = load_tokenizer('bytes')
+  cache_len = max(model.max_len, len(tokenizer.encode_batch([prompt])[0]) + steps - 1)
+  if not model.rope:
+    cache_len = model.max_len
+  [text] = generate_text(model, params, tokenizer, [prompt], stop_at_eos=False,
+                         max_new_tokens=steps, temperature=temperature, top_k=top_k,
+                         top_p=top_p, seed=seed, cache_len=cache_len)
+  return prompt + text

@@ -1,0 +1,23 @@
+"""benchmarks/decode.py --quick: one JSON object with both decoders' tokens/s and time to first
+token per model and batch, and the same greedy tokens from both."""
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO, cli_env
+
+
+def test_decode_benchmark_quick_times_both_decoders_and_they_agree():
+  proc = subprocess.run([sys.executable, 'benchmarks/decode.py', '--quick'], cwd=REPO,
+                        capture_output=True, text=True, timeout=600, env=cli_env(1))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout)
+  assert out['benchmark'] == 'decode' and out['quick']
+  for name in ('stdlib_tiny', 'llama_4x256'):
+    for batch in ('batch_1', 'batch_2'):
+      row = out[name][batch]
+      assert row['same_tokens'], (name, batch)
+      for side in ('kv_cache', 'reference'):
+        assert row[side]['tokens_per_sec'] > 0 and row[side]['ttft_ms'] > 0
+    assert out[name]['batch_2_over_batch_1'] > 0
