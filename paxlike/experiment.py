@@ -3,8 +3,8 @@
 An experiment is a small class: `task()` returns a `fdl.Config[Task]` (model, optimizer,
 algorithm, mesh, train settings) and `datasets()` returns the data config. `config()` joins
 them; that joined config is what `--fdl_set` edits, what `config.json` stores, and what
-`fdl.build` turns into a runnable `Task`; building it checks the model against the data (its
-family's `check_data`: e.g. an LM's vocab_size against the data's).
+`fdl.build` turns into a runnable `Task`; building it completes the model from the data and
+checks the two agree (its family's `complete` and `check_data`: e.g. an LM's vocab_size).
 
 The data alone says a round's shape (`data.clients_per_round` × `data.local_steps`); the
 algorithms read it from the batches. Algorithms whose state has one slice per cohort slot declare
@@ -70,7 +70,9 @@ class Task:
   train: TrainConfig = TrainConfig()
 
   def __post_init__(self):
-    family_of(self.model).check_data(self.model, self.data)
+    family = family_of(self.model)
+    object.__setattr__(self, 'model', family.complete(self.model, self.data))  # Frozen: once.
+    family.check_data(self.model, self.data)
     if self.built_algorithm is not None:
       check_fixed_cohort(self.built_algorithm, self.data)
 

@@ -28,6 +28,8 @@ class Family(NamedTuple):
   name: 'lm' or 'classifier'.
   item: what a batch's mask counts and throughput rows name: 'tokens' or 'examples'.
   can_decode: whether `--mode=decode` can sample from the model (paxlike.decode).
+  complete(model, data): the model with what it takes from its data filled in (an LM's
+    vocab_size=None: the data's vocabulary); building a Task calls it, then check_data.
   check_data(model, data): a one-line UserError where the model cannot train on the data
     source (wrong kind of items; an LM whose vocab_size is below the data's vocab_size).
   items_per_step(batches): the items a step trains on, from a round's batches.
@@ -46,6 +48,7 @@ class Family(NamedTuple):
   name: str
   item: Item
   can_decode: bool
+  complete: Callable[[Any, Any], Any]
   check_data: Callable[[Any, Any], None]
   items_per_step: Callable[[Any], int]
   step_flops: Callable[[Any, LossFn, Any, dict, int], float | None]

@@ -38,6 +38,12 @@ def summary(model: nn.Module, data: Any) -> str:
           f'# train FLOPs per example: {train_flops_per_example(model, sample):.4g}\n')
 
 
+def complete(model: nn.Module, data: Any) -> nn.Module:
+  """Classifiers take nothing from their data."""
+  del data
+  return model
+
+
 def check_data(model: nn.Module, data: Any) -> None:
   """Example data."""
   check_item(FAMILY, model, data)
@@ -64,7 +70,8 @@ def unchanged(model_config: Any) -> None:
 
 
 FAMILY = Family(
-    name='classifier', item='examples', can_decode=False, check_data=check_data,
+    name='classifier', item='examples', can_decode=False, complete=complete,
+    check_data=check_data,
     items_per_step=mask_items, step_flops=step_flops, input_sample=input_sample,
     summary=summary, kernel_line=no_kernel, memory_summary=no_memory_estimate,
     mix_ensemble=mixture_log_probs, population=population, shrink=unchanged)

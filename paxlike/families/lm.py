@@ -47,6 +47,19 @@ def summary(model: TransformerLM, data: Any) -> str:
           f'# train FLOPs per token (seq_len {seq_len}): {flops_per_token(model, seq_len):.4g}\n')
 
 
+def complete(model: TransformerLM, data: Any) -> TransformerLM:
+  """`vocab_size=None` follows the data: its `vocab_size` (a text source's tokenizer's) rounded
+  up to a multiple of 128 (`paxlike.tokenizers.vocab_for_model`)."""
+  if model.vocab_size is not None:
+    return model
+  vocab = getattr(data, 'vocab_size', None)
+  if vocab is None:
+    raise UserError(f"model.vocab_size=None follows the data's vocabulary, but "
+                    f'{type(data).__name__} has no vocab_size: set model.vocab_size')
+  from paxlike.tokenizers import vocab_for_model  # pylint: disable=import-outside-toplevel
+  return model.clone(vocab_size=vocab_for_model(vocab))
+
+
 def check_data(model: TransformerLM, data: Any) -> None:
   """Token data whose vocabulary the model covers (`data.vocab_size`: the byte sources' 256, a
   text source's tokenizer's)."""
@@ -68,7 +81,7 @@ def shrink(model_config: Any) -> None:
 
 
 FAMILY = Family(
-    name='lm', item='tokens', can_decode=True, check_data=check_data,
+    name='lm', item='tokens', can_decode=True, complete=complete, check_data=check_data,
     items_per_step=mask_items, step_flops=step_flops, input_sample=input_sample,
     summary=summary, kernel_line=kernel_line, memory_summary=lm_memory.summary,
     mix_ensemble=ensemble_log_probs, population=population, shrink=shrink)

@@ -118,3 +118,30 @@ def test_the_eval_step_refuses_items_other_than_the_familys():
   from paxlike import evaluation
   with pytest.raises(UserError, match='TransformerLM is evaluated on tokens, not examples'):
     evaluation.eval_step(MODEL, 'examples', 1)
+
+
+def test_a_vocab_left_unset_follows_the_datas_rounded_up_to_128():
+  unset = MODEL.clone(vocab_size=None)
+  assert FAMILY.complete(unset, types.SimpleNamespace(vocab_size=2000)).vocab_size == 2048
+  assert FAMILY.complete(unset, types.SimpleNamespace(vocab_size=2048)).vocab_size == 2048
+  assert FAMILY.complete(MODEL, types.SimpleNamespace(vocab_size=2000)) is MODEL
+  with pytest.raises(UserError, match='model.vocab_size=None follows .* has no vocab_size'):
+    FAMILY.complete(unset, types.SimpleNamespace())
+
+
+def test_a_task_on_text_data_takes_its_vocab_from_the_tokenizer(tmp_path):
+  """An LM with vocab_size unset on a TextData source: the Task's model has the tokenizer's
+  vocabulary rounded up to 128; one set below it is refused."""
+  from paxlike.centralized import centralized
+  from paxlike.data import TextData
+  from paxlike.experiment import Task
+  from paxlike.tokenizers import load_tokenizer
+  (tmp_path / 'a.txt').write_text('some text\n\nmore text\n')
+  data = TextData(files=str(tmp_path / 'a.txt'), tokenizer='bytes', seq_len=16, batch_size=2)
+  task = Task(model=MODEL.clone(vocab_size=None), optimizer=optax.sgd(0.1),
+              algorithm=centralized, data=data)
+  vocab = load_tokenizer('bytes').vocab_size
+  assert data.vocab_size == vocab and task.model.vocab_size == -(-vocab // 128) * 128
+  with pytest.raises(UserError, match=f'model.vocab_size=100 is smaller .* vocab_size={vocab} '):
+    Task(model=MODEL.clone(vocab_size=100), optimizer=optax.sgd(0.1), algorithm=centralized,
+         data=data)
