@@ -28,7 +28,7 @@ from jax.sharding import Mesh
 from paxlike import partitioning
 from paxlike.decode.sampling import Sampling, sample
 from paxlike.errors import UserError
-from paxlike.layers import kv_cache
+from paxlike.layers import kv_cache, lora
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,8 +208,11 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
              rules: partitioning.LogicalRules | None = None) -> list[np.ndarray]:
   """The new tokens (int32, cut after EOS) of each prompt, sampled from `model` with a KV cache
   of `cache_len` slots (default `model.max_len`). Greedy at temperature 0. With `mesh`, runs
-  under it and `rules` (default `partitioning.DEFAULT_RULES`)."""
+  under it and `rules` (default `partitioning.DEFAULT_RULES`). LoRA adapters are merged into
+  the kernels first."""
   prompts = [np.asarray(p, np.int32) for p in prompts]
+  if getattr(model, 'lora_rank', 0):
+    params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
   cache_len = cache_len or model.max_len
   check_request(model, prompts, max_new_tokens, cache_len)
   if mesh is not None:

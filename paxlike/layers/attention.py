@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import attention_kernels, kv_cache
+from paxlike.layers import attention_kernels, kv_cache, lora
 
 DType = Any
 
@@ -44,7 +44,8 @@ class CausalSelfAttention(nn.Module):
   ('kv',)) before rope, as in Gemma 3 / Qwen 3. `implementation` names the attention
   kernel: 'auto' (cuDNN flash on NVIDIA GPUs, Pallas splash on TPU, XLA otherwise), 'xla',
   'cudnn' or 'splash'; see `attention_kernels.resolve`. Decoding with a KV cache always uses
-  XLA's attention (one query per step).
+  XLA's attention (one query per step). With `lora_rank` > 0, the projections named in
+  `lora_targets` get LoRA adapters (see `lora`).
   """
 
   num_heads: int
@@ -58,6 +59,9 @@ class CausalSelfAttention(nn.Module):
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
   implementation: str = 'auto'
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = ()
 
   def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...],
               fan_in_axes: tuple[int, ...]) -> jax.Array:
@@ -99,6 +103,9 @@ class CausalSelfAttention(nn.Module):
     wv = self._kernel('value', (d, n_kv, h), ('embed', 'kv_heads', 'kv'), (0,))
     wo = self._kernel('out', (n, h, d), ('heads', 'kv', 'embed'), (0, 1))
     q, k, v = (jnp.einsum('btd,dnh->btnh', x, w) for w in (wq, wk, wv))
+    q = self._adapted('query', x, q, ('embed',), ('heads', 'kv'))
+    k = self._adapted('key', x, k, ('embed',), ('kv_heads', 'kv'))
+    v = self._adapted('value', x, v, ('embed',), ('kv_heads', 'kv'))
     if self.qk_norm:
       q = self._head_norm('query_norm')(q)
       k = self._head_norm('key_norm')(k)
@@ -121,7 +128,18 @@ class CausalSelfAttention(nn.Module):
                                      nn.logical_to_mesh_axes(KV_HEADS_ACT),
                                      segment_ids=segment_ids)
     out = nn.with_logical_constraint(out, HEADS_ACT)
-    return jnp.einsum('btnh,nhd->btd', out, wo)
+    return self._adapted('out', out, jnp.einsum('btnh,nhd->btd', out, wo), ('heads', 'kv'),
+                         ('embed',))
+
+  def _adapted(self, name: str, x: jax.Array, y: jax.Array, in_names: tuple[str, ...],
+               out_names: tuple[str, ...]) -> jax.Array:
+    """The projection `y` of `x` by kernel `name`, plus its LoRA term when it is a target
+    (the adapters are declared after every kernel, so the kernels' init does not move)."""
+    if not self.lora_rank or name not in self.lora_targets:
+      return y
+    in_shape = x.shape[2:]
+    return y + lora.adapter(self, name, x, in_shape, y.shape[2:], in_names, out_names,
+                            self.lora_rank, self.lora_alpha, self.dtype, self.param_dtype)
 
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                         segment_ids: jax.Array | None, cache_len: int | None) -> jax.Array:

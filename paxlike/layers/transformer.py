@@ -10,17 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paxlike.layers import attention_kernels
+from paxlike.layers import attention_kernels, lora
 from paxlike.layers.attention import CausalSelfAttention
+from paxlike.layers.blocks import EMBED_ACT, MLP_ACT, MLP_ACTIVATIONS, DecoderBlock, Mlp, make_norm
 
 DType = Any
 
-EMBED_ACT = ('batch', 'length', 'embed')
-MLP_ACT = ('batch', 'length', 'mlp')
 VOCAB_ACT = ('batch', 'length', 'vocab')
-
-
-MLP_ACTIVATIONS = {'silu': nn.silu, 'gelu': nn.gelu}
+__all__ = ['EMBED_ACT', 'MLP_ACT', 'MLP_ACTIVATIONS', 'REMAT_POLICIES', 'DecoderBlock', 'Mlp',
+           'TransformerLM', 'make_norm', 'stack_layers', 'unstack_layers']
 # 'dots' saves matmul outputs without batch dims (the projections, not the [T, T] attention
 # scores), so the backward pass recomputes only the cheap elementwise ops and attention.
 REMAT_POLICIES = {
@@ -28,80 +26,6 @@ REMAT_POLICIES = {
     'full': jax.checkpoint_policies.nothing_saveable,
     'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-def make_norm(use_rmsnorm: bool, dtype: DType, param_dtype: DType, name: str,
-              eps: float = 1e-6) -> nn.Module:
-  """RMSNorm (scale only) or LayerNorm (scale and bias), params named ('embed',)."""
-  scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('embed',))
-  if use_rmsnorm:
-    return nn.RMSNorm(epsilon=eps, scale_init=scale_init, dtype=dtype, param_dtype=param_dtype,
-                      name=name)
-  bias_init = nn.with_logical_partitioning(nn.initializers.zeros, ('embed',))
-  return nn.LayerNorm(epsilon=eps, scale_init=scale_init, bias_init=bias_init, dtype=dtype,
-                      param_dtype=param_dtype, name=name)
-
-
-class Mlp(nn.Module):
-  """Feed-forward block without biases: gated (SwiGLU with 'silu', GeGLU with 'gelu') or plain."""
-
-  d_ff: int
-  gated: bool = True
-  dtype: DType = jnp.float32
-  param_dtype: DType = jnp.float32
-  activation: str = 'silu'
-
-  def _dense(self, x: jax.Array, features: int, names: tuple[str, str], name: str) -> jax.Array:
-    kernel_init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
-    return nn.Dense(
-        features,
-        use_bias=False,
-        kernel_init=kernel_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name=name,
-    )(x)
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """x: [B, T, embed] -> [B, T, embed]."""
-    act = MLP_ACTIVATIONS[self.activation]
-    if self.gated:
-      h = act(self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi_gate'))
-      h = h * self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi_up')
-    else:
-      h = act(self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi'))
-    h = nn.with_logical_constraint(h, MLP_ACT)
-    return self._dense(h, x.shape[-1], ('mlp', 'embed'), 'wo')
-
-
-class DecoderBlock(nn.Module):
-  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
-
-  attention: CausalSelfAttention
-  d_ff: int
-  gated_mlp: bool = True
-  use_rmsnorm: bool = True
-  dropout_rate: float = 0.0
-  dtype: DType = jnp.float32
-  param_dtype: DType = jnp.float32
-  mlp_activation: str = 'silu'
-  norm_eps: float = 1e-6
-
-  @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool, decode: bool = False,
-               cache_len: int | None = None, segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None) -> jax.Array:
-    """x: [B, T, embed] -> [B, T, embed]; the rest goes to the attention."""
-    norm = lambda name: make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, name,
-                                  self.norm_eps)
-    h = self.attention(norm('attn_norm')(x), segment_ids, positions, decode, cache_len)
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    x = nn.with_logical_constraint(x + h, EMBED_ACT)
-    h = Mlp(self.d_ff, self.gated_mlp, self.dtype, self.param_dtype, self.mlp_activation,
-            name='mlp')(norm('mlp_norm')(x))
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return nn.with_logical_constraint(x + h, EMBED_ACT)
 
 
 def _scan_step(block: DecoderBlock, x: jax.Array, segment_ids: jax.Array | None,
@@ -131,6 +55,10 @@ class TransformerLM(nn.Module):
   in the backward pass) or 'dots' (keep the matmul outputs, recompute the rest).
   `attention_impl` names the attention kernel; 'auto' picks the fastest this platform runs
   (`attention_kernel` says which).
+
+  LoRA: `lora_rank` > 0 adds adapters `<kernel>_lora_a` / `<kernel>_lora_b` beside each kernel
+  named in `lora_targets` (any of 'query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wi',
+  'wo'), scaled by `lora_alpha / lora_rank`; `lora.merge_lora` folds them in.
   """
 
   vocab_size: int = 256
@@ -155,6 +83,9 @@ class TransformerLM(nn.Module):
   scan_layers: bool = False
   remat_policy: str = 'none'
   attention_impl: str = 'auto'  # 'auto', 'xla', 'cudnn' or 'splash': see attention_kernels.
+  lora_rank: int = 0  # 0 = no adapters; see paxlike.layers.lora.
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = ('query', 'value')
 
   def _check(self, seq_len: int) -> None:
     if self.d_model % self.num_heads:
@@ -172,6 +103,7 @@ class TransformerLM(nn.Module):
     if jnp.dtype(self.dtype) == jnp.float16 and jax.devices()[0].platform == 'cpu':
       raise ValueError('dtype float16 cannot run on CPU (XLA:CPU has no float16 matmul); '
                        'use bfloat16 or float32')
+    lora.check_targets(self.lora_targets, self.lora_rank, self.gated_mlp)
     if self.attention_impl not in attention_kernels.IMPLS:
       raise ValueError(f'attention_impl must be one of {", ".join(attention_kernels.IMPLS)}, '
                        f'got {self.attention_impl!r}')
@@ -199,6 +131,9 @@ class TransformerLM(nn.Module):
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         implementation=self.attention_impl,
+        lora_rank=self.lora_rank,
+        lora_alpha=self.lora_alpha,
+        lora_targets=tuple(t for t in self.lora_targets if t in lora.ATTENTION_TARGETS),
         parent=None,
     )
     block_cls = DecoderBlock
@@ -216,6 +151,9 @@ class TransformerLM(nn.Module):
         param_dtype=self.param_dtype,
         mlp_activation=activation,
         norm_eps=self.norm_eps,
+        lora_rank=self.lora_rank,
+        lora_alpha=self.lora_alpha,
+        lora_targets=tuple(t for t in self.lora_targets if t in lora.MLP_TARGETS),
         name=name,
     )
 

@@ -57,6 +57,22 @@ def test_kv_cache_greedy_equals_full_recompute_token_for_token(variant):
     np.testing.assert_array_equal(tokens, recompute_greedy(model, params, prompt, 20))
 
 
+def _with_lora_b(params, fn):
+  """`params` with every LoRA B replaced by fn(B)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: fn(x) if str(path[-1].key).endswith('_lora_b') else x, params)
+
+
+def test_a_lora_model_decodes_with_its_adapters():
+  model = TransformerLM(**TINY, lora_rank=2, lora_targets=('query', 'value', 'wo'))
+  params = _with_lora_b(params_of(model), lambda b: b + 0.3)
+  [prompt] = prompts_of([6], seed=9)
+  [got] = generate(model, params, [prompt], max_new_tokens=12)
+  np.testing.assert_array_equal(got, recompute_greedy(model, params, prompt, 12))
+  without = _with_lora_b(params, jnp.zeros_like)  # The adapters change the tokens.
+  assert not np.array_equal(got, recompute_greedy(model, without, prompt, 12))
+
+
 def test_decoding_across_cache_sizes_equals_full_recompute():
   # A 120-token prompt starts in a 128-slot cache that grows to 256 after 8 new tokens.
   model = TransformerLM(**{**TINY, 'max_len': 256}, num_kv_heads=2)

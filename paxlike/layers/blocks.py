@@ -1,0 +1,106 @@
+"""The pieces of a decoder layer: norms, the feed-forward block and the pre-norm residual block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from paxlike.layers import lora
+from paxlike.layers.attention import CausalSelfAttention
+
+DType = Any
+
+EMBED_ACT = ('batch', 'length', 'embed')
+MLP_ACT = ('batch', 'length', 'mlp')
+MLP_ACTIVATIONS = {'silu': nn.silu, 'gelu': nn.gelu}
+
+
+def make_norm(use_rmsnorm: bool, dtype: DType, param_dtype: DType, name: str,
+              eps: float = 1e-6) -> nn.Module:
+  """RMSNorm (scale only) or LayerNorm (scale and bias), params named ('embed',)."""
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('embed',))
+  if use_rmsnorm:
+    return nn.RMSNorm(epsilon=eps, scale_init=scale_init, dtype=dtype, param_dtype=param_dtype,
+                      name=name)
+  bias_init = nn.with_logical_partitioning(nn.initializers.zeros, ('embed',))
+  return nn.LayerNorm(epsilon=eps, scale_init=scale_init, bias_init=bias_init, dtype=dtype,
+                      param_dtype=param_dtype, name=name)
+
+
+class Mlp(nn.Module):
+  """Feed-forward block without biases: gated (SwiGLU with 'silu', GeGLU with 'gelu') or plain.
+
+  With `lora_rank` > 0, each kernel named in `lora_targets` gets LoRA adapters (see `lora`).
+  """
+
+  d_ff: int
+  gated: bool = True
+  dtype: DType = jnp.float32
+  param_dtype: DType = jnp.float32
+  activation: str = 'silu'
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = ()
+
+  def _dense(self, x: jax.Array, features: int, names: tuple[str, str], name: str) -> jax.Array:
+    kernel_init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
+    y = nn.Dense(
+        features,
+        use_bias=False,
+        kernel_init=kernel_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=name,
+    )(x)
+    if self.lora_rank and name in self.lora_targets:
+      y = y + lora.adapter(self, name, jnp.asarray(x, self.dtype), (x.shape[-1],), (features,),
+                           names[:1], names[1:], self.lora_rank, self.lora_alpha, self.dtype,
+                           self.param_dtype)
+    return y
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x: [B, T, embed] -> [B, T, embed]."""
+    act = MLP_ACTIVATIONS[self.activation]
+    if self.gated:
+      h = act(self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi_gate'))
+      h = h * self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi_up')
+    else:
+      h = act(self._dense(x, self.d_ff, ('embed', 'mlp'), 'wi'))
+    h = nn.with_logical_constraint(h, MLP_ACT)
+    return self._dense(h, x.shape[-1], ('mlp', 'embed'), 'wo')
+
+
+class DecoderBlock(nn.Module):
+  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  attention: CausalSelfAttention
+  d_ff: int
+  gated_mlp: bool = True
+  use_rmsnorm: bool = True
+  dropout_rate: float = 0.0
+  dtype: DType = jnp.float32
+  param_dtype: DType = jnp.float32
+  mlp_activation: str = 'silu'
+  norm_eps: float = 1e-6
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = ()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool, decode: bool = False,
+               cache_len: int | None = None, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+    """x: [B, T, embed] -> [B, T, embed]; the rest goes to the attention."""
+    norm = lambda name: make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, name,
+                                  self.norm_eps)
+    h = self.attention(norm('attn_norm')(x), segment_ids, positions, decode, cache_len)
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    x = nn.with_logical_constraint(x + h, EMBED_ACT)
+    h = Mlp(self.d_ff, self.gated_mlp, self.dtype, self.param_dtype, self.mlp_activation,
+            self.lora_rank, self.lora_alpha, self.lora_targets, name='mlp')(norm('mlp_norm')(x))
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    return nn.with_logical_constraint(x + h, EMBED_ACT)

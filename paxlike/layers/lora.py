@@ -1,0 +1,91 @@
+"""LoRA (Hu et al. 2021): low-rank adapters beside frozen kernels, and pure functions on params.
+
+An adapted kernel W [in..., out...] (the attention's 'query', 'key', 'value', 'out'; the MLP's
+'wi_gate', 'wi_up', 'wi', 'wo') gets two params beside it: `<name>_lora_a` [in..., r]
+(LeCun-normal over the in axes) and `<name>_lora_b` [r, out...] (zeros, so an adapted model
+starts equal to its base), named with W's logical axes plus a replicated 'lora_rank' axis. The
+layer computes x @ W + (alpha / r) * (x @ A) @ B.
+
+`merge_lora(params, model)` folds the adapters into the kernels (the plain model then gives the
+same logits) and `lora_mask(params)` marks the adapter leaves, for training only them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+ATTENTION_TARGETS = ('query', 'key', 'value', 'out')
+MLP_TARGETS = ('wi_gate', 'wi_up', 'wi', 'wo')
+TARGETS = ATTENTION_TARGETS + MLP_TARGETS
+SUFFIXES = ('_lora_a', '_lora_b')
+RANK_AXIS = 'lora_rank'
+
+
+def check_targets(targets: Sequence[str], rank: int, gated_mlp: bool) -> None:
+  """ValueError for a negative rank or a target that names no kernel of the model."""
+  if rank < 0:
+    raise ValueError(f'lora_rank must be >= 0 (0 = off), got {rank}')
+  kernels = ATTENTION_TARGETS + (('wi_gate', 'wi_up', 'wo') if gated_mlp else ('wi', 'wo'))
+  unknown = [t for t in targets if t not in kernels]
+  if rank and (unknown or not targets):
+    raise ValueError(f'lora_targets {tuple(targets)} name no kernel of this model '
+                     f'({unknown or "none given"}); choose from {kernels}')
+
+
+def adapter(module: nn.Module, name: str, x: jax.Array, in_shape: tuple[int, ...],
+            out_shape: tuple[int, ...], in_names: tuple[str | None, ...],
+            out_names: tuple[str | None, ...], rank: int, alpha: float, dtype: Any,
+            param_dtype: Any) -> jax.Array:
+  """(alpha / rank) * (x @ A) @ B for x [..., *in_shape] -> [..., *out_shape], declaring
+  `<name>_lora_a` and `<name>_lora_b` in `module` (call it inside its compact method)."""
+  in_axes = tuple(range(len(in_shape)))
+  a_init = nn.initializers.lecun_normal(in_axis=in_axes, out_axis=-1)
+  a = module.param(f'{name}_lora_a', nn.with_logical_partitioning(a_init, (*in_names, RANK_AXIS)),
+                   (*in_shape, rank), param_dtype)
+  b = module.param(f'{name}_lora_b',
+                   nn.with_logical_partitioning(nn.initializers.zeros, (RANK_AXIS, *out_names)),
+                   (rank, *out_shape), param_dtype)
+  low = jnp.tensordot(x, jnp.asarray(a, dtype), axes=len(in_shape))
+  return jnp.tensordot(low, jnp.asarray(b, dtype), axes=1) * jnp.asarray(alpha / rank, dtype)
+
+
+def _is_adapter(name: Any) -> bool:
+  return isinstance(name, str) and name.endswith(SUFFIXES)
+
+
+def lora_mask(params: Any) -> Any:
+  """A tree like `params` (boxed or not) of bools: True on the LoRA adapter leaves."""
+  def mark(path: tuple[Any, ...], _: Any) -> bool:
+    names = [p.key for p in path if isinstance(p, jax.tree_util.DictKey)]
+    return bool(names) and _is_adapter(names[-1])
+  return jax.tree_util.tree_map_with_path(mark, params)
+
+
+def merged_kernel(kernel: jax.Array, a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
+  """W + scale * A @ B, with A [*lead, *in, r] and B [*lead, r, *out] (lead: scanned layers)."""
+  lead = a.ndim + b.ndim - 2 - kernel.ndim
+  a2 = a.reshape(*a.shape[:lead], -1, a.shape[-1])
+  b2 = b.reshape(*b.shape[:lead + 1], -1)
+  delta = jnp.matmul(a2.astype(jnp.float32), b2.astype(jnp.float32)).reshape(kernel.shape)
+  return (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)
+
+
+def merge_lora(params: Any, model: nn.Module) -> Any:
+  """`params` with every adapter pair folded into its kernel and removed: the same model with
+  `lora_rank=0` then computes what `model` computes on `params`."""
+  if not isinstance(params, dict):
+    return params
+  scale = model.lora_alpha / model.lora_rank if getattr(model, 'lora_rank', 0) else 0.0
+  out = {k: merge_lora(v, model) for k, v in params.items() if not _is_adapter(k)}
+  for name in {k[:-len('_lora_a')] for k in params if k.endswith('_lora_a')}:
+    a, b = params[f'{name}_lora_a'], params[f'{name}_lora_b']
+    if isinstance(out[name], dict):  # nn.Dense: {'kernel': W}.
+      out[name] = {**out[name], 'kernel': merged_kernel(out[name]['kernel'], a, b, scale)}
+    else:
+      out[name] = merged_kernel(out[name], a, b, scale)
+  return out
+
