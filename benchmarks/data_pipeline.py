@@ -7,9 +7,10 @@ Prints one JSON object (progress on stderr):
   `copies` copies of it, a file each, a document per line. `library_tokens_per_sec`: the
   sentencepiece library's own batch encode of every line (already in memory, so reading is
   not counted); `encode_batch_tokens_per_sec`: paxlike.tokenizers' encode_batch of the same;
-  `store_tokens_per_sec`: the whole store build in this process (read, encode, hash, write)
-  and `store_pooled_tokens_per_sec` with `workers` worker processes; `overhead` is the library
-  rate over the better store rate, less 1 (goal <= 0.10). Alternating repeats, medians.
+  `store_tokens_per_sec`: the whole store build (read, encode, hash, write) in one thread,
+  `store_threads_...` with `workers` encoding threads, `store_processes_...` with `workers`
+  spawned processes (start-up included); `overhead` is the library rate over the best store
+  rate, less 1 (goal <= 0.10). Alternating repeats, medians.
 - `loader`: round_batches at the StdlibTiny shape (seq 128 x 16) and the Llama125M shape (seq
   2048 x 32) over that store: called in a loop (`direct`: what the trainer's one prefetch
   thread, paxlike.data.prefetch, can produce), and through a grain MapDataset with
@@ -50,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--rss_mb', default=None, help='store sizes for rss (default 20,2000)')
   parser.add_argument('--rss_child', nargs=2, metavar=('FILES', 'STEPS'), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  args.copies, args.repeats = (1, 1) if args.quick else (24, 3)
+  args.copies, args.repeats = (1, 1) if args.quick else (48, 3)
   args.rss_mb = [float(x) for x in (args.rss_mb or ('2,20' if args.quick else '20,2000')
                                     ).split(',')]
   return args
@@ -85,20 +86,21 @@ def build_rates(args, files: str, lines: list[str], tokenizer_dir: str) -> dict:
     fn()
     return tokens / (time.perf_counter() - start)
 
-  def store(num_workers: int) -> float:
+  def store(num_workers: int, pool_min_bytes: int = 0) -> float:
     out = Path(tempfile.mkdtemp(dir=args.tmp))
-    min_bytes, token_build.POOL_MIN_BYTES = token_build.POOL_MIN_BYTES, 0
+    default, token_build.POOL_MIN_BYTES = token_build.POOL_MIN_BYTES, pool_min_bytes
     try:
       return timed(lambda: token_store.build(out, named, fields, tok, num_workers, 'k'))
     finally:
-      token_build.POOL_MIN_BYTES = min_bytes
+      token_build.POOL_MIN_BYTES = default
       shutil.rmtree(out)
 
   runs = {'library': lambda: timed(lambda: library.encode(lines, out_type=int)),
           'encode_batch': lambda: timed(lambda: tok.encode_batch(lines)),
           'store': lambda: store(1)}
   if workers > 1:
-    runs['store_pooled'] = lambda: store(workers)
+    runs['store_threads'] = lambda: store(workers, 1 << 62)
+    runs['store_processes'] = lambda: store(workers)
   values = common.alternate(runs, args.repeats)
   rates = {f'{k}_tokens_per_sec': common.median(v) for k, v in values.items()}
   best = max(v for k, v in rates.items() if k.startswith('store'))
@@ -114,6 +116,8 @@ def round_batch(data, seed: int, step: int) -> dict:
 
 
 def loader_rates(args, files: str, tokenizer_dir: str) -> dict:
+  """round_batches per second, called in a loop and through grain's mp_prefetch, in
+  alternating windows of `steps` batches (the grain iterator started once, beforehand)."""
   import dataclasses
   import grain
   from absl import flags
@@ -124,20 +128,24 @@ def loader_rates(args, files: str, tokenizer_dir: str) -> dict:
   for name, seq, batch in (('stdlib_tiny', 128, 16), ('llama125m', 2048, 32)):
     data = dataclasses.replace(base, seq_len=seq, batch_size=batch)
     data.round_batches(0, 0)  # Builds the plan.
-    steps = 20 if args.quick else (400 if seq == 128 else 60)
-    start = time.perf_counter()
-    for step in range(steps):
-      round_batch(data, 0, step)
-    direct = steps / (time.perf_counter() - start)
-    dataset = grain.MapDataset.range(steps + 1).map(functools.partial(round_batch, data, 0))
+    steps = 10 if args.quick else (300 if seq == 128 else 40)
     workers = 1 if args.quick else min(os.cpu_count() or 1, 4)
+    dataset = grain.MapDataset.range(10**9).map(functools.partial(round_batch, data, 0))
     iterator = iter(dataset.to_iter_dataset().mp_prefetch(
         grain.MultiprocessingOptions(num_workers=workers)))
     next(iterator)  # Start-up (spawning, imports, opening the store) excluded.
-    start = time.perf_counter()
-    for _ in range(steps):
-      next(iterator)
-    pooled = steps / (time.perf_counter() - start)
+    counter = iter(range(10**9))
+
+    def window(fetch) -> float:
+      start = time.perf_counter()
+      for _ in range(steps):
+        fetch()
+      return steps / (time.perf_counter() - start)
+
+    rates = common.alternate({'direct': lambda: window(lambda: round_batch(data, 0, next(counter))),
+                              'grain': lambda: window(lambda: next(iterator))}, args.repeats)
+    iterator.close()
+    direct, pooled = common.median(rates['direct']), common.median(rates['grain'])
     tokens = seq * batch
     out[name] = {'seq_len': seq, 'batch_size': batch, 'direct_batches_per_sec': direct,
                  'direct_tokens_per_sec': direct * tokens, 'grain_workers': workers,

@@ -1,16 +1,23 @@
-"""Tokenizing a corpus for the token store: documents in chunks, encoded by worker processes.
+"""Tokenizing a corpus for the token store: documents in chunks, encoded by worker threads or
+processes.
 
-The main process reads the files (text_files.read) and cuts the documents into chunks of about
-CHUNK_CHARS characters; each chunk is encoded with one `tokenizer.encode_batch` call (per
-field), EOS appended to every document, and each document's text hashed for the held-out split.
-With `num_workers` > 1 and a corpus of at least POOL_MIN_BYTES, chunks go to a pool of spawned
-processes (a forked child of a process running JAX's threads may deadlock), at most two chunks
-per worker in flight, so memory stays bounded; results come back in order. Below that size the
-pool's start-up (each worker imports paxlike and the tokenizer) costs more than the encoding.
+The main thread reads the files (text_files.read), cuts the documents into chunks of about
+CHUNK_CHARS characters and writes the results; each chunk is encoded with one
+`tokenizer.encode_batch` call (per field), EOS appended to every document, and each document's
+text hashed for the held-out split. With `num_workers` > 1, at most two chunks per worker are in
+flight (memory stays bounded) and results come back in corpus order. The workers are threads
+for a corpus under POOL_MIN_BYTES: SentencePiece and Hugging Face tokenizers encode without the
+GIL, so the threads overlap with reading, hashing and writing at no start-up cost; a larger
+corpus goes to spawned processes (a forked child of a process running JAX's threads may
+deadlock), which also run the per-document Python work (array conversion, hashing) in
+parallel, after a start-up of about a second (each imports paxlike and the tokenizer).
+benchmarks/data_pipeline.py measures the three against the tokenizer library alone.
 """
 
 import collections
+import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import multiprocessing
 import sys
@@ -119,25 +126,35 @@ def chunks(files: dict[str, Path], fields: text_files.Fields,
 def encoded_chunks(files: dict[str, Path], fields: text_files.Fields,
                    counts: text_files.Counts, tokenizer: Any, dtype: np.dtype,
                    num_workers: int) -> Iterator[tuple[Chunk, Encoded]]:
-  """Each chunk (texts dropped) with its encoding into `dtype` ids, in corpus order."""
-  total = sum(p.stat().st_size for p in files.values())
-  if num_workers <= 1 or total < POOL_MIN_BYTES:
-    for chunk in chunks(files, fields, counts):
-      encoded = encode_chunk(tokenizer, dtype, chunk.texts, chunk.prompts)
-      yield dataclasses.replace(chunk, texts=[], prompts=None), encoded
+  """Each chunk (texts dropped) with its encoding into `dtype` ids, in corpus order: encoded
+  here (num_workers <= 1), by `num_workers` threads (a corpus under POOL_MIN_BYTES), else by
+  `num_workers` spawned processes; see the module docstring."""
+  source = chunks(files, fields, counts)
+  if num_workers <= 1:
+    for chunk in source:
+      yield _without_text(chunk), encode_chunk(tokenizer, dtype, chunk.texts, chunk.prompts)
     return
-  context = multiprocessing.get_context('spawn')
-  with context.Pool(num_workers, _init_worker, (tokenizer, dtype)) as pool:
+  if sum(p.stat().st_size for p in files.values()) < POOL_MIN_BYTES:
+    executor = concurrent.futures.ThreadPoolExecutor(num_workers, 'tokenize')
+    encode = functools.partial(encode_chunk, tokenizer, dtype)
+  else:
+    executor = concurrent.futures.ProcessPoolExecutor(
+        num_workers, multiprocessing.get_context('spawn'), _init_worker, (tokenizer, dtype))
+    encode = _encode_in_worker
+  with executor:
     pending: collections.deque = collections.deque()
-    for chunk in chunks(files, fields, counts):
-      result = pool.apply_async(_encode_in_worker, (chunk.texts, chunk.prompts))
-      pending.append((dataclasses.replace(chunk, texts=[], prompts=None), result))
+    for chunk in source:
+      pending.append((_without_text(chunk), executor.submit(encode, chunk.texts, chunk.prompts)))
       if len(pending) >= 2 * num_workers:
         done, result = pending.popleft()
-        yield done, result.get()
+        yield done, result.result()
     while pending:
       done, result = pending.popleft()
-      yield done, result.get()
+      yield done, result.result()
+
+
+def _without_text(chunk: Chunk) -> Chunk:
+  return dataclasses.replace(chunk, texts=[], prompts=None)
 
 
 class Progress:

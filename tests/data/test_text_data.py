@@ -3,6 +3,7 @@ per epoch, stable held-out split, federated partitions, SFT masks, config errors
 
 import dataclasses
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from paxlike.data import fingerprint
 from paxlike.data import prepare
 from paxlike.data import token_build
+from paxlike.data import text_data
 from paxlike.data import token_store
 from paxlike.data.text_data import TextData
 from paxlike.errors import UserError
@@ -78,6 +80,15 @@ def test_round_batches_are_a_pure_function_of_seed_and_step(corpus):
     assert np.array_equal(both[1], data.round_batches(3, 2 * step + 1)[0]['inputs'][0])
 
 
+def test_a_pickled_copy_reopens_the_store_instead_of_copying_it(corpus):
+  data = TextData(files=corpus[1], seq_len=32, eval_fraction=0.1)
+  batch = data.round_batches(0, 3)[0]
+  blob = pickle.dumps(data)
+  assert len(blob) < 2000  # Fields and the tokenizer, no token arrays.
+  copy = pickle.loads(blob)
+  assert all(np.array_equal(copy.round_batches(0, 3)[0][k], batch[k]) for k in batch)
+
+
 @pytest.mark.parametrize('partition', ['pooled', 'file'])
 def test_a_block_equals_the_same_slice_of_the_whole(tmp_path, partition):
   files = [write_jsonl(tmp_path / f'{i}.jsonl', [{'text': t} for t in texts_of('xyz ', 80, i)])
@@ -105,6 +116,20 @@ def test_every_training_token_is_a_target_once_per_epoch(corpus):
   seconds = [data.round_batches(0, s)[0]['inputs'][0, 0, 0, :5].tolist()
              for s in range(rows, 2 * rows)]
   assert sorted(firsts) == sorted(seconds) and firsts != seconds  # Each epoch its own order.
+
+
+@pytest.mark.parametrize('small_rows', [1 << 16, 0])  # numpy permutations; grain's shuffle.
+def test_each_clients_epochs_are_permutations_of_its_rows(monkeypatch, small_rows):
+  monkeypatch.setattr(text_data, 'SMALL_ROWS', small_rows)
+  client_rows = np.array([0, 7, 7 + 300])
+  for client, (lo, hi) in enumerate(zip(client_rows[:-1], client_rows[1:])):
+    n = hi - lo
+    rows = text_data.shuffled_rows(5, np.full(3 * n, client), np.arange(3 * n), client_rows)
+    epochs = rows.reshape(3, n)
+    assert all(sorted(e) == list(range(lo, hi)) for e in epochs)
+    assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
+    before = text_data.shuffled_rows(5, np.full(n, client), np.arange(-n, 0), client_rows)
+    assert sorted(before) == list(range(lo, hi))  # Negative steps (personalization) too.
 
 
 def test_whole_eval_split_scores_every_heldout_token_once(corpus):

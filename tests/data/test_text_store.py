@@ -160,14 +160,15 @@ def test_kill_9_mid_build_leaves_nothing_trusted(tmp_path, token_dir):
   assert not list(token_dir.glob('.tmp-*'))
 
 
-def test_worker_processes_build_the_same_store(tmp_path, monkeypatch, token_dir):
+@pytest.mark.parametrize('pool_min_bytes', [0, 1 << 62])  # Processes; threads.
+def test_workers_build_the_same_store(tmp_path, monkeypatch, token_dir, pool_min_bytes):
   _, path = corpus(tmp_path, n=300)
   files = text_files.expand(str(path))
   monkeypatch.setattr(token_build, 'CHUNK_DOCS', 40)
   monkeypatch.setattr(text_files, 'BLOCK_ROWS', 40)
   alone = token_store.open_or_build(files, F(), BytesTokenizer(), 1)
   os.rename(alone.path, token_dir / 'alone')
-  monkeypatch.setattr(token_build, 'POOL_MIN_BYTES', 0)
+  monkeypatch.setattr(token_build, 'POOL_MIN_BYTES', pool_min_bytes)
   pooled = token_store.open_or_build(files, F(), BytesTokenizer(), 2)
   for name in ('tokens-00000', *token_store.DOC_ARRAYS):
     assert (pooled.path / f'{name}.bin').read_bytes() == (token_dir / f'alone/{name}.bin'
@@ -208,3 +209,27 @@ def test_an_empty_corpus_is_a_user_error(tmp_path):
   with pytest.raises(UserError, match='the 1 files hold no documents .skipped 1 empty'):
     token_store.open_or_build(text_files.expand(str(tmp_path / 'e.txt')), F(), BytesTokenizer(),
                               1)
+
+
+def test_derived_arrays_are_cached_once_and_a_failed_make_leaves_nothing(tmp_path):
+  _, path = corpus(tmp_path)
+  store = token_store.open_or_build(text_files.expand(str(path)), F(), BytesTokenizer(), 1)
+  calls = []
+
+  def failing():
+    calls.append(1)
+    raise RuntimeError('killed')
+
+  with pytest.raises(RuntimeError):
+    token_store.derived(store, 'plan', failing)
+  assert not (store.path / 'derived/plan').exists()
+
+  def make():
+    calls.append(1)
+    return {'x': np.arange(5)}, {'n': 5}
+
+  arrays, meta = token_store.derived(store, 'plan', make)
+  again, _ = token_store.derived(store, 'plan', make)
+  assert len(calls) == 2 and meta == {'n': 5} and isinstance(again['x'], np.memmap)
+  assert np.array_equal(again['x'], np.arange(5))
+  assert not list((store.path / 'derived').glob('.tmp-*'))
