@@ -36,6 +36,13 @@ def lm_tiny_llama() -> fdl.Config[TransformerLM]:
                 d_ff=384, max_len=256)
 
 
+def lm_small_llama(vocab_size: int | None = None) -> fdl.Config[TransformerLM]:
+  """The Llama architecture at CPU size (4 × 256, GQA 4:2, SwiGLU 688) for a tokenizer's
+  vocabulary: `vocab_size=None` follows the data's tokenizer, rounded up to a multiple of 128."""
+  return _llama(vocab_size=vocab_size, num_layers=4, d_model=256, num_heads=4, num_kv_heads=2,
+                d_ff=688, max_len=512)
+
+
 def lm_125m() -> fdl.Config[TransformerLM]:
   """134,105,856 parameters: GPT-3 Small shapes (12 × 768, 12 heads), SwiGLU d_ff 2048."""
   return _llama(vocab_size=32_000, num_layers=12, d_model=768, num_heads=12, d_ff=2048,

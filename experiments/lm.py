@@ -1,9 +1,10 @@
-"""Byte-level language models, trained centrally."""
+"""Language models, trained centrally: byte-level on the built-in corpora, and on your own text
+with a real tokenizer (`TextLM`, `ShakespeareSentencePiece`)."""
 
 import fiddle as fdl
 
 from configs import models, sizes, tasks
-from paxlike.data import LmData
+from paxlike.data import LmData, TextData, data_root
 from paxlike.experiment import Experiment
 from paxlike.registry import register
 
@@ -102,3 +103,45 @@ class Llama8B(_Llama):
   """
 
   SIZE, BATCH, PEAK_LR = '8b', 256, 1.5e-4
+
+
+@register
+class TextLM(Experiment):
+  """A small Llama-shaped LM on your own text files, packed into 512-token rows, with the
+  vocabulary of your tokenizer (README: "Train on your own text").
+
+  python -m paxlike.tokenizers train --files='corpus/*.txt' --vocab_size=4000 \\
+      --kind=sentencepiece --out=/tmp/tok
+  python -m paxlike.main --exp=lm.TextLM --job_log_dir=/tmp/textlm \\
+      --fdl_set=data.files='corpus/*.txt' --fdl_set=data.tokenizer=/tmp/tok/tokenizer.model
+  Without overrides: Tiny Shakespeare from the data root, one document per paragraph, bytes.
+  """
+
+  STEPS, PEAK_LR, SEQ, BATCH = 2000, 1e-3, 512, 8
+
+  def task(self):
+    return tasks.centralized_task(models.lm_small_llama(), num_steps=self.STEPS,
+                                  peak_lr=self.PEAK_LR, log_every=10)
+
+  def datasets(self):
+    return fdl.Config(TextData, files=str(data_root() / 'tinyshakespeare' / 'input.txt'),
+                      txt_document='paragraph', tokenizer='bytes', seq_len=self.SEQ,
+                      batch_size=self.BATCH, eval_batch_size=self.BATCH)
+
+
+@register
+class ShakespeareSentencePiece(TextLM):
+  """Tiny Shakespeare with a SentencePiece tokenizer trained on it (vocab 2000 → the model's
+  2048), each speech a document.
+
+  python -m paxlike.tokenizers train --files=../shared/data/tinyshakespeare/input.txt \\
+      --vocab_size=2000 --kind=sentencepiece --out=/tmp/paxlike/shakespeare_sp
+  python -m paxlike.main --exp=lm.ShakespeareSentencePiece --job_log_dir=/tmp/shakespeare_sp
+  """
+
+  TOKENIZER = '/tmp/paxlike/shakespeare_sp/tokenizer.model'
+
+  def datasets(self):
+    cfg = super().datasets()
+    cfg.tokenizer = self.TOKENIZER
+    return cfg

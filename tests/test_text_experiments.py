@@ -1,0 +1,99 @@
+"""`lm.TextLM` on a user's own JSONL corpus with a tokenizer trained here, through the CLI: a
+kill -9 and a rerun give the uninterrupted rows, and bad input is one line, exit 2."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from paxlike.data import data_root
+from tests.helpers import REPO, cli_env, metric_rows, run_cli
+
+pytestmark = pytest.mark.slow
+
+SHAKESPEARE = data_root() / 'tinyshakespeare' / 'input.txt'
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory) -> dict[str, Path]:
+  """Two JSONL files of Shakespeare's speeches (`text`, `speaker`) and a BPE tokenizer trained
+  on them by the CLI."""
+  root = tmp_path_factory.mktemp('corpus')
+  speeches = [s for s in SHAKESPEARE.read_text()[:120_000].split('\n\n') if s.strip()]
+  for i, part in enumerate((speeches[::2], speeches[1::2])):
+    with open(root / f'part{i}.jsonl', 'w') as f:
+      for speech in part:
+        speaker, _, text = speech.partition(':\n')
+        f.write(json.dumps({'speaker': speaker, 'text': text}) + '\n')
+  tok = root / 'tok'
+  subprocess.run([sys.executable, '-m', 'paxlike.tokenizers', 'train',
+                  f'--files={root}/*.jsonl', '--vocab_size=500', '--kind=bpe', f'--out={tok}'],
+                 check=True, cwd=REPO, env=cli_env(), capture_output=True)
+  return {'root': root, 'tokenizer': tok / 'tokenizer.json', 'tokens': root / 'token_store'}
+
+
+def text_args(corpus: dict[str, Path], *extra: str) -> list[str]:
+  return ['--exp=lm.TextLM', '--fdl_fiddler=tiny', f'--fdl_set=data.files={corpus["root"]}/*.jsonl',
+          f'--fdl_set=data.tokenizer={corpus["tokenizer"]}', '--fdl_set=data.seq_len=64',
+          '--fdl_set=data.batch_size=4', '--fdl_set=data.eval_batch_size=4',
+          '--fdl_set=data.num_eval_batches=2', '--fdl_set=data.eval_fraction=0.05',
+          '--fdl_set=train.num_steps=24', '--fdl_set=train.checkpoint_every=4',
+          '--fdl_set=train.log_every=2', *extra]
+
+
+def env(corpus: dict[str, Path]) -> dict[str, str]:
+  return cli_env(PAXLIKE_TOKEN_DIR=str(corpus['tokens']))
+
+
+def test_kill_9_then_rerun_gives_the_uninterrupted_rows(corpus, tmp_path):
+  whole, killed = tmp_path / 'whole', tmp_path / 'killed'
+  run_cli(*text_args(corpus), f'--job_log_dir={whole}', env=env(corpus))
+  rows = metric_rows(whole)
+  assert [r['step'] for r in rows] == list(range(2, 25, 2))
+  assert rows[-1]['loss'] < rows[0]['loss']  # It learns the corpus.
+  proc = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *text_args(corpus),
+                           f'--job_log_dir={killed}'], cwd=REPO, env=env(corpus),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  deadline = time.monotonic() + 240
+  while proc.poll() is None and time.monotonic() < deadline:
+    metrics = killed / 'metrics.jsonl'
+    if metrics.exists() and metrics.read_text().count('\n') >= 5:  # Past step 10's checkpoint.
+      proc.kill()
+      break
+    time.sleep(0.01)
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+  run_cli(*text_args(corpus), f'--job_log_dir={killed}', env=env(corpus))
+  assert metric_rows(killed) == rows
+
+
+def _one_line(proc: subprocess.CompletedProcess, code: int, message: str) -> None:
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == code, proc.stderr[-2000:]
+  assert message in lines[-1], proc.stderr[-2000:]
+  assert 'Traceback' not in proc.stderr
+
+
+def test_a_model_vocab_below_the_tokenizers_is_exit_2_naming_both(corpus, tmp_path):
+  proc = run_cli(*text_args(corpus, '--fdl_set=model.vocab_size=256'),
+                 f'--job_log_dir={tmp_path / "j"}', env=env(corpus), check=False)
+  _one_line(proc, 2, 'model.vocab_size=256 is smaller than the data\'s vocab_size=500')
+  assert not (tmp_path / 'j').exists()
+
+
+def test_a_file_that_is_no_tokenizer_is_exit_2_naming_it(corpus, tmp_path):
+  fake = tmp_path / 'tokenizer.model'
+  fake.write_text('not a sentencepiece model')
+  proc = run_cli(*text_args(corpus, f'--fdl_set=data.tokenizer={fake}'),
+                 f'--job_log_dir={tmp_path / "j"}', env=env(corpus), check=False)
+  _one_line(proc, 2, str(fake))
+
+
+def test_a_glob_matching_nothing_is_exit_2(corpus, tmp_path):
+  proc = run_cli(*text_args(corpus, f'--fdl_set=data.files={tmp_path}/none/*.jsonl'),
+                 f'--job_log_dir={tmp_path / "j"}', env=env(corpus), check=False)
+  _one_line(proc, 2, f'{tmp_path}/none/*.jsonl')
