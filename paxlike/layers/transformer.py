@@ -108,14 +108,15 @@ class TransformerLM(nn.Module):
       raise ValueError(f'attention_impl must be one of {", ".join(attention_kernels.IMPLS)}, '
                        f'got {self.attention_impl!r}')
 
-  def attention_kernel(self, seq_len: int) -> str:
+  def attention_kernel(self, seq_len: int, segmented: bool = False) -> str:
     """The attention kernel that runs at `seq_len` on this platform ('xla', 'cudnn' or
-    'splash'); raises UserError when a forced `attention_impl` cannot run here."""
+    'splash'; `segmented`: for packed batches with segment ids); raises UserError when a
+    forced `attention_impl` cannot run here."""
     return attention_kernels.resolve(
         self.attention_impl, dtype=self.dtype, num_heads=self.num_heads,
         num_kv_heads=self.num_kv_heads or self.num_heads,
         head_dim=self.d_model // self.num_heads, seq_len=seq_len,
-        sliding_window=self.sliding_window)
+        sliding_window=self.sliding_window, segmented=segmented)
 
   def _block(self, name: str) -> DecoderBlock:
     """A layer (or, scanned, the stack). The unbound attention is adopted as 'attention'."""
