@@ -121,6 +121,22 @@ def placed_init(optimizer: optax.GradientTransformation, clients: int) -> Callab
   return init
 
 
+def aggregate(aggregator: Aggregator | None, state: PseudoGradientState, start: Any,
+              client_params: Any, weights: jax.Array, rng: jax.Array
+              ) -> tuple[Any, Any, dict[str, jax.Array]]:
+  """(pseudo-gradient, aggregator state, metrics) of a round, inside its federated program:
+  the server params minus the clients' weighted mean, or what `aggregator` makes of the
+  client updates `start - client_params`."""
+  if aggregator is None:
+    mean = federated_weighted_mean(client_params, weights)
+    pseudo_grad = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), state.params, mean)
+    return pseudo_grad, state.aggregator_state, {}
+  deltas = jax.tree.map(jnp.subtract, start, client_params)
+  pseudo_grad, aggregator_state, metrics = aggregator.aggregate(
+      state.aggregator_state, deltas, weights, rng)
+  return cast_like(pseudo_grad, state.params), aggregator_state, metrics
+
+
 def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
                     server_optimizer: optax.GradientTransformation,
                     num_replicas: int | None = None, client_chunk: int | None = None,
@@ -157,15 +173,8 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
       keys = jax.random.split(rng, clients)
       client_params, opt_state, stats = federated_map(
           update, (start, opt_state, batches, keys), chunk=resolve_client_chunk(client_chunk))
-      aggregator_state, aggregator_metrics = state.aggregator_state, {}
-      if aggregator is None:
-        mean = federated_weighted_mean(client_params, weights)
-        pseudo_grad = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), state.params, mean)
-      else:
-        deltas = jax.tree.map(jnp.subtract, start, client_params)
-        pseudo_grad, aggregator_state, aggregator_metrics = aggregator.aggregate(
-            aggregator_state, deltas, weights, rng)
-        pseudo_grad = cast_like(pseudo_grad, state.params)
+      pseudo_grad, aggregator_state, aggregator_metrics = aggregate(
+          aggregator, state, start, client_params, weights, rng)
       updates, server_opt_state = server_optimizer.update(
           pseudo_grad, state.server_opt_state, state.params)
       params = optax.apply_updates(state.params, updates)

@@ -20,6 +20,7 @@ each domain has seen so far.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -59,6 +60,43 @@ def pool(batches: Any) -> Any:
                       batches)
 
 
+def check_btm_args(num_experts: int, merge_weights: Sequence[float] | None,
+                   seed_steps: int) -> None:
+  if num_experts < 1:
+    raise AlgorithmConfigError(f'num_experts must be >= 1, got {num_experts}.')
+  if merge_weights is not None and len(merge_weights) != num_experts:
+    raise AlgorithmConfigError(
+        f'merge_weights needs {num_experts} entries, got {len(merge_weights)}.')
+  if merge_weights is not None and (min(merge_weights) < 0 or sum(merge_weights) <= 0):
+    raise AlgorithmConfigError(
+        f'merge_weights must be >= 0 with a positive sum, got {tuple(merge_weights)}.')
+  if seed_steps < 0:
+    raise AlgorithmConfigError(f'seed_steps must be >= 0, got {seed_steps}.')
+
+
+def seed_round(update: Any, branch: Any, like: dict[str, Any], state: BtmState, batches: Any,
+               weights: jax.Array, rng: jax.Array) -> tuple[BtmState, dict[str, jax.Array]]:
+  """A seed-phase round: one model's local steps on the pooled slots' batches (`update`), then
+  the experts reset to it (`branch`); metrics typed `like` the expert rounds' (lax.cond)."""
+  del weights  # The pooled batch's masked mean weighs the slots.
+  params, seed_opt_state, stats = update(state.params, state.seed_opt_state, pool(batches), rng)
+  pseudo_grad = jax.tree.map(lambda p, n: p - n, state.params, params)
+  clients = jax.tree.leaves(batches)[0].shape[0]
+  metrics = round_metrics(stats, pseudo_grad, optim.learning_rate_of(seed_opt_state), clients)
+  experts, opt_state = branch(params)
+  return BtmState(params, experts, opt_state, jnp.zeros_like(state.domain_examples),
+                  state.round + 1, seed_opt_state), cast_like(metrics, like)
+
+
+def expert_ensemble(merge_weights: Sequence[float] | None, state: BtmState
+                    ) -> tuple[Any, jax.Array]:
+  """The experts, with a domain prior ∝ the merge weights (uniform before any training)."""
+  mix = (state.domain_examples if merge_weights is None
+         else jnp.asarray(merge_weights, jnp.float32))
+  mix = jnp.where(mix.sum() > 0, mix, jnp.ones_like(mix))
+  return state.experts, jnp.log(mix / mix.sum())
+
+
 def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: int,
         merge_weights: Sequence[float] | None = None, seed_steps: int = 0,
         client_chunk: int | None = None, weighting: str = 'num_examples', aggregator: None = None,
@@ -70,16 +108,7 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
   (paxlike.algorithm.WEIGHTINGS). The round options (federated/options.py): `client_chunk`,
   experts trained at a time; `prox_mu`, every local run (seed and expert) proximal to its
   start of round; no `aggregator` (experts are merged by their weights, not aggregated)."""
-  if num_experts < 1:
-    raise AlgorithmConfigError(f'num_experts must be >= 1, got {num_experts}.')
-  if merge_weights is not None and len(merge_weights) != num_experts:
-    raise AlgorithmConfigError(
-        f'merge_weights needs {num_experts} entries, got {len(merge_weights)}.')
-  if merge_weights is not None and (min(merge_weights) < 0 or sum(merge_weights) <= 0):
-    raise AlgorithmConfigError(
-        f'merge_weights must be >= 0 with a positive sum, got {tuple(merge_weights)}.')
-  if seed_steps < 0:
-    raise AlgorithmConfigError(f'seed_steps must be >= 0, got {seed_steps}.')
+  check_btm_args(num_experts, merge_weights, seed_steps)
   check_weighting(weighting)
   refuse_options('btm', 'experts are merged by their weights, not aggregated', aggregator)
   update = client_update(loss_fn, optimizer, check_prox_mu(prox_mu))
@@ -114,29 +143,12 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
       return expert_round(state, batches, weights, rng)
 
     like = jax.eval_shape(expert_round, state, batches, weights, rng)[1]  # lax.cond: same types.
-
-    def seed_round(state, batches, weights, rng):
-      del weights  # The pooled batch's masked mean weighs the slots.
-      params, seed_opt_state, stats = update(state.params, state.seed_opt_state, pool(batches),
-                                             rng)
-      pseudo_grad = jax.tree.map(lambda p, n: p - n, state.params, params)
-      metrics = round_metrics(stats, pseudo_grad, optim.learning_rate_of(seed_opt_state),
-                              clients)
-      experts, opt_state = branch(params)
-      return BtmState(params, experts, opt_state, jnp.zeros_like(state.domain_examples),
-                      state.round + 1, seed_opt_state), cast_like(metrics, like)
-
-    return jax.lax.cond(state.round < seed_steps, seed_round, expert_round,
+    seed = functools.partial(seed_round, update, branch, like)
+    return jax.lax.cond(state.round < seed_steps, seed, expert_round,
                         state, batches, weights, rng)
-
-  def ensemble(state):
-    """The experts, with a domain prior ∝ the merge weights (uniform before any training)."""
-    mix = (state.domain_examples if merge_weights is None
-           else jnp.asarray(merge_weights, jnp.float32))
-    mix = jnp.where(mix.sum() > 0, mix, jnp.ones_like(mix))
-    return state.experts, jnp.log(mix / mix.sum())
 
   fixed = FixedCohort(num_experts, 'num_experts', False, lambda n: btm(
       loss_fn, optimizer, n, merge_weights, seed_steps, client_chunk, weighting, aggregator,
       prox_mu))
-  return Algorithm(init, next, ensemble, fixed_cohort=fixed)
+  return Algorithm(init, next, functools.partial(expert_ensemble, merge_weights),
+                   fixed_cohort=fixed)
