@@ -44,6 +44,10 @@ class TrainConfig:
   max_to_keep: int = 3
   skip_nonfinite: bool = False  # Skip (and count) non-finite steps instead of failing.
   personalize_steps: int | None = None  # Eval: also score each client after k local steps.
+  # Start a fresh run from 'hf:DIR' (a Hugging Face Llama dir) or 'job:DIR[@STEP]' (another
+  # job's params); a resumed run uses its own checkpoints. See paxlike/init_from.py.
+  init_from: str | None = None
+  ema_decay: float | None = None  # Keep an EMA of the params (eval_ema_*, export); None: off.
 
   def __post_init__(self):
     for name in ('num_steps', 'log_every', 'eval_every', 'checkpoint_every', 'max_to_keep'):
@@ -56,6 +60,14 @@ class TrainConfig:
                       f'got {self.personalize_steps!r}')
     if not isinstance(self.seed, int) or self.seed < 0:
       raise UserError(f'train.seed must be a non-negative integer, got {self.seed!r}')
+    if self.ema_decay is not None and (isinstance(self.ema_decay, bool) or not isinstance(
+        self.ema_decay, (int, float)) or not 0.0 <= self.ema_decay < 1.0):
+      raise UserError(f'train.ema_decay must be None or a number in [0, 1), '
+                      f'got {self.ema_decay!r}')
+    if self.init_from is not None and not (isinstance(self.init_from, str) and
+                                           self.init_from.startswith(('hf:', 'job:'))):
+      raise UserError(f"train.init_from must be 'hf:DIR', 'job:DIR' or 'job:DIR@STEP', "
+                      f'got {self.init_from!r}')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ The plumbing lives elsewhere: `trainer_setup` places a task on its mesh and comp
 programs, `train_state` holds the state and the step, `preemption` turns signals into a stop.
 """
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any, Callable
@@ -16,13 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paxlike import checkpoint, evaluation, partitioning, privacy, throughput
+from paxlike import checkpoint, evaluation, init_from, partitioning, privacy, throughput
 from paxlike.checkpoint import Checkpoints, Fallback
 from paxlike.data.prefetch import Prefetcher
 from paxlike.errors import RunFailure
 from paxlike.preemption import StopSignal
 from paxlike.summaries import RunWriter, status
-from paxlike.train_state import FINITE, with_hyperparams
+from paxlike.train_state import FINITE, ema_params, with_hyperparams  # noqa: F401 (re-exported)
 
 # The trainer's public names besides the loop's own, defined in train_state and trainer_setup:
 # tests and benchmarks call train.setup(task) and read train.Setup and train.TrainState.
@@ -62,11 +63,26 @@ def round_inputs(placed: Setup, step: int, host: tuple[dict, np.ndarray] | None 
   return batches, weights, jax.random.fold_in(jax.random.key(placed.task.train.seed), step)
 
 
+def evaluate_state(placed: Setup, state: TrainState
+                   ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+  """`evaluation.evaluate` of the params and, with an EMA, its pooled metrics as `ema_*` (the
+  same compiled eval on the EMA params; no per-client table or personalization for it)."""
+  evals, clients = evaluation.evaluate(placed, state.alg)
+  ema = ema_params(state, placed.trainable)
+  if ema is not None:
+    ema_evals, _ = evaluation.evaluate(dataclasses.replace(placed, personalized=None),
+                                       state.alg._replace(params=ema))
+    evals.update({f'ema_{k}': v for k, v in ema_evals.items() if k != 'clients_evaluated'})
+  return evals, clients
+
+
 def restore_or_init(placed: Setup, checkpoints: Checkpoints, allow_config_change: bool = False
                     ) -> tuple[int, TrainState, dict]:
   """The latest committed (step, state, metadata), or (0, a fresh state, {}). A checkpoint saved
   at another data position (seed) is refused unless the user allowed the config to change; then
-  the optimizer hyperparameters (learning rates, ...) are the config's, not the checkpoint's."""
+  the optimizer hyperparameters (learning rates, ...) are the config's, not the checkpoint's.
+  A fresh state with `train.init_from` starts from the source's params (`init_from`), with the
+  optimizer state the algorithm's init of them; a resumed run never reads the source."""
   restored = checkpoints.restore(placed.abstract_state)
   if restored is not None:
     step, state, meta = restored
@@ -77,8 +93,15 @@ def restore_or_init(placed: Setup, checkpoints: Checkpoints, allow_config_change
         state = with_hyperparams(state, placed.hyperparams(jax.random.key(placed.task.train.seed)))
     status(f'resumed from checkpoint step {step}')
     return step, state, meta
+  rng, source = jax.random.key(placed.task.train.seed), placed.task.train.init_from
   with jax.set_mesh(placed.mesh):
-    return 0, placed.init(jax.random.key(placed.task.train.seed)), {}
+    if source is None:
+      return 0, placed.init(rng), {}
+    imported = init_from.load_params(source, placed.abstract_params, placed.task.model,
+                                     placed.trainable)
+    status(f'initialised from {source}: {len(imported)} params '
+           f'({init_from.host_bytes(imported) / 2**20:.1f} MiB)')
+    return 0, placed.init_with(imported, rng), {}
 
 
 def train(placed: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
@@ -100,6 +123,8 @@ def train(placed: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
            f'{rows.start}:{rows.stop} of each {list(placed.round_shape)} round batch')
   if on_start and primary:
     on_start()
+  if start == 0 and cfg.init_from is not None and primary:
+    init_from.write_record(job_dir, init_from.source_record(cfg.init_from))
   writer = RunWriter(job_dir, start, cfg.num_steps, primary=primary)
   rules = partitioning.rules_for_mesh(task.mesh.rules, placed.mesh)
   peak = throughput.peak_flops_per_sec(placed.mesh.devices.flat[0].device_kind)
@@ -128,7 +153,7 @@ def train(placed: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
       raise RunFailure(f"non-finite {what} at step {step}: loss={float(metrics['loss'])}{norm}; "
                        'the last checkpoint is untouched')
     last = step == cfg.num_steps
-    evals, clients = (evaluation.evaluate(placed, state.alg) if step % cfg.eval_every == 0 or last
+    evals, clients = (evaluate_state(placed, state) if step % cfg.eval_every == 0 or last
                       else (None, None))
     if step % cfg.log_every == 0 or evals is not None:
       rate = writer.steps_per_sec(step)

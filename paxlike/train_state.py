@@ -14,6 +14,7 @@ import numpy as np
 
 from paxlike import partitioning
 from paxlike.algorithm import Algorithm
+from paxlike.centralized import TrainableMask, merge_params, split_params
 
 
 class TrainState(NamedTuple):
@@ -21,6 +22,28 @@ class TrainState(NamedTuple):
 
   alg: Any
   nonfinite_steps: jax.Array
+
+
+class EmaTrainState(NamedTuple):
+  """A TrainState with `train.ema_decay`: also the EMA of the trainable params. (A class of its
+  own, so that runs without an EMA keep the checkpoint layout they always had.)"""
+
+  alg: Any
+  nonfinite_steps: jax.Array
+  ema: Any
+
+
+def ema_params(state: TrainState | EmaTrainState, trainable: TrainableMask | None = None) -> Any:
+  """The EMA params of `state` to evaluate or export: the EMA's trainable leaves, the frozen
+  ones (LoRA's base) from `state.alg.params`; None without an EMA."""
+  if not isinstance(state, EmaTrainState):
+    return None
+  return merge_params(state.ema, split_params(state.alg.params, trainable)[1])
+
+
+def ema_update(ema: Any, params: Any, decay: float) -> Any:
+  """decay * ema + (1 - decay) * params, leaf by leaf, in the EMA's dtype."""
+  return jax.tree.map(lambda e, p: (decay * e + (1.0 - decay) * p).astype(e.dtype), ema, params)
 
 
 def hyperparams_of(state: Any) -> dict[str, jax.Array]:
@@ -84,25 +107,39 @@ def init_params(model: nn.Module, sample: np.ndarray, rng: jax.Array) -> Any:
 
 
 def init_state(rng: jax.Array, *, algorithm: Algorithm, params_at: Callable[[jax.Array], Any],
-               boxed_params: Any, param_shardings: Any) -> TrainState:
+               boxed_params: Any, param_shardings: Any, trainable: TrainableMask | None = None,
+               ema: bool = False) -> TrainState:
   """The algorithm's initial state from `params_at(rng)` (PAPA's members: from their own keys),
-  every subtree shaped like the params (e.g. Adam's moments) sharded like them."""
+  every subtree shaped like the params (e.g. Adam's moments), or like their `trainable` part,
+  sharded like them; with `ema`, the EMA starts at the initial params."""
   alg_state = (algorithm.init(params_at(rng)) if algorithm.seeded_init is None
                else algorithm.seeded_init(params_at, rng))
-  alg_state = partitioning.constrain_like_params(alg_state, nn.meta.unbox(boxed_params),
-                                                 param_shardings)
-  return TrainState(alg_state, jnp.zeros((), jnp.int32))
+  state = TrainState(alg_state, jnp.zeros((), jnp.int32))
+  if ema:
+    state = EmaTrainState(*state, split_params(alg_state.params, trainable)[0])
+  params = nn.meta.unbox(boxed_params)
+  state = partitioning.constrain_like_params(state, params, param_shardings)
+  if trainable is not None:  # The optimizer state and the EMA of the trained leaves alone.
+    mask = lambda _: trainable(params)
+    state = partitioning.constrain_like_params(state, split_params(params, mask)[0],
+                                               split_params(param_shardings, mask)[0])
+  return state
 
 
 def train_step(state: TrainState, batches: dict, weights: jax.Array, rng: jax.Array, *,
                algorithm: Algorithm, skip_nonfinite: bool,
-               finite_groups: tuple[tuple[int, ...], ...] | None = None
+               finite_groups: tuple[tuple[int, ...], ...] | None = None,
+               ema_decay: float | None = None, trainable: TrainableMask | None = None
                ) -> tuple[TrainState, dict]:
   """One round of the algorithm, and its metrics with FINITE. A non-finite round is kept out of
   the state (and counted) with `skip_nonfinite`, else the host raises before saving it.
-  `finite_groups`: `finite_groups(abstract state.alg)`, to check the new state in few reductions."""
+  `finite_groups`: `finite_groups(abstract state.alg)`, to check the new state in few reductions.
+  With `ema_decay`, the EMA of the `trainable` params moves toward the new ones."""
   alg_state, metrics = algorithm.next(state.alg, batches, weights, rng)
-  new = TrainState(alg_state, state.nonfinite_steps)
+  new = state._replace(alg=alg_state)
+  if ema_decay is not None:
+    new = new._replace(ema=ema_update(state.ema, split_params(alg_state.params, trainable)[0],
+                                      ema_decay))
   finite = (all_finite(alg_state, finite_groups)
             & all_finite((metrics['loss'], metrics.get('grad_norm', 0.0))))
   if skip_nonfinite:

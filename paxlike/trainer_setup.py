@@ -11,9 +11,11 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import numpy as np
+from flax import traverse_util
 from jax.sharding import Mesh
 
 from paxlike import evaluation, losses, model_stats, partitioning, privacy
+from paxlike.centralized import TrainableMask, centralized
 from paxlike.data.sources import ClientEval, Item
 from paxlike.errors import UserError
 from paxlike.experiment import Task
@@ -45,6 +47,42 @@ class Setup:
   # rng -> the optimizer hyperparameters a fresh state gets from the config (train_state.
   # hyperparams_of); jitted, not compiled until a resume with a changed config asks for them.
   hyperparams: Callable[[jax.Array], dict[str, jax.Array]] | None = None
+  # (params to import: {'a/b/kernel': array}, rng) -> a fresh state whose params are those
+  # (the rest initialised as usual) and whose optimizer state is the algorithm's init of them.
+  init_with: Callable[[dict[str, jax.Array], jax.Array], TrainState] | None = None
+  abstract_params: Any = None     # The unboxed params as sharded ShapeDtypeStructs.
+  trainable: TrainableMask | None = None  # LoRA: params -> True on the trained leaves.
+
+
+def trainable_mask(task: Task) -> TrainableMask | None:
+  """LoRA's `lora_mask` when the model has adapters (`model.lora_rank` > 0), else None."""
+  if not getattr(task.model, 'lora_rank', 0):
+    return None
+  from paxlike.layers.lora import lora_mask  # pylint: disable=import-outside-toplevel
+  return lora_mask
+
+
+def build_algorithm(task: Task, loss_fn: losses.LossFn, trainable: TrainableMask | None) -> Any:
+  """The task's algorithm; with a `trainable` mask (LoRA) only centralized training, which
+  trains just those leaves, is allowed (federated LoRA is not built yet)."""
+  if trainable is None:
+    return task.algorithm(loss_fn, task.optimizer)
+  if getattr(task.algorithm, 'func', None) is not centralized:
+    name = getattr(getattr(task.algorithm, 'func', task.algorithm), '__name__', task.algorithm)
+    raise UserError(f'model.lora_rank > 0 trains adapters with centralized training only; the '
+                    f'algorithm {name} cannot freeze the base yet: set model.lora_rank=0')
+  return task.algorithm(loss_fn, task.optimizer, trainable=trainable)
+
+
+def _init_with(init_args: dict, params_at: Callable[[jax.Array], Any], rules: Any, mesh: Mesh,
+               imported: dict[str, jax.Array], rng: jax.Array) -> TrainState:
+  """`init_state(rng)` from `params_at(rng)` with the leaves named in `imported` ('a/b/kernel')
+  replaced (XLA drops their initialisation): a fresh state that starts from imported params."""
+  def params_with(key):
+    flat = traverse_util.flatten_dict(params_at(key), sep='/')
+    return traverse_util.unflatten_dict({**flat, **imported}, sep='/')
+  with nn.logical_axis_rules(partitioning.rules_for_mesh(rules, mesh)):
+    return init_state(rng, params_at=params_with, **init_args)
 
 
 def _spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
@@ -72,7 +110,9 @@ def setup(task: Task) -> Setup:
   sample = eval_batch['inputs']
   partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size, len(sample))
   loss_fn = losses.model_loss_fn(task.model)
-  algorithm = task.algorithm(loss_fn, task.optimizer)
+  trainable = trainable_mask(task)
+  algorithm = build_algorithm(task, loss_fn, trainable)
+  ema = task.train.ema_decay is not None
   client_eval = data.client_eval()
   rng_spec = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   batch_sharding = partitioning.round_batch_sharding(mesh)
@@ -90,14 +130,16 @@ def setup(task: Task) -> Setup:
       params = nn.meta.unbox(init_params(task.model, sample, rng))
       return jax.lax.with_sharding_constraint(params, param_shardings)
 
-    init = functools.partial(init_state, algorithm=algorithm, params_at=params_at,
-                             boxed_params=boxed_params, param_shardings=param_shardings)
+    init_args = dict(algorithm=algorithm, boxed_params=boxed_params,
+                     param_shardings=param_shardings, trainable=trainable, ema=ema)
+    init = functools.partial(init_state, params_at=params_at, **init_args)
     compiled_init = jax.jit(init).lower(rng_spec).compile()
     state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
     abstract_state = jax.tree.map(_spec, jax.eval_shape(init, rng_spec), state_shardings)
     step = functools.partial(train_step, algorithm=algorithm,
                              skip_nonfinite=task.train.skip_nonfinite,
-                             finite_groups=finite_groups(abstract_state.alg))
+                             finite_groups=finite_groups(abstract_state.alg),
+                             ema_decay=task.train.ema_decay, trainable=trainable)
     compiled_step = jax.jit(step, donate_argnums=0,
                             in_shardings=(state_shardings, batch_sharding, client_sharding, None),
                             out_shardings=(state_shardings, None)).lower(
@@ -122,4 +164,9 @@ def setup(task: Task) -> Setup:
       accountant=accountant, personalized=evaluation.personalization(task, client_eval),
       hyperparams=jax.jit(functools.partial(_fresh_hyperparams, init, task.mesh.rules, mesh),
                           out_shardings={path: spec.sharding for path, spec
-                                         in hyperparams_of(abstract_state).items()}))
+                                         in hyperparams_of(abstract_state).items()}),
+      init_with=jax.jit(functools.partial(_init_with, init_args, params_at, task.mesh.rules,
+                                          mesh),
+                        out_shardings=state_shardings, donate_argnums=0),
+      abstract_params=jax.tree.map(_spec, nn.meta.unbox(boxed_params), param_shardings),
+      trainable=trainable)

@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import fiddle as fdl
+import jax
 import numpy as np
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
 from paxlike import model_stats
-from paxlike.errors import UserError
+from paxlike.errors import RunFailure, UserError
 from paxlike.layers import TransformerLM
 from paxlike.layers.transformer import stack_layers, unstack_layers
 
@@ -243,3 +245,64 @@ def save_hf_checkpoint(params: Mapping[str, Any], model: TransformerLM, director
   hf['torch_dtype'] = {'float32': 'float32', 'bfloat16': 'bfloat16', 'float16': 'float16'}.get(
       str(next(iter(tensors.values())).dtype), 'float32')
   (directory / 'config.json').write_text(json.dumps(hf, indent=2) + '\n')
+
+
+# Streaming import (train.init_from): shapes from the files' headers, then one tensor at a time.
+
+def safetensors_header(directory: str | Path) -> dict[str, tuple[tuple[int, ...], Path]]:
+  """Tensor name -> (shape, file) over every *.safetensors file in `directory`, from the files'
+  headers alone. UserError without any; a file that is not safetensors is RunFailure naming it."""
+  files = sorted(Path(directory).glob('*.safetensors'))
+  if not files:
+    raise UserError(f'no .safetensors files in {directory}')
+  header = {}
+  for file in files:
+    try:
+      with safe_open(file, framework='numpy') as f:
+        header.update({name: (tuple(f.get_slice(name).get_shape()), file) for name in f.keys()})
+    except (SafetensorError, OSError) as error:
+      raise RunFailure(f'{file} is not a readable safetensors file ({error})') from None
+  return header
+
+
+def check_shapes(shapes: Mapping[str, tuple[int, ...]], model: TransformerLM) -> None:
+  """UserError unless `shapes` (HF name -> shape) are exactly `model`'s tensors (a tied model
+  may also have an lm_head.weight): names the missing and unexpected ones, or the first tensor
+  whose shape differs, with both shapes."""
+  names = name_map(model)
+  missing = sorted(set(names) - set(shapes))
+  tied = {'lm_head.weight'} if model.tied_embeddings else set()
+  extra = sorted(set(shapes) - set(names) - tied)
+  if missing or extra:
+    raise UserError(f'checkpoint does not match the model: missing {missing[:3]} '
+                    f'({len(missing)} in all), unexpected {extra[:3]} ({len(extra)} in all)')
+  abstract = model_stats.abstract_params(model.clone(scan_layers=False, parent=None), seq_len=1)
+  for name, (path, _, to_hf) in names.items():
+    want = tuple(jax.eval_shape(to_hf, _get(abstract, path)).shape)
+    if tuple(shapes[name]) != want:
+      raise UserError(f'{name} is {list(shapes[name])} in the checkpoint but the model needs '
+                      f'{list(want)} (paxlike {"/".join(path)})')
+
+
+def read_params(header: Mapping[str, tuple[tuple[int, ...], Path]], model: TransformerLM
+                ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+  """(paxlike path in the unrolled tree, value in `model.param_dtype`) of each tensor of a
+  checkpoint that `check_shapes` accepted, one tensor at a time (each file opened once)."""
+  names, dtype = name_map(model), np.dtype(model.param_dtype)
+  for file in sorted({file for _, file in header.values()}):
+    try:
+      with safe_open(file, framework='numpy') as f:
+        for name in f.keys():
+          if name in names:
+            path, to_pax, _ = names[name]
+            yield path, np.ascontiguousarray(to_pax(f.get_tensor(name)), dtype=dtype)
+          elif not np.array_equal(f.get_tensor(name), _read(header, 'model.embed_tokens.weight')):
+            raise UserError('checkpoint has an lm_head.weight that differs from the embedding, '
+                            'but the model ties them; set tied_embeddings=False')
+    except SafetensorError as error:
+      raise RunFailure(f'{file} is not a readable safetensors file ({error})') from None
+
+
+def _read(header: Mapping[str, tuple[tuple[int, ...], Path]], name: str) -> np.ndarray:
+  with safe_open(header[name][1], framework='numpy') as f:
+    return f.get_tensor(name)
