@@ -131,3 +131,22 @@ def test_papa_and_btm_prox_mu_is_fedprox_on_each_member():
               btm(loss_fn, optax.sgd(0.05), num_experts=1, prox_mu=0.5)):
     got, _ = _run(alg, params, 1, batches, weights)
     _close(got.params, want.params)
+
+
+@pytest.mark.parametrize('name', ['fed_yogi', 'papa', 'btm', 'scaffold', 'diloco'])
+def test_every_builder_resolves_an_unset_client_chunk_per_platform(name):
+  """On CPU an unset `client_chunk` traces to the program of `client_chunk=1`, not to the
+  vmapped one (a chunk >= the cohort), as for fed_avg (tests/federated/test_chunking.py)."""
+  from paxlike.federated import chunking, diloco
+  builders = {'fed_yogi': lambda **o: fed_yogi(loss_fn, optax.sgd(0.1), **o),
+              'papa': lambda **o: papa(loss_fn, optax.sgd(0.1), population=4, **o),
+              'btm': lambda **o: btm(loss_fn, optax.sgd(0.1), num_experts=4, **o),
+              'scaffold': lambda **o: scaffold(loss_fn, optax.sgd(0.1), num_clients=4, **o),
+              'diloco': lambda **o: diloco(loss_fn, optax.sgd(0.1), num_replicas=4, **o)}
+  params, batches, weights = _params(), _batches(4, 2), jnp.ones(4)
+
+  def program(chunk):
+    alg = builders[name](client_chunk=chunk)
+    return str(jax.make_jaxpr(alg.next)(alg.init(params), batches, weights, jax.random.key(0)))
+
+  assert program(None) == program(chunking.CPU_CLIENT_CHUNK) != program(4)
