@@ -128,8 +128,11 @@ class CausalSelfAttention(nn.Module):
                                      nn.logical_to_mesh_axes(KV_HEADS_ACT),
                                      segment_ids=segment_ids)
     out = nn.with_logical_constraint(out, HEADS_ACT)
-    return self._adapted('out', out, jnp.einsum('btnh,nhd->btd', out, wo), ('heads', 'kv'),
-                         ('embed',))
+    if decode:  # As a plain matmul: the einsum made XLA transpose `wo` at every decode step.
+      y = out.reshape(*out.shape[:2], n * h) @ wo.reshape(n * h, d)
+    else:
+      y = jnp.einsum('btnh,nhd->btd', out, wo)
+    return self._adapted('out', out, y, ('heads', 'kv'), ('embed',))
 
   def _adapted(self, name: str, x: jax.Array, y: jax.Array, in_names: tuple[str, ...],
                out_names: tuple[str, ...]) -> jax.Array:
