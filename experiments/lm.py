@@ -5,6 +5,7 @@ import fiddle as fdl
 
 from configs import models, sizes, tasks
 from paxlike.data import LmData, TextData, data_root
+from paxlike.layers import TransformerLM
 from paxlike.experiment import Experiment
 from paxlike.registry import register
 
@@ -144,4 +145,51 @@ class ShakespeareSentencePiece(TextLM):
   def datasets(self):
     cfg = super().datasets()
     cfg.tokenizer = self.TOKENIZER
+    return cfg
+
+
+@register
+class FinetuneLlama(Experiment):
+  """Continue training a Hugging Face Llama checkpoint (or another paxlike job's params) on your
+  own text: the model's shape and the tokenizer come from the checkpoint's directory.
+
+  python -m paxlike.main --exp=lm.FinetuneLlama --job_log_dir=/tmp/finetune \\
+      --fdl_set=train.init_from=hf:/path/to/llama --fdl_set=data.files='corpus/*.jsonl'
+  `job:DIR` or `job:DIR@STEP` starts from a paxlike job's params. Add
+  `--fdl_set=model.lora_rank=16` to train LoRA adapters only.
+  """
+
+  REQUIRED = ('train.init_from', 'data.files')
+  STEPS, PEAK_LR, SEQ, BATCH = 1000, 2e-5, 1024, 8
+
+  def task(self):
+    return tasks.centralized_task(fdl.Config(TransformerLM), num_steps=self.STEPS,
+                                  peak_lr=self.PEAK_LR, log_every=10, eval_every=100,
+                                  checkpoint_every=100)
+
+  def datasets(self):
+    return fdl.Config(TextData, seq_len=self.SEQ, batch_size=self.BATCH,
+                      eval_batch_size=self.BATCH)
+
+
+@register
+class SftLlama(FinetuneLlama):
+  """Supervised fine-tuning with LoRA (rank 16 on the attention and MLP projections): JSONL
+  rows of `prompt` and `completion`, the loss on completion tokens only.
+
+  python -m paxlike.main --exp=lm.SftLlama --job_log_dir=/tmp/sft \\
+      --fdl_set=train.init_from=hf:/path/to/llama --fdl_set=data.files='sft/*.jsonl'
+  """
+
+  PEAK_LR = 2e-4
+
+  def task(self):
+    cfg = super().task()
+    cfg.model.lora_rank = 16
+    cfg.model.lora_targets = ('query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wo')
+    return cfg
+
+  def datasets(self):
+    cfg = super().datasets()
+    cfg.prompt_field, cfg.completion_field = 'prompt', 'completion'
     return cfg

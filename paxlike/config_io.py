@@ -56,13 +56,19 @@ def _same_kind(old: Any, new: Any) -> bool:
   return isinstance(new, type(old))
 
 
-def _allows_none(buildable: fdl.Buildable, name: str) -> bool:
-  """Whether the configured function's or class's annotation of `name` admits None."""
+def _annotation_admits(buildable: fdl.Buildable, name: str, value: Any) -> bool:
+  """Whether the configured function's or class's annotation of `name` admits `value` (e.g.
+  `files: str | Sequence[str]` a string where the default is a tuple, or None in `int | None`)."""
   try:
     hint = typing.get_type_hints(buildable.__fn_or_cls__).get(name)
   except Exception:  # Unresolvable annotations: fall back to the value-kind check.
     return False
-  return type(None) in typing.get_args(hint)
+  for option in typing.get_args(hint) or (hint,):
+    kind = typing.get_origin(option) or option
+    if isinstance(kind, type) and isinstance(value, kind) and not (
+        isinstance(value, bool) and kind is not bool):
+      return True
+  return False
 
 
 DTYPES = ('float32', 'bfloat16', 'float16')
@@ -92,7 +98,7 @@ def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
       raise UserError(f'--fdl_set {path}: {path.rsplit(".", 1)[0]} is not a config')
     if _is_dtype(old) and isinstance(value, str):
       value = _dtype_named(path, value)
-    if not (_same_kind(old, value) or value is None and _allows_none(parent, last.name)):
+    if not (_same_kind(old, value) or _annotation_admits(parent, last.name, value)):
       raise UserError(f'--fdl_set {path}={value!r}: expected a {type(old).__name__} like {old!r}')
     setattr(parent, last.name, tuple(value) if isinstance(value, list) else value)
 

@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Callable
 
 from absl import app, flags, logging
@@ -95,7 +96,43 @@ def task_config():
   for name in FLAGS.fdl_fiddler:
     resolve_fiddler(name)(cfg)
   config_io.apply_overrides(cfg, FLAGS.fdl_set)
+  fill_from_init_source(cfg)
+  if not FLAGS.fdl_config:
+    check_required(cfg, FLAGS.exp, getattr(registry.get(FLAGS.exp), 'REQUIRED', ()))
   return cfg
+
+
+def fill_from_init_source(cfg) -> None:
+  """With `train.init_from`, the model fields and the data's tokenizer that the config leaves
+  unset come from the source (an HF dir's config.json and tokenizer, another job's config). A
+  resumed fine-tune whose source is gone takes them from its own saved config instead."""
+  init_from = getattr(cfg.train, 'init_from', None)
+  if not init_from:
+    return
+  from paxlike import init_from as source
+  saved = Path(FLAGS.job_log_dir or '').expanduser() / 'config.json'
+  try:
+    model, tokenizer = source.model_overrides_from(init_from), source.init_source_tokenizer(init_from)
+  except UserError:
+    if not (FLAGS.job_log_dir and saved.is_file()):
+      raise
+    old = config_io.load_file(saved, [*FLAGS.allow_import, *registry.trusted_modules()])
+    model, tokenizer = dict(old.model.__arguments__), getattr(old.data, 'tokenizer', None)
+  for name, value in model.items():
+    if name not in cfg.model.__arguments__:
+      setattr(cfg.model, name, value)
+  if tokenizer and hasattr(cfg.data, 'tokenizer') and 'tokenizer' not in cfg.data.__arguments__:
+    cfg.data.tokenizer = tokenizer
+
+
+def check_required(cfg, exp: str, required: tuple[str, ...]) -> None:
+  """UserError naming the first of an experiment's REQUIRED fields that is unset or empty."""
+  for path in required:
+    value = cfg
+    for part in path.split('.'):
+      value = getattr(value, part, None)
+    if value in (None, '', ()):
+      raise UserError(f'{exp} needs --fdl_set={path}=... (see its docstring: --list)')
 
 
 def use_local_settings() -> None:

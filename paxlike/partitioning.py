@@ -37,6 +37,7 @@ DEFAULT_RULES: LogicalRules = (
     ('kv', None),
     ('length', None),
     ('layers', None),
+    ('lora_rank', None),  # LoRA adapters' rank axis: small, replicated.
 )
 
 

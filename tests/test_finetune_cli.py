@@ -1,0 +1,72 @@
+"""`lm.SftLlama` from a Hugging Face-layout checkpoint through the CLI: the model's shape and the
+tokenizer come from the checkpoint's directory, the source is recorded, and a resumed run
+whose source is gone continues from its own checkpoints."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from paxlike.interop import hf_llama
+from paxlike.layers import TransformerLM
+from tests.helpers import REPO, cli_env, metric_rows, run_cli
+
+pytestmark = pytest.mark.slow
+
+MODEL = dict(vocab_size=512, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, d_ff=128,
+             max_len=128, tied_embeddings=False, norm_eps=1e-5)
+
+
+@pytest.fixture(scope='module')
+def source(tmp_path_factory):
+  """An HF dir (random weights, config.json, a BPE tokenizer.json) and SFT JSONL rows."""
+  root = tmp_path_factory.mktemp('sft')
+  model = TransformerLM(**MODEL)
+  params = nn.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8), np.int32))['params'])
+  hf_llama.save_hf_checkpoint(jax.tree.map(np.asarray, params), model, root / 'hf')
+  with open(root / 'sft.jsonl', 'w') as f:
+    for i in range(300):
+      f.write(json.dumps({'prompt': f'Q: {i} plus {i}?\nA:', 'completion': f' {2 * i}'}) + '\n')
+  subprocess.run([sys.executable, '-m', 'paxlike.tokenizers', 'train', f'--files={root}/sft.jsonl',
+                  '--text_field=prompt', '--vocab_size=400', '--kind=bpe', f'--out={root / "hf"}',
+                  '--overwrite'], check=True, cwd=REPO, env=cli_env(), capture_output=True)
+  return root
+
+
+def sft_args(root, job, steps):
+  return ['--exp=lm.SftLlama', f'--job_log_dir={job}', f'--fdl_set=train.init_from=hf:{root}/hf',
+          f'--fdl_set=data.files={root}/sft.jsonl', '--fdl_set=data.seq_len=64',
+          '--fdl_set=data.batch_size=4', '--fdl_set=data.eval_batch_size=4',
+          '--fdl_set=data.eval_fraction=0.1', '--fdl_set=data.num_eval_batches=1',
+          f'--fdl_set=train.num_steps={steps}', '--fdl_set=train.log_every=2',
+          '--fdl_set=train.checkpoint_every=2', '--fdl_set=train.eval_every=2']
+
+
+def test_sft_takes_the_checkpoints_shape_and_tokenizer_and_resumes_without_it(source, tmp_path):
+  root = tmp_path / 'src'
+  shutil.copytree(source, root)
+  job = tmp_path / 'job'
+  env = cli_env(PAXLIKE_TOKEN_DIR=str(tmp_path / 'tokens'))
+  run_cli(*sft_args(root, job, 4), env=env)
+  text = (job / 'config.txt').read_text()
+  for name, value in MODEL.items():
+    assert f'model.{name} = {value!r}' in text
+  assert f"data.tokenizer = '{root}/hf/tokenizer.json'" in text
+  record = json.loads((job / 'init_source.json').read_text())
+  assert record['kind'] == 'hf' and set(record['files']) >= {'model.safetensors', 'config.json'}
+  for name in ('model.safetensors', 'config.json'):  # The weights are gone, the tokenizer kept:
+    (root / 'hf' / name).unlink()  # the resume needs only the job's own state.
+  run_cli(*sft_args(root, job, 6), env=env)
+  assert [r['step'] for r in metric_rows(job)] == [2, 4, 6]
+
+
+def test_sft_without_a_source_says_what_it_needs(tmp_path):
+  proc = run_cli('--exp=lm.SftLlama', f'--job_log_dir={tmp_path}', check=False)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+      'paxlike: error: lm.SftLlama needs --fdl_set=train.init_from=... (see its docstring: --list)']
