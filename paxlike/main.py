@@ -53,7 +53,10 @@ flags.DEFINE_flag(flags.Flag(
     'step; fail if none is), from_scratch (as previous, but start from step 0 if none is).',
     boolean=True))
 flags.DEFINE_string('prompt', 'def ', 'Decode: the text to continue.')
-flags.DEFINE_integer('decode_length', 200, 'Decode: number of bytes to sample.')
+flags.DEFINE_string('prompts_file', None, 'Decode: a file of prompts, one per line (a batch).')
+flags.DEFINE_integer('decode_length', 200, 'Decode: the most tokens to sample per prompt.')
+flags.DEFINE_integer('top_k', 0, 'Decode: sample among the k likeliest tokens (0 = all).')
+flags.DEFINE_float('top_p', 1.0, 'Decode: sample within the smallest set of probability p.')
 flags.DEFINE_float('temperature', 0.8, 'Decode: sampling temperature (0 = greedy).')
 flags.DEFINE_integer('decode_seed', 0, 'Decode: sampling seed.')
 flags.DEFINE_string('coordinator_address', None, 'Multi-process: host:port of process 0.')
@@ -169,7 +172,7 @@ def run(argv: list[str]) -> None:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
 
   # Heavy imports only once a job really runs.
-  from paxlike import decode, distributed, evaluation, restore, train, trainer_setup
+  from paxlike import distributed, evaluation, restore, train, trainer_setup
   from paxlike.data import fingerprint, prepare
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          FLAGS.distributed_init_timeout, FLAGS.heartbeat_timeout)
@@ -204,8 +207,46 @@ def run(argv: list[str]) -> None:
     print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in evals.items()},
                       **({'eval_clients': clients} if clients else {})}))
   else:
-    print(decode.sample_text(task.model, state.alg.params, FLAGS.prompt, FLAGS.decode_length,
-                             FLAGS.temperature, FLAGS.decode_seed))
+    print(decoded_text(task, setup.mesh, state.alg.params))
+
+
+def decode_prompts() -> list[str]:
+  """--prompts_file's non-empty lines, else --prompt."""
+  if not FLAGS.prompts_file:
+    return [FLAGS.prompt]
+  path = Path(FLAGS.prompts_file).expanduser()
+  try:
+    prompts = [line for line in path.read_text().splitlines() if line.strip()]
+  except (OSError, UnicodeDecodeError) as error:
+    raise UserError(f'--prompts_file {path} cannot be read ({error})') from None
+  if not prompts:
+    raise UserError(f'--prompts_file {path} holds no prompt')
+  return prompts
+
+
+def decoded_text(task, mesh, params) -> str:
+  """Each prompt followed by its continuation, one block per prompt: sampled with a KV cache on
+  the training mesh, in tokens of the data's tokenizer, stopping at its EOS (the byte
+  tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length)."""
+  from paxlike.decode import generate_text
+  from paxlike.families import family_of
+  from paxlike.tokenizers import load_tokenizer
+  if not family_of(task.model).can_decode:
+    raise UserError('--mode=decode needs a language model experiment')
+  if FLAGS.decode_length <= 0 or FLAGS.temperature < 0 or not 0 < FLAGS.top_p <= 1 or FLAGS.top_k < 0:
+    raise UserError('--decode_length must be positive, --temperature and --top_k non-negative, '
+                    '--top_p in (0, 1]')
+  tokenizer = getattr(task.data, 'loaded_tokenizer', None) or load_tokenizer('bytes')
+  prompts = decode_prompts()
+  longest = max(len(ids) for ids in tokenizer.encode_batch(prompts))
+  cache_len = (max(task.model.max_len, longest + FLAGS.decode_length) if task.model.rope
+               else task.model.max_len)
+  texts = generate_text(task.model, params, tokenizer, prompts,
+                        stop_at_eos=tokenizer.kind != 'bytes', max_new_tokens=FLAGS.decode_length,
+                        temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
+                        seed=FLAGS.decode_seed, cache_len=cache_len, mesh=mesh,
+                        rules=task.mesh.rules)
+  return '\n\n'.join(prompt + text for prompt, text in zip(prompts, texts))
 
 
 def main(argv: list[str]) -> None:

@@ -97,3 +97,19 @@ def test_a_glob_matching_nothing_is_exit_2(corpus, tmp_path):
   proc = run_cli(*text_args(corpus, f'--fdl_set=data.files={tmp_path}/none/*.jsonl'),
                  f'--job_log_dir={tmp_path / "j"}', env=env(corpus), check=False)
   _one_line(proc, 2, f'{tmp_path}/none/*.jsonl')
+
+
+def test_decode_a_batch_of_prompts_equals_each_alone(corpus, tmp_path):
+  job = tmp_path / 'job'
+  args = text_args(corpus, '--fdl_set=train.num_steps=4')
+  run_cli(*args, f'--job_log_dir={job}', env=env(corpus))
+  prompts = ['ROMEO: What', 'Good morrow, my lord']
+  (tmp_path / 'prompts.txt').write_text('\n'.join(prompts) + '\n\n')
+  decode = [*args, f'--job_log_dir={job}', '--mode=decode', '--temperature=0',
+            '--decode_length=12']
+  batch = run_cli(*decode, f'--prompts_file={tmp_path / "prompts.txt"}', env=env(corpus)).stdout
+  alone = [run_cli(*decode, f'--prompt={p}', env=env(corpus)).stdout.rstrip('\n') for p in prompts]
+  assert batch.rstrip('\n') == '\n\n'.join(alone)
+  assert all(text.startswith(p) and len(text) > len(p) for text, p in zip(alone, prompts))
+  bad = run_cli(*decode, f'--prompts_file={tmp_path / "none.txt"}', env=env(corpus), check=False)
+  assert bad.returncode == 2 and 'cannot be read' in bad.stderr.strip().splitlines()[-1]
