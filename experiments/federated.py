@@ -14,7 +14,7 @@ import fiddle as fdl
 
 from configs import federated as fed
 from configs import models, optimizers, tasks
-from paxlike.data import ImageData, LmData
+from paxlike.data import ImageData, LmData, TextData, data_root
 from paxlike.experiment import Experiment
 from paxlike.registry import register
 
@@ -246,3 +246,22 @@ class FashionMnistFedAvg(_Federated):
     return fdl.Config(ImageData, dataset='fashion_mnist', partition='shards', num_clients=100,
                       shards_per_client=2, clients_per_round=10, local_steps=2, batch_size=16,
                       eval_batch_size=256, num_eval_batches=8)
+
+
+@register
+class TextFedAvg(_Federated):
+  """FedAvg on a tokenized corpus: 4 clients a round, 4 local steps of 8 packed 128-token rows,
+  the model's vocabulary from the tokenizer. Natural clients: one per file
+  (`data.partition=file`) or per value of a JSONL field (`data.partition=field
+  data.client_field=author`); by default Tiny Shakespeare's paragraphs, pooled, in bytes.
+
+  python -m paxlike.main --exp=federated.TextFedAvg --job_log_dir=/tmp/textfedavg \\
+      --fdl_set=data.files='corpus/*.jsonl' --fdl_set=data.tokenizer=/tmp/tok/tokenizer.json \\
+      --fdl_set=data.partition=field --fdl_set=data.client_field=author"""
+  MODEL_FIELDS = {'vocab_size': None}
+  DATA = dict(clients_per_round=4, local_steps=4)
+
+  def datasets(self):
+    return fdl.Config(TextData, files=str(data_root() / 'tinyshakespeare' / 'input.txt'),
+                      txt_document='paragraph', seq_len=128, batch_size=8,
+                      **self.data_fields())

@@ -113,3 +113,17 @@ def test_decode_a_batch_of_prompts_equals_each_alone(corpus, tmp_path):
   assert all(text.startswith(p) and len(text) > len(p) for text, p in zip(alone, prompts))
   bad = run_cli(*decode, f'--prompts_file={tmp_path / "none.txt"}', env=env(corpus), check=False)
   assert bad.returncode == 2 and 'cannot be read' in bad.stderr.strip().splitlines()[-1]
+
+
+def test_fedavg_on_the_tokenized_corpus_by_speaker(corpus, tmp_path):
+  job = tmp_path / 'fed'
+  run_cli('--exp=federated.TextFedAvg', '--fdl_fiddler=tiny', f'--job_log_dir={job}',
+          f'--fdl_set=data.files={corpus["root"]}/*.jsonl', '--fdl_set=data.seq_len=32',
+          f'--fdl_set=data.tokenizer={corpus["tokenizer"]}', '--fdl_set=data.partition=field',
+          '--fdl_set=data.client_field=speaker', '--fdl_set=data.batch_size=2',
+          '--fdl_set=data.local_steps=2', '--fdl_set=train.num_steps=4',
+          '--fdl_set=train.log_every=2', '--fdl_set=data.eval_fraction=0.05',
+          '--fdl_set=data.num_eval_batches=1', env=env(corpus))
+  rows = metric_rows(job)
+  assert [r['step'] for r in rows] == [2, 4] and all(r['clients'] == 4 for r in rows)
+  assert all(0 < r['loss'] < 10 for r in rows)
