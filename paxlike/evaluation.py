@@ -63,10 +63,12 @@ def eval_step(model: nn.Module, item: Item, num_groups: int, ensemble: Ensemble 
                                                    mask=mask.astype(bool))
     return metrics, group_sums(per_target, correct, mask, groups, num_groups)
 
-  def apply(params, inputs):
-    return model.apply({'params': params}, inputs, deterministic=True)
-
   def step(state, batch, groups):
+    extra = losses.model_inputs(batch)  # Packed batches: documents kept apart, as in training.
+
+    def apply(params, inputs):
+      return model.apply({'params': params}, inputs, deterministic=True, **extra)
+
     out = {'': results(apply(state.params, batch['inputs']), batch, groups)}
     if ensemble is not None:  # LMs: mixed by the domain posterior; classifiers: by the prior.
       members, log_prior = ensemble(state)
@@ -175,7 +177,8 @@ def personalized_sums(model: nn.Module, optimizer: Any, num_groups: int
   @jax.jit
   def score(tuned, batch, groups):
     def one(params):
-      logits = model.apply({'params': params}, batch['inputs'], deterministic=True)
+      logits = model.apply({'params': params}, batch['inputs'], deterministic=True,
+                           **losses.model_inputs(batch))
       per_target, correct = losses.per_example_loss(logits, batch)
       return group_sums(per_target, correct, batch['mask'].astype(jnp.float32), groups,
                         num_groups)
