@@ -70,3 +70,32 @@ def test_sft_without_a_source_says_what_it_needs(tmp_path):
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines() == [
       'paxlike: error: lm.SftLlama needs --fdl_set=train.init_from=... (see its docstring: --list)']
+
+
+def test_export_merges_lora_and_reimports_to_identical_logits(source, tmp_path):
+  from paxlike import config_io, registry, restore
+  from paxlike.interop import hf_export
+  from paxlike.layers import lora
+  job, out = tmp_path / 'job', tmp_path / 'exported'
+  run_cli(*sft_args(source, job, 4), '--fdl_set=optimizer.learning_rate=0.05',
+          env=cli_env(PAXLIKE_TOKEN_DIR=str(tmp_path / 'tokens')))
+  proc = subprocess.run([sys.executable, '-m', 'paxlike.interop.hf_llama', f'--job_log_dir={job}',
+                         f'--out={out}'], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+  assert proc.returncode == 0 and proc.stdout.startswith(f'wrote {out}'), proc.stderr[-2000:]
+  assert {p.name for p in out.iterdir()} >= {'config.json', 'model.safetensors', 'tokenizer.json'}
+  registry.import_all()
+  task = config_io.build(config_io.load_file(job / 'config.json'))
+  placed, step, state = restore.load_latest_state(task, job)
+  params = jax.tree.map(np.asarray, nn.meta.unbox(restore.export_params(placed, state)))
+  adapters = [x for x, is_adapter in zip(jax.tree.leaves(params),
+                                         jax.tree.leaves(lora.lora_mask(params))) if is_adapter]
+  assert step == 4 and any(np.abs(a).max() > 0 for a in adapters)  # Trained adapters: B != 0.
+  tokens = np.arange(1, 33, dtype=np.int32).reshape(2, 16)
+  want = task.model.apply({'params': params}, tokens)
+  cfg, imported = hf_llama.load_hf_checkpoint(out)
+  got = TransformerLM(**{**cfg.__arguments__}).apply({'params': imported}, tokens)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+  again = subprocess.run([sys.executable, '-m', 'paxlike.interop.hf_llama', f'--job_log_dir={job}',
+                          f'--out={out}'], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+  assert again.returncode == 2 and 'exists and is not empty' in again.stderr
+  assert hf_export.tokenizer_files('bytes') == []
