@@ -1,17 +1,28 @@
 """Training only part of the params (LoRA's adapters): the frozen leaves stay bitwise, no
-gradient of them is computed, and the optimizer state is the trained leaves' alone."""
+gradient of them is computed, and the optimizer state is the trained leaves' alone; LoRA runs
+resume bitwise, and federated algorithms refuse LoRA (not built yet)."""
 
+import dataclasses
+import functools
+import json
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import traverse_util
 
-from paxlike import losses
+from paxlike import losses, train, trainer_setup
 from paxlike.centralized import centralized, merge_params, split_params
+from paxlike.checkpoint import Checkpoints
+from paxlike.errors import UserError
+from paxlike.federated.algorithms import fed_avg
 from paxlike.layers import TransformerLM
+from paxlike.layers.lora import lora_mask
+from tests.helpers import run_script
+from tests.tiny_task import tiny_task, with_steps
 
 MODEL = TransformerLM(vocab_size=64, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=16)
 
@@ -90,3 +101,73 @@ def test_no_gradient_is_computed_for_frozen_kernels():
   frozen = count_dots(centralized(loss_fn, optax.sgd(0.1), trainable=norms_only), params)
   kernels = sum(1 for k in traverse_util.flatten_dict(params) if 'norm' not in '/'.join(k))
   assert full - frozen >= kernels - 1  # (The embedding's gradient is a scatter, not a dot.)
+
+
+# The trainer with a LoRA model (model.lora_rank > 0): lora_mask freezes the base.
+
+@pytest.fixture(scope='module')
+def lora_placed():
+  return train.setup(tiny_task('model.lora_rank=4', 'train.checkpoint_every=1',
+                               'train.max_to_keep=5'))
+
+
+def restored(placed, job, step):
+  checkpoints = Checkpoints(job / 'checkpoints', 5, read_only=True)
+  try:
+    return checkpoints.restore(placed.abstract_state, step=step)[1]
+  finally:
+    checkpoints.close()
+
+
+def test_lora_run_trains_only_the_adapters(lora_placed, tmp_path):
+  placed = lora_placed
+  train.train(with_steps(placed, 5), tmp_path)
+  with jax.set_mesh(placed.mesh):
+    start = placed.init(jax.random.key(placed.task.train.seed))
+  end = restored(placed, tmp_path, 5)
+  base0, base5 = (split_params(s.alg.params, lora_mask)[1] for s in (start, end))
+  adapters0, adapters5 = (split_params(s.alg.params, lora_mask)[0] for s in (start, end))
+  assert [np.asarray(x).tobytes() for x in jax.tree.leaves(base5)] == [
+      np.asarray(x).tobytes() for x in jax.tree.leaves(base0)]
+  names = traverse_util.flatten_dict(adapters5, sep='/')
+  assert sorted(names) == ['block_0/attention/query_lora_a', 'block_0/attention/query_lora_b',
+                           'block_0/attention/value_lora_a', 'block_0/attention/value_lora_b']
+  assert not np.any(np.asarray(adapters0['block_0']['attention']['query_lora_b']))  # B = 0.
+  assert all(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(adapters5),
+                                                      jax.tree.leaves(adapters0)))
+  # Optimizer state: what the optimizer keeps without params (count, schedule) plus AdamW's two
+  # moments of each adapter, nothing of the base.
+  overhead = nbytes(placed.task.optimizer.init({}))
+  assert nbytes(end.alg.opt_state) == overhead + 2 * nbytes(adapters0)
+  assert 2 * nbytes(adapters0) < nbytes(base0) / 10
+
+
+def test_lora_resumes_bitwise(lora_placed, tmp_path):
+  train.train(with_steps(lora_placed, 3), tmp_path / 'whole')
+  train.train(with_steps(lora_placed, 2), tmp_path / 'parts')
+  train.train(with_steps(lora_placed, 3), tmp_path / 'parts')
+  a, b = restored(lora_placed, tmp_path / 'whole', 3), restored(lora_placed, tmp_path / 'parts', 3)
+  assert [np.asarray(x).tobytes() for x in jax.tree.leaves(a)] == [
+      np.asarray(x).tobytes() for x in jax.tree.leaves(b)]
+
+
+def test_federated_lora_is_refused():
+  task = tiny_task('model.lora_rank=4')
+  fed = dataclasses.replace(task, algorithm=functools.partial(fed_avg))
+  with pytest.raises(UserError, match='centralized training only.*fed_avg'):
+    trainer_setup.build_algorithm(fed, losses.model_loss_fn(task.model), lora_mask)
+
+
+def test_benchmark_quick_run():
+  """benchmarks/lora.py --quick: AdamW's state is its count plus two moments of exactly the
+  trained params on each side; LoRA trains a small fraction."""
+  out = run_script('import runpy, sys; sys.argv = ["lora.py", "--quick"]; '
+                   'runpy.run_path("benchmarks/lora.py", run_name="__main__")', devices=1)
+  result = json.loads(out.strip().splitlines()[-1])
+  for name in ('full', 'lora'):
+    side = result[name]
+    assert side['opt_state_bytes'] == 4 + 2 * 4 * side['trained_params']
+    assert side['ms_per_step'] > 0
+  assert result['lora']['trained_params'] < result['full']['trained_params'] / 10
+  assert result['opt_state_ratio'] == pytest.approx(
+      result['lora']['opt_state_bytes'] / result['full']['opt_state_bytes'])

@@ -18,6 +18,8 @@ def tiny_config(*overrides: str) -> fdl.Config[Task]:
   cfg = registry.get('lm.StdlibTiny')().config()
   fiddlers.tiny(cfg)
   config_io.apply_overrides(cfg, [*SMALL, *overrides])
+  if 'lora_rank' not in dict(cfg.mesh.rules):  # Until partitioning.DEFAULT_RULES has it.
+    cfg.mesh.rules = (*cfg.mesh.rules, ('lora_rank', None))
   return cfg
 
 
