@@ -180,11 +180,11 @@ def run(argv: list[str]) -> None:
     setup = trainer_setup.setup(task)  # Checks mesh, data and model before the job dir is touched.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
                                 [*FLAGS.allow_import, *registry.trusted_modules()])
-    notes = model_stats.kernel_line(task.model, task.data)
+    notes = model_stats.kernel_line(task.model, task.data) + packing_line(task.data)
     data = prepare.data_fingerprint(task.data)
 
     def on_start() -> None:  # Restored: say which attention kernel runs, record config and data.
-      print(notes[2:], end='', file=sys.stderr)
+      print(notes.replace('# ', ''), end='', file=sys.stderr)
       job_dir.record_config(directory, cfg, notes)
       fingerprint.record(directory, data)
 
@@ -208,6 +208,18 @@ def run(argv: list[str]) -> None:
                       **({'eval_clients': clients} if clients else {})}))
   else:
     print(decoded_text(task, setup.mesh, state.alg.params))
+
+
+def packing_line(data) -> str:
+  """'# packing efficiency: ...' (the non-pad fraction of the training targets) for packed
+  data, else ''."""
+  packed = getattr(data, 'packed', None)
+  if packed is None:
+    return ''
+  meta = packed.meta
+  return (f"# packing efficiency: {meta['packing_efficiency']:.4f} train, "
+          f"{meta['eval_packing_efficiency']:.4f} eval ({meta['train_documents']:,} and "
+          f"{meta['eval_documents']:,} documents)\n")
 
 
 def decode_prompts() -> list[str]:

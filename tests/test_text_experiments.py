@@ -2,6 +2,7 @@
 kill -9 and a rerun give the uninterrupted rows, and bad input is one line, exit 2."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +56,8 @@ def test_kill_9_then_rerun_gives_the_uninterrupted_rows(corpus, tmp_path):
   rows = metric_rows(whole)
   assert [r['step'] for r in rows] == list(range(2, 25, 2))
   assert rows[-1]['loss'] < rows[0]['loss']  # It learns the corpus.
+  efficiency = re.search(r'# packing efficiency: (\S+) train', (whole / 'config.txt').read_text())
+  assert efficiency and 0.9 < float(efficiency.group(1)) <= 1
   proc = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *text_args(corpus),
                            f'--job_log_dir={killed}'], cwd=REPO, env=env(corpus),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
