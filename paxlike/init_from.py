@@ -248,6 +248,6 @@ def write_record(job_dir: Path, record: dict[str, Any]) -> None:
   os.replace(tmp, job_dir / RECORD)
 
 
-def host_bytes(tree: Any) -> int:
-  """Bytes of a tree of arrays (for the import's log line)."""
+def nbytes(tree: Any) -> int:
+  """Bytes of the arrays in `tree` (for the import's log line)."""
   return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))

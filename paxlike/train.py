@@ -100,7 +100,7 @@ def restore_or_init(placed: Setup, checkpoints: Checkpoints, allow_config_change
     imported = init_from.load_params(source, placed.abstract_params, placed.task.model,
                                      placed.trainable)
     status(f'initialised from {source}: {len(imported)} params '
-           f'({init_from.host_bytes(imported) / 2**20:.1f} MiB)')
+           f'({init_from.nbytes(imported) / 2**20:.1f} MiB)')
     return 0, placed.init_with(imported, rng), {}
 
 
