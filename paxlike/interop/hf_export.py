@@ -1,6 +1,6 @@
 """A paxlike LM job's checkpoint as a Hugging Face Llama directory.
 
-python -m paxlike.interop.hf_llama --job_log_dir=DIR --out=HF_DIR [--step=N]
+python -m paxlike.interop.hf_llama --job_log_dir=DIR --out=HF_DIR [--step=N] (its __main__)
 
 Writes config.json and model.safetensors (LoRA adapters merged into their kernels, the EMA of
 the params when the run kept one) and copies the tokenizer files the run's data used, so

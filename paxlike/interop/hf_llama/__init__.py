@@ -306,8 +306,3 @@ def read_params(header: Mapping[str, tuple[tuple[int, ...], Path]], model: Trans
 def _read(header: Mapping[str, tuple[tuple[int, ...], Path]], name: str) -> np.ndarray:
   with safe_open(header[name][1], framework='numpy') as f:
     return f.get_tensor(name)
-
-
-if __name__ == '__main__':  # python -m paxlike.interop.hf_llama --job_log_dir=DIR --out=HF_DIR
-  from paxlike.interop import hf_export
-  hf_export.run_cli()
