@@ -172,7 +172,7 @@ def run(argv: list[str]) -> None:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
 
   # Heavy imports only once a job really runs.
-  from paxlike import distributed, evaluation, restore, train, trainer_setup
+  from paxlike import distributed, restore, train, trainer_setup
   from paxlike.data import fingerprint, prepare
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          FLAGS.distributed_init_timeout, FLAGS.heartbeat_timeout)
@@ -203,11 +203,11 @@ def run(argv: list[str]) -> None:
     if differs:  # Still evaluated (on today's data), but not silently.
       print(f'warning: {differs}; these eval numbers are on the data as it is now',
             file=sys.stderr)
-    evals, clients = evaluation.evaluate(setup, state.alg)
+    evals, clients = train.evaluate_state(setup, state)
     print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in evals.items()},
                       **({'eval_clients': clients} if clients else {})}))
   else:
-    print(decoded_text(task, setup.mesh, state.alg.params))
+    print(decoded_text(task, setup.mesh, restore.export_params(setup, state)))  # EMA if kept.
 
 
 def packing_line(data) -> str:

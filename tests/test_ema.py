@@ -77,3 +77,16 @@ def test_no_ema_keeps_the_old_state_layout():
 def test_bad_decay_is_a_user_error(bad):
   with pytest.raises(UserError, match='ema_decay'):
     TrainConfig(ema_decay=bad)
+
+
+@pytest.mark.slow
+def test_eval_mode_reports_the_ema_beside_the_params(tmp_path):
+  import json
+  from tests.helpers import TINY, run_cli
+  args = [*TINY, f'--job_log_dir={tmp_path}', '--fdl_set=train.ema_decay=0.9']
+  run_cli(*args)
+  last = metric_rows(tmp_path)[-1]
+  out = json.loads(run_cli(*args, '--mode=eval').stdout)
+  assert out['step'] == 20
+  assert (out['eval_loss'], out['eval_ema_loss']) == (last['eval_loss'], last['eval_ema_loss'])
+  assert out['eval_ema_loss'] != out['eval_loss']
