@@ -9,6 +9,7 @@ programs, `train_state` holds the state and the step, `preemption` turns signals
 
 import dataclasses
 import functools
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -167,13 +168,19 @@ def train(placed: Setup, job_dir: Path, *, restore_fallback: Fallback = 'off',
     with (StopSignal() as stop, jax.set_mesh(placed.mesh), nn.logical_axis_rules(rules),
           Prefetcher(functools.partial(host_round, placed), start + 1) as host_rounds):
       pending = None  # (step, metrics) dispatched but not yet read back: ≤ 2 steps in flight.
+      waited, row_start = 0.0, time.perf_counter()  # Blocked on the data since the last row.
       for step in range(start + 1, cfg.num_steps + 1):
-        state, metrics = placed.step(state, *round_inputs(placed, step, host_rounds.get(step)))
+        asked = time.perf_counter()
+        host = host_rounds.get(step)
+        waited += time.perf_counter() - asked
+        state, metrics = placed.step(state, *round_inputs(placed, step, host))
         means = {k: metrics[k] for k in MEAN_METRICS if k in metrics}
         sums, count = (_add_metrics(sums, means) if count else means), count + 1
         if is_row(step):
-          metrics = {**metrics, **_mean_metrics(sums, np.float32(count))}
-          sums, count = {}, 0
+          now = time.perf_counter()
+          metrics = {**metrics, **_mean_metrics(sums, np.float32(count)),
+                     'data_wait_time_fraction': waited / max(now - row_start, 1e-9)}
+          sums, count, waited, row_start = {}, 0, 0.0, now
         if pending:
           last_row = finish(*pending) or last_row
         pending = (step, metrics)

@@ -146,4 +146,6 @@ def train_step(state: TrainState, batches: dict, weights: jax.Array, rng: jax.Ar
     new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
     new = new._replace(nonfinite_steps=state.nonfinite_steps + 1 - finite.astype(jnp.int32))
     metrics = {**metrics, 'nonfinite_steps': new.nonfinite_steps}
+  # The step's scored targets (tokens, or examples), padding excluded.
+  metrics = {**metrics, 'targets': jnp.sum(batches['mask'].astype(jnp.float32))}
   return new, {**metrics, FINITE: finite}

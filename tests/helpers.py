@@ -54,9 +54,9 @@ def snapshot(directory: Path) -> dict[str, str]:
 # The timing fields the trainer writes (`steps_per_sec` and `throughput.throughput_metrics`), the
 # only ones a determinism comparison may skip. Named one by one: any other field, including a new
 # one, is compared, so a field that varies between identical runs fails a test instead of
-# silently leaving every comparison. Each obeys DESIGN.md's naming rule (`is_timing_field`).
-TIMING_FIELDS = frozenset({'steps_per_sec', 'tokens_per_sec', 'examples_per_sec',
-                           'tflops_per_sec', 'mfu'})
+# silently leaving every comparison. Each obeys the job dir's naming rule (`summaries.is_timing_field`).
+TIMING_FIELDS = frozenset({'steps_per_sec', 'data_wait_time_fraction', 'tokens_per_sec',
+                           'examples_per_sec', 'tflops_per_sec', 'mfu'})
 
 
 def metric_rows(job_dir: Path, timing: bool = False) -> list[dict]:

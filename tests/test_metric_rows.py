@@ -17,10 +17,11 @@ def test_only_the_listed_timing_fields_are_dropped_and_unknown_fields_are_compar
 
 
 def test_the_list_is_every_timing_field_the_trainer_writes():
-  written = {'steps_per_sec'}  # train.train's own rate; the rest come from throughput_metrics.
+  # train.train's own rate and data wait; the rest come from throughput_metrics.
+  written = {'steps_per_sec', 'data_wait_time_fraction'}
   for item in ('tokens', 'examples'):
     written |= set(throughput.throughput_metrics(2.0, 64, item, flops_per_device=1e9,
                                                  num_devices=1, peak_per_device=1e12))
   assert written == TIMING_FIELDS
-  # DESIGN.md's naming rule for what is written: a timing field's name says so.
+  # The job dir's naming rule for what is written: a timing field's name says so.
   assert all(summaries.is_timing_field(name) for name in TIMING_FIELDS)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from paxlike import config_io
 from paxlike.data import data_root
 from tests.helpers import REPO, cli_env, metric_rows, run_cli
 
@@ -50,12 +51,18 @@ def env(corpus: dict[str, Path]) -> dict[str, str]:
   return cli_env(PAXLIKE_TOKEN_DIR=str(corpus['tokens']))
 
 
-def test_kill_9_then_rerun_gives_the_uninterrupted_rows(corpus, tmp_path):
+def test_kill_9_then_rerun_gives_the_uninterrupted_rows(corpus, tmp_path, monkeypatch):
+  monkeypatch.setenv('PAXLIKE_TOKEN_DIR', str(corpus['tokens']))
   whole, killed = tmp_path / 'whole', tmp_path / 'killed'
   run_cli(*text_args(corpus), f'--job_log_dir={whole}', env=env(corpus))
   rows = metric_rows(whole)
   assert [r['step'] for r in rows] == list(range(2, 25, 2))
   assert rows[-1]['loss'] < rows[0]['loss']  # It learns the corpus.
+  task = config_io.build(config_io.load_file(whole / 'config.json'))
+  for row in rows:  # The logged target count is the step's unpadded tokens, counted here.
+    batch, _ = task.data.round_batches(0, row['step'])
+    assert row['targets'] == batch['mask'].sum()
+  assert all(0 <= r['data_wait_time_fraction'] < 1 for r in metric_rows(whole, timing=True))
   efficiency = re.search(r'# packing efficiency: (\S+) train', (whole / 'config.txt').read_text())
   assert efficiency and 0.9 < float(efficiency.group(1)) <= 1
   proc = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *text_args(corpus),
