@@ -95,19 +95,12 @@ def test_numpy_load_of_a_pickle_is_refused(pickle_payload):
     ('builtins', 'getattr'), ('numpy', 'save'), ('jax.numpy', 'save'), ('numpy', 'fromfile'),
     ('paxlike.data.prepare', 'make_builder'), ('paxlike.job_dir', 'record_config'),
     ('fiddle', 'build'), ('flax.linen', 'tabulate'),
-])
-def test_calls_with_effects_are_refused_by_name(module, name):
-  text = _payload(module, name, 'x.npy', 1)
-  with pytest.raises(UserError, match=rf'names {module}\.{name}, which a config may not use'):
-    config_io.from_json(text, 'evil.json')
-
-
-@pytest.mark.parametrize('module, name', [
+    # Routes to os.system and friends through modules a config may import:
     ('numpy.lib._npyio_impl', 'os.system'),  # The route the issue found.
     ('paxlike.job_dir', 'os.system'), ('optax', 'tree_utils.os.system'),
     ('paxlike.layers.transformer', 'jax.numpy.save'), ('experiments.lm', 'fdl.build'),
 ])
-def test_routes_through_allowed_modules_are_refused(module, name):
+def test_calls_with_effects_and_routes_to_them_are_refused_by_name(module, name):
   text = _payload(module, name, 'x.npy', 1)
   with pytest.raises(UserError, match=rf'names {module}\.{name}, which a config may not use'):
     config_io.from_json(text, 'evil.json')

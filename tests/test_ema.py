@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 from paxlike import evaluation, train
-from paxlike.checkpoint import Checkpoints
 from paxlike.errors import UserError
 from paxlike.experiment import TrainConfig
 from tests.helpers import metric_rows
-from tests.tiny_task import tiny_task, with_steps
+from tests.tiny_task import restored, tiny_task, with_steps
 
 DECAY = 0.8
 
@@ -24,13 +23,6 @@ def placed():
   return train.setup(tiny_task(f'train.ema_decay={DECAY}', 'train.checkpoint_every=1',
                                'train.max_to_keep=5', 'train.log_every=1', 'train.eval_every=3'))
 
-
-def restored(placed, job, step):
-  checkpoints = Checkpoints(job / 'checkpoints', 5, read_only=True)
-  try:
-    return checkpoints.restore(placed.abstract_state, step=step)[1]
-  finally:
-    checkpoints.close()
 
 
 def test_ema_by_hand_for_three_steps(placed, tmp_path):

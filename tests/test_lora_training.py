@@ -16,13 +16,12 @@ from flax import traverse_util
 
 from paxlike import losses, train, trainer_setup
 from paxlike.centralized import centralized, merge_params, split_params
-from paxlike.checkpoint import Checkpoints
 from paxlike.errors import UserError
 from paxlike.federated.algorithms import fed_avg
 from paxlike.layers import TransformerLM
 from paxlike.layers.lora import lora_mask
 from tests.helpers import run_script
-from tests.tiny_task import tiny_task, with_steps
+from tests.tiny_task import restored, tiny_task, with_steps
 
 MODEL = TransformerLM(vocab_size=64, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=16)
 
@@ -110,13 +109,6 @@ def lora_placed():
   return train.setup(tiny_task('model.lora_rank=4', 'train.checkpoint_every=1',
                                'train.max_to_keep=5'))
 
-
-def restored(placed, job, step):
-  checkpoints = Checkpoints(job / 'checkpoints', 5, read_only=True)
-  try:
-    return checkpoints.restore(placed.abstract_state, step=step)[1]
-  finally:
-    checkpoints.close()
 
 
 def test_lora_run_trains_only_the_adapters(lora_placed, tmp_path):

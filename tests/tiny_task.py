@@ -6,6 +6,7 @@ import fiddle as fdl
 
 from configs import fiddlers
 from paxlike import config_io, registry, train
+from paxlike.checkpoint import Checkpoints
 from paxlike.experiment import Task
 
 # lm.StdlibTiny's model at test size: 1 layer, d_model 32, seq 16, batch 4.
@@ -33,3 +34,12 @@ def with_steps(placed: train.Setup, num_steps: int) -> train.Setup:
   task = dataclasses.replace(placed.task,
                              train=dataclasses.replace(placed.task.train, num_steps=num_steps))
   return dataclasses.replace(placed, task=task)
+
+
+def restored(placed, job, step):
+  """The train state committed at `step` in `job`."""
+  checkpoints = Checkpoints(job / 'checkpoints', 5, read_only=True)
+  try:
+    return checkpoints.restore(placed.abstract_state, step=step)[1]
+  finally:
+    checkpoints.close()
