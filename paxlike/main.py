@@ -115,7 +115,8 @@ def fill_from_init_source(cfg) -> None:
   from paxlike import init_from as source
   saved = Path(FLAGS.job_log_dir or '').expanduser() / 'config.json'
   try:
-    model, tokenizer = source.model_overrides_from(init_from), source.init_source_tokenizer(init_from)
+    model = source.model_overrides_from(init_from)
+    tokenizer = source.init_source_tokenizer(init_from)
   except UserError:
     if not (FLAGS.job_log_dir and saved.is_file()):
       raise
@@ -240,19 +241,19 @@ def decoded_text(task, mesh, params) -> str:
   """Each prompt followed by its continuation, one block per prompt: sampled with a KV cache on
   the training mesh, in tokens of the data's tokenizer, stopping at its EOS (the byte
   tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length)."""
-  from paxlike.decode import generate_text
+  from paxlike.decode import cache_len_for, generate_text
   from paxlike.families import family_of
   from paxlike.tokenizers import load_tokenizer
   if not family_of(task.model).can_decode:
     raise UserError('--mode=decode needs a language model experiment')
-  if FLAGS.decode_length <= 0 or FLAGS.temperature < 0 or not 0 < FLAGS.top_p <= 1 or FLAGS.top_k < 0:
+  if (FLAGS.decode_length <= 0 or FLAGS.temperature < 0 or FLAGS.top_k < 0
+      or not 0 < FLAGS.top_p <= 1):
     raise UserError('--decode_length must be positive, --temperature and --top_k non-negative, '
                     '--top_p in (0, 1]')
   tokenizer = getattr(task.data, 'loaded_tokenizer', None) or load_tokenizer('bytes')
   prompts = decode_prompts()
   longest = max(len(ids) for ids in tokenizer.encode_batch(prompts))
-  cache_len = (max(task.model.max_len, longest + FLAGS.decode_length) if task.model.rope
-               else task.model.max_len)
+  cache_len = cache_len_for(task.model, longest, FLAGS.decode_length)
   texts = generate_text(task.model, params, tokenizer, prompts,
                         stop_at_eos=tokenizer.kind != 'bytes', max_new_tokens=FLAGS.decode_length,
                         temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,

@@ -4,9 +4,10 @@ through a tokenizer) and the pure sampling functions it uses.
 `sample_text` is what `--mode=decode` calls: one prompt, the byte tokenizer by default.
 """
 
-from paxlike.decode.engine import Decoder, Options, State, decoder, generate, left_pad
+from paxlike.decode.engine import (Decoder, Options, State, cache_len_for, decoder, generate,
+                                   left_pad)
 from paxlike.decode.sampling import Sampling, sample, top_k_filter, top_p_filter
 from paxlike.decode.text import generate_text, sample_text
 
-__all__ = ['Decoder', 'Options', 'Sampling', 'State', 'decoder', 'generate', 'generate_text',
+__all__ = ['Decoder', 'Options', 'Sampling', 'State', 'cache_len_for', 'decoder', 'generate', 'generate_text',
            'left_pad', 'sample', 'sample_text', 'top_k_filter', 'top_p_filter']

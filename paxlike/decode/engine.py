@@ -159,6 +159,15 @@ def decoder(model: nn.Module, options: Options, mesh: Mesh | None = None,
   return Decoder(*(in_context(fn) for fn in jitted))
 
 
+def cache_len_for(model: nn.Module, longest: int, max_new_tokens: int) -> int:
+  """The cache a request of prompts up to `longest` tokens needs: `model.max_len`, or more for
+  a rope model (it has no position table) whose prompt plus new tokens take more slots (the
+  last new token is never fed back, so it needs none)."""
+  if not model.rope:
+    return model.max_len
+  return max(model.max_len, longest + max_new_tokens - 1)
+
+
 def check_request(model: nn.Module, prompts: Sequence[np.ndarray], max_new_tokens: int,
                   cache_len: int) -> None:
   """UserError for what cannot be generated: no prompts, an empty one, ids outside the

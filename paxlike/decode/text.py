@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 
-from paxlike.decode.engine import generate
+from paxlike.decode.engine import cache_len_for, generate
 from paxlike.errors import UserError
 
 
@@ -46,9 +46,7 @@ def sample_text(model: nn.Module, params: Any, prompt: str, steps: int, temperat
   if tokenizer is None:
     from paxlike.tokenizers import load_tokenizer
     tokenizer = load_tokenizer('bytes')
-  cache_len = max(model.max_len, len(tokenizer.encode_batch([prompt])[0]) + steps - 1)
-  if not model.rope:
-    cache_len = model.max_len
+  cache_len = cache_len_for(model, len(tokenizer.encode_batch([prompt])[0]), steps)
   [text] = generate_text(model, params, tokenizer, [prompt], stop_at_eos=False,
                          max_new_tokens=steps, temperature=temperature, top_k=top_k,
                          top_p=top_p, seed=seed, cache_len=cache_len)
