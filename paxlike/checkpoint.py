@@ -62,7 +62,6 @@ class Checkpoints:
     self._started: concurrent.futures.Future | None = None  # The save the thread is starting.
     self._unconfirmed: list[int] = []  # Steps whose saves started but may not have committed.
     self._failed: RunFailure | None = None  # The last failed save (close skips Orbax's then).
-    self._failed_step = -1
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict] | None:
     """(step, state, meta) from `step` (default: the latest committed), or None when there is none.
@@ -145,23 +144,13 @@ class Checkpoints:
     try:
       return fn(*args, **kwargs)
     except Exception as error:  # Orbax and tensorstore raise many kinds for failed writes.
-      self._failed = RunFailure(self._failure_message(error))
-      self._unconfirmed = [s for s in self._unconfirmed if s > self._failed_step]
+      directory = Path(self._manager.directory)
+      committed = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+      failed = next((s for s in self._unconfirmed if s not in committed),
+                    self._unconfirmed[-1] if self._unconfirmed else None)
+      self._unconfirmed = [s for s in self._unconfirmed if failed is not None and s > failed]
+      self._failed = RunFailure(_failure_message(error, directory, failed, committed))
       raise self._failed from error
-
-  def _failure_message(self, error: BaseException) -> str:
-    directory = Path(self._manager.directory)
-    committed = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-    failed = next((s for s in self._unconfirmed if s not in committed),
-                  self._unconfirmed[-1] if self._unconfirmed else None)
-    self._failed_step = -1 if failed is None else failed
-    text = ' '.join(str(e) for e in _chain(error))
-    why = ('the disk is full' if 'No space left on device' in text or
-           any(getattr(e, 'errno', None) == errno.ENOSPC for e in _chain(error))
-           else f'{type(error).__name__}: {_first_line(error)}')
-    intact = (f'step {committed[-1]} is the last intact checkpoint' if committed
-              else 'no checkpoint is saved yet')
-    return f'checkpoint step {failed} could not be saved in {directory} ({why}); {intact}'
 
   def wait(self) -> None:
     """Blocks until every started save has committed."""
@@ -178,6 +167,18 @@ class Checkpoints:
         self._saver.shutdown(wait=True)
       if self._failed is None:
         self._manager.close()
+
+
+def _failure_message(error: BaseException, directory: Path, failed: int | None,
+                     committed: list[int]) -> str:
+  """One line: which step failed, why (a full disk says so), and which one is intact."""
+  chain = _chain(error)
+  why = ('the disk is full' if any('No space left on device' in str(e)
+                                   or getattr(e, 'errno', None) == errno.ENOSPC for e in chain)
+         else f'{type(error).__name__}: {_first_line(error)}')
+  intact = (f'step {committed[-1]} is the last intact checkpoint' if committed
+            else 'no checkpoint is saved yet')
+  return f'checkpoint step {failed} could not be saved in {directory} ({why}); {intact}'
 
 
 def _chain(error: BaseException) -> list[BaseException]:
