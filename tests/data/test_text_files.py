@@ -105,11 +105,11 @@ def test_every_row_missing_the_field_is_a_user_error_naming_field_and_file(tmp_p
 
 
 @pytest.mark.parametrize('name, data, message', [
-    ('t.jsonl.gz', gzip.compress(b'{"text": "abc"}\n' * 200)[:-20], 'corrupt gzip data'),
+    ('t.jsonl.gz', gzip.compress(b'{"text": "abc"}\n' * 200, mtime=0)[:-20], 'corrupt gzip data'),
     ('g.jsonl.gz', b'not gzip at all', 'corrupt gzip data'),
     ('p.parquet', b'PAR1 this is no parquet file', 'unreadable Parquet file'),
     ('j.jsonl', b'{"text": "ok"}\n{"text": broken\n', r'j\.jsonl:2: not a JSON line'),
-])
+], ids=['truncated-gzip', 'not-gzip', 'not-parquet', 'broken-json-line'])
 def test_corrupt_files_are_run_failures_naming_the_file(tmp_path, name, data, message):
   (tmp_path / name).write_bytes(data)
   with pytest.raises(RunFailure, match=message) as error:
