@@ -8,15 +8,20 @@ Forward over the jaxpr of the round:
   transpose of `federated_mean` applies to a broadcast cotangent);
 - an equation with a `clients` operand is `clients` (what `federated_map`'s vmap leaves), and
   so is one reading a server value that has a clients axis (per-client rngs split on the
-  server: each client takes its row and carries on);
+  server: each client takes its row and carries on); but an output with no clients axis is
+  placed by the operands it depends on (jax's dead-code elimination of the equation): a
+  client loop's output that reads no client value, such as the step count of a client
+  optimizer created inside `federated_map` (vmap leaves it unbatched: the same at every
+  client), is a server (or constant) value, not a client one;
 - `federated_sum` / `federated_mean` give a server value computed from the clients (`after`);
 - everything else is `server`, or `const` when it depends on no input.
 
 The clients axis of every value is the axis that changes between traces at N and N + 1
 clients. A broadcast of a value computed from an aggregate (a second round trip), a federated
-primitive inside a control-flow body (PAPA's `lax.cond` averaging), a client value with no
-clients axis (reduced across clients by an ordinary op), or client code whose constants change
-with the cohort size is refused with a one-line `ExportError`.
+primitive inside a control-flow body (PAPA's `lax.cond` averaging), a value computed from
+client values with no clients axis (reduced across clients by an ordinary op) or with a shape
+that changes with the cohort in another way, or client code whose constants change with the
+cohort size is refused with a one-line `ExportError` naming the equation.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core
+from jax.interpreters import partial_eval as pe
 
 from paxlike.errors import UserError
 from paxlike.federated import chunking
@@ -112,20 +118,38 @@ def _clients_axis(many: Any, more: Any) -> int | None | str:
   return axes[0] if axes else None
 
 
+def _depends_on(eqn: core.JaxprEqn, k: int) -> list[core.Var]:
+  """The operands of `eqn` that its k-th output depends on (jax's dead-code elimination of
+  the equation: a scan's carry that never reads the scanned inputs depends on its init alone)."""
+  operands = list(dict.fromkeys(a for a in eqn.invars if is_var(a)))
+  info = core.DebugInfo('export placement', None, ('',) * len(operands), ('',))
+  alone = core.Jaxpr([], operands, [eqn.outvars[k]], [eqn], eqn.effects, debug_info=info)
+  _, used = pe.dce_jaxpr(alone, [True])
+  return [v for v, u in zip(operands, used) if u]
+
+
+def _place(kinds: set[str], scattered: bool) -> str:
+  """The placement of an equation's output whose operands have placements `kinds`."""
+  if 'clients' in kinds or scattered:
+    return 'clients'
+  return next(k for k in ('uniform', 'after', 'server', 'const') if k in kinds | {'const'})
+
+
 def _placements(jaxpr: core.Jaxpr, in_places: Sequence[str],
                 axis: Callable[[core.Var], int | None]) -> dict[core.Var, str]:
   """'const', 'server', 'uniform', 'clients' or 'after' for every var (see the module doc)."""
   place: dict[core.Var, str] = {v: 'const' for v in jaxpr.constvars}
   place.update(zip(jaxpr.invars, in_places))
+  kinds_of = lambda atoms: {place[a] if is_var(a) else 'const' for a in atoms}
+  scatters = lambda atoms: any(is_var(a) and place[a] == 'server' and axis(a) is not None
+                               for a in atoms)
   for index, eqn in enumerate(jaxpr.eqns):
     where = f'equation {index} ({eqn.primitive.name})'
     if any(e.primitive in FEDERATED for j in _sub_jaxprs(eqn) for e in j.eqns):
       raise ExportError(f'{where} has federated primitives inside its body (e.g. averaging '
                         'under lax.cond): only one broadcast → clients → aggregation round '
                         'at the top level can be split')
-    kinds = {place[a] if is_var(a) else 'const' for a in eqn.invars}
-    scattered = any(is_var(a) and place[a] == 'server' and axis(a) is not None
-                    for a in eqn.invars)
+    kinds, scattered = kinds_of(eqn.invars), scatters(eqn.invars)
     if 'after' in kinds and (eqn.primitive in FEDERATED or kinds & {'clients', 'uniform'}
                              or scattered):
       raise ExportError(f'{where} sends a value computed from an aggregate back to the '
@@ -133,17 +157,37 @@ def _placements(jaxpr: core.Jaxpr, in_places: Sequence[str],
     if eqn.primitive is broadcast_p:
       if kinds & {'clients', 'uniform'}:
         raise ExportError(f'{where} broadcasts a value that is already at the clients')
-      out = 'uniform'
+      place.update((v, 'uniform') for v in eqn.outvars)
     elif eqn.primitive in AGGREGATIONS:
-      out = 'after'  # Of any value with a clients axis: constants too (a client learning rate).
-    elif 'clients' in kinds or scattered:
-      out = 'clients'
+      # Of any value with a clients axis: constants too (a client learning rate).
+      place.update((v, 'after') for v in eqn.outvars)
     else:
-      out = next(k for k in ('uniform', 'after', 'server', 'const') if k in kinds | {'const'})
-    place.update((v, out) for v in eqn.outvars)
+      out = _place(kinds, scattered)
+      for k, v in enumerate(eqn.outvars):
+        if out == 'clients' and axis(v) is None:  # Unbatched by vmap, or across clients?
+          deps = _depends_on(eqn, k)
+          place[v] = _place(kinds_of(deps), scatters(deps))
+        else:
+          place[v] = out
   return place
 
 
+def _refuse_unaxed(jaxpr: core.Jaxpr, place: dict, axis: dict, more: dict) -> None:
+  """Refuses a value at the clients without one clients axis, naming what made it."""
+  producer = {v: (i, e) for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+  for v, p in place.items():
+    if p not in ('clients', 'uniform') or isinstance(axis.get(v), int):
+      continue
+    index, eqn = producer.get(v, (None, None))
+    what = (f'value {v.aval.str_short()}' + ('' if eqn is None else
+            f' (equation {index}, {eqn.primitive.name})'))
+    if axis.get(v) == 'bad':
+      raise ExportError(f'{what} is at the clients but its shape does not follow the cohort '
+                        f'along one clients axis ({v.aval.str_short()} at N, '
+                        f'{more[v].aval.str_short()} at N + 1 clients)')
+    raise ExportError(f'{what} is computed from client values but has no clients axis: it '
+                      'combines clients with an ordinary op (e.g. a jnp reduction over the '
+                      'clients axis) instead of federated_sum / federated_mean')
 
 
 def specs(args: Any, placed: Sequence[bool], clients: int) -> Any:
@@ -176,14 +220,10 @@ def placed_round(fn_at: Callable[[int], Callable], args: Sequence[Any],
   axis = {v: _clients_axis(v.aval, to_more[v].aval) for v in to_more}
   place = _placements(jaxpr, ['clients' if p else 'server' for p in placed],
                       lambda v: axis.get(v) if axis.get(v) != 'bad' else None)
-  for v, p in place.items():
-    if p in ('clients', 'uniform') and not isinstance(axis.get(v), int):
-      raise ExportError(f'value {v} ({v.aval.str_short()}) is at the clients but has no single '
-                        'clients axis: it was computed across clients without a federated '
-                        'primitive')
+  _refuse_unaxed(jaxpr, place, axis, to_more)
   for e, m in zip(jaxpr.eqns, more.eqns):
     a, b = _literals(e), _literals(m)
-    if place[e.outvars[0]] == 'clients' and (
+    if any(place[v] == 'clients' for v in e.outvars) and (
         len(a) != len(b) or not all(np.array_equal(x, y) for x, y in zip(a, b))):
       raise ExportError(f'the client computation ({e.primitive.name}) uses a constant that '
                         'depends on the number of clients, so it differs per cohort size')

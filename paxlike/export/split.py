@@ -97,7 +97,8 @@ def _downlink(r: PlacedRound, names: dict) -> tuple[list, list, list[dict]]:
   row i); one without is sent whole.
   """
   producer = {v: e for e in r.jaxpr.eqns for v in e.outvars}
-  reads = [a for e in r.jaxpr.eqns if r.place[e.outvars[0]] == 'clients' for a in e.invars]
+  reads = [a for e in r.jaxpr.eqns if any(r.place[v] == 'clients' for v in e.outvars)
+           for a in e.invars]
   reads += [e.invars[0] for e in _live_aggregations(r.jaxpr)]
   pre_out, client_in, entries = [], [], []
   for v in dict.fromkeys(a for a in reads if is_var(a) and r.place[a] in ('uniform', 'server')):
@@ -142,8 +143,8 @@ def _server_program(r: PlacedRound, inputs: list[tuple], outputs: list[tuple], n
                     key_impl: str) -> Program:
   """The slice of the round from `inputs` to `outputs`; refuses one that computes at clients."""
   eqns = _backward_slice(r.jaxpr, [a for a, _, _ in outputs], {v for v, _, _ in inputs}, name)
-  if name == 'server_post' and any(r.place[e.outvars[0]] in ('clients', 'uniform')
-                                   for e in eqns):
+  if name == 'server_post' and any(r.place[v] in ('clients', 'uniform')
+                                   for e in eqns for v in e.outvars):
     raise ExportError('a server output depends on client values other than the aggregates')
   return _program(r.closed, eqns, _used(inputs, eqns, outputs), outputs, key_impl)
 

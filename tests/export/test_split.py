@@ -13,6 +13,7 @@ from paxlike.errors import UserError
 from paxlike.export import artifacts, run, split, trees
 from paxlike.federated import (btm, diloco, fed_adam, fed_avg, federated_broadcast, federated_map,
                                federated_mean, federated_program, federated_sum, papa)
+from paxlike.federated.scaffold import scaffold
 
 D, B, CLIENTS, STEPS, ROUNDS = 3, 4, 3, 2, 2
 
@@ -69,7 +70,22 @@ ALGORITHMS = {
     'fed_avg': lambda n: fed_avg(loss_fn, optax.sgd(0.1)),
     'diloco': lambda n: diloco(loss_fn, optax.adamw(0.05), num_replicas=n),
     'btm': lambda n: btm(loss_fn, optax.adam(0.05), n),
+    # Adam's step count is created inside the client scan: unbatched, the same at every client.
+    'scaffold': lambda n: scaffold(loss_fn, optax.adam(0.05), n),
 }
+
+
+def test_scaffold_with_a_stateful_client_optimizer_exports(tmp_path):
+  """SCAFFOLD's client Adam starts fresh inside each client's scan; its int32 step count has
+  no clients axis (vmap leaves it unbatched) and reads no client value, so it is no client
+  value: the round exports, the cᵢ are carried at the clients, and the executor's rounds equal
+  the jitted ones."""
+  alg, state, data, _ = export_algorithm(tmp_path, ALGORITHMS['scaffold'])
+  exported = run.load(tmp_path)
+  carried = {s['name'] for s in exported.plan['inputs']
+             if s['placement'] == 'clients' and s['carried']}
+  assert carried == {'state.client_controls.w', 'state.client_controls.b'}
+  assert_outputs_equal(run.run_rounds(exported, ROUNDS)[-1], *jitted_rounds(alg, state, data))
 
 
 def test_btm_exports_its_experts_as_client_state(tmp_path):
@@ -208,6 +224,33 @@ def test_cross_client_op_without_primitive_is_refused(tmp_path):
     return fn
 
   with pytest.raises(split.ExportError, match='read other clients'):
+    export_program(tmp_path, leak, x=jnp.float32(2.0), data=jnp.arange(3.0))
+
+
+def _sums_all_clients(a, d, data):
+  return a * d + jnp.sum(data)  # Every client reads the whole cohort's data.
+
+
+def _outer_product(a, d, data):
+  return a * d + jnp.sum(jnp.outer(data, data)[0])  # [N, N]: two axes follow the cohort.
+
+
+@pytest.mark.parametrize('client_fn, message', [
+    (_sums_all_clients, r'float32\[\] \(equation \d+, reduce_sum\) is computed from client '
+     'values but has no clients axis: it combines clients with an ordinary op'),
+    (_outer_product, r'float32\[3,3\] \(equation \d+, .*\) is at the clients but its shape '
+     r'does not follow the cohort along one clients axis \(float32\[3,3\] at N, '
+     r'float32\[4,4\] at N \+ 1'),
+], ids=['reduction', 'two_axes'])
+def test_value_across_clients_is_refused_naming_its_equation(tmp_path, client_fn, message):
+  def leak(n):
+    @federated_program(clients=n)
+    def fn(x, data):
+      return federated_sum(federated_map(lambda a, d: client_fn(a, d, data),
+                                         (federated_broadcast(x), data)))
+    return fn
+
+  with pytest.raises(split.ExportError, match=message):
     export_program(tmp_path, leak, x=jnp.float32(2.0), data=jnp.arange(3.0))
 
 
