@@ -75,7 +75,11 @@ class Mlp(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+  `mlp`, when given, is an unbound feed-forward block (e.g. `moe.MoeMlp`) adopted as 'mlp';
+  None builds the dense `Mlp` from the fields.
+  """
 
   attention: CausalSelfAttention
   d_ff: int
@@ -89,6 +93,7 @@ class DecoderBlock(nn.Module):
   lora_rank: int = 0
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = ()
+  mlp: nn.Module | None = None
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool, decode: bool = False,
@@ -100,7 +105,9 @@ class DecoderBlock(nn.Module):
     h = self.attention(norm('attn_norm')(x), segment_ids, positions, decode, cache_len)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     x = nn.with_logical_constraint(x + h, EMBED_ACT)
-    h = Mlp(self.d_ff, self.gated_mlp, self.dtype, self.param_dtype, self.mlp_activation,
-            self.lora_rank, self.lora_alpha, self.lora_targets, name='mlp')(norm('mlp_norm')(x))
+    mlp = self.mlp if self.mlp is not None else Mlp(
+        self.d_ff, self.gated_mlp, self.dtype, self.param_dtype, self.mlp_activation,
+        self.lora_rank, self.lora_alpha, self.lora_targets, name='mlp')
+    h = mlp(norm('mlp_norm')(x))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return nn.with_logical_constraint(x + h, EMBED_ACT)

@@ -1,0 +1,195 @@
+"""Mixture-of-experts feed-forward block: top-k token-choice routing, GShard-style dispatch.
+
+Each token's router picks `experts_per_token` (k) experts; each expert takes at most
+`capacity` tokens per routing group, and a token over capacity skips that expert (its
+residual carries it on: it is *dropped* there, and counted). Groups are batch rows: the
+capacity of a row is
+
+    C = ceil(capacity_factor · k · T / E)        (T tokens in the row, E experts; at most T)
+
+so routing never depends on how the batch is split over devices: a 1-device run and an
+8-device `expert` mesh route every token the same way. `capacity_factor=None` (or 0) is
+dropless: C = T, every expert could take the whole row (the expert matmuls then cost E/k
+times the active ones). Slots are handed out in priority order: every token's first choice
+(in row order) before any second choice, as GShard does.
+
+Dispatch and combine are einsums over one-hot masks [B, T, E, C]; the experts' inputs
+[E, B, C, d] carry the logical axes ('expert', 'expert_batch', None, 'embed'), so on a mesh
+with an `expert` axis XLA turns the einsums into all-to-alls between the batch's shards and
+the experts' shards.
+
+Auxiliary losses (GShard / Switch, ST-MoE), from the router's softmax p [B, T, E] before drops:
+- load balance: E · Σ_e f_e · P_e, f_e the share of the B·T·k choices that picked e, P_e the
+  mean of p[..., e]; 1 at perfect balance, E when one expert takes everything;
+- router z-loss: the mean over tokens of logsumexp(logits)².
+The block sows, into the 'moe' collection, per layer: 'loss' (aux_loss_weight · load balance +
+router_z_loss_weight · z-loss: what training adds to its loss), 'aux_loss', 'z_loss',
+'dropped' (the share of the B·T·k choices dropped) and 'max_load' (the busiest expert's share
+of the choices). `summarize` reduces a 'moe' collection over layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+
+from paxlike.layers.blocks import EMBED_ACT, MLP_ACTIVATIONS
+
+DType = Any
+
+COLLECTION = 'moe'
+EXPERT_IN = ('expert', 'expert_batch', None, 'embed')
+EXPERT_HIDDEN = ('expert', 'expert_batch', None, 'mlp')
+
+
+def capacity(tokens: int, num_experts: int, k: int, capacity_factor: float | None) -> int:
+  """Slots per expert in a group of `tokens` tokens (see the module docstring)."""
+  if not capacity_factor:
+    return tokens
+  return max(1, min(tokens, math.ceil(capacity_factor * k * tokens / num_experts)))
+
+
+class Routing(NamedTuple):
+  """Where each token goes. dispatch, combine: [B, T, E, C]; choices: [B, T, k] expert ids."""
+
+  dispatch: jax.Array  # 1 where token (b, t) sits in slot c of expert e.
+  combine: jax.Array  # dispatch × the token's gate for e.
+  choices: jax.Array
+  dropped: jax.Array  # int32: choices that found their expert full.
+
+
+def route(probs: jax.Array, k: int, slots: int, dtype: DType = jnp.float32) -> Routing:
+  """Top-k routing of router probabilities `probs` [B, T, E] into `slots` per expert and row.
+
+  Gates are the chosen probabilities, renormalised to sum to 1 when k > 1 (with k = 1 the raw
+  probability, as in Switch, so the main loss still trains the router).
+  """
+  num_experts = probs.shape[-1]
+  gates, choices = jax.lax.top_k(probs, k)  # [B, T, k]
+  if k > 1:
+    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+  picked = jax.nn.one_hot(choices, num_experts, dtype=jnp.int32)  # [B, T, k, E]
+  batch, length = probs.shape[:2]
+  by_priority = jnp.swapaxes(picked, 1, 2).reshape(batch, k * length, num_experts)
+  position = jnp.cumsum(by_priority, axis=1) * by_priority  # 1-based slot where picked.
+  position = jnp.swapaxes(position.reshape(batch, k, length, num_experts), 1, 2)
+  # A token picks an expert at most once, so summing over its k choices loses nothing.
+  slot = jnp.sum(position, axis=2) - 1  # [B, T, E]: -1 where not picked.
+  dispatch = jax.nn.one_hot(slot, slots, dtype=dtype)  # Zero rows for -1 and for slot >= C.
+  gate = jnp.sum(gates[..., None] * picked, axis=2)  # [B, T, E]
+  combine = gate.astype(dtype)[..., None] * dispatch
+  kept = jnp.sum((slot >= 0) & (slot < slots), dtype=jnp.int32)
+  return Routing(dispatch, combine, choices, batch * length * k - kept)
+
+
+def load_balance_loss(probs: jax.Array, choices: jax.Array) -> jax.Array:
+  """E · Σ_e f_e · P_e over all tokens (see the module docstring)."""
+  num_experts = probs.shape[-1]
+  share = expert_share(choices, num_experts)
+  mean_prob = jnp.mean(probs.reshape(-1, num_experts), axis=0)
+  return num_experts * jnp.sum(share * mean_prob)
+
+
+def expert_share(choices: jax.Array, num_experts: int) -> jax.Array:
+  """[E]: each expert's share of all the routing choices `choices` (int [..., k])."""
+  counts = jnp.sum(jax.nn.one_hot(choices.reshape(-1), num_experts, dtype=jnp.float32), axis=0)
+  return counts / choices.size
+
+
+def z_loss(logits: jax.Array) -> jax.Array:
+  """ST-MoE's router z-loss: mean over tokens of logsumexp(logits)²."""
+  return jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1)))
+
+
+def check_experts(num_experts: int, k: int) -> None:
+  """ValueError unless top-`k` routing over `num_experts` experts makes sense, and the mesh
+  in context (if any) splits the experts evenly over its 'expert' axis."""
+  if num_experts < 1 or not 1 <= k <= num_experts:
+    raise ValueError(f'experts_per_token={k} must be between 1 and num_experts={num_experts}')
+  mesh = jax.sharding.get_abstract_mesh()
+  ways = 1 if mesh.empty else dict(mesh.shape).get('expert', 1)
+  if num_experts % ways:
+    raise ValueError(f"mesh axis 'expert' of size {ways} does not divide "
+                     f'num_experts={num_experts}')
+
+
+class MoeMlp(nn.Module):
+  """Drop-in for `blocks.Mlp` (x: [B, T, embed] -> [B, T, embed]) with `num_experts` experts,
+  each a gated (or plain) MLP of width `d_ff`; see the module docstring."""
+
+  d_ff: int
+  num_experts: int
+  experts_per_token: int = 2
+  capacity_factor: float | None = 1.25
+  aux_loss_weight: float = 0.01
+  router_z_loss_weight: float = 1e-3
+  gated: bool = True
+  dtype: DType = jnp.float32
+  param_dtype: DType = jnp.float32
+  activation: str = 'silu'
+
+  def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
+    """An expert weight [E, in, out], initialised per expert with fan-in `in`."""
+    init = nn.initializers.lecun_normal(batch_axis=(0,))
+    kernel = self.param(name, nn.with_logical_partitioning(init, names), shape, self.param_dtype)
+    return jnp.asarray(kernel, self.dtype)
+
+  def _experts(self, x: jax.Array) -> jax.Array:
+    """Every expert's MLP on its slots: x [E, B, C, d] -> [E, B, C, d]."""
+    num, d, f = self.num_experts, x.shape[-1], self.d_ff
+    act = MLP_ACTIVATIONS[self.activation]
+    up = lambda name: jnp.einsum('ebcd,edf->ebcf', x,
+                                 self._kernel(name, (num, d, f), ('expert', 'embed', 'mlp')))
+    h = act(up('wi_gate')) * up('wi_up') if self.gated else act(up('wi'))
+    h = nn.with_logical_constraint(h, EXPERT_HIDDEN)
+    wo = self._kernel('wo', (num, f, d), ('expert', 'mlp', 'embed'))
+    return nn.with_logical_constraint(jnp.einsum('ebcf,efd->ebcd', h, wo), EXPERT_IN)
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x: [B, T, embed] -> [B, T, embed]; sows the routing statistics (module docstring)."""
+    check_experts(self.num_experts, self.experts_per_token)
+    router = self.param(
+        'router', nn.with_logical_partitioning(nn.initializers.lecun_normal(), ('embed', None)),
+        (x.shape[-1], self.num_experts), self.param_dtype)
+    logits = jnp.einsum('btd,de->bte', x.astype(jnp.float32), router.astype(jnp.float32))
+    probs = jax.nn.softmax(logits, axis=-1)
+    slots = capacity(x.shape[1], self.num_experts, self.experts_per_token, self.capacity_factor)
+    routing = route(probs, self.experts_per_token, slots, self.dtype)
+    x = jnp.asarray(x, self.dtype)
+    expert_in = jnp.einsum('btec,btd->ebcd', routing.dispatch, x)
+    expert_out = self._experts(nn.with_logical_constraint(expert_in, EXPERT_IN))
+    y = jnp.einsum('btec,ebcd->btd', routing.combine, expert_out)
+    if not self.is_initializing():
+      self._sow_stats(probs, logits, routing)
+    return nn.with_logical_constraint(y, EMBED_ACT)
+
+  def _sow_stats(self, probs: jax.Array, logits: jax.Array, routing: Routing) -> None:
+    balance, z = load_balance_loss(probs, routing.choices), z_loss(logits)
+    stats = {
+        'loss': self.aux_loss_weight * balance + self.router_z_loss_weight * z,
+        'aux_loss': balance,
+        'z_loss': z,
+        'dropped': routing.dropped / routing.choices.size,
+        'max_load': jnp.max(expert_share(routing.choices, self.num_experts)),
+    }
+    for name, value in stats.items():
+      self.sow(COLLECTION, name, value.astype(jnp.float32))
+
+
+def summarize(collection: Any) -> dict[str, jax.Array]:
+  """A 'moe' collection (any nesting: unrolled, scanned, grouped) -> per-step scalars: the
+  mean over MoE layers of 'loss', 'aux_loss', 'z_loss' and 'dropped', and the max over layers
+  of 'max_load'. Empty when no MoE layer ran."""
+  values: dict[str, list[jax.Array]] = {}
+  for path, leaf in traverse_util.flatten_dict(nn.unbox(dict(collection))).items():
+    name = path[-1]
+    for value in leaf if isinstance(leaf, tuple) else (leaf,):
+      values.setdefault(name, []).append(jnp.ravel(value))
+  reduce = lambda name: jnp.max if name == 'max_load' else jnp.mean
+  return {name: reduce(name)(jnp.concatenate(vs)) for name, vs in values.items()}
