@@ -1,0 +1,137 @@
+"""GPipe pipeline parallelism over a `stage` mesh axis, with `jax.shard_map` and `lax.ppermute`.
+
+The unit pipelined is a stack of identical layers whose params are stacked on a leading 'layers'
+axis (`TransformerLM(scan_layers=True)`'s params['blocks']). The `stage` axis splits that axis
+into contiguous chunks, one per stage, and each stage scans its own layers. The batch is cut
+into `microbatches`; in iteration t of m + p - 1, stage s runs microbatch t - s and hands its
+output to stage s + 1 with a `ppermute`. Only `stage` is manual inside the `shard_map`: the
+other mesh axes (`data`, `fsdp`, `model`) stay under GSPMD, so the layers' own sharding
+constraints keep working and each microbatch stays sharded over the batch axes. `jax.grad`
+through it is the GPipe backward (the transpose of each `ppermute` sends cotangents back a stage)
+and gives the unpipelined gradients. See docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from paxlike.errors import UserError
+
+Params = Any
+# layer_fn(params of one layer, x [b, ...], extra rows of the same b examples) -> x [b, ...]
+LayerFn = Callable[[Params, jax.Array, Any], jax.Array]
+BATCH_AXES = ('data', 'fsdp')
+
+__all__ = ['LayerFn', 'bubble_fraction', 'check_pipeline', 'pipelined_layers', 'scan_layers',
+           'stage_count']
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+  """GPipe's idle fraction (p - 1) / (m + p - 1): each stage works m of m + p - 1 iterations."""
+  return (stages - 1) / (microbatches + stages - 1)
+
+
+def check_pipeline(*, num_layers: int, stages: int, batch_size: int, microbatches: int,
+                   batch_shards: int = 1) -> None:
+  """UserError (one line) unless `stages` divides the layers and `microbatches` divides the
+  per-stage batch: the rows each device of a stage holds (`batch_size / batch_shards`)."""
+  if microbatches < 1:
+    raise UserError(f'train.microbatches must be >= 1, got {microbatches}')
+  if stages < 1 or num_layers % stages:
+    raise UserError(f"mesh axis 'stage' of size {stages} does not divide "
+                    f'model.num_layers={num_layers}')
+  if batch_size % batch_shards or (batch_size // batch_shards) % microbatches:
+    raise UserError(f'train.microbatches={microbatches} does not divide the per-stage batch: '
+                    f'batch {batch_size} over {batch_shards} data/fsdp devices '
+                    f'is {batch_size / batch_shards:g} rows per device')
+
+
+def stage_count(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None,
+                stage_axis: str = 'stage') -> int:
+  """The size of `stage_axis` in `mesh` (1 when the mesh lacks it or there is none)."""
+  return dict(mesh.shape).get(stage_axis, 1) if mesh is not None and mesh.axis_names else 1
+
+
+def _checkpointed(layer_fn: LayerFn, remat: bool | Callable) -> LayerFn:
+  """`layer_fn` under `jax.checkpoint` (remat=True: save nothing; a callable: that policy)."""
+  if remat is False:
+    return layer_fn
+  policy = None if remat is True else remat
+  return jax.checkpoint(layer_fn, policy=policy, prevent_cse=False)
+
+
+def scan_layers(layer_fn: LayerFn, stacked_params: Params, x: jax.Array, extra: Any = None,
+                remat: bool | Callable = False) -> jax.Array:
+  """The unpipelined stack: `lax.scan` of `layer_fn` over the leading axis of the params."""
+  step = _checkpointed(layer_fn, remat)
+  return lax.scan(lambda h, p: (step(p, h, extra), None), x, stacked_params)[0]
+
+
+def _to_microbatches(x: jax.Array, m: int) -> jax.Array:
+  """[B, ...] -> [m, B/m, ...], microbatch j = rows j, j + m, ...: each device's rows split
+  locally, so a batch sharded over data stays sharded (no resharding)."""
+  return jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1)
+
+
+def _from_microbatches(x: jax.Array) -> jax.Array:
+  """The inverse of `_to_microbatches`."""
+  return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _gpipe(step: LayerFn, params: Params, x: jax.Array, extra: Any, *, m: int, p: int,
+           axis: str) -> jax.Array:
+  """One stage's program (inside `shard_map`): `params` are its layers; x, extra the batch."""
+  stage = lax.axis_index(axis)
+  xs = _to_microbatches(x, m)
+  extras = jax.tree.map(lambda e: _to_microbatches(e, m), extra)
+  # Stage 0 reads microbatch t at iteration t; the p - 1 drain iterations read zeros.
+  feed = jnp.concatenate([xs, jnp.zeros((p - 1, *xs.shape[1:]), xs.dtype)])
+  shift = [(i, i + 1) for i in range(p - 1)]
+
+  def iteration(state: jax.Array, inputs: tuple[jax.Array, jax.Array]):
+    t, fed = inputs
+    h = jnp.where(stage == 0, fed, state)
+    j = jnp.clip(t - stage, 0, m - 1)  # the microbatch this stage runs now (clipped in bubbles)
+    rows = jax.tree.map(lambda e: lax.dynamic_index_in_dim(e, j, keepdims=False), extras)
+    h = lax.scan(lambda h, lp: (step(lp, h, rows), None), h, params)[0]
+    return lax.ppermute(h, axis, shift), h
+
+  state = lax.pcast(jnp.zeros(xs.shape[1:], xs.dtype), (axis,), to='varying')
+  _, outs = lax.scan(iteration, state, (jnp.arange(m + p - 1), feed))
+  # The last stage finishes microbatch j at iteration j + p - 1; others' outputs are dropped.
+  ys = jnp.where(stage == p - 1, outs[p - 1:], jnp.zeros_like(outs[p - 1:]))
+  return _from_microbatches(lax.psum(ys, axis))
+
+
+def pipelined_layers(layer_fn: LayerFn, stacked_params: Params, x: jax.Array, extra: Any = None,
+                     *, microbatches: int, mesh: jax.sharding.Mesh | None = None,
+                     stage_axis: str = 'stage', batch_axes: tuple[str, ...] = BATCH_AXES,
+                     remat: bool | Callable = False) -> jax.Array:
+  """The layer stack on x [B, ...] as a GPipe pipeline over `stage_axis` of `mesh`.
+
+  `stacked_params`: leaves [num_layers, ...]; `extra`: a pytree of per-example arrays [B, ...]
+  (segment ids, positions) that each layer sees for its microbatch. `mesh` defaults to the
+  context mesh (`jax.set_mesh`); without a `stage_axis` of size > 1 this is `scan_layers`.
+  `remat`: jax.checkpoint each layer (True: save nothing; a callable: that policy). Equals
+  `scan_layers(layer_fn, stacked_params, x, extra)` up to float round-off.
+  """
+  mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+  p = stage_count(mesh, stage_axis)
+  num_layers = jax.tree.leaves(stacked_params)[0].shape[0]
+  shards = math.prod(dict(mesh.shape).get(a, 1) for a in batch_axes) if mesh.axis_names else 1
+  check_pipeline(num_layers=num_layers, stages=p, batch_size=x.shape[0],
+                 microbatches=microbatches, batch_shards=shards)
+  if p == 1:
+    return scan_layers(layer_fn, stacked_params, x, extra, remat)
+  body = lambda params, x, extra: _gpipe(_checkpointed(layer_fn, remat), params, x, extra,
+                                         m=microbatches, p=p, axis=stage_axis)
+  in_specs = (jax.tree.map(lambda _: P(stage_axis), stacked_params), P(),
+              jax.tree.map(lambda _: P(), extra))
+  return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(),
+                       axis_names={stage_axis})(stacked_params, x, extra)

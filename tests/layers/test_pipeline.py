@@ -1,0 +1,147 @@
+"""GPipe over a 'stage' mesh axis gives the unpipelined stack's outputs, loss and gradients."""
+
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh
+
+from paxlike.errors import UserError
+from paxlike.layers import pipeline
+from tests.helpers import run_script
+
+# A TransformerLM (scan_layers=True) whose 4 DecoderBlocks run as a 4-stage pipeline on a 4 stage
+# x 2 data mesh, on a packed batch (segment ids and positions travel with each microbatch), each
+# layer rematerialised; then an MLP stack on 2 stage x 2 data x 2 fsdp with FSDP-sharded weights.
+SCRIPT = textwrap.dedent("""
+    import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from paxlike.layers import TransformerLM, pipeline
+    from paxlike.layers.attention import CausalSelfAttention
+    from paxlike.layers.blocks import DecoderBlock
+    assert jax.device_count() == 8
+    auto = lambda shape, axes: jax.make_mesh(shape, axes, axis_types=(AxisType.Auto,) * len(axes))
+    close = lambda a, b, msg: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=msg)
+
+    model = TransformerLM(vocab_size=64, num_layers=4, d_model=32, num_heads=4, num_kv_heads=2,
+                          d_ff=64, scan_layers=True, attention_impl='xla')
+    block = DecoderBlock(CausalSelfAttention(num_heads=4, num_kv_heads=2, head_dim=8,
+                                             implementation='xla', parent=None), d_ff=64)
+    tokens = jax.random.randint(jax.random.key(1), (8, 9), 0, 64, dtype=jnp.int32)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    seg = jnp.repeat(jnp.array([[1] * 5 + [2] * 3]), 8, 0)
+    pos = jnp.repeat(jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]]), 8, 0)
+    params = nn.unbox(model.init(jax.random.key(0), inputs))['params']
+
+    def xent(logits):
+      logp = jax.nn.log_softmax(logits)
+      return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+
+    def model_loss(params):
+      return xent(model.apply({'params': params}, inputs, segment_ids=seg, positions=pos))
+
+    def layer(p, x, extra):
+      return block.apply({'params': p}, x, True, False, None, *extra)
+
+    def pipelined_loss(params, mesh):
+      x = params['embed']['embedding'][inputs]
+      x = pipeline.pipelined_layers(layer, params['blocks'], x, (seg, pos), microbatches=2,
+                                    mesh=mesh, remat=True)
+      x = nn.RMSNorm().apply({'params': params['final_norm']}, x)
+      return xent(x @ params['embed']['embedding'].T)
+
+    ref_loss, ref_grads = jax.jit(jax.value_and_grad(model_loss))(params)
+    mesh = auto((4, 2), ('stage', 'data'))
+    rules = [('batch', 'data'), ('layers', 'stage'), ('embed', None), ('mlp', None),
+             ('heads', None), ('kv_heads', None), ('kv', None), ('length', None), ('vocab', None)]
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      boxed = jax.eval_shape(model.init, jax.random.key(0), inputs)['params']
+      sharded = jax.device_put(params, nn.logical_to_mesh_sharding(
+          nn.get_partition_spec(boxed), mesh, rules))
+      step = jax.jit(jax.value_and_grad(pipelined_loss), static_argnums=1)
+      hlo = step.lower(sharded, mesh).compile().as_text()
+      loss, grads = step(sharded, mesh)
+    assert sharded['blocks']['mlp']['wo']['kernel'].sharding.spec[0] == 'stage'
+    assert 'collective-permute' in hlo
+    close(loss, ref_loss, 'loss')
+    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)):
+      close(g, r, jax.tree_util.keystr(path))
+
+    def mlp(p, x, scale):
+      return x + scale * jnp.tanh(x @ p['w1']) @ p['w2']
+
+    keys = jax.random.split(jax.random.key(2), 3)
+    stack = {'w1': jax.random.normal(keys[0], (6, 16, 32)) / 4,
+             'w2': jax.random.normal(keys[1], (6, 32, 16)) / 6}
+    x = jax.random.normal(keys[2], (16, 16))
+    scale = jnp.linspace(0.5, 1.5, 16)[:, None]
+    loss_of = lambda run: (lambda s, x: jnp.sum(jnp.sin(run(s, x))))
+    scanned = lambda s, x: pipeline.scan_layers(mlp, s, x, scale)
+    ref_y = scanned(stack, x)
+    ref_g = jax.grad(loss_of(scanned), argnums=(0, 1))(stack, x)
+    mesh = auto((2, 2, 2), ('stage', 'data', 'fsdp'))
+    piped = lambda s, x: pipeline.pipelined_layers(mlp, s, x, scale, microbatches=4, mesh=mesh)
+    stack = jax.device_put(stack, NamedSharding(mesh, P('stage', 'fsdp')))
+    x = jax.device_put(x, NamedSharding(mesh, P(('data', 'fsdp'))))
+    y = jax.jit(piped)(stack, x)
+    g = jax.jit(jax.grad(loss_of(piped), argnums=(0, 1)))(stack, x)
+    assert y.sharding.spec[0] == ('data', 'fsdp'), y.sharding
+    close(y, ref_y, 'mlp y')
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(ref_g)):
+      close(a, b, 'mlp grads')
+    print('PIPELINE_OK')
+""")
+
+
+def test_pipelined_lm_and_fsdp_stack_match_unpipelined():
+  assert 'PIPELINE_OK' in run_script(SCRIPT, timeout=240)
+
+
+def _busy_slots(stages: int, microbatches: int) -> int:
+  """Stage-iterations of the GPipe schedule that run a real microbatch (stage s runs t - s)."""
+  return sum(0 <= t - s < microbatches
+             for t in range(microbatches + stages - 1) for s in range(stages))
+
+
+@pytest.mark.parametrize('stages,microbatches', [(1, 4), (2, 4), (4, 4), (4, 8), (8, 3)])
+def test_bubble_fraction_counts_idle_slots_of_the_schedule(stages, microbatches):
+  slots = stages * (microbatches + stages - 1)
+  idle = 1 - _busy_slots(stages, microbatches) / slots
+  assert pipeline.bubble_fraction(stages, microbatches) == pytest.approx(idle)
+
+
+def _mlp(p, x, extra):
+  return jnp.tanh(x @ p)
+
+
+def test_no_stage_axis_is_the_plain_scan():
+  stack = jax.random.normal(jax.random.key(0), (3, 8, 8))
+  x = jax.random.normal(jax.random.key(1), (4, 8))
+  y = pipeline.pipelined_layers(_mlp, stack, x, microbatches=2,
+                                mesh=AbstractMesh((1,), ('data',)))
+  ref = x
+  for w in stack:
+    ref = jnp.tanh(ref @ w)
+  np.testing.assert_allclose(y, ref, atol=1e-6)
+
+
+@pytest.mark.parametrize('layers,batch,microbatches,match', [
+    (6, 16, 2, r"mesh axis 'stage' of size 4 does not divide model.num_layers=6"),
+    (8, 16, 3, r'train.microbatches=3 does not divide the per-stage batch: batch 16 over 2 '
+               r'data/fsdp devices is 8 rows per device'),
+    (8, 16, 0, r'train.microbatches must be >= 1, got 0'),
+])
+def test_bad_input_is_one_user_error_line(layers, batch, microbatches, match):
+  with pytest.raises(UserError, match=match) as caught:
+    pipeline.check_pipeline(num_layers=layers, stages=4, batch_size=batch,
+                            microbatches=microbatches, batch_shards=2)
+  assert '\n' not in str(caught.value)
+  # The pipeline itself refuses the same input while tracing, before anything compiles.
+  mesh = AbstractMesh((4, 2), ('stage', 'data'))
+  with pytest.raises(UserError, match=match):
+    jax.eval_shape(lambda s, x: pipeline.pipelined_layers(
+        _mlp, s, x, microbatches=microbatches, mesh=mesh),
+        jax.ShapeDtypeStruct((layers, 8, 8), jnp.float32),
+        jax.ShapeDtypeStruct((batch, 8), jnp.float32))
