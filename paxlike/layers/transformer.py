@@ -8,17 +8,17 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from paxlike.layers import attention_kernels, lora
+from paxlike.layers import attention_kernels, lora, moe
 from paxlike.layers.attention import CausalSelfAttention
 from paxlike.layers.blocks import EMBED_ACT, MLP_ACT, MLP_ACTIVATIONS, DecoderBlock, Mlp, make_norm
+from paxlike.layers.stacking import stack_layers, unstack_layers
 
 DType = Any
 
 VOCAB_ACT = ('batch', 'length', 'vocab')
-__all__ = ['EMBED_ACT', 'MLP_ACT', 'MLP_ACTIVATIONS', 'REMAT_POLICIES', 'DecoderBlock', 'Mlp',
-           'TransformerLM', 'make_norm', 'stack_layers', 'unstack_layers']
+__all__ = ['EMBED_ACT', 'MLP_ACT', 'MLP_ACTIVATIONS', 'REMAT_POLICIES', 'BlockGroup',
+           'DecoderBlock', 'Mlp', 'TransformerLM', 'make_norm', 'stack_layers', 'unstack_layers']
 # 'dots' saves matmul outputs without batch dims (the projections, not the [T, T] attention
 # scores), so the backward pass recomputes only the cheap elementwise ops and attention.
 REMAT_POLICIES = {
@@ -33,6 +33,20 @@ def _scan_step(block: DecoderBlock, x: jax.Array, segment_ids: jax.Array | None,
                cache_len: int | None) -> tuple[jax.Array, None]:
   """One layer as an `nn.scan` body: the residual stream is the carry."""
   return block(x, deterministic, decode, cache_len, segment_ids, positions), None
+
+
+class BlockGroup(nn.Module):
+  """Consecutive layers run as one: the scan step of a model whose every `moe_every`-th layer
+  is a MoE layer. Params 'layer_{j}' per block."""
+
+  layer: tuple[nn.Module, ...]
+
+  def __call__(self, x: jax.Array, deterministic: bool, decode: bool = False,
+               cache_len: int | None = None, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+    for block in self.layer:
+      x = block(x, deterministic, decode, cache_len, segment_ids, positions)
+    return x
 
 
 class TransformerLM(nn.Module):
@@ -59,6 +73,14 @@ class TransformerLM(nn.Module):
   LoRA: `lora_rank` > 0 adds adapters `<kernel>_lora_a` / `<kernel>_lora_b` beside each kernel
   named in `lora_targets` (any of 'query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wi',
   'wo'), scaled by `lora_alpha / lora_rank`; `lora.merge_lora` folds them in.
+
+  Mixture of experts (`paxlike.layers.moe`): `num_experts` > 0 makes every `moe_every`-th
+  layer's MLP (layers moe_every - 1, 2·moe_every - 1, ...) a `moe.MoeMlp` of `num_experts`
+  experts of width `d_ff`, each token routed to `experts_per_token` of them with
+  `capacity_factor` (None or 0: dropless); `aux_loss_weight` and `router_z_loss_weight` weigh
+  the losses the layers sow into the 'moe' collection. Scanned with `moe_every` > 1, one scan
+  step is a `BlockGroup` of `moe_every` layers (params 'blocks/layer_{j}'), so num_layers must
+  be a multiple of moe_every.
   """
 
   vocab_size: int = 256
@@ -86,6 +108,12 @@ class TransformerLM(nn.Module):
   lora_rank: int = 0  # 0 = no adapters; see paxlike.layers.lora.
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = ('query', 'value')
+  num_experts: int = 0  # 0 = dense MLPs; see paxlike.layers.moe.
+  experts_per_token: int = 2
+  moe_every: int = 1
+  capacity_factor: float | None = 1.25
+  aux_loss_weight: float = 0.01
+  router_z_loss_weight: float = 1e-3
 
   def _check(self, seq_len: int) -> None:
     if self.d_model % self.num_heads:
@@ -107,6 +135,28 @@ class TransformerLM(nn.Module):
     if self.attention_impl not in attention_kernels.IMPLS:
       raise ValueError(f'attention_impl must be one of {", ".join(attention_kernels.IMPLS)}, '
                        f'got {self.attention_impl!r}')
+    if self.num_experts:
+      self._check_moe()
+
+  def _check_moe(self) -> None:
+    """ValueErrors for MoE fields that cannot run (see `moe.check_experts` for the mesh)."""
+    moe.check_experts(self.num_experts, self.experts_per_token)
+    if not isinstance(self.moe_every, int) or not 1 <= self.moe_every <= self.num_layers:
+      raise ValueError(f'moe_every={self.moe_every} must be between 1 and '
+                       f'num_layers={self.num_layers}')
+    if self.scan_layers and self.num_layers % self.moe_every:
+      raise ValueError(f'scan_layers scans groups of moe_every={self.moe_every} layers: '
+                       f'num_layers={self.num_layers} must be a multiple of it')
+    if self.capacity_factor is not None and self.capacity_factor < 0:
+      raise ValueError(f'capacity_factor must be None, 0 (dropless) or positive, '
+                       f'got {self.capacity_factor}')
+    if self.lora_rank and any(t in lora.MLP_TARGETS for t in self.lora_targets):
+      raise ValueError('LoRA adapters on MoE experts are not built: keep lora_targets to '
+                       'attention kernels when num_experts > 0')
+
+  def is_moe_layer(self, layer: int) -> bool:
+    """Whether layer `layer` (0-based) has a MoE MLP."""
+    return self.num_experts > 0 and (layer + 1) % self.moe_every == 0
 
   def attention_kernel(self, seq_len: int, segmented: bool = False) -> str:
     """The attention kernel that runs at `seq_len` on this platform ('xla', 'cudnn' or
@@ -118,8 +168,16 @@ class TransformerLM(nn.Module):
         head_dim=self.d_model // self.num_heads, seq_len=seq_len,
         sliding_window=self.sliding_window, segmented=segmented)
 
-  def _block(self, name: str) -> DecoderBlock:
-    """A layer (or, scanned, the stack). The unbound attention is adopted as 'attention'."""
+  def _moe_mlp(self, activation: str) -> moe.MoeMlp:
+    """An unbound MoE MLP, for a block to adopt as 'mlp'."""
+    return moe.MoeMlp(
+        self.d_ff, self.num_experts, self.experts_per_token, self.capacity_factor,
+        self.aux_loss_weight, self.router_z_loss_weight, self.gated_mlp, self.dtype,
+        self.param_dtype, activation, parent=None)
+
+  def _block(self, name: str | None, is_moe: bool = False) -> DecoderBlock:
+    """A layer (or, scanned, the stack). The unbound attention is adopted as 'attention', the
+    unbound MoE MLP (`is_moe`) as 'mlp'; `name=None` leaves it unbound too."""
     attention = CausalSelfAttention(
         num_heads=self.num_heads,
         num_kv_heads=self.num_kv_heads or self.num_heads,
@@ -155,7 +213,8 @@ class TransformerLM(nn.Module):
         lora_rank=self.lora_rank,
         lora_alpha=self.lora_alpha,
         lora_targets=tuple(t for t in self.lora_targets if t in lora.MLP_TARGETS),
-        name=name,
+        mlp=self._moe_mlp(activation) if is_moe else None,
+        **({'parent': None} if name is None else {'name': name}),
     )
 
   def _layers(self, x: jax.Array, deterministic: bool, decode: bool, cache_len: int | None,
@@ -164,18 +223,25 @@ class TransformerLM(nn.Module):
     a decode cache is stacked the same way)."""
     if not self.scan_layers:
       for i in range(self.num_layers):
-        x = self._block(f'block_{i}')(x, deterministic, decode, cache_len, segment_ids, positions)
+        block = self._block(f'block_{i}', self.is_moe_layer(i))
+        x = block(x, deterministic, decode, cache_len, segment_ids, positions)
       return x
+    group = self.moe_every if self.num_experts else 1
     scan = nn.scan(
         functools.partial(_scan_step, deterministic=deterministic, decode=decode,
                           cache_len=cache_len),
-        variable_axes={'params': 0, 'cache': 0},
+        variable_axes={'params': 0, 'cache': 0, moe.COLLECTION: 0},
         split_rngs={'params': True, 'dropout': True},
         in_axes=(nn.broadcast, nn.broadcast),
-        length=self.num_layers,
+        length=self.num_layers // group,
         metadata_params={nn.PARTITION_NAME: 'layers'},
     )
-    x, _ = scan(self._block('blocks'), x, segment_ids, positions)
+    if group == 1:
+      body = self._block('blocks', self.num_experts > 0)
+    else:
+      body = BlockGroup(tuple(self._block(None, self.is_moe_layer(j)) for j in range(group)),
+                        name='blocks')
+    x, _ = scan(body, x, segment_ids, positions)
     return x
 
   @nn.compact
@@ -226,20 +292,3 @@ class TransformerLM(nn.Module):
           name='lm_head',
       )(x)
     return nn.with_logical_constraint(logits.astype(jnp.float32), VOCAB_ACT)
-
-
-def stack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
-  """Unrolled params ('block_{i}') -> scanned params ('blocks', leaves stacked on axis 0)."""
-  blocks = [params[f'block_{i}'] for i in range(num_layers)]
-  rest = {k: v for k, v in params.items() if not k.startswith('block_')}
-  stack = lambda *xs: np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs)
-  return {**rest, 'blocks': jax.tree.map(stack, *blocks)}
-
-
-def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
-  """Scanned params ('blocks') -> unrolled params ('block_{i}')."""
-  rest = {k: v for k, v in params.items() if k != 'blocks'}
-  num_layers = jax.tree.leaves(params['blocks'])[0].shape[0]
-  layers = {f'block_{i}': jax.tree.map(lambda x, i=i: x[i], params['blocks'])
-            for i in range(num_layers)}
-  return {**rest, **layers}

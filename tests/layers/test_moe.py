@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 
-from paxlike.layers import moe
+from paxlike.layers import TransformerLM, moe, stack_layers, unstack_layers
 from paxlike.layers.blocks import Mlp
 
 D, F = 8, 16
@@ -181,3 +181,42 @@ def test_bad_expert_configs_are_refused():
   with jax.sharding.use_abstract_mesh(mesh):
     with pytest.raises(ValueError, match="mesh axis 'expert' of size 3 does not divide num_"):
       jax.eval_shape(_layer(4, 1).init, jax.random.key(0), x)
+
+
+TINY_LM = dict(vocab_size=64, num_layers=4, d_model=32, num_heads=4, d_ff=32, max_len=16,
+               num_experts=4, experts_per_token=2, capacity_factor=1.0)
+
+
+@pytest.mark.parametrize('every, remat', [(1, 'none'), (2, 'dots'), (4, 'full')])
+def test_scanned_moe_model_equals_the_unrolled_one(every, remat):
+  tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 64)
+  model = TransformerLM(**TINY_LM, moe_every=every)
+  params = nn.unbox(model.init(jax.random.key(1), tokens))['params']
+  assert [i for i in range(4) if 'router' in params[f'block_{i}']['mlp']] == list(
+      range(every - 1, 4, every))
+  scanned = model.clone(scan_layers=True, remat_policy=remat)
+  stacked = stack_layers(params, 4, every)
+  shapes = jax.tree.map(jnp.shape, nn.unbox(scanned.init(jax.random.key(1), tokens))['params'])
+  assert shapes == jax.tree.map(jnp.shape, stacked)
+  assert jax.tree.all(jax.tree.map(np.array_equal, unstack_layers(stacked), params))
+
+  def run(m, p):
+    logits, stats = m.apply({'params': p}, tokens, mutable=[moe.COLLECTION])
+    return logits, moe.summarize(stats[moe.COLLECTION])
+  (want, want_stats), (got, got_stats) = run(model, params), run(scanned, stacked)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert set(got_stats) == {'loss', 'aux_loss', 'z_loss', 'dropped', 'max_load'}
+  for name, value in want_stats.items():
+    np.testing.assert_allclose(got_stats[name], value, rtol=1e-5)
+
+
+@pytest.mark.parametrize('fields, message', [
+    (dict(experts_per_token=5), 'experts_per_token=5 must be between 1 and num_experts=4'),
+    (dict(moe_every=3, scan_layers=True), 'num_layers=4 must be a multiple of it'),
+    (dict(moe_every=0), 'moe_every=0 must be between 1 and num_layers=4'),
+    (dict(capacity_factor=-1.0), 'capacity_factor must be None, 0'),
+    (dict(lora_rank=2, lora_targets=('wo',)), 'LoRA adapters on MoE experts'),
+])
+def test_bad_moe_model_fields_are_refused(fields, message):
+  with pytest.raises(ValueError, match=message):
+    TransformerLM(**{**TINY_LM, **fields}).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))

@@ -1,0 +1,34 @@
+"""Unrolled ('block_{i}') and scanned ('blocks', stacked on a leading 'layers' axis) params of
+a `TransformerLM`, one from the other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def stack_layers(params: dict[str, Any], num_layers: int, group: int = 1) -> dict[str, Any]:
+  """Unrolled params ('block_{i}') -> scanned params ('blocks', leaves stacked on axis 0); with
+  `group` > 1 (a MoE model's moe_every), 'blocks/layer_{j}' stacks layers j, j + group, ..."""
+  rest = {k: v for k, v in params.items() if not k.startswith('block_')}
+  stack = lambda *xs: np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs)
+  stacked = lambda layers: jax.tree.map(stack, *[params[f'block_{i}'] for i in layers])
+  if group == 1:
+    return {**rest, 'blocks': stacked(range(num_layers))}
+  return {**rest, 'blocks': {f'layer_{j}': stacked(range(j, num_layers, group))
+                             for j in range(group)}}
+
+
+def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
+  """Scanned params ('blocks', grouped or not) -> unrolled params ('block_{i}')."""
+  rest = {k: v for k, v in params.items() if k != 'blocks'}
+  blocks = params['blocks']
+  groups = [blocks] if 'layer_0' not in blocks else [blocks[f'layer_{j}']
+                                                     for j in range(len(blocks))]
+  steps = jax.tree.leaves(blocks)[0].shape[0]
+  layers = {f'block_{s * len(groups) + j}': jax.tree.map(lambda x, s=s: x[s], tree)
+            for s in range(steps) for j, tree in enumerate(groups)}
+  return {**rest, **layers}
