@@ -2,12 +2,14 @@
 router written as plain loops, and the auxiliary losses' formulas counted by hand."""
 
 import flax.linen as nn
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 
+from paxlike.families import lm_flops
 from paxlike.layers import TransformerLM, moe, stack_layers, unstack_layers
 from paxlike.layers.blocks import Mlp
 
@@ -220,3 +222,19 @@ def test_scanned_moe_model_equals_the_unrolled_one(every, remat):
 def test_bad_moe_model_fields_are_refused(fields, message):
   with pytest.raises(ValueError, match=message):
     TransformerLM(**{**TINY_LM, **fields}).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))
+
+
+def test_flops_count_only_the_active_experts():
+  """N from the real param tree: every matrix, with each expert weight [E, ...] counted k/E
+  times (a token runs k of the E experts); the router counts whole."""
+  model = TransformerLM(**{**TINY_LM, 'moe_every': 2})
+  seq = 12
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, seq), jnp.int32)))['params']
+  flat = traverse_util.flatten_dict(params)
+  expert = lambda path, x: 'mlp' in path and x.ndim == 3
+  n = sum(x.size * (2 / 4 if expert(path, x) else 1) for path, x in flat.items() if x.ndim >= 2)
+  want = 6 * n + 12 * 4 * 32 * (seq + 1) / 2
+  assert lm_flops.flops_per_token(model, seq) == pytest.approx(want, rel=1e-12)
+  dense = lm_flops.flops_per_token(model.clone(num_experts=0), seq)
+  # k=1 is the dense MLP plus the router; k=2 doubles the MLP.
+  assert dense < lm_flops.flops_per_token(model.clone(experts_per_token=1), seq) < want
