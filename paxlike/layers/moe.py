@@ -43,6 +43,10 @@ from paxlike.layers.blocks import EMBED_ACT, MLP_ACTIVATIONS
 DType = Any
 
 COLLECTION = 'moe'
+# [E, B, C, d] slots, as the tokens' devices fill them (every expert, this batch shard) and as
+# the experts' devices compute them (this expert shard, the batch over the other axes): the
+# change from one to the other is the all-to-all.
+SLOTS_BY_TOKEN = (None, 'batch', None, 'embed')
 EXPERT_IN = ('expert', 'expert_batch', None, 'embed')
 EXPERT_HIDDEN = ('expert', 'expert_batch', None, 'mlp')
 
@@ -162,8 +166,10 @@ class MoeMlp(nn.Module):
     slots = capacity(x.shape[1], self.num_experts, self.experts_per_token, self.capacity_factor)
     routing = route(probs, self.experts_per_token, slots, self.dtype)
     x = jnp.asarray(x, self.dtype)
-    expert_in = jnp.einsum('btec,btd->ebcd', routing.dispatch, x)
+    expert_in = nn.with_logical_constraint(
+        jnp.einsum('btec,btd->ebcd', routing.dispatch, x), SLOTS_BY_TOKEN)
     expert_out = self._experts(nn.with_logical_constraint(expert_in, EXPERT_IN))
+    expert_out = nn.with_logical_constraint(expert_out, SLOTS_BY_TOKEN)
     y = jnp.einsum('btec,ebcd->btd', routing.combine, expert_out)
     if not self.is_initializing():
       self._sow_stats(probs, logits, routing)
