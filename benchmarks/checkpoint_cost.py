@@ -2,9 +2,9 @@
 
     python benchmarks/checkpoint_cost.py [--exp lm.StdlibTiny] [--steps 30] [--every 10] [--quick]
 
-Runs the trainer's loop shape on `train.setup(task)`: `round_inputs` then `Setup.step` each
+Runs the trainer's loop shape on `loop.setup(task)`: `round_inputs` then `Setup.step` each
 step, reading back the previous step's metrics (≤ 2 in flight); on a checkpoint step it reads
-back the current metrics and calls `paxlike.checkpoint.Checkpoints.save` (async: it returns once
+back the current metrics and calls `paxlike.trainer.checkpoint.Checkpoints.save` (async: it returns once
 the state is copied to host, and Orbax writes in the background). Repeats alternate between
 `none`, `sync_only` (the read-back every 10 steps, no save) and `async`; each timed window ends
 after its last step, then (untimed) waits for the saves still in flight, so no background write
@@ -58,14 +58,16 @@ def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
   machine = common.machine()
   import jax
-  from paxlike import checkpoint, config_io, registry, train
-  from paxlike.checkpoint import Checkpoints
+  from paxlike import registry
+  from paxlike.trainer import checkpoint, loop
+  from paxlike.cli import config_io
+  from paxlike.trainer.checkpoint import Checkpoints
 
   registry.import_all()
   cfg = registry.get(args.exp)().config()
   config_io.apply_overrides(cfg, args.set)
   task = config_io.build(cfg)
-  s = train.setup(task)
+  s = loop.setup(task)
   with jax.set_mesh(s.mesh):
     run = {'state': s.init(jax.random.key(task.train.seed)), 'step': 0}
   save_calls: list[float] = []
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     pending = None
     for step in range(first, first + args.steps):
-      state, metrics = s.step(state, *train.round_inputs(s, step))
+      state, metrics = s.step(state, *loop.round_inputs(s, step))
       if pending is not None:
         jax.device_get(pending)
       pending = metrics
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
 def cpu_ms_per_save(checkpoints, state, last_step: int, saves: int = 4) -> float:
   """Process CPU time (every thread's: Orbax's writers, tensorstore, the save thread) per
   save-and-commit of `state`, with nothing else running."""
-  from paxlike import checkpoint
+  from paxlike.trainer import checkpoint
   def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime

@@ -6,7 +6,7 @@ The task is `--exp` (default federated.ShakespeareFedAvg: `configs.models.lm_tin
 Shakespeare by role) with `data.seq_len`, `data.batch_size`, `data.clients_per_round` and
 `data.local_steps` set from the flags. Per cohort, a child process times in alternating
 repeats, on the same device-resident round batches:
-- `paxlike`: `train.setup(task).step`, the default round: `algorithm.client_chunk` unset, so
+- `paxlike`: `loop.setup(task).step`, the default round: `algorithm.client_chunk` unset, so
   chosen per platform (paxlike/federated/chunking.py: one client at a time on CPU; all at once
   on accelerators or a sharded `clients` axis); `--chunk` sets it instead. The `clients` mesh
   axis spans `--devices` forced CPU devices when there are several;
@@ -101,7 +101,8 @@ class SyntheticLm:
 
 def build_task(args: argparse.Namespace, cohort: int) -> tuple[Any, str]:
   """The task for one cohort, and 'real' or 'synthetic' for the data it ended up with."""
-  from paxlike import config_io, registry
+  from paxlike import registry
+  from paxlike.cli import config_io
   registry.import_all()
   cfg = registry.get(args.exp)().config()
   clients_axis = math.gcd(args.devices, cohort)
@@ -134,7 +135,7 @@ class Modes:
     import flax.linen as nn
     import jax
     import optax
-    from paxlike import losses
+    from paxlike.trainer import losses
     from paxlike.federated import algorithms
 
     self.jax, self.task = jax, task
@@ -173,11 +174,11 @@ class Modes:
 
   def _build_paxlike(self, mode: str, task: Any) -> Any:
     """`mode` runs the trainer's compiled step of `task`; returns its initial params."""
-    from paxlike import train
-    jax, s = self.jax, train.setup(task)
+    from paxlike.trainer import loop
+    jax, s = self.jax, loop.setup(task)
     with jax.set_mesh(s.mesh):
       self.state[mode] = s.init(jax.random.key(task.train.seed))
-    inputs = train.round_inputs(s, 1)
+    inputs = loop.round_inputs(s, 1)
 
     def pax_round(state):
       state, metrics = s.step(state, *inputs)

@@ -5,8 +5,8 @@
     python benchmarks/gpu_mfu.py --quick               # tiny shapes on any device (CPU: tests)
     benchmarks/gpu_mfu.sh                              # makes a CUDA venv first, then runs this
 
-trainer: `train.setup(task)`'s compiled step fed as `train.train` feeds it: batches from the
-task's data source through the prefetcher and `train.round_inputs` (sharding, client weights,
+trainer: `loop.setup(task)`'s compiled step fed as `loop.train` feeds it: batches from the
+task's data source through the prefetcher and `loop.round_inputs` (sharding, client weights,
 per-step rng), the previous step's metrics read back to the host and checked for finiteness
 (≤ 2 steps in flight). bare: the same model and optimizer (`task.optimizer`) in a plain
 `jax.jit` step (mean cross-entropy, grads, update; params and optimizer state donated unless
@@ -14,8 +14,8 @@ per-step rng), the previous step's metrics read back to the host and checked for
 ≥ 0.97). federated: `federated.ShakespeareFedAvg` with the 125M LM (`size_125m`), cohort 16,
 4 local steps, timed like the trainer; its FLOPs count every client's every local step.
 
-MFU = model FLOPs (6·N + causal attention per token, `paxlike.model_stats`; remat recompute is
-not counted) × steps/s over the chips' bf16 peak (`paxlike.throughput`, or `--peak-tflops`);
+MFU = model FLOPs (6·N + causal attention per token, `paxlike.families.lm_flops`; remat recompute is
+not counted) × steps/s over the chips' bf16 peak (`paxlike.trainer.throughput`, or `--peak-tflops`);
 null where the peak is unknown (CPU). Prints one JSON object. Without a GPU (and without
 --quick) it prints a `skipped` object and exits 0, so `make bench` passes on CPU.
 """
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--steps', type=int, default=10, help='timed steps of each')
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--peak-tflops', type=float,
-                      help="the chip's dense bf16 peak (default: paxlike.throughput's table)")
+                      help="the chip's dense bf16 peak (default: paxlike.trainer.throughput's table)")
   parser.add_argument('--quick', '--dry-run', dest='quick', action='store_true',
                       help='tiny shapes on whatever device there is (CPU here)')
   args = parser.parse_args(argv)
@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def task_of(exp: str, fiddlers: list[str], overrides: list[str]) -> Any:
   """The built task of a registered experiment, after fiddlers and PATH=VALUE overrides."""
   from configs import fiddlers as fiddler_lib
-  from paxlike import config_io, registry
+  from paxlike import registry
+  from paxlike.cli import config_io
   registry.import_all()
   cfg = registry.get(exp)().config()
   for name in fiddlers:
@@ -78,18 +79,18 @@ def trainer_seconds_per_step(s: Any, warmup: int, steps: int) -> float:
   import flax.linen as nn
   import jax
   import numpy as np
-  from paxlike import partitioning, train
+  from paxlike.trainer import loop, partitioning
   from paxlike.data.prefetch import Prefetcher
   state = s.init(jax.random.key(s.task.train.seed))
   rules = partitioning.rules_for_mesh(s.task.mesh.rules, s.mesh)
   with (jax.set_mesh(s.mesh), nn.logical_axis_rules(rules),
-        Prefetcher(functools.partial(train.host_round, s), 1) as rounds):
+        Prefetcher(functools.partial(loop.host_round, s), 1) as rounds):
 
     def run(first: int, n: int) -> float:
       nonlocal state
       began, pending = time.perf_counter(), None
       for step in range(first, first + n):
-        state, metrics = s.step(state, *train.round_inputs(s, step, rounds.get(step)))
+        state, metrics = s.step(state, *loop.round_inputs(s, step, rounds.get(step)))
         if pending is not None:
           assert np.isfinite(jax.device_get(pending)['loss'])
         pending = metrics
@@ -136,18 +137,19 @@ def bare_seconds_per_step(task: Any, donate: bool, warmup: int, steps: int) -> f
 def measure(task: Any, args: argparse.Namespace, peak: float | None, bare: bool = True,
             trainer: bool = True) -> dict[str, Any]:
   """Trainer and/or bare steps/s and MFU of `task`, and their ratio."""
-  from paxlike import model_stats, train
+  from paxlike.families import lm_flops
+  from paxlike.trainer import loop
   data = task.data
   tokens = data.batch_size * data.seq_len
   row: dict[str, Any] = {
       'attention_kernel': task.model.attention_kernel(data.seq_len),
       'remat_policy': task.model.remat_policy, 'batch_size': data.batch_size,
       'seq_len': data.seq_len,
-      'flops_per_step': model_stats.flops_per_token(task.model, data.seq_len) * tokens}
+      'flops_per_step': lm_flops.flops_per_token(task.model, data.seq_len) * tokens}
   mfu = lambda rate, devices: peak and row['flops_per_step'] * rate / (peak * devices)
   if trainer:
     began = time.time()
-    s = train.setup(task)
+    s = loop.setup(task)
     row.update({'devices': s.mesh.size, 'round_shape': list(s.round_shape),
                 s.item + '_per_step': s.items_per_step,
                 'flops_per_step': s.flops_per_device * s.mesh.size,  # Every client, local step.
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
   import jax
-  from paxlike import throughput
+  from paxlike.trainer import throughput
   device = jax.devices()[0]
   base = {'benchmark': 'gpu_mfu', 'device_kind': device.device_kind, 'platform': device.platform,
           'jax': jax.__version__, 'quick': args.quick, 'exp': args.exp, 'fdl_set': args.fdl_set}

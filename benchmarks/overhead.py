@@ -3,12 +3,12 @@
     python benchmarks/overhead.py [--devices 1,8] [--steps 30] [--repeats 5] [--quick]
 
 For each device count a child process (`XLA_FLAGS=--xla_force_host_platform_device_count=N`)
-builds the experiment through the registry, `config_io.build` and `train.setup`, then times, in
+builds the experiment through the registry, `config_io.build` and `loop.setup`, then times, in
 alternating repeats on the same device-resident batch:
 - `paxlike`: the compiled `Setup.step` (the algorithm's round, metrics, sharding, donation);
 - `baseline`: `jax.jit(step, donate_argnums=(0, 1))` of value_and_grad of the mean
   cross-entropy + `task.optimizer` on the same Flax module, params, mesh and logical rules;
-- `paxlike_with_data`: `Setup.step` fed by `train.round_inputs` each step, as the trainer does.
+- `paxlike_with_data`: `Setup.step` fed by `loop.round_inputs` each step, as the trainer does.
 Prints one JSON object; `ratio` is the median over repeats of paxlike / baseline steps/s (the
 worst device count; per device count under `devices`, with `ratio_best`, best over best, and
 each step's XLA FLOPs and all-reduce count). Goal: ratio >= 0.97.
@@ -53,18 +53,20 @@ def measure(args: argparse.Namespace) -> dict:
   import optax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from paxlike import config_io, partitioning, registry, throughput, train
+  from paxlike import registry
+  from paxlike.cli import config_io
+  from paxlike.trainer import loop, partitioning, throughput
 
   registry.import_all()
   cfg = registry.get(args.exp)().config()
   config_io.apply_overrides(cfg, args.set)
   task = config_io.build(cfg)
-  s = train.setup(task)
+  s = loop.setup(task)
   mesh, model, optimizer = s.mesh, task.model, task.optimizer
   rules = partitioning.rules_for_mesh(task.mesh.rules, mesh)
   with jax.set_mesh(mesh):
     pax_state = s.init(jax.random.key(task.train.seed))
-  batches, weights, rng = train.round_inputs(s, 1)
+  batches, weights, rng = loop.round_inputs(s, 1)
 
   # The baseline: what a user would write by hand for the same model, optimizer and mesh.
   host_batches, _ = task.data.round_batches(task.train.seed, 1)
@@ -99,7 +101,7 @@ def measure(args: argparse.Namespace) -> dict:
 
   def pax_step_with_data():
     counter['step'] += 1
-    state['pax'], metrics = s.step(state['pax'], *train.round_inputs(s, counter['step']))
+    state['pax'], metrics = s.step(state['pax'], *loop.round_inputs(s, counter['step']))
     return metrics['loss']
 
   def base_step():

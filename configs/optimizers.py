@@ -1,9 +1,9 @@
-"""Optimizer presets as Fiddle configs (optax underneath, see paxlike/optim.py)."""
+"""Optimizer presets as Fiddle configs (optax underneath, see paxlike/trainer/optim.py)."""
 
 import fiddle as fdl
 import optax
 
-from paxlike import optim
+from paxlike.trainer import optim
 
 
 def warmup_cosine(peak: float, total_steps: int, warmup_steps: int | None = None) -> fdl.Config:

@@ -21,7 +21,7 @@ import fiddle as fdl
 
 from configs import meshes, models
 from paxlike.layers import TransformerLM
-from paxlike.partitioning import MeshConfig
+from paxlike.trainer.partitioning import MeshConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 import fiddle as fdl
 
 from configs import meshes, optimizers
-from paxlike.centralized import centralized
+from paxlike.trainer.centralized import centralized
 from paxlike.experiment import Task, TrainConfig
 
 

@@ -22,11 +22,11 @@ import fiddle as fdl
 import flax.linen as nn
 import optax
 
-from paxlike.algorithm import Algorithm, AlgorithmBuilder
+from paxlike.trainer.algorithm import Algorithm, AlgorithmBuilder
 from paxlike.errors import UserError
 from paxlike.families import family_of
-from paxlike.losses import model_loss_fn
-from paxlike.partitioning import MeshConfig
+from paxlike.trainer.losses import model_loss_fn
+from paxlike.trainer.partitioning import MeshConfig
 
 if TYPE_CHECKING:  # paxlike.data imports tfds; the annotation needs only the protocol.
   from paxlike.data import DataSource
@@ -45,7 +45,7 @@ class TrainConfig:
   skip_nonfinite: bool = False  # Skip (and count) non-finite steps instead of failing.
   personalize_steps: int | None = None  # Eval: also score each client after k local steps.
   # Start a fresh run from 'hf:DIR' (a Hugging Face Llama dir) or 'job:DIR[@STEP]' (another
-  # job's params); a resumed run uses its own checkpoints. See paxlike/init_from.py.
+  # job's params); a resumed run uses its own checkpoints. See paxlike/trainer/init_from.py.
   init_from: str | None = None
   ema_decay: float | None = None  # Keep an EMA of the params (eval_ema_*, export); None: off.
 

@@ -18,7 +18,9 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from paxlike import config_io, job_dir, registry
+from paxlike import registry
+from paxlike.cli import config_io
+from paxlike.trainer import job_dir
 from paxlike.errors import RunFailure, UserError
 
 MODES = ('train', 'eval', 'decode', 'print_config')
@@ -112,7 +114,7 @@ def fill_from_init_source(cfg) -> None:
   init_from = getattr(cfg.train, 'init_from', None)
   if not init_from:
     return
-  from paxlike import init_from as source
+  from paxlike.trainer import init_from as source
   saved = Path(FLAGS.job_log_dir or '').expanduser() / 'config.json'
   try:
     model = source.model_overrides_from(init_from)
@@ -143,7 +145,7 @@ def use_local_settings() -> None:
   """The data root and the compilation cache, from the flags (before any data or compile)."""
   if FLAGS.data_dir:
     os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
-  from paxlike import compile_cache
+  from paxlike.trainer import compile_cache
   compile_cache.configure(compile_cache.default_dir() if FLAGS.compilation_cache_dir is None
                           else FLAGS.compilation_cache_dir)
 
@@ -161,10 +163,11 @@ def run(argv: list[str]) -> None:
   use_local_settings()
   cfg = task_config()
   task = config_io.build(cfg)
-  from paxlike import memory, model_stats, privacy
+  from paxlike.families import family_of
+  from paxlike.federated import privacy
+  family = family_of(task.model)
   if FLAGS.mode == 'print_config':
-    print(config_io.to_text(cfg) + model_stats.summary(task.model, task.data)
-          + memory.summary(task), end='')
+    print(config_io.to_text(cfg) + model_summary(task) + family.memory_summary(task), end='')
     accountant = privacy.accountant(task)
     if accountant is not None:
       print(accountant.describe(task.train.num_steps))
@@ -173,15 +176,15 @@ def run(argv: list[str]) -> None:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
 
   # Heavy imports only once a job really runs.
-  from paxlike import distributed, restore, train, trainer_setup
+  from paxlike.trainer import build, distributed, loop, restore
   from paxlike.data import fingerprint, prepare
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          FLAGS.distributed_init_timeout, FLAGS.heartbeat_timeout)
   if FLAGS.mode == 'train':
-    setup = trainer_setup.setup(task)  # Checks mesh, data and model before the job dir is touched.
+    setup = build.setup(task)  # Checks mesh, data and model before the job dir is touched.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
                                 [*FLAGS.allow_import, *registry.trusted_modules()])
-    notes = model_stats.kernel_line(task.model, task.data) + packing_line(task.data)
+    notes = family.kernel_line(task.model, task.data) + packing_line(task.data)
     data = prepare.data_fingerprint(task.data)
 
     def on_start() -> None:  # Restored: say which attention kernel runs, record config and data.
@@ -191,7 +194,7 @@ def run(argv: list[str]) -> None:
 
     with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
       fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
-      train.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
+      loop.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
                   allow_config_change=FLAGS.allow_config_change, on_start=on_start)
     if distributed.is_primary():
       print(f'results in {directory}: metrics.jsonl, checkpoints/, summaries/ (tensorboard '
@@ -204,11 +207,21 @@ def run(argv: list[str]) -> None:
     if differs:  # Still evaluated (on today's data), but not silently.
       print(f'warning: {differs}; these eval numbers are on the data as it is now',
             file=sys.stderr)
-    evals, clients = train.evaluate_state(setup, state)
+    evals, clients = loop.evaluate_state(setup, state)
     print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in evals.items()},
                       **({'eval_clients': clients} if clients else {})}))
   else:
     print(decoded_text(task, setup.mesh, restore.export_params(setup, state)))  # EMA if kept.
+
+
+def model_summary(task) -> str:
+  """The family's `# params: ...`, FLOPs and attention-kernel lines for `--mode=print_config`;
+  a model config its layers reject (at trace time) is a UserError, as in training."""
+  from paxlike.families import family_of
+  try:
+    return family_of(task.model).summary(task.model, task.data)
+  except (ValueError, TypeError) as error:
+    raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
 
 
 def packing_line(data) -> str:

@@ -72,7 +72,8 @@ def plan(name: str, overrides: list[str]) -> Plan:
   """Reads an experiment's cohort, algorithm and parameter bytes from its built task."""
   import flax.linen as nn
   import jax
-  from paxlike import config_io, registry
+  from paxlike import registry
+  from paxlike.cli import config_io
   registry.import_all()
   cfg = registry.get(name)().config()
   config_io.apply_overrides(cfg, overrides)

@@ -119,7 +119,7 @@ def _platform() -> str:
 def test_gpu_mfu_quick_times_trainer_and_bare_step_and_the_federated_round():
   """Runs on any host (CPU here, the GPU on a GPU host); MFU is model FLOPs × rate / peak."""
   from configs.models import lm_125m
-  from paxlike import model_stats
+  from paxlike.families import lm_flops
   out = run_json('benchmarks/gpu_mfu.py', '--quick', '--peak-tflops=0.5')
   assert out['quick'] and out['platform'] == _platform() and out['exp'] == 'lm.Llama1B'
   lm, fed = out['lm'], out['federated']
@@ -135,7 +135,7 @@ def test_gpu_mfu_quick_times_trainer_and_bare_step_and_the_federated_round():
   model = model.clone(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, d_ff=128,
                       vocab_size=256)
   assert fed['flops_per_step'] == pytest.approx(
-      model_stats.flops_per_token(model, 64) * fed['tokens_per_step'])
+      lm_flops.flops_per_token(model, 64) * fed['tokens_per_step'])
   assert fed['trainer_mfu'] == pytest.approx(
       fed['flops_per_step'] * fed['trainer_steps_per_sec'] / 0.5e12)
 

@@ -130,7 +130,9 @@ SHARDING_SCRIPT = textwrap.dedent('''
     import flax.linen as nn
     import jax
     import numpy as np
-    from paxlike import config_io, losses, partitioning, registry, train
+    from paxlike import registry
+    from paxlike.cli import config_io
+    from paxlike.trainer import loop, losses, partitioning
     registry.import_all()
     cfg = registry.get('federated.ShakespeareDiLoCo')().config()
     config_io.apply_overrides(cfg, ['model.num_layers=1', 'mesh.ici=(4, 2)',
@@ -142,7 +144,7 @@ SHARDING_SCRIPT = textwrap.dedent('''
     block = partitioning.process_block(partitioning.round_batch_sharding(mesh), shape)
     # round_inputs reads only these fields of a Setup.
     placed = types.SimpleNamespace(task=task, mesh=mesh, block=block, round_shape=shape)
-    batches, weights, _ = train.round_inputs(placed, 1)
+    batches, weights, _ = loop.round_inputs(placed, 1)
     algorithm = task.algorithm(losses.model_loss_fn(task.model), task.optimizer)
     with jax.set_mesh(mesh), nn.logical_axis_rules(
         partitioning.rules_for_mesh(task.mesh.rules, mesh)):

@@ -3,7 +3,7 @@
 import pytest
 
 from paxlike.data import root
-from paxlike.summaries import progress_line
+from paxlike.trainer.summaries import progress_line
 from tests.helpers import cli_env, run_cli
 
 

@@ -5,8 +5,10 @@ import dataclasses
 import fiddle as fdl
 
 from configs import fiddlers
-from paxlike import config_io, registry, train
-from paxlike.checkpoint import Checkpoints
+from paxlike import registry
+from paxlike.cli import config_io
+from paxlike.trainer import loop
+from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.experiment import Task
 
 # lm.StdlibTiny's model at test size: 1 layer, d_model 32, seq 16, batch 4.
@@ -29,7 +31,7 @@ def tiny_task(*overrides: str) -> Task:
   return config_io.build(tiny_config(*overrides))
 
 
-def with_steps(placed: train.Setup, num_steps: int) -> train.Setup:
+def with_steps(placed: loop.Setup, num_steps: int) -> loop.Setup:
   """`placed` running to `num_steps` (the same compiled programs)."""
   task = dataclasses.replace(placed.task,
                              train=dataclasses.replace(placed.task.train, num_steps=num_steps))

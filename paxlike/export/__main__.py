@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from absl import app, flags
 
-from paxlike import config_io
+from paxlike.cli import config_io
 from paxlike import main as cli
 
 flags.DEFINE_string('out', None, 'New (or empty) directory for plan.json and the programs.')
@@ -39,7 +39,7 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from paxlike import job_dir, restore, train, trainer_setup
+  from paxlike.trainer import build, job_dir, loop, restore
   from paxlike.errors import UserError
   from paxlike.export import artifacts
 
@@ -50,11 +50,11 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   if job_log_dir:
     setup, step, state = restore.load_latest_state(task, job_dir.existing(job_log_dir))
   else:
-    setup, step = trainer_setup.setup(task), 0
+    setup, step = build.setup(task), 0
     with jax.set_mesh(setup.mesh):
       state = setup.init(jax.random.key(task.train.seed))
   with jax.set_mesh(setup.mesh):
-    data = [dict(zip(('batches', 'weights', 'rng'), train.round_inputs(setup, step + r)))
+    data = [dict(zip(('batches', 'weights', 'rng'), loop.round_inputs(setup, step + r)))
             for r in range(1, rounds + 1)]
   data = [{**d, 'batches': jax.device_get(d['batches']), 'weights': np.asarray(d['weights'])}
           for d in data]

@@ -11,14 +11,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.ensemble import ensemble_log_probs
+from paxlike.federated.ensemble import ensemble_log_probs
 from paxlike.errors import UserError
 from paxlike.families import lm_memory
 from paxlike.families.base import Family, check_item, mask_items
 from paxlike.families.lm_flops import flops_per_token
 from paxlike.families.shapes import param_count
 from paxlike.layers import TransformerLM
-from paxlike.losses import LossFn
+from paxlike.trainer.losses import LossFn
 
 
 def step_flops(model: TransformerLM, loss_fn: LossFn, boxed_params: Any, batches: dict,

@@ -30,7 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike import partitioning
+from paxlike.trainer import partitioning
 from paxlike.errors import UserError
 from paxlike.families.lm_flops import attended_keys
 from paxlike.layers import TransformerLM

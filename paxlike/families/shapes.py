@@ -8,8 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike import throughput
-from paxlike.losses import LossFn
+from paxlike.trainer import throughput
+from paxlike.trainer.losses import LossFn
 
 
 def abstract_params(model: nn.Module, seq_len: int = 8, sample: Any = None) -> Any:

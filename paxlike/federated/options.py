@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paxlike.algorithm import AlgorithmConfigError
+from paxlike.trainer.algorithm import AlgorithmConfigError
 
 
 def check_prox_mu(prox_mu: float) -> float:

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from paxlike import config_io, registry
+from paxlike import registry
+from paxlike.cli import config_io
 from paxlike.errors import UserError
 from paxlike.interop import hf_llama
 from paxlike.layers import TransformerLM, lora
@@ -42,7 +43,7 @@ def tokenizer_files(tokenizer: str) -> list[Path]:
 def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) -> str:
   """Writes the HF directory `out` from `job_dir`'s checkpoint (latest, or `step`); returns a
   one-line summary. UserError for a job that is not a Llama-shaped LM or has no checkpoint."""
-  from paxlike import restore  # The trainer's imports, only once a job is exported.
+  from paxlike.trainer import restore  # The trainer's imports, only once a job is exported.
   job_dir, out = Path(job_dir).expanduser().absolute(), Path(out).expanduser().absolute()
   saved = job_dir / 'config.json'
   if not saved.is_file():

@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paxlike import evaluation
+from paxlike.trainer import evaluation
 from paxlike.data import ImageData
 from paxlike.data import LmData
 from paxlike.data import lm
 from paxlike.data.sources import ClientEval
 from paxlike.errors import UserError
-from paxlike.summaries import RunWriter
+from paxlike.trainer.summaries import RunWriter
 
 
 def test_lm_eval_targets_belong_to_the_role_whose_test_speech_they_are_in(prepared):

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 from configs import federated as fed
-from paxlike import config_io, registry, train
-from paxlike.checkpoint import Checkpoints
+from paxlike import registry
+from paxlike.cli import config_io
+from paxlike.trainer import loop
+from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.export import run, trees
 from paxlike.export.__main__ import export_experiment
 from tests.helpers import REPO, cli_env, metric_rows
@@ -46,8 +48,8 @@ def train_to(cfg: fdl.Config, job: Path, steps: int) -> tuple[list[dict], dict]:
   like the export's outputs."""
   cfg = cfg.__copy__()
   config_io.apply_overrides(cfg, [f'train.num_steps={steps}'])
-  setup = train.setup(config_io.build(cfg))
-  train.train(setup, job)
+  setup = loop.setup(config_io.build(cfg))
+  loop.train(setup, job)
   checkpoints = Checkpoints(job / 'checkpoints', 3)
   try:
     _, state, _ = checkpoints.restore(setup.abstract_state)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paxlike import losses
+from paxlike.trainer import losses
 from paxlike.errors import UserError
 from paxlike.families import classifier, family_of
 from paxlike.layers import CnnClassifier, MlpClassifier

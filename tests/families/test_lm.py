@@ -10,11 +10,12 @@ import numpy as np
 import optax
 import pytest
 
-from paxlike import config_io, registry
+from paxlike import registry
+from paxlike.cli import config_io
 from paxlike.errors import UserError
 from paxlike.families import family_of, lm
 from paxlike.layers import MlpClassifier, TransformerLM
-from paxlike.partitioning import MeshConfig
+from paxlike.trainer.partitioning import MeshConfig
 
 MODEL = TransformerLM(vocab_size=256, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_len=64)
 FAMILY = lm.FAMILY
@@ -115,7 +116,7 @@ def test_population_and_shrink():
 
 
 def test_the_eval_step_refuses_items_other_than_the_familys():
-  from paxlike import evaluation
+  from paxlike.trainer import evaluation
   with pytest.raises(UserError, match='TransformerLM is evaluated on tokens, not examples'):
     evaluation.eval_step(MODEL, 'examples', 1)
 
@@ -132,7 +133,7 @@ def test_a_vocab_left_unset_follows_the_datas_rounded_up_to_128():
 def test_a_task_on_text_data_takes_its_vocab_from_the_tokenizer(tmp_path):
   """An LM with vocab_size unset on a TextData source: the Task's model has the tokenizer's
   vocabulary rounded up to 128; one set below it is refused."""
-  from paxlike.centralized import centralized
+  from paxlike.trainer.centralized import centralized
   from paxlike.data import TextData
   from paxlike.experiment import Task
   from paxlike.tokenizers import load_tokenizer

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from paxlike import optim
+from paxlike.trainer import optim
 from paxlike.errors import UserError
 from paxlike.federated import (diloco, fed_adagrad, fed_adam, fed_avg, fed_yogi,
                                pseudo_gradient)
@@ -306,7 +306,7 @@ _MESH_SCRIPT = textwrap.dedent("""
   import flax.linen as nn, jax, jax.numpy as jnp, numpy as np, optax
   from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
   from paxlike.federated import diloco, fed_avg
-  from paxlike.losses import model_loss_fn
+  from paxlike.trainer.losses import model_loss_fn
   assert jax.device_count() == 8, jax.devices()
 
   class Tiny(nn.Module):

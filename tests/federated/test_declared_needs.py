@@ -13,8 +13,10 @@ import numpy as np
 import optax
 import pytest
 
-from paxlike import config_io, privacy, registry
-from paxlike.algorithm import Algorithm, AlgorithmConfigError, FixedCohort
+from paxlike import registry
+from paxlike.cli import config_io
+from paxlike.federated import privacy
+from paxlike.trainer.algorithm import Algorithm, AlgorithmConfigError, FixedCohort
 from paxlike.errors import UserError
 from paxlike.export.__main__ import cohort_algorithm
 from paxlike.federated import btm, fed_adagrad, fed_avg, fed_yogi, papa, pseudo_gradient

@@ -11,8 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from paxlike import optim
-from paxlike.ensemble import ensemble_log_probs
+from paxlike.trainer import optim
+from paxlike.federated.ensemble import ensemble_log_probs
 from paxlike.federated import AlgorithmConfigError, btm, papa
 
 D, B, P = 3, 8, 4
@@ -344,15 +344,16 @@ def test_ensemble_matches_bayes_rule_by_hand():
 
 
 def test_the_trainer_starts_papa_members_from_their_own_inits():
-  """Through `train.setup`: member j is the model's init at key j of the run's init rng split
+  """Through `loop.setup`: member j is the model's init at key j of the run's init rng split
   per member; the soup is their mean."""
   from configs import federated as fed
   from experiments.federated import DigitsFedAvg
-  from paxlike import config_io, train
+  from paxlike.cli import config_io
+  from paxlike.trainer import loop
   cfg = DigitsFedAvg().config()
   cfg.algorithm = fed.papa(population=5)
   task = config_io.build(cfg)
-  s = train.setup(task)
+  s = loop.setup(task)
   rng = jax.random.key(task.train.seed)
   state = s.init(rng).alg
   sample = task.data.eval_batches()[0]['inputs'][:1]

@@ -7,7 +7,9 @@ import math
 import dp_accounting
 import pytest
 
-from paxlike import config_io, privacy, registry
+from paxlike import registry
+from paxlike.cli import config_io
+from paxlike.federated import privacy
 from paxlike.errors import UserError
 
 

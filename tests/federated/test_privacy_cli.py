@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from paxlike import config_io, privacy, registry
+from paxlike import registry
+from paxlike.cli import config_io
+from paxlike.federated import privacy
 from tests.helpers import metric_rows, run_cli
 
 pytestmark = pytest.mark.slow

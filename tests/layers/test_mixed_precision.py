@@ -21,7 +21,7 @@ import optax
 import pytest
 
 from configs import models
-from paxlike import losses
+from paxlike.trainer import losses
 
 STEPS, BATCH, SEQ = 48, 16, 64
 TOLERANCE_NATS = 0.05

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paxlike import losses
+from paxlike.trainer import losses
 from paxlike.layers import TransformerLM
 from tests.layers.test_packing import pack
 

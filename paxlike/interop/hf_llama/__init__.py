@@ -34,7 +34,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from paxlike import model_stats
+from paxlike.families.shapes import abstract_params
 from paxlike.errors import RunFailure, UserError
 from paxlike.layers import TransformerLM
 from paxlike.layers.transformer import stack_layers, unstack_layers
@@ -117,7 +117,7 @@ def import_params(tensors: Mapping[str, np.ndarray], model: TransformerLM) -> di
   """
   names = name_map(model)
   unrolled = model.clone(scan_layers=False, parent=None)
-  shapes = model_stats.abstract_params(unrolled, seq_len=1)
+  shapes = abstract_params(unrolled, seq_len=1)
   missing = sorted(set(names) - set(tensors))
   extra = sorted(set(tensors) - set(names))
   if model.tied_embeddings and 'lm_head.weight' in extra:
@@ -276,7 +276,7 @@ def check_shapes(shapes: Mapping[str, tuple[int, ...]], model: TransformerLM) ->
   if missing or extra:
     raise UserError(f'checkpoint does not match the model: missing {missing[:3]} '
                     f'({len(missing)} in all), unexpected {extra[:3]} ({len(extra)} in all)')
-  abstract = model_stats.abstract_params(model.clone(scan_layers=False, parent=None), seq_len=1)
+  abstract = abstract_params(model.clone(scan_layers=False, parent=None), seq_len=1)
   for name, (path, _, to_hf) in names.items():
     want = tuple(jax.eval_shape(to_hf, _get(abstract, path)).shape)
     if tuple(shapes[name]) != want:

@@ -1,0 +1,1 @@
+"""What the command line needs besides `paxlike.main`: configs read, checked and written."""

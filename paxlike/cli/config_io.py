@@ -1,0 +1,290 @@
+"""Task configs as data: overrides, safe JSON round-trips, and comparison with a job dir's run.
+
+Loading a serialized config imports only modules on an allow-list (no pickle anywhere), so a
+config file cannot run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+from pathlib import Path
+import types
+import typing
+from typing import Any, Iterable
+
+import fiddle as fdl
+import jax.numpy as jnp
+import numpy as np
+from fiddle import daglish
+from fiddle.experimental import serialization
+
+from paxlike.errors import UserError
+
+ALLOWED_MODULES = ('builtins', 'fiddle', 'paxlike', 'experiments', 'configs', 'flax', 'optax',
+                   'jax', 'numpy', 'ml_dtypes')
+# Fields that may change between runs in one job dir: the intervals, so a finished run can be
+# extended, and the mesh, since checkpoints restore onto any mesh (the math is the same).
+RESUMABLE_FIELDS = ('.train.num_steps', '.train.log_every', '.train.eval_every',
+                    '.train.checkpoint_every', '.mesh.')
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+  """`'model.num_layers=2'` → `('model.num_layers', 2)`. Non-literals are taken as strings."""
+  path, sep, raw = text.partition('=')
+  path = path.strip()
+  if not sep or not path or not all(part.isidentifier() for part in path.split('.')):
+    raise UserError(f'--fdl_set={text!r} is not PATH=VALUE (e.g. train.num_steps=200)')
+  try:
+    return path, ast.literal_eval(raw.strip())
+  except (ValueError, SyntaxError):
+    if any(c in raw for c in '()[]{},\'"'):
+      raise UserError(f'--fdl_set {path}: cannot parse value {raw!r}') from None
+    return path, raw.strip()
+
+
+def _same_kind(old: Any, new: Any) -> bool:
+  if old is None or isinstance(old, fdl.Buildable):
+    return True
+  if isinstance(old, bool) or isinstance(new, bool):
+    return isinstance(old, bool) and isinstance(new, bool)
+  if isinstance(old, float):
+    return isinstance(new, (int, float))
+  if isinstance(old, (tuple, list)):
+    return isinstance(new, (tuple, list))
+  return isinstance(new, type(old))
+
+
+def _annotation_admits(buildable: fdl.Buildable, name: str, value: Any) -> bool:
+  """Whether the configured function's or class's annotation of `name` admits `value` (e.g.
+  `files: str | Sequence[str]` a string where the default is a tuple, or None in `int | None`)."""
+  try:
+    hint = typing.get_type_hints(buildable.__fn_or_cls__).get(name)
+  except Exception:  # Unresolvable annotations: fall back to the value-kind check.
+    return False
+  for option in typing.get_args(hint) or (hint,):
+    kind = typing.get_origin(option) or option
+    if isinstance(kind, type) and isinstance(value, kind) and not (
+        isinstance(value, bool) and kind is not bool):
+      return True
+  return False
+
+
+DTYPES = ('float32', 'bfloat16', 'float16')
+
+
+def _is_dtype(value: Any) -> bool:
+  return any(value is getattr(jnp, name) for name in DTYPES)
+
+
+def _dtype_named(path: str, name: str) -> Any:
+  if name not in DTYPES:
+    raise UserError(f'--fdl_set {path}={name}: expected one of {", ".join(DTYPES)}')
+  return getattr(jnp, name)
+
+
+def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
+  """Sets each `PATH=VALUE` on `cfg`, checking the path exists and the value's type fits."""
+  for text in overrides:
+    path, value = parse_override(text)
+    *parents, last = daglish.parse_path('.' + path)
+    try:
+      parent = daglish.follow_path(cfg, tuple(parents)) if parents else cfg
+      old = getattr(parent, last.name)
+    except (AttributeError, KeyError, TypeError, ValueError):
+      raise UserError(f'--fdl_set {path}: no such field in the config') from None
+    if not isinstance(parent, fdl.Buildable):
+      raise UserError(f'--fdl_set {path}: {path.rsplit(".", 1)[0]} is not a config')
+    if _is_dtype(old) and isinstance(value, str):
+      value = _dtype_named(path, value)
+    if not (_same_kind(old, value) or _annotation_admits(parent, last.name, value)):
+      raise UserError(f'--fdl_set {path}={value!r}: expected a {type(old).__name__} like {old!r}')
+    setattr(parent, last.name, tuple(value) if isinstance(value, list) else value)
+
+
+def build(cfg: fdl.Buildable) -> Any:
+  """`fdl.build`, turning config errors into one-line UserErrors."""
+  try:
+    return fdl.build(cfg)
+  except UserError as error:
+    raise UserError(error.args[0]) from None
+  except (TypeError, ValueError) as error:
+    raise UserError(f'invalid config: {str(error.args[0] if error.args else error).splitlines()[0]}') from None
+
+
+def to_json(cfg: fdl.Buildable) -> str:
+  return serialization.dump_json(cfg, indent=2)
+
+
+def to_text(cfg: fdl.Buildable) -> str:
+  """`path = value` per set field; `path.<fn>` names what each sub-config builds."""
+  return ''.join(f'{path.lstrip(".") or "<root>"} = {value}\n' for path, value in flatten(cfg).items())
+
+
+def is_allowed(module: str, allow: Iterable[str] = ()) -> bool:
+  """Whether `module` is on the import allow-list (plus the user's `allow` additions)."""
+  return any(module == a or module.startswith(a + '.') for a in ALLOWED_MODULES + tuple(allow))
+
+
+def _with_moved_modules(node: Any) -> Any:
+  """`node` (parsed JSON) with every pyref to a module of MOVED_MODULES renamed."""
+  if isinstance(node, dict):
+    node = {key: _with_moved_modules(value) for key, value in node.items()}
+    if node.get('type') == 'pyref' and node.get('module') in MOVED_MODULES:
+      node['module'] = MOVED_MODULES[node['module']]
+    return node
+  if isinstance(node, list):
+    return [_with_moved_modules(value) for value in node]
+  return node
+
+
+def _pyrefs(node: Any) -> Iterable[tuple[str, str]]:
+  """Every (module, name) a serialized config imports."""
+  if isinstance(node, dict):
+    if node.get('type') == 'pyref':
+      yield node.get('module', ''), node.get('name', '')
+    for value in node.values():
+      yield from _pyrefs(value)
+  elif isinstance(node, list):
+    for value in node:
+      yield from _pyrefs(value)
+
+
+# What configs are made of: the packages whose classes and functions a config may call (the
+# object itself must be defined under one of them, so a re-exported `os.system` is no way in),
+# the packages that may give classes only (data sources, layers, Fiddle's buildables), and by
+# name the builtin containers and the dtypes. Nothing else: not `numpy.load` or `builtins.open`,
+# though their modules are importable for dtypes and containers.
+BUILDING_BLOCKS = ('paxlike.layers', 'paxlike.federated', 'paxlike.trainer.centralized',
+                   'paxlike.trainer.optim', 'paxlike.experiment', 'paxlike.trainer.partitioning',
+                   'paxlike.trainer.algorithm', 'experiments', 'configs', 'optax', 'jax.nn',
+                   'jax._src.nn')
+# Building blocks that moved into packages, under the names configs saved before the move use:
+# a job dir saved then still resumes (its config.json is read with the new names).
+MOVED_MODULES = {f'paxlike.{name}': f'paxlike.trainer.{name}'
+                 for name in ('centralized', 'optim', 'partitioning', 'algorithm')}
+CLASSES_ONLY = ('paxlike.data', 'flax.linen', 'fiddle._src.config', 'fiddle._src.partial',
+                'fiddle._src.tagging')
+BUILTINS = ('dict', 'tuple', 'list', 'set', 'frozenset', 'slice', 'int', 'float', 'bool',
+            'str', 'complex', 'bytes', 'range')
+
+
+def _under(module: str | None, prefixes: Iterable[str]) -> bool:
+  return bool(module) and any(module == p or module.startswith(p + '.') for p in prefixes)
+
+
+def _is_dtype_object(obj: Any) -> bool:
+  if any(obj is getattr(jnp, name) for name in DTYPES + ('int32', 'int8', 'uint8')):
+    return True
+  return isinstance(obj, type) and issubclass(obj, np.generic)
+
+
+def refusal(obj: Any, allow: Iterable[str] = ()) -> str | None:
+  """Why a config may not name `obj` (None when it may): see BUILDING_BLOCKS."""
+  if _is_dtype_object(obj):
+    return None
+  if isinstance(obj, types.ModuleType):
+    return f'it reaches into module {obj.__name__}'
+  if not callable(obj):
+    return 'it is not a class or function'
+  module = getattr(obj, '__module__', None)
+  if module == 'builtins':
+    return None if getattr(obj, '__name__', None) in BUILTINS else 'a builtin with effects'
+  if _under(module, BUILDING_BLOCKS + tuple(allow)):
+    return None
+  if _under(module, CLASSES_ONLY) and isinstance(obj, type):
+    return None
+  return f'it is defined in {module}, whose functions a config may not call'
+
+
+def resolve_ref(module: str, name: str) -> tuple[bool, Any]:
+  """(found, object) of `module.name`, walking `name`'s dotted parts (call for allow-listed
+  modules only). A module met on the way (`os` in `numpy.lib._npyio_impl.os.system`) is the
+  result, for `refusal` to refuse."""
+  try:
+    target = importlib.import_module(module)
+  except ModuleNotFoundError as error:  # Only the module itself missing is a stale name.
+    return not (error.name and (module + '.').startswith(error.name + '.')), None
+  for part in name.split('.'):
+    if not hasattr(target, part):
+      return False, None
+    target = getattr(target, part)
+    if isinstance(target, types.ModuleType):
+      return True, target
+  return True, target
+
+
+class StaleConfig(UserError):
+  """A well-formed serialized config that names what this version of paxlike no longer has."""
+
+
+def from_json(text: str, source: str, allow: Iterable[str] = ()) -> fdl.Buildable:
+  """Loads a serialized config, importing only allow-listed modules. StaleConfig when it names a
+  module or function that no longer exists (renamed or removed since it was saved)."""
+  try:
+    document = _with_moved_modules(json.loads(text))
+  except json.JSONDecodeError as error:
+    raise UserError(f'{source} is not valid JSON ({error.msg} at line {error.lineno})') from None
+  refs = sorted(set(_pyrefs(document)))
+  for module in sorted({module for module, _ in refs}):
+    if not is_allowed(module, allow):
+      raise UserError(f'{source} imports {module!r}, which is not allowed; '
+                      f'pass --allow_import={module.split(".")[0]} if you trust it')
+  resolved = {(module, name): resolve_ref(module, name) for module, name in refs}
+  missing = [f'{module}.{name}' for (module, name), (found, _) in resolved.items() if not found]
+  if missing:
+    raise StaleConfig(f'{source} names {", ".join(missing)}, which this version of paxlike '
+                      'does not have (renamed or removed since it was saved)')
+  for (module, name), (_, obj) in resolved.items():
+    why = refusal(obj, allow)
+    if why:
+      raise UserError(f'{source} names {module}.{name}, which a config may not use ({why})')
+  try:
+    return serialization.load_json(json.dumps(document))
+  except Exception as error:  # Fiddle raises many kinds for malformed documents.
+    raise UserError(f'{source} is not a valid serialized config ({type(error).__name__})') from None
+
+
+def load_file(path: str | Path, allow: Iterable[str] = ()) -> fdl.Buildable:
+  path = Path(path)
+  if not path.is_file():
+    raise UserError(f'config file {path} does not exist')
+  return from_json(path.read_text(), str(path), allow)
+
+
+def flatten(cfg: fdl.Buildable) -> dict[str, str]:
+  """`{path: repr}` of every leaf value and every callable in `cfg`."""
+  flat = {}
+  for value, path in daglish.iterate(cfg, memoized=False):
+    name = daglish.path_str(path)
+    if isinstance(value, fdl.Buildable):
+      fn = fdl.get_callable(value)
+      flat[name + '.<fn>'] = f'{fn.__module__}.{fn.__qualname__}'
+    elif not isinstance(value, (list, tuple, dict)):
+      flat[name] = repr(value)
+  return flat
+
+
+def _value_at(cfg: fdl.Buildable, flat: dict[str, str], key: str) -> str:
+  """The repr at `key`, falling back to the default of a field left unset."""
+  if key in flat:
+    return flat[key]
+  try:
+    return repr(daglish.follow_path(cfg, daglish.parse_path(key)))
+  except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+    return '<unset>'
+
+
+def differences(old: fdl.Buildable, new: fdl.Buildable) -> list[str]:
+  """Human-readable field differences (an unset field counts as its default), ignoring the
+  fields a resumed run may change."""
+  a, b = flatten(old), flatten(new)
+  diffs = []
+  for key in sorted(set(a) | set(b)):
+    if key.startswith(RESUMABLE_FIELDS):
+      continue
+    before, after = _value_at(old, a, key), _value_at(new, b, key)
+    if before != after:
+      diffs.append(f'{key.lstrip(".")}: {before} -> {after}')
+  return diffs

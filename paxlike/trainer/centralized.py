@@ -1,0 +1,91 @@
+"""Centralized training as an algorithm: the same `(init, next)` pair the federated ones are.
+
+`batches` has leading axes `[1, micro_batches, batch, ...]`: one "client" (the whole job; a
+larger cohort is refused), and its local steps are micro-batches whose gradients are averaged
+before one optimizer update (gradient accumulation with `lax.scan`).
+
+With `trainable` (a function of the params giving a tree of bools, e.g. LoRA's `lora_mask`),
+only the marked leaves are trained: the gradient is taken w.r.t. them alone (XLA computes no
+gradient of the frozen ones) and the optimizer state is kept for them alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import traverse_util
+
+from paxlike.trainer import optim
+from paxlike.trainer.algorithm import Algorithm, AlgorithmConfigError, cohort_size
+from paxlike.trainer.losses import LossFn
+
+
+# params -> a tree of bools shaped like them: True on the leaves that are trained.
+TrainableMask = Callable[[Any], Any]
+
+
+class CentralizedState(NamedTuple):
+  params: Any
+  opt_state: optax.OptState  # Of the trainable params only (all of them without a mask).
+
+
+def split_params(params: Any, trainable: TrainableMask | None) -> tuple[Any, Any]:
+  """(trainable, frozen): two nested dicts holding the leaves of `params` that `trainable`
+  marks True and the rest; without a mask, (params, None)."""
+  if trainable is None:
+    return params, None
+  flat = traverse_util.flatten_dict(params)
+  mask = traverse_util.flatten_dict(trainable(params))
+  pick = lambda keep: traverse_util.unflatten_dict({k: v for k, v in flat.items()
+                                                    if bool(mask[k]) == keep})
+  return pick(True), pick(False)
+
+
+def merge_params(trainable: Any, frozen: Any) -> Any:
+  """The params `split_params` split into (trainable, frozen)."""
+  if frozen is None:
+    return trainable
+  return traverse_util.unflatten_dict({**traverse_util.flatten_dict(frozen),
+                                       **traverse_util.flatten_dict(trainable)})
+
+
+def centralized(loss_fn: LossFn, optimizer: optax.GradientTransformation,
+                trainable: TrainableMask | None = None) -> Algorithm:
+  """Plain training: one optimizer update per step from the micro-batch-averaged gradient
+  (of the `trainable` leaves only, when given)."""
+
+  def init(params):
+    return CentralizedState(params, optimizer.init(split_params(params, trainable)[0]))
+
+  def next(state, batches, weights, rng):
+    del weights  # One client: nothing to weight.
+    clients = cohort_size(batches)
+    if clients != 1:
+      raise AlgorithmConfigError(f'centralized training takes a cohort of 1 client, got '
+                                 f'{clients}; set data.clients_per_round=1.')
+    micro = jax.tree.map(lambda x: x[0], batches)
+    num_micro = jax.tree.leaves(micro)[0].shape[0]
+
+    params, frozen = split_params(state.params, trainable)
+    grad_fn = jax.value_and_grad(lambda p, batch, key: loss_fn(merge_params(p, frozen), batch,
+                                                               key), has_aux=True)
+
+    def accumulate(total, inputs):
+      batch, key = inputs
+      return jax.tree.map(jnp.add, total, grad_fn(params, batch, key)), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         jax.eval_shape(grad_fn, params, first, rng))
+    total, _ = jax.lax.scan(accumulate, zeros, (micro, jax.random.split(rng, num_micro)))
+    (loss, aux), grads = jax.tree.map(lambda x: x / num_micro, total)
+    updates, opt_state = optimizer.update(grads, state.opt_state, params)
+    new = CentralizedState(merge_params(optax.apply_updates(params, updates), frozen), opt_state)
+    metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads), **aux,
+               'learning_rate': optim.learning_rate_of(opt_state)}
+    return new, metrics
+
+  return Algorithm(init, next)

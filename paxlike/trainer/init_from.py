@@ -1,0 +1,253 @@
+"""`train.init_from`: a fresh run's params from a Hugging Face Llama dir (`'hf:DIR'`) or from
+another paxlike job's committed checkpoint (`'job:DIR'`, `'job:DIR@STEP'`; params only).
+
+`load_params` checks every name and shape against the run's abstract params from the source's
+headers (safetensors) or metadata (Orbax) before it reads any data, then places each tensor
+with its sharding as it is read: an HF checkpoint one tensor at a time (a scanned model's
+layers one tensor at a time, stacked on the devices), a job's params by Orbax's partial restore
+of `alg.params` straight into their shardings. Leaves the source lacks must be adapters (LoRA),
+which keep their fresh init. The trainer calls it on a fresh start only (`train.restore_or_init`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import fiddle as fdl
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import traverse_util
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from paxlike.errors import UserError
+from paxlike.interop import hf_llama
+
+RECORD = 'init_source.json'  # In the job dir: where the run's params came from.
+LORA_FIELDS = ('lora_rank', 'lora_alpha', 'lora_targets')  # The run's own, never the source's.
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """A parsed `init_from`: kind 'hf' or 'job', its directory, and a job's step (None: latest)."""
+
+  spec: str
+  kind: str
+  path: Path
+  step: int | None = None
+
+
+def parse(init_from: str) -> Source:
+  """'hf:DIR' | 'job:DIR' | 'job:DIR@STEP' -> Source; UserError for anything else or a DIR
+  that is not a directory."""
+  kind, sep, rest = init_from.partition(':')
+  if not sep or kind not in ('hf', 'job') or not rest:
+    raise UserError(f"train.init_from={init_from!r} is not 'hf:DIR', 'job:DIR' or 'job:DIR@STEP'")
+  step = None
+  if kind == 'job' and '@' in rest:
+    rest, _, digits = rest.rpartition('@')
+    if not digits.isdigit():
+      raise UserError(f'train.init_from={init_from!r}: the step after @ must be an integer')
+    step = int(digits)
+  path = Path(rest).expanduser().absolute()
+  if not path.is_dir():
+    raise UserError(f'train.init_from={init_from!r}: {path} is not a directory')
+  return Source(init_from, kind, path, step)
+
+
+def init_source_tokenizer(init_from: str | None) -> str | None:
+  """The tokenizer that comes with the source: an HF dir's tokenizer.json (else tokenizer.model),
+  a job's `data.tokenizer` when it names a file; None when there is none."""
+  if init_from is None:
+    return None
+  source = parse(init_from)
+  if source.kind == 'hf':
+    found = [source.path / n for n in ('tokenizer.json', 'tokenizer.model')
+             if (source.path / n).is_file()]
+    return str(found[0]) if found else None
+  tokenizer = getattr(_job_config(source).data, 'tokenizer', None)
+  return tokenizer if isinstance(tokenizer, str) and tokenizer != 'bytes' else None
+
+
+def model_overrides_from(init_from: str) -> dict[str, Any]:
+  """The model fields the source fixes: an HF config.json's (as `hf_llama.config_from_hf`), or
+  the fields the other job's config.json sets on its model (its LoRA fields left out)."""
+  source = parse(init_from)
+  if source.kind == 'hf':
+    config = source.path / 'config.json'
+    if not config.is_file():
+      raise UserError(f'train.init_from={init_from!r}: no config.json in {source.path}')
+    return dict(hf_llama.config_from_hf(json.loads(config.read_text())).__arguments__)
+  model = _job_config(source).model
+  return {k: v for k, v in model.__arguments__.items() if k not in LORA_FIELDS}
+
+
+def _job_config(source: Source) -> fdl.Buildable:
+  from paxlike.cli import config_io  # pylint: disable=import-outside-toplevel (imports experiments)
+  return config_io.load_file(source.path / 'config.json')
+
+
+def _flat(tree: Any) -> dict[str, Any]:
+  return traverse_util.flatten_dict(tree, sep='/')
+
+
+def _check_coverage(source: Source, have: set[str], want: dict[str, Any], adapters: set[str]
+                    ) -> None:
+  """UserError unless the source has every param but adapters, and nothing else."""
+  extra = sorted(have - set(want))
+  missing = sorted(set(want) - have - adapters)
+  if extra or missing:
+    raise UserError(f'{source.spec} does not match the model: missing {missing[:3]} '
+                    f'({len(missing)} in all), unexpected {extra[:3]} ({len(extra)} in all)')
+
+
+def _adapters(abstract_params: Any, trainable: Callable[[Any], Any] | None) -> set[str]:
+  if trainable is None:
+    return set()
+  return {name for name, keep in _flat(trainable(abstract_params)).items() if keep}
+
+
+def load_params(init_from: str, abstract_params: Any, model: Any,
+                trainable: Callable[[Any], Any] | None = None) -> dict[str, jax.Array]:
+  """{'block_0/attention/query': array placed with its sharding} of every param the source
+  gives (all but the adapters). `abstract_params`: the run's unboxed params as sharded
+  ShapeDtypeStructs; `trainable`: LoRA's mask, whose leaves the source may lack."""
+  source = parse(init_from)
+  want, adapters = _flat(abstract_params), _adapters(abstract_params, trainable)
+  if source.kind == 'hf':
+    return _load_hf(source, want, adapters, model)
+  return _load_job(source, want, adapters)
+
+
+def _put(value: np.ndarray, spec: jax.ShapeDtypeStruct, sharding: Any = None) -> jax.Array:
+  """A host tensor on the devices, each device given only its shard."""
+  value = value.astype(spec.dtype, copy=False)
+  return jax.make_array_from_callback(value.shape, sharding or spec.sharding,
+                                      lambda index: value[index])
+
+
+def _load_hf(source: Source, want: dict[str, Any], adapters: set[str], model: Any
+             ) -> dict[str, jax.Array]:
+  header = hf_llama.safetensors_header(source.path)
+  hf_llama.check_shapes({name: shape for name, (shape, _) in header.items()}, model)
+  scanned = bool(getattr(model, 'scan_layers', False))
+  names = {'/'.join(_scanned_path(path) if scanned else path)
+           for path, _, _ in hf_llama.name_map(model).values()}
+  _check_coverage(source, names, want, adapters)
+  placed: dict[str, jax.Array] = {}
+  layers: dict[str, dict[int, jax.Array]] = {}  # Scanned: each layer placed, stacked when whole.
+  for path, value in hf_llama.read_params(header, model):
+    if not scanned or not path[0].startswith('block_'):
+      placed['/'.join(path)] = _put(value, want['/'.join(path)])
+      continue
+    name, spec = '/'.join(_scanned_path(path)), want['/'.join(_scanned_path(path))]
+    layer_sharding = NamedSharding(spec.sharding.mesh, P(*spec.sharding.spec[1:]))
+    layers.setdefault(name, {})[int(path[0][6:])] = _put(value, spec, layer_sharding)
+    if len(layers[name]) == model.num_layers:
+      parts = layers.pop(name)
+      placed[name] = _stack(tuple(parts[i] for i in range(model.num_layers)), spec.sharding)
+  return placed
+
+
+def _scanned_path(path: tuple[str, ...]) -> tuple[str, ...]:
+  """block_{i}/... -> blocks/... (a scanned model's stacked layers)."""
+  return ('blocks', *path[1:]) if path[0].startswith('block_') else path
+
+
+def _stack(parts: tuple[jax.Array, ...], sharding: Any) -> jax.Array:
+  return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=sharding)(*parts)
+
+
+def _manager(source: Source) -> ocp.CheckpointManager:
+  directory = source.path / 'checkpoints'
+  if not directory.is_dir():
+    raise UserError(f'{source.spec}: no checkpoints directory in {source.path}')
+  return ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+      item_handlers={'state': ocp.PyTreeCheckpointHandler()})
+
+
+def resolve_step(source: Source, manager: ocp.CheckpointManager) -> int:
+  """The source's step: the one asked for, or its latest; committed steps only."""
+  steps = sorted(manager.all_steps())
+  if not steps:
+    raise UserError(f'{source.spec}: no committed checkpoint in {source.path / "checkpoints"}')
+  if source.step is not None and source.step not in steps:
+    raise UserError(f'{source.spec}: no committed step {source.step} (committed: '
+                    f'{", ".join(map(str, steps))})')
+  return steps[-1] if source.step is None else source.step
+
+
+def _load_job(source: Source, want: dict[str, Any], adapters: set[str]) -> dict[str, jax.Array]:
+  manager = _manager(source)
+  try:
+    step = resolve_step(source, manager)
+    metadata = manager.item_metadata(step)['state']
+    tree = getattr(metadata, 'tree', metadata)
+    try:
+      have = _flat(tree['alg']['params'])
+    except (KeyError, TypeError):
+      raise UserError(f'{source.spec}: step {step} holds no alg.params') from None
+    _check_coverage(source, set(have), want, adapters)
+    for name, meta in have.items():
+      if tuple(meta.shape) != tuple(want[name].shape):
+        raise UserError(f'{name} is {list(meta.shape)} in {source.spec} step {step} but the '
+                        f'model needs {list(want[name].shape)}')
+    item = {'alg': {'params': traverse_util.unflatten_dict(
+        {name: want[name] for name in have}, sep='/')}}
+    args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
+                                                       dtype=s.dtype), item)
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=item, restore_args=args, partial_restore=True)))
+  finally:
+    manager.close()
+  return _flat(restored['state']['alg']['params'])
+
+
+def _sha256(file: Path) -> str:
+  digest = hashlib.sha256()
+  with file.open('rb') as f:
+    for chunk in iter(lambda: f.read(1 << 24), b''):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def source_record(init_from: str) -> dict[str, Any]:
+  """What `init_source.json` says: the init_from string, kind, directory, step (jobs), and the
+  sha256 of each file read (an HF dir's config.json and *.safetensors; every file of the job's
+  step directory) with one sha256 over them all."""
+  source = parse(init_from)
+  step = None
+  if source.kind == 'hf':
+    files = sorted(source.path.glob('*.safetensors')) + [source.path / 'config.json']
+    root = source.path
+  else:
+    manager = _manager(source)
+    try:
+      step = resolve_step(source, manager)
+    finally:
+      manager.close()
+    root = source.path / 'checkpoints' / str(step)
+    files = sorted(p for p in root.rglob('*') if p.is_file())
+  hashes = {str(f.relative_to(root)): _sha256(f) for f in files if f.is_file()}
+  total = hashlib.sha256(''.join(f'{k}:{v}\n' for k, v in hashes.items()).encode()).hexdigest()
+  return {'init_from': init_from, 'kind': source.kind, 'path': str(source.path), 'step': step,
+          'files': hashes, 'sha256': total}
+
+
+def write_record(job_dir: Path, record: dict[str, Any]) -> None:
+  """`job_dir/init_source.json`, atomically."""
+  tmp = job_dir / f'{RECORD}.tmp'
+  tmp.write_text(json.dumps(record, indent=2) + '\n')
+  os.replace(tmp, job_dir / RECORD)
+
+
+def nbytes(tree: Any) -> int:
+  """Bytes of the arrays in `tree` (for the import's log line)."""
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))

@@ -1,0 +1,114 @@
+"""`Checkpoints.save` hands the state to a save thread: the caller may donate the state the
+moment save returns, and a save that fails surfaces in the next call."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from paxlike.trainer.checkpoint import Checkpoints
+from paxlike.errors import RunFailure
+
+
+def _committed(directory):
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _state():
+  return {'w': jnp.arange(6.0).reshape(2, 3), 'count': jnp.int32(7)}
+
+
+def test_orbax_saves_in_another_thread_what_the_state_was_before_it_was_donated(
+    tmp_path, monkeypatch):
+  """The save thread's Orbax call is held until the caller has donated the state it saved."""
+  donated, threads = threading.Event(), []
+  real_save = ocp.CheckpointManager.save
+
+  def save_after_donation(self, *args, **kwargs):
+    threads.append(threading.current_thread())
+    assert donated.wait(timeout=60)
+    return real_save(self, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', save_after_donation)
+  state = _state()
+  expected = {'w': np.arange(6.0).reshape(2, 3), 'count': np.int32(7)}  # Not read from `state`.
+  step = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)
+  checkpoints = Checkpoints(tmp_path / 'checkpoints', max_to_keep=2)
+  try:
+    checkpoints.save(1, state, {'step': 1})
+    state = step(state)  # Donates (deletes) the buffers the save was given.
+    donated.set()
+    checkpoints.save(2, state, {'step': 2})
+    checkpoints.wait()
+    assert _committed(tmp_path / 'checkpoints') == [1, 2]
+    for saved, want in ((1, expected), (2, jax.tree.map(lambda x: x + 1, expected))):
+      _, restored, meta = checkpoints.restore(jax.eval_shape(_state), step=saved)
+      assert meta == {'step': saved}
+      jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), want)
+  finally:
+    checkpoints.close()
+  assert len(threads) == 2 and threading.main_thread() not in threads
+
+
+def test_a_failed_save_raises_in_the_next_call_and_commits_nothing(tmp_path):
+  checkpoints = Checkpoints(tmp_path / 'checkpoints', max_to_keep=2)
+  try:
+    checkpoints.save(1, _state(), {'step': 1})
+    checkpoints.save(1, _state(), {'step': 'again'})  # The save thread's Orbax call refuses.
+    with pytest.raises(RunFailure, match=r'checkpoint step 1 could not be saved in .*'
+                       r'\(StepAlreadyExistsError: .*\); step 1 is the last intact checkpoint'):
+      checkpoints.wait()
+    checkpoints.save(2, _state(), {'step': 2})  # Reported once; saving goes on.
+    checkpoints.wait()
+    assert _committed(tmp_path / 'checkpoints') == [1, 2]
+    _, _, meta = checkpoints.restore(jax.eval_shape(_state), step=1)
+    assert meta == {'step': 1}  # The committed step is untouched.
+  finally:
+    checkpoints.close()
+
+
+def test_a_reader_leaves_a_live_trainers_in_flight_save_alone(tmp_path):
+  """Eval on a job dir while it trains: its in-flight save's temp dir must survive the reader
+  (it did not: eval deleted it, and the trainer crashed at its next save)."""
+  directory = tmp_path / 'checkpoints'
+  checkpoints = Checkpoints(directory, max_to_keep=2)
+  try:
+    checkpoints.save(1, _state(), {'step': 1})
+  finally:
+    checkpoints.close()
+  in_flight = directory / '2.orbax-checkpoint-tmp'
+  (in_flight / 'state').mkdir(parents=True)
+  reader = Checkpoints(directory, max_to_keep=2, read_only=True)
+  try:
+    step, restored, _ = reader.restore(jax.eval_shape(_state))
+    assert step == 1 and int(restored['count']) == 7
+  finally:
+    reader.close()
+  assert in_flight.is_dir() and _committed(directory) == [1]
+
+
+def test_a_full_disk_is_one_line_naming_the_failed_and_the_intact_step(tmp_path, monkeypatch):
+  """Orbax's write error, as tensorstore raises it on ENOSPC, becomes one line."""
+  checkpoints = Checkpoints(tmp_path / 'checkpoints', max_to_keep=2)
+  real_save = ocp.CheckpointManager.save
+
+  def full_disk(self, step, *args, **kwargs):
+    if step == 2:
+      raise ValueError('RESOURCE_EXHAUSTED: Error writing "w/0.0" in OCDBT database: Failed to '
+                       "write 4096 bytes to file 22: No space left on device [os_error_code='28']")
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', full_disk)
+  try:
+    checkpoints.save(1, _state(), {'step': 1})
+    checkpoints.wait()
+    checkpoints.save(2, _state(), {'step': 2})
+    with pytest.raises(RunFailure) as failed:
+      checkpoints.wait()
+    assert str(failed.value) == (f'checkpoint step 2 could not be saved in {tmp_path}/checkpoints '
+                                 '(the disk is full); step 1 is the last intact checkpoint')
+  finally:
+    checkpoints.close()

@@ -1,0 +1,44 @@
+"""The persistent compilation cache is on by default: a rerun loads every compiled program from
+~/.cache/paxlike/jax (XDG_CACHE_HOME honoured) and trains identically; an empty flag turns it off."""
+
+import jax
+import pytest
+
+from paxlike.trainer import compile_cache
+from tests.helpers import TINY, cli_env, metric_rows, run_cli
+
+
+def cache_entries(directory):
+  return sorted(p.name for p in directory.glob('*-cache')) if directory.is_dir() else []
+
+
+@pytest.mark.slow
+def test_a_rerun_compiles_nothing_new_and_trains_the_same(tmp_path):
+  env = cli_env(XDG_CACHE_HOME=str(tmp_path / 'xdg'), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)  # The suite's shared cache; this test wants the default.
+  cache = tmp_path / 'xdg' / 'paxlike' / 'jax'
+  run_cli(*TINY, f'--job_log_dir={tmp_path / "first"}', env=env)
+  first = cache_entries(cache)
+  assert any(name.startswith('jit_train_step-') for name in first), first
+
+  run_cli(*TINY, f'--job_log_dir={tmp_path / "second"}', env=env)
+  assert cache_entries(cache) == first  # Every program was a hit.
+  assert metric_rows(tmp_path / 'second') == metric_rows(tmp_path / 'first')
+
+
+def test_an_empty_flag_turns_it_off_and_jax_s_own_variable_wins(monkeypatch, tmp_path):
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR')
+  before = jax.config.jax_compilation_cache_dir
+  assert compile_cache.configure('') is None
+  assert jax.config.jax_compilation_cache_dir == before  # Untouched.
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path))
+  try:
+    assert compile_cache.configure(str(tmp_path / 'ignored')) == str(tmp_path)
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+  finally:  # This worker's other tests keep the suite's cache.
+    jax.config.update('jax_compilation_cache_dir', before)
+
+
+def test_the_default_dir_follows_xdg_cache_home(monkeypatch, tmp_path):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+  assert compile_cache.default_dir() == str(tmp_path / 'paxlike' / 'jax')
