@@ -188,6 +188,11 @@ class MoeMlp(nn.Module):
       self.sow(COLLECTION, name, value.astype(jnp.float32))
 
 
+def is_moe(model: Any) -> bool:
+  """Whether `model` has MoE layers (a `TransformerLM` with num_experts > 0)."""
+  return bool(getattr(model, 'num_experts', 0))
+
+
 def summarize(collection: Any) -> dict[str, jax.Array]:
   """A 'moe' collection (any nesting: unrolled, scanned, grouped) -> per-step scalars: the
   mean over MoE layers of 'loss', 'aux_loss', 'z_loss' and 'dropped', and the max over layers

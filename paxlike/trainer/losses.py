@@ -3,6 +3,8 @@
 LM batches have targets [B, T] and logits [B, T, V]; classifiers have targets [B] and logits
 [B, C]. A `mask` of zeros removes padding and missing examples from both the loss and its weight.
 Packed LM batches also carry `segment_ids` and `positions` [B, T], which go to the model.
+A mixture-of-experts model's layers sow their auxiliary losses (paxlike.layers.moe); the
+training loss adds them, and its metrics report them (`MOE_METRICS`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+
+from paxlike.layers import moe
 
 Batch = dict[str, jax.Array]
 LossFn = Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
@@ -40,13 +44,29 @@ def model_inputs(batch: Batch) -> dict[str, jax.Array]:
   return {key: batch[key] for key in PACKING_KEYS if key in batch}
 
 
+# Row keys of a MoE model's statistics (`moe.summarize`'s names): the weighted auxiliary loss
+# the training loss includes, its two unweighted terms, the share of routing choices dropped
+# over capacity, and the busiest expert's share of the choices (max over layers).
+MOE_METRICS = {'loss': 'moe_aux_loss', 'aux_loss': 'moe_balance_loss', 'z_loss': 'moe_z_loss',
+               'dropped': 'moe_dropped_fraction', 'max_load': 'moe_max_expert_load'}
+
+
 def model_loss_fn(model: nn.Module) -> LossFn:
-  """`loss_fn(params, batch, rng) -> (loss, aux)` for `model`; rng=None means no dropout."""
+  """`loss_fn(params, batch, rng) -> (loss, aux)` for `model`; rng=None means no dropout. A
+  MoE model's loss is the cross-entropy plus its layers' weighted auxiliary losses."""
+  sparse = moe.is_moe(model)
+
   def loss_fn(params, batch, rng):
     rngs = {} if rng is None else {'dropout': rng}
-    logits = model.apply({'params': params}, batch['inputs'], deterministic=rng is None, rngs=rngs,
-                         **model_inputs(batch))
+    out = model.apply({'params': params}, batch['inputs'], deterministic=rng is None, rngs=rngs,
+                      mutable=[moe.COLLECTION] if sparse else False, **model_inputs(batch))
+    logits, sown = out if sparse else (out, {})
     losses, correct = per_example_loss(logits, batch)
     mask = batch['mask'].astype(jnp.float32)
-    return masked_mean(losses, mask), {'accuracy': masked_mean(correct, mask)}
+    loss, metrics = masked_mean(losses, mask), {'accuracy': masked_mean(correct, mask)}
+    if sparse:
+      stats = moe.summarize(sown.get(moe.COLLECTION, {}))
+      loss = loss + stats['loss']
+      metrics.update({MOE_METRICS[name]: value for name, value in stats.items()})
+    return loss, metrics
   return loss_fn

@@ -21,7 +21,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from paxlike.errors import UserError
 
 # Mesh axes that split the batch, in the order they are folded into the batch dimension.
-BATCH_AXES = ('data', 'fsdp')
+# 'expert' holds a shard of the experts in MoE layers and is data parallel everywhere else.
+BATCH_AXES = ('data', 'fsdp', 'expert')
+EXPERT_AXIS = 'expert'
 CLIENTS_AXIS = 'clients'
 
 LogicalRules = tuple[tuple[str, Any], ...]
@@ -38,6 +40,10 @@ DEFAULT_RULES: LogicalRules = (
     ('length', None),
     ('layers', None),
     ('lora_rank', None),  # LoRA adapters' rank axis: small, replicated.
+    # MoE (paxlike.layers.moe): expert weights and the experts' token slots split on 'expert';
+    # while the slots are split by expert, their batch dim is split by the other batch axes.
+    ('expert', EXPERT_AXIS),
+    ('expert_batch', ('data', 'fsdp')),
 )
 
 
