@@ -4,6 +4,7 @@ import fiddle as fdl
 
 from configs import meshes, sizes
 from paxlike.families import family_of
+from paxlike.trainer.partitioning import MeshConfig
 
 
 def tiny(cfg: fdl.Config) -> None:
@@ -18,6 +19,12 @@ def tiny(cfg: fdl.Config) -> None:
 def cpu8(cfg: fdl.Config) -> None:
   """A 4×2 data × model mesh, for 8 forced CPU devices."""
   cfg.mesh = meshes.data_model(2)
+
+
+def cpu8_expert(cfg: fdl.Config) -> None:
+  """4 expert × 2 data, for 8 forced CPU devices: a MoE model's experts split 4 ways (its
+  num_experts must be a multiple of 4); every other layer is data parallel over all 8."""
+  cfg.mesh = fdl.Config(MeshConfig, ici=(2, 4), axes=('data', 'expert'))
 
 
 def size_125m(cfg: fdl.Config) -> None:

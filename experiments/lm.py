@@ -28,6 +28,29 @@ class StdlibTiny(Experiment):
 
 
 @register
+class StdlibMoe(Experiment):
+  """StdlibTiny with mixture-of-experts MLPs: 4 experts of width 192 in each of the 2 layers,
+  each byte routed to 2 of them (top-2, capacity factor 1.25), so the active MLP is the
+  width of StdlibTiny's (384) while the model holds twice its MLP params.
+
+  python -m paxlike.main --exp=lm.StdlibMoe --job_log_dir=/tmp/paxlike/stdlib_moe
+  On 8 CPU devices, experts sharded 4 ways (4 expert × 2 data):
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m paxlike.main \\
+      --exp=lm.StdlibMoe --fdl_fiddler=cpu8_expert --job_log_dir=/tmp/paxlike/stdlib_moe8
+  Rows log moe_aux_loss, moe_balance_loss, moe_z_loss, moe_dropped_fraction and
+  moe_max_expert_load (docs/models.md, "Mixture of experts").
+  """
+
+  def task(self):
+    model = models.lm_tiny()
+    model.d_ff, model.num_experts, model.experts_per_token = 192, 4, 2
+    return tasks.centralized_task(model, num_steps=600, peak_lr=3e-3)
+
+  def datasets(self):
+    return fdl.Config(LmData, dataset='stdlib', seq_len=128, batch_size=16)
+
+
+@register
 class ShakespeareTiny(Experiment):
   """A char (byte) LM on Tiny Shakespeare from the data root.
 

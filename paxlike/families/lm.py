@@ -76,8 +76,10 @@ def population(data: Any) -> int:
 
 
 def shrink(model_config: Any) -> None:
-  """One layer."""
+  """One layer (a MoE one, for a MoE model)."""
   model_config.num_layers = 1
+  if getattr(model_config, 'num_experts', 0):
+    model_config.moe_every = 1
 
 
 FAMILY = Family(
