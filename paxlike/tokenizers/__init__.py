@@ -3,6 +3,7 @@
 
   tok = load_tokenizer('bytes' | 'DIR/tokenizer.model' | 'DIR/tokenizer.json' | 'DIR')
   ids = tok.encode_batch(['some text', ...])   # int32 arrays, no bos/eos added
+  flat, lengths = tok.encode_flat([...])      # the same ids back to back, and their counts
   text = tok.decode(ids)                       # skips pad; the caller cuts at eos
   model_vocab = vocab_for_model(tok.vocab_size)
 
@@ -44,6 +45,11 @@ class Tokenizer(Protocol):
 
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     """int32 ids of each text; no bos/eos added, special tokens' strings encode as text."""
+    ...
+
+  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 [total], int64 [len(texts)]): encode_batch's ids back to back and each text's
+    count, made without an array per text (what the token store's build uses)."""
     ...
 
   def decode(self, ids: Sequence[int]) -> str:

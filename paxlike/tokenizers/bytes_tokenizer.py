@@ -26,6 +26,12 @@ class BytesTokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     return [np.frombuffer(text.encode('utf-8'), np.uint8).astype(np.int32) for text in texts]
 
+  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    joined = ''.join(texts)
+    sizes = map(len, texts if joined.isascii() else map(str.encode, texts))
+    return (np.frombuffer(joined.encode('utf-8'), np.uint8).astype(np.int32),
+            np.fromiter(sizes, np.int64, len(texts)))
+
   def decode(self, ids: Sequence[int]) -> str:
     kept = decodable_ids(ids, self.pad_id, self.vocab_size)
     return bytes(kept).decode('utf-8', errors='replace')

@@ -1,10 +1,12 @@
-"""What the tokenizer kinds share: reading a tokenizer file, its fingerprint, decodable ids."""
+"""What the tokenizer kinds share: reading a tokenizer file, its fingerprint, decodable ids,
+flattening a batch's ids."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -35,3 +37,13 @@ def decodable_ids(ids: Sequence[int], pad_id: int, vocab_size: int) -> list[int]
 
 def int32_ids(ids: Sequence[int]) -> np.ndarray:
   return np.asarray(ids, np.int32)
+
+
+def flat_ids(ids: Sequence[Iterable[int]], lengths: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+  """(int32 [sum of lengths], int64 [len(ids)]): the sequences `ids` (lists of ints, as the
+  libraries return them) back to back, in one pass over their ints, and their lengths."""
+  if lengths is None:
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+  flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
+  return flat, lengths

@@ -4,6 +4,7 @@ train --kind=bpe`), with the special tokens a sibling `tokenizer_config.json` na
 from __future__ import annotations
 
 import json
+import operator
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -11,7 +12,8 @@ import numpy as np
 import tokenizers
 
 from paxlike.errors import UserError
-from paxlike.tokenizers.common import decodable_ids, fingerprint, int32_ids, read_tokenizer_file
+from paxlike.tokenizers.common import (decodable_ids, fingerprint, flat_ids, int32_ids,
+                                       read_tokenizer_file)
 
 # Where special tokens are named, the first file winning (HF checkpoint dirs hold both).
 CONFIG_FILES = ('tokenizer_config.json', 'special_tokens_map.json')
@@ -107,6 +109,11 @@ class HfTokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
     return [int32_ids(encoding.ids) for encoding in encodings]
+
+  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """encode_batch's ids back to back, by encode_batch_fast (the same ids, no offsets)."""
+    encodings = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+    return flat_ids(list(map(operator.attrgetter('ids'), encodings)))
 
   def decode(self, ids: Sequence[int]) -> str:
     kept = decodable_ids(ids, self.pad_id, self.vocab_size)

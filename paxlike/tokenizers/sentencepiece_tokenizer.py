@@ -10,7 +10,8 @@ import numpy as np
 import sentencepiece as spm
 
 from paxlike.errors import UserError
-from paxlike.tokenizers.common import decodable_ids, fingerprint, int32_ids, read_tokenizer_file
+from paxlike.tokenizers.common import (decodable_ids, fingerprint, flat_ids, int32_ids,
+                                       read_tokenizer_file)
 
 
 def _processor(path: Path, data: bytes) -> spm.SentencePieceProcessor:
@@ -49,6 +50,9 @@ class SentencePieceTokenizer:
 
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     return [int32_ids(ids) for ids in self._sp.encode(list(texts), out_type=int)]
+
+  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    return flat_ids(self._sp.encode(list(texts), out_type=int))
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._sp.decode(decodable_ids(ids, self.pad_id, self.vocab_size))

@@ -79,6 +79,19 @@ def test_trained_ids_and_library_agree(tokenizer_dirs, corpus_text):
 
 
 @pytest.mark.parametrize('kind', KINDS)
+def test_encode_flat_is_encode_batch_back_to_back(kind, tokenizer_dirs, corpus_text):
+  """The store's flat encode (HF: by encode_batch_fast) gives encode_batch's ids, empty texts
+  and ASCII-only batches included."""
+  tok = _load(kind, tokenizer_dirs)
+  for texts in ([*TEXTS.values(), '', *corpus_text[:3000].splitlines()], ['ab', '', 'c d'], []):
+    flat, lengths = tok.encode_flat(texts)
+    ids = tok.encode_batch(texts)
+    assert flat.dtype == np.int32 and lengths.dtype == np.int64
+    assert lengths.tolist() == [len(a) for a in ids]
+    assert flat.tolist() == [x for a in ids for x in a.tolist()]
+
+
+@pytest.mark.parametrize('kind', KINDS)
 def test_decode_skips_pad_and_ids_past_the_vocab_and_not_eos(kind, tokenizer_dirs):
   tok = _load(kind, tokenizer_dirs)
   a, b = tok.encode_batch(['Hello there', 'General Kenobi'])

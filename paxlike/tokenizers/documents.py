@@ -1,0 +1,56 @@
+"""Documents into one token array, each tokenized and followed by EOS: the encoding the token
+store's build (paxlike/data/token_build.py) runs, in its worker processes too. Those import
+this module alone, not paxlike.data (whose tfds import takes seconds), so they start sooner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Pieces = list[tuple[np.ndarray, np.ndarray]]
+
+
+def join_documents(pieces: Pieces, eos_id: int, dtype: np.dtype
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens in `dtype`, int64 lengths): document i is each piece's ids of i in turn, then
+  `eos_id`; a piece is (ids back to back, their count per document), as
+  Tokenizer.encode_flat returns them. Each piece is placed with one scatter."""
+  lengths = sum((counts for _, counts in pieces), np.ones(len(pieces[0][1]), np.int64))
+  ends = np.cumsum(lengths)
+  tokens = np.empty(int(ends[-1]) if len(ends) else 0, dtype)
+  first = ends - lengths  # Where each document's next piece goes.
+  for ids, counts in pieces:
+    shift = np.repeat(first - (np.cumsum(counts) - counts), counts)
+    tokens[np.arange(len(ids)) + shift] = ids
+    first = first + counts
+  tokens[ends - 1] = eos_id
+  return tokens, lengths
+
+
+def encode_documents(tokenizer: Any, dtype: np.dtype, texts: list[str],
+                     prompts: list[str] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(tokens, lengths, prompt_lengths): each text (after its prompt, when there are prompts)
+  tokenized, then the tokenizer's EOS; lengths count the EOS, prompt_lengths (int32) the
+  prompt's tokens (0 without prompts)."""
+  pieces = [tokenizer.encode_flat(texts)]
+  if prompts is not None:
+    pieces.insert(0, tokenizer.encode_flat(prompts))
+  tokens, lengths = join_documents(pieces, tokenizer.eos_id, dtype)
+  prompt_lengths = pieces[0][1] if prompts is not None else np.zeros(len(texts))
+  return tokens, lengths, prompt_lengths.astype(np.int32)
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def init_worker(tokenizer: Any, dtype: np.dtype) -> None:
+  """A worker process's initializer: the tokenizer and dtype its calls use."""
+  _WORKER.update(tokenizer=tokenizer, dtype=dtype)
+
+
+def encode_in_worker(texts: list[str], prompts: list[str] | None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """encode_documents with the worker's tokenizer (init_worker)."""
+  return encode_documents(_WORKER['tokenizer'], _WORKER['dtype'], texts, prompts)
