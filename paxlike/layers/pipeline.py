@@ -26,10 +26,11 @@ from paxlike.errors import UserError
 Params = Any
 # layer_fn(params of one layer, x [b, ...], extra rows of the same b examples) -> x [b, ...]
 LayerFn = Callable[[Params, jax.Array, Any], jax.Array]
+AnyMesh = jax.sharding.Mesh | jax.sharding.AbstractMesh
 BATCH_AXES = ('data', 'fsdp')
 
-__all__ = ['LayerFn', 'bubble_fraction', 'check_pipeline', 'pipelined_layers', 'scan_layers',
-           'stage_count']
+__all__ = ['LayerFn', 'bubble_fraction', 'check_mesh', 'check_pipeline', 'pipelined_layers',
+           'scan_layers', 'stage_count']
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
@@ -52,10 +53,18 @@ def check_pipeline(*, num_layers: int, stages: int, batch_size: int, microbatche
                     f'is {batch_size / batch_shards:g} rows per device')
 
 
-def stage_count(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None,
-                stage_axis: str = 'stage') -> int:
+def stage_count(mesh: AnyMesh | None, stage_axis: str = 'stage') -> int:
   """The size of `stage_axis` in `mesh` (1 when the mesh lacks it or there is none)."""
   return dict(mesh.shape).get(stage_axis, 1) if mesh is not None and mesh.axis_names else 1
+
+
+def check_mesh(mesh: AnyMesh, *, num_layers: int, batch_size: int, microbatches: int,
+               stage_axis: str = 'stage', batch_axes: tuple[str, ...] = BATCH_AXES) -> None:
+  """`check_pipeline` with the stages and batch shards read from `mesh`: what a trainer calls
+  before compiling, with its global batch."""
+  shards = math.prod(dict(mesh.shape).get(a, 1) for a in batch_axes) if mesh.axis_names else 1
+  check_pipeline(num_layers=num_layers, stages=stage_count(mesh, stage_axis),
+                 batch_size=batch_size, microbatches=microbatches, batch_shards=shards)
 
 
 def _checkpointed(layer_fn: LayerFn, remat: bool | Callable) -> LayerFn:
@@ -110,7 +119,7 @@ def _gpipe(step: LayerFn, params: Params, x: jax.Array, extra: Any, *, m: int, p
 
 
 def pipelined_layers(layer_fn: LayerFn, stacked_params: Params, x: jax.Array, extra: Any = None,
-                     *, microbatches: int, mesh: jax.sharding.Mesh | None = None,
+                     *, microbatches: int, mesh: AnyMesh | None = None,
                      stage_axis: str = 'stage', batch_axes: tuple[str, ...] = BATCH_AXES,
                      remat: bool | Callable = False) -> jax.Array:
   """The layer stack on x [B, ...] as a GPipe pipeline over `stage_axis` of `mesh`.
@@ -123,10 +132,9 @@ def pipelined_layers(layer_fn: LayerFn, stacked_params: Params, x: jax.Array, ex
   """
   mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
   p = stage_count(mesh, stage_axis)
-  num_layers = jax.tree.leaves(stacked_params)[0].shape[0]
-  shards = math.prod(dict(mesh.shape).get(a, 1) for a in batch_axes) if mesh.axis_names else 1
-  check_pipeline(num_layers=num_layers, stages=p, batch_size=x.shape[0],
-                 microbatches=microbatches, batch_shards=shards)
+  check_mesh(mesh, num_layers=jax.tree.leaves(stacked_params)[0].shape[0],
+             batch_size=x.shape[0], microbatches=microbatches, stage_axis=stage_axis,
+             batch_axes=batch_axes)
   if p == 1:
     return scan_layers(layer_fn, stacked_params, x, extra, remat)
   body = lambda params, x, extra: _gpipe(_checkpointed(layer_fn, remat), params, x, extra,
