@@ -142,9 +142,15 @@ def _line_blocks(raw: BinaryIO, counts: Counts, start: int) -> Iterator[list[str
     rest = data[cut:] if cut else data
     counts.bytes_done = start + raw.tell()
     if cut:
-      yield [line.rstrip('\r') for line in decode(data[:cut], counts).split('\n')[:-1]]
+      yield _lines(decode(data[:cut], counts))[:-1]
   if rest:
-    yield [decode(rest, counts).rstrip('\r')]
+    yield _lines(decode(rest, counts))
+
+
+def _lines(text: str) -> list[str]:
+  """`text` split at newlines, each line without a trailing carriage return."""
+  lines = text.split('\n')
+  return [line.rstrip('\r') for line in lines] if '\r' in text else lines
 
 
 def _txt(raw: BinaryIO, mode: str, counts: Counts, start: int) -> Iterator[Block]:
@@ -158,7 +164,7 @@ def _txt(raw: BinaryIO, mode: str, counts: Counts, start: int) -> Iterator[Block
   paragraph: list[str] = []
   for lines in _line_blocks(raw, counts, start):
     if mode == 'line':
-      yield Block([line for line in lines if line.strip()], None, None)
+      yield Block(list(filter(str.strip, lines)), None, None)
       continue
     texts = []
     for line in lines:

@@ -2,23 +2,24 @@
 processes.
 
 The main thread reads the files (text_files.read), cuts the documents into chunks of about
-CHUNK_CHARS characters and writes the results; each chunk is encoded with one
-`tokenizer.encode_batch` call (per field), EOS appended to every document, and each document's
-text hashed for the held-out split. With `num_workers` > 1, at most two chunks per worker are in
-flight (memory stays bounded) and results come back in corpus order. The workers are threads
-for a corpus under POOL_MIN_BYTES: SentencePiece and Hugging Face tokenizers encode without the
-GIL, so the threads overlap with reading, hashing and writing at no start-up cost; a larger
-corpus goes to spawned processes (a forked child of a process running JAX's threads may
-deadlock), which also run the per-document Python work (array conversion, hashing) in
-parallel, after a start-up of about a second (each imports paxlike and the tokenizer).
-benchmarks/data_pipeline.py measures the three against the tokenizer library alone.
+CHUNK_CHARS characters, hashes each chunk's documents for the held-out split (doc_hash, a few
+numpy passes per chunk) and writes the results; each chunk is encoded with one
+`tokenizer.encode_flat` call per field (the library's batch encode, its ids flattened in one
+pass) and joined with an EOS after every document (tokenizers/documents.py). No step does
+Python work per document. With `num_workers` > 1, at most two chunks per worker are in flight
+(memory stays bounded) and results come back in corpus order. The workers are threads for a
+corpus under POOL_MIN_BYTES: SentencePiece and Hugging Face tokenizers encode without the GIL,
+so the threads overlap with reading, hashing and writing at no start-up cost; a larger corpus
+goes to spawned processes (a forked child of a process running JAX's threads may deadlock),
+which also convert the library's ids in parallel, after a start-up of a second or more (each
+imports the tokenizers and the parent's main module). benchmarks/data_pipeline.py measures
+them against the tokenizer library alone.
 """
 
 import collections
 import concurrent.futures
 import dataclasses
 import functools
-import hashlib
 import multiprocessing
 import sys
 import time
@@ -28,7 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from paxlike.data import doc_hash
 from paxlike.data import text_files
+from paxlike.tokenizers import documents
 
 CHUNK_CHARS = 1 << 20
 CHUNK_DOCS = 8192
@@ -42,7 +45,7 @@ class Encoded:
 
   tokens: np.ndarray  # The store's dtype [sum(lengths)].
   lengths: np.ndarray  # int64 [docs], EOS included.
-  hashes: np.ndarray  # uint64 [docs]: blake2b of each document's text (SFT: prompt \0 text).
+  hashes: np.ndarray  # uint64 [docs]: doc_hash of each document's text (SFT: prompt \0 text).
   prompt_lengths: np.ndarray  # int32 [docs]: prompt tokens (0 without a prompt).
 
 
@@ -53,17 +56,14 @@ class Chunk:
   texts: list[str] = dataclasses.field(default_factory=list)
   prompts: list[str] | None = None
   files: list[int] = dataclasses.field(default_factory=list)
-  clients: list[str | None] = dataclasses.field(default_factory=list)
+  clients: list[str] = dataclasses.field(default_factory=list)  # With a client_field.
   chars: int = 0
 
 
 def text_hashes(texts: list[str], prompts: list[str] | None) -> np.ndarray:
-  """uint64 [docs]: the 64-bit blake2b of each document (SFT: prompt \\0 completion), which
-  places it in the held-out split or not."""
-  data = texts if prompts is None else [f'{p}\0{t}' for p, t in zip(prompts, texts)]
-  digests = b''.join(hashlib.blake2b(d.encode('utf-8', 'surrogatepass'), digest_size=8).digest()
-                     for d in data)
-  return np.frombuffer(digests, '<u8').astype(np.uint64)
+  """uint64 [docs]: the doc_hash of each document (SFT: prompt \\0 completion), which places it
+  in the held-out split or not."""
+  return doc_hash.hashes(texts if prompts is None else list(map('\0'.join, zip(prompts, texts))))
 
 
 def text_hash(text: str, prompt: str | None) -> int:
@@ -73,33 +73,9 @@ def text_hash(text: str, prompt: str | None) -> int:
 
 def encode_chunk(tokenizer: Any, dtype: np.dtype, texts: list[str],
                  prompts: list[str] | None) -> Encoded:
-  """Each text (after its prompt) tokenized, followed by the tokenizer's EOS."""
-  ids = tokenizer.encode_batch(texts)
-  prompt_ids = tokenizer.encode_batch(prompts) if prompts is not None else None
-  prompt_lengths = np.array([len(p) for p in prompt_ids] if prompt_ids else [0] * len(ids),
-                            np.int32)
-  lengths = np.array([len(a) + 1 for a in ids], np.int64) + prompt_lengths
-  ends = np.cumsum(lengths)
-  tokens = np.empty(int(ends[-1]) if len(ends) else 0, dtype)
-  body = np.ones(len(tokens), bool)
-  body[ends - 1] = False
-  tokens[~body] = tokenizer.eos_id
-  if prompt_ids is not None:
-    ids = [x for pair in zip(prompt_ids, ids) for x in pair]
-  if ids:
-    tokens[body] = np.concatenate(ids)
+  """Each text (after its prompt) tokenized, followed by the tokenizer's EOS, and hashed."""
+  tokens, lengths, prompt_lengths = documents.encode_documents(tokenizer, dtype, texts, prompts)
   return Encoded(tokens, lengths, text_hashes(texts, prompts), prompt_lengths)
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(tokenizer: Any, dtype: np.dtype) -> None:
-  _WORKER.update(tokenizer=tokenizer, dtype=dtype)
-
-
-def _encode_in_worker(texts: list[str], prompts: list[str] | None) -> Encoded:
-  return encode_chunk(_WORKER['tokenizer'], _WORKER['dtype'], texts, prompts)
 
 
 def chunks(files: dict[str, Path], fields: text_files.Fields,
@@ -114,7 +90,7 @@ def chunks(files: dict[str, Path], fields: text_files.Fields,
       if sft:
         chunk.prompts += block.prompts
       chunk.files += [index] * len(block.texts)
-      chunk.clients += block.clients or [None] * len(block.texts)
+      chunk.clients += block.clients or ()
       chunk.chars += sum(map(len, block.texts)) + sum(map(len, block.prompts or ()))
       if chunk.chars >= CHUNK_CHARS or len(chunk.texts) >= CHUNK_DOCS:
         yield chunk
@@ -136,21 +112,27 @@ def encoded_chunks(files: dict[str, Path], fields: text_files.Fields,
     return
   if sum(p.stat().st_size for p in files.values()) < POOL_MIN_BYTES:
     executor = concurrent.futures.ThreadPoolExecutor(num_workers, 'tokenize')
-    encode = functools.partial(encode_chunk, tokenizer, dtype)
+    encode = functools.partial(documents.encode_documents, tokenizer, dtype)
   else:
     executor = concurrent.futures.ProcessPoolExecutor(
-        num_workers, multiprocessing.get_context('spawn'), _init_worker, (tokenizer, dtype))
-    encode = _encode_in_worker
+        num_workers, multiprocessing.get_context('spawn'), documents.init_worker,
+        (tokenizer, dtype))
+    encode = documents.encode_in_worker
   with executor:
     pending: collections.deque = collections.deque()
     for chunk in source:
-      pending.append((_without_text(chunk), executor.submit(encode, chunk.texts, chunk.prompts)))
+      future = executor.submit(encode, chunk.texts, chunk.prompts)
+      pending.append((_without_text(chunk), text_hashes(chunk.texts, chunk.prompts), future))
       if len(pending) >= 2 * num_workers:
-        done, result = pending.popleft()
-        yield done, result.result()
+        yield _done(pending.popleft())
     while pending:
-      done, result = pending.popleft()
-      yield done, result.result()
+      yield _done(pending.popleft())
+
+
+def _done(item: tuple[Chunk, np.ndarray, concurrent.futures.Future]) -> tuple[Chunk, Encoded]:
+  meta, hashes, future = item
+  tokens, lengths, prompt_lengths = future.result()
+  return meta, Encoded(tokens, lengths, hashes, prompt_lengths)
 
 
 def _without_text(chunk: Chunk) -> Chunk:

@@ -7,9 +7,9 @@ fingerprint, the reading fields (text_files.Fields) and FORMAT:
   doc_start.bin   int64  [docs + 1]  each document's first token in the store, then the end
   doc_file.bin    int32  [docs]      its file (index into manifest['files'])
   doc_client.bin  int32  [docs]      its client_field value (index into clients.json), else 0
-  doc_hash.bin    uint64 [docs]      blake2b of its text: held out when below eval_fraction *
-                                     2**64, so the split is stable when files are added and
-                                     eval_fraction is not part of the key
+  doc_hash.bin    uint64 [docs]      doc_hash.hashes of its text: held out when below
+                                     eval_fraction * 2**64, so the split is stable when files
+                                     are added and eval_fraction is not part of the key
   doc_prompt.bin  int32  [docs]      its prompt tokens (SFT), else 0
   manifest.json   written last
   derived/NAME/   arrays computed from the store (packing plans), cached the same way
@@ -36,7 +36,7 @@ from paxlike.data import text_files
 from paxlike.data import token_build
 from paxlike.errors import UserError
 
-FORMAT = 1
+FORMAT = 2  # 2: doc_hash.hashes (1 was blake2b, a call per document).
 TOKEN_DIR_ENV = 'PAXLIKE_TOKEN_DIR'
 MANIFEST = 'manifest.json'
 SHARD_TOKENS = 1 << 30  # A new shard starts (between chunks) once a shard holds this many.
@@ -125,11 +125,11 @@ class Writer:
         self.shard.close()
       self.shard = open(self.directory / f'tokens-{len(self.shards):05d}.bin', 'wb')
       self.shards.append(0)
-    self.shard.write(np.ascontiguousarray(chunk.tokens, self.dtype).tobytes())
+    self.shard.write(np.ascontiguousarray(chunk.tokens, self.dtype).data)
     ends = self.num_tokens + np.cumsum(chunk.lengths, dtype=np.int64)
     for name, values in (('doc_start', ends), ('doc_file', files), ('doc_client', clients),
                          ('doc_hash', chunk.hashes), ('doc_prompt', chunk.prompt_lengths)):
-      self.docs[name].write(np.ascontiguousarray(values, DOC_ARRAYS[name]).tobytes())
+      self.docs[name].write(np.ascontiguousarray(values, DOC_ARRAYS[name]).data)
     self.shards[-1] += len(chunk.tokens)
     self.num_docs += len(chunk.lengths)
     self.num_tokens += len(chunk.tokens)
@@ -200,8 +200,8 @@ def build(directory: Path, files: dict[str, Path], fields: text_files.Fields, to
   progress = token_build.Progress(sum(p.stat().st_size for p in files.values()), counts)
   for meta, encoded in token_build.encoded_chunks(files, fields, counts, tokenizer,
                                                   writer.dtype, num_workers):
-    client_ids = [clients.setdefault(c, len(clients)) if c is not None else 0
-                  for c in meta.clients]
+    client_ids = ([clients.setdefault(c, len(clients)) for c in meta.clients]
+                  if fields.client_field else np.zeros(len(meta.files)))
     writer.add(encoded, np.asarray(meta.files, np.int32), np.asarray(client_ids, np.int32))
     progress.update(writer.num_docs, writer.num_tokens)
   if not writer.num_docs:

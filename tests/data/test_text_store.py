@@ -24,13 +24,13 @@ F = text_files.Fields
 
 
 class CountingBytes(BytesTokenizer):
-  """The byte tokenizer, counting its encode calls."""
+  """The byte tokenizer, counting its encode calls (the build's encode_flat)."""
 
   calls = 0
 
-  def encode_batch(self, texts):
+  def encode_flat(self, texts):
     type(self).calls += 1
-    return super().encode_batch(texts)
+    return super().encode_flat(texts)
 
 
 class WideBytes(BytesTokenizer):
@@ -135,9 +135,9 @@ import sys, time
 from paxlike.data import text_files, token_build, token_store
 from paxlike.tokenizers import BytesTokenizer
 class Slow(BytesTokenizer):
-  def encode_batch(self, texts):
+  def encode_flat(self, texts):
     time.sleep(0.2)
-    return super().encode_batch(texts)
+    return super().encode_flat(texts)
 token_build.CHUNK_DOCS = text_files.BLOCK_ROWS = 5
 token_store.open_or_build(text_files.expand(sys.argv[1]), text_files.Fields(), Slow(), 1)
 '''
