@@ -3,14 +3,11 @@
     python benchmarks/data_pipeline.py [--quick] [--only build,loader,steps,packing,rss]
 
 Prints one JSON object (progress on stderr):
-- `build`: a SentencePiece BPE tokenizer (vocab 2000) trained on Tiny Shakespeare; the corpus is
-  `copies` copies of it, a file each, a document per line. `library_tokens_per_sec`: the
-  sentencepiece library's own batch encode of every line (already in memory, so reading is
-  not counted); `encode_batch_tokens_per_sec`: paxlike.tokenizers' encode_batch of the same;
-  `store_tokens_per_sec`: the whole store build (read, encode, hash, write) in one thread,
-  `store_threads_...` with `workers` encoding threads, `store_processes_...` with `workers`
-  spawned processes (start-up included); `overhead` is the library rate over the best store
-  rate, less 1 (goal <= 0.10). Alternating repeats, medians.
+- `build` (benchmarks/data_build.py): for a SentencePiece and a Hugging Face BPE tokenizer
+  (vocab 2000 each, trained on Tiny Shakespeare), over `build_copies` copies of it (a file each,
+  a document per line), the store build's tokens/s against the library's own batch encode of
+  the same lines, in one process and in `workers` processes; `overhead` is the library rate
+  over the store rate, less 1 (goal <= 0.10). Alternating repeats, medians and best repeats.
 - `loader`: round_batches at the StdlibTiny shape (seq 128 x 16) and the Llama125M shape (seq
   2048 x 32) over that store: called in a loop (`direct`: what the trainer's one prefetch
   thread, paxlike.data.prefetch, can produce), and through a grain MapDataset with
@@ -38,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
+from benchmarks import data_build  # noqa: E402
 
 SHAKESPEARE = common.REPO.parent / 'shared/data/tinyshakespeare/input.txt'
 SECTIONS = ('build', 'loader', 'steps', 'packing', 'rss')
@@ -51,64 +49,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--rss_mb', default=None, help='store sizes for rss (default 20,2000)')
   parser.add_argument('--rss_child', nargs=2, metavar=('FILES', 'STEPS'), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  args.copies, args.repeats = (1, 1) if args.quick else (48, 3)
+  args.copies, args.build_copies, args.repeats, args.build_repeats = (
+      (1, 1, 1, 1) if args.quick else (48, 8, 3, 5))
   args.rss_mb = [float(x) for x in (args.rss_mb or ('2,20' if args.quick else '20,2000')
                                     ).split(',')]
   return args
 
 
-def make_corpus(directory: Path, copies: int) -> tuple[str, list[str], str]:
-  """(files glob, every line, tokenizer dir): `copies` copies of Tiny Shakespeare and a
-  SentencePiece model trained on it (python -m paxlike.tokenizers train does the same)."""
+def make_corpus(directory: Path, copies: int) -> tuple[str, list[str], dict[str, Path]]:
+  """(files glob, every non-blank line, kind -> tokenizer file): `copies` copies of Tiny
+  Shakespeare in `directory`, a SentencePiece model and a Hugging Face BPE trained on it (as
+  python -m paxlike.tokenizers train does) in its sibling sp/ and bpe/."""
   from paxlike.tokenizers import train
   text = SHAKESPEARE.read_text()
-  (directory / 'corpus').mkdir()
+  directory.mkdir()
   for i in range(copies):
-    shutil.copy(SHAKESPEARE, directory / f'corpus/part{i:03d}.txt')
-  (directory / 'sp').mkdir()
-  (directory / 'sp/tokenizer.model').write_bytes(train.sentencepiece_model([text], 2000))
+    shutil.copy(SHAKESPEARE, directory / f'part{i:03d}.txt')
+  tokenizers = {}
+  for kind, name in (('sentencepiece', 'sp'), ('bpe', 'bpe')):
+    out = directory.parent / name
+    tokenizers[kind] = (out / train.FILE_NAMES[kind] if out.is_dir() else
+                        train.write_tokenizer(kind, [text], 2000, out))
   lines = [line for line in text.splitlines() if line.strip()] * copies
-  return str(directory / 'corpus/*.txt'), lines, str(directory / 'sp')
-
-
-def build_rates(args, files: str, lines: list[str], tokenizer_dir: str) -> dict:
-  import sentencepiece as spm
-  from paxlike.data import text_files, token_build, token_store
-  from paxlike.tokenizers import load_tokenizer
-  tok = load_tokenizer(tokenizer_dir)
-  library = spm.SentencePieceProcessor(model_file=str(Path(tokenizer_dir) / 'tokenizer.model'))
-  named, fields = text_files.expand(files), text_files.Fields(txt_document='line')
-  workers = os.cpu_count() or 1
-  tokens = sum(len(x) for x in library.encode(lines, out_type=int))
-
-  def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return tokens / (time.perf_counter() - start)
-
-  def store(num_workers: int, pool_min_bytes: int = 0) -> float:
-    out = Path(tempfile.mkdtemp(dir=args.tmp))
-    default, token_build.POOL_MIN_BYTES = token_build.POOL_MIN_BYTES, pool_min_bytes
-    try:
-      return timed(lambda: token_store.build(out, named, fields, tok, num_workers, 'k'))
-    finally:
-      token_build.POOL_MIN_BYTES = default
-      shutil.rmtree(out)
-
-  runs = {'library': lambda: timed(lambda: library.encode(lines, out_type=int)),
-          'encode_batch': lambda: timed(lambda: tok.encode_batch(lines)),
-          'store': lambda: store(1)}
-  if workers > 1:
-    runs['store_threads'] = lambda: store(workers, 1 << 62)
-    runs['store_processes'] = lambda: store(workers)
-  values = common.alternate(runs, args.repeats)
-  rates = {f'{k}_tokens_per_sec': common.median(v) for k, v in values.items()}
-  best = max(v for k, v in rates.items() if k.startswith('store'))
-  return {'copies': args.copies, 'corpus_mb': round(SHAKESPEARE.stat().st_size * args.copies
-                                                    / 2**20, 2),
-          'tokens': tokens, 'workers': workers, **rates,
-          'overhead': rates['library_tokens_per_sec'] / best - 1,
-          'spread': {k: common.spread(v) for k, v in values.items()}}
+  return str(directory / '*.txt'), lines, tokenizers
 
 
 def round_batch(data, seed: int, step: int) -> dict:
@@ -290,8 +253,10 @@ def main(argv: list[str] | None = None) -> None:
   with tempfile.TemporaryDirectory() as tmp:
     args.tmp = tmp
     os.environ['PAXLIKE_TOKEN_DIR'] = str(Path(tmp) / 'tokens')
-    files, lines, sp = make_corpus(Path(tmp), args.copies)
-    runs = {'build': lambda: build_rates(args, files, lines, sp),
+    files, _, tokenizers = make_corpus(Path(tmp) / 'corpus', args.copies)
+    sp = str(tokenizers['sentencepiece'].parent)
+    runs = {'build': lambda: data_build.build_rates(
+                args, *make_corpus(Path(tmp) / 'build', args.build_copies)),
             'loader': lambda: loader_rates(args, files, sp), 'steps': lambda: step_rates(args),
             'packing': lambda: packing_efficiency(sp), 'rss': lambda: rss_by_size(args)}
     for section in sections:

@@ -23,10 +23,14 @@ def run_json(*args: str, timeout: float) -> dict:
 def test_quick_run_prints_every_number():
   out = run_json('--quick', timeout=300)
   assert out['benchmark'] == 'data_pipeline'
-  build = out['build']
-  for key in ('library_tokens_per_sec', 'encode_batch_tokens_per_sec', 'store_tokens_per_sec'):
-    assert build[key] > 0
-  assert build['overhead'] > -1 and build['tokens'] > 100_000
+  for kind in ('sentencepiece', 'bpe'):  # The store build against each library's own encode.
+    build = out['build'][kind]
+    for stat in ('median', 'best'):
+      rates = build[f'{stat}_tokens_per_sec']
+      assert rates['library'] > 0 and rates['store_inline'] > 0
+      assert all(rate > 0 for rate in rates.values()) and len(rates) >= 2
+      assert build[f'overhead_{stat}']['1'] > -1 and build[f'overhead_{stat}']['any'] > -1
+    assert build['tokens'] > 100_000 and set(build['cpu_overhead']) >= {'store_inline'}
   for shape in ('stdlib_tiny', 'llama125m'):
     assert out['loader'][shape]['direct_tokens_per_sec'] > 0
     assert out['loader'][shape]['grain_tokens_per_sec'] > 0

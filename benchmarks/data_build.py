@@ -1,0 +1,176 @@
+"""The `build` section of benchmarks/data_pipeline.py: the token store's build against the
+tokenizer library's own batch encode of the same documents, in the same run and the same
+process count. Not a benchmark itself (running it prints nothing).
+
+For each tokenizer kind (a SentencePiece BPE `tokenizer.model` and a Hugging Face byte-level
+BPE `tokenizer.json`, vocab 2000 each, trained on Tiny Shakespeare), over the same files (a
+document per non-blank line):
+- `library`: the library's batch encode of every line, already in memory (reading is not
+  counted), BATCH lines per call (SentencePiece `encode(list, out_type=int)`; Hugging Face
+  `encode_batch`, and `library_fast`: `encode_batch_fast`, which skips the offsets). Both
+  libraries use every core from one process (their own thread pools).
+- `library_processes`: the same, split into `workers` contiguous shares encoded at once by
+  `workers` spawned processes that hold the lines already (their start-up not counted).
+- `store_inline`, `store_threads`: token_store.build in this process (read, encode, hash,
+  write), encoding in this thread or in `workers` threads; `store_processes`: with `workers`
+  spawned processes (their start-up counted).
+Every run is repeated `build_repeats` times in alternating order (common.alternate); rates are
+given as the median and the best repeat (the one least slowed by the machine's other load).
+`overhead_median` / `overhead_best` (library rate over store rate, less 1) compare the best
+store run with the best library run in one process ('1'), the two runs of `workers` processes,
+and the best of each overall ('any'). `cpu_s`: this process's CPU seconds (all its threads) in
+the in-process runs, which other load moves less than wall time; `cpu_overhead` against the
+library's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from benchmarks import common
+
+BATCH = 1 << 16  # Lines per library call.
+KINDS = ('sentencepiece', 'bpe')
+
+_LIBRARY: dict[str, Any] = {}  # In a library_processes worker: its encoder and the lines.
+
+
+def library_encoder(kind: str, path: Path, fast: bool = False) -> Callable[[list[str]], Any]:
+  """The library's own batch encode of a list of lines, as a user of the library calls it."""
+  if kind == 'sentencepiece':
+    import sentencepiece as spm
+    processor = spm.SentencePieceProcessor(model_file=str(path))
+    return lambda lines: processor.encode(lines, out_type=int)
+  import tokenizers
+  tok = tokenizers.Tokenizer.from_file(str(path))
+  encode = tok.encode_batch_fast if fast else tok.encode_batch
+  return lambda lines: encode(lines, add_special_tokens=False)
+
+
+def encode_all(encode: Callable[[list[str]], Any], lines: list[str]) -> None:
+  for start in range(0, len(lines), BATCH):
+    encode(lines[start:start + BATCH])
+
+
+def _init_library(kind: str, path: Path, fast: bool, lines: list[str]) -> None:
+  _LIBRARY.update(encode=library_encoder(kind, path, fast), lines=lines)
+
+
+def _encode_share(share: int, shares: int) -> int:
+  lines = _LIBRARY['lines']
+  size = -(-len(lines) // shares)
+  encode_all(_LIBRARY['encode'], lines[share * size:(share + 1) * size])
+  return share
+
+
+class LibraryPool:
+  """`workers` spawned processes holding the lines, encoding their shares on each `run()`."""
+
+  def __init__(self, kind: str, path: Path, fast: bool, lines: list[str], workers: int):
+    self.workers = workers
+    self.pool = concurrent.futures.ProcessPoolExecutor(
+        workers, multiprocessing.get_context('spawn'), _init_library, (kind, path, fast, lines))
+    list(self.pool.map(time.sleep, [0.5] * workers))  # Every worker started.
+
+  def run(self) -> None:
+    list(self.pool.map(_encode_share, range(self.workers), [self.workers] * self.workers))
+
+  def close(self) -> None:
+    self.pool.shutdown()
+
+
+def timed(tokens: int, fn: Callable[[], Any], cpu: dict[str, list[float]], name: str) -> float:
+  """Tokens per second of `fn()`; its CPU seconds in this process appended to cpu[name]."""
+  start, start_cpu = time.perf_counter(), time.process_time()
+  fn()
+  cpu.setdefault(name, []).append(time.process_time() - start_cpu)
+  return tokens / (time.perf_counter() - start)
+
+
+def kind_rates(args, kind: str, files: str, lines: list[str], path: Path) -> dict:
+  """One tokenizer kind's runs (see the module docstring); `path` its tokenizer file."""
+  from paxlike.data import text_files, token_build, token_store
+  from paxlike.tokenizers import load_tokenizer
+  tok, named = load_tokenizer(path), text_files.expand(files)
+  fields, workers = text_files.Fields(txt_document='line'), os.cpu_count() or 1
+  library = library_encoder(kind, path)
+  tokens = sum(map(len, (ids for s in range(0, len(lines), BATCH)
+                         for ids in tok.encode_batch(lines[s:s + BATCH]))))
+  cpu: dict[str, list[float]] = {}
+
+  def store(num_workers: int, pool_min_bytes: int) -> None:
+    out = Path(tempfile.mkdtemp(dir=args.tmp))
+    default, token_build.POOL_MIN_BYTES = token_build.POOL_MIN_BYTES, pool_min_bytes
+    try:
+      token_store.build(out, named, fields, tok, num_workers, 'k')
+    finally:
+      token_build.POOL_MIN_BYTES = default
+      shutil.rmtree(out)
+
+  runs = {'library': library}
+  if kind == 'bpe':
+    runs['library_fast'] = library_encoder(kind, path, fast=True)
+  runs = {name: (lambda e=encode: encode_all(e, lines)) for name, encode in runs.items()}
+  runs['store_inline'] = lambda: store(1, 1 << 62)
+  pools = []
+  if workers > 1:
+    runs['store_threads'] = lambda: store(workers, 1 << 62)
+    runs['store_processes'] = lambda: store(workers, 0)
+    pools = [LibraryPool(kind, path, kind == 'bpe', lines, workers)]
+    runs['library_processes'] = pools[0].run
+  try:
+    values = common.alternate({name: (lambda n=name, f=fn: timed(tokens, f, cpu, n))
+                               for name, fn in runs.items()}, args.build_repeats)
+  finally:
+    for pool in pools:
+      pool.close()
+  return summary(values, cpu, tokens, workers)
+
+
+def summary(values: dict[str, list[float]], cpu: dict[str, list[float]], tokens: int,
+            workers: int) -> dict:
+  """Rates (median and best repeat), the overheads and the spreads of one kind's runs."""
+  out: dict[str, Any] = {'tokens': tokens, 'workers': workers}
+  for stat, pick in (('median', common.median), ('best', max)):
+    rates = {name: pick(v) for name, v in values.items()}
+    out[f'{stat}_tokens_per_sec'] = {name: round(rate) for name, rate in rates.items()}
+    out[f'overhead_{stat}'] = overheads(rates, workers)
+  out['cpu_s'] = {name: round(common.median(v), 3) for name, v in cpu.items()
+                  if not name.endswith('processes')}
+  library_cpu = min(out['cpu_s'][n] for n in ('library', 'library_fast') if n in out['cpu_s'])
+  out['cpu_overhead'] = {n: round(s / library_cpu - 1, 3) for n, s in out['cpu_s'].items()
+                         if n.startswith('store')}
+  out['spread'] = {name: round(common.spread(v), 3) for name, v in values.items()}
+  return out
+
+
+def overheads(rates: dict[str, float], workers: int) -> dict[str, float]:
+  """Library rate over store rate, less 1: the best of each in one process ('1'), in
+  `workers` processes, and the best of each overall ('any')."""
+  best = lambda prefix, names: max(rates[n] for n in names if n.startswith(prefix))
+  one = [n for n in rates if not n.endswith('processes')]
+  out = {'1': best('library', one) / best('store', one) - 1}
+  if 'store_processes' in rates:
+    out[str(workers)] = rates['library_processes'] / rates['store_processes'] - 1
+  out['any'] = best('library', rates) / best('store', rates) - 1
+  return {k: round(v, 4) for k, v in out.items()}
+
+
+def build_rates(args, files: str, lines: list[str], tokenizers: dict[str, Path]) -> dict:
+  """Every kind's runs (`tokenizers`: kind -> tokenizer file), with the corpus's size."""
+  from paxlike.data import text_files
+  size = sum(p.stat().st_size for p in text_files.expand(files).values())
+  out: dict[str, Any] = {'copies': args.build_copies, 'documents': len(lines),
+                         'corpus_mb': round(size / 2**20, 2)}
+  for kind in KINDS:
+    out[kind] = kind_rates(args, kind, files, lines, tokenizers[kind])
+    common.log(f'build {kind}: overhead {out[kind]["overhead_median"]} (medians), '
+               f'{out[kind]["overhead_best"]} (best repeats)')
+  return out
