@@ -41,9 +41,12 @@ class Fields:
 
   def needed(self) -> list[str]:
     """The row fields a document needs."""
-    text = ([self.prompt_field, self.completion_field] if self.prompt_field else
-            [self.text_field])
-    return text + ([self.client_field] if self.client_field else [])
+    return [getattr(self, name) for name in self.needed_names()]
+
+  def needed_names(self) -> list[str]:
+    """The names of the settings that name `needed()`'s fields."""
+    text = ['prompt_field', 'completion_field'] if self.prompt_field else ['text_field']
+    return text + (['client_field'] if self.client_field else [])
 
 
 class Block(NamedTuple):
@@ -75,22 +78,23 @@ class Counts:
     return '; '.join(parts) or None
 
 
-def expand(files: str | Sequence[str]) -> dict[str, Path]:
+def expand(files: str | Sequence[str], option: str = 'data.files') -> dict[str, Path]:
   """Name -> path of the files that the globs `files` match (`**` recurses), sorted and
   deduplicated; names are relative to the files' common directory, so a corpus moved elsewhere
-  keeps them. A glob matching nothing, or a file of another type, is a UserError."""
+  keeps them. A glob matching nothing, or a file of another type, is a UserError naming
+  `option` (the setting that gave the globs)."""
   patterns = [files] if isinstance(files, str) else list(files)
   paths = set()
   for pattern in patterns:
     matches = [Path(m).resolve() for m in glob.glob(os.path.expanduser(pattern), recursive=True)
                if os.path.isfile(m)]
     if not matches:
-      raise UserError(f'data.files: {pattern!r} matches no file')
+      raise UserError(f'{option}: {pattern!r} matches no file')
     paths.update(matches)
   unique = sorted(paths)
   for path in unique:
     if not path.name.endswith(SUFFIXES):
-      raise UserError(f'data.files: {path} is not a {", ".join(SUFFIXES)} file')
+      raise UserError(f'{option}: {path} is not a {", ".join(SUFFIXES)} file')
   root = unique[0].parent if len(unique) == 1 else Path(os.path.commonpath(unique))
   return {str(p.relative_to(root)): p for p in unique}
 
@@ -105,9 +109,10 @@ def decode(raw: bytes, counts: Counts) -> str:
     return text
 
 
-def read(path: Path, fields: Fields, counts: Counts) -> Iterator[Block]:
+def read(path: Path, fields: Fields, counts: Counts, options: str = 'data.'
+         ) -> Iterator[Block]:
   """The documents of one file in blocks, in file order; see the module docstring for bad
-  input."""
+  input. Errors name the fields' settings as `options` + 'text_field' and so on."""
   name = path.name
   if fields.prompt_field and name.endswith('.txt'):
     raise UserError(f'{path}: SFT data (data.prompt_field={fields.prompt_field!r}) needs '
@@ -115,14 +120,14 @@ def read(path: Path, fields: Fields, counts: Counts) -> Iterator[Block]:
   start = counts.bytes_done
   try:
     if name.endswith('.parquet'):
-      yield from _parquet(path, fields, counts)
+      yield from _parquet(path, fields, counts, options)
     else:
       with open(path, 'rb') as raw:
         if name.endswith('.gz'):
           with gzip.GzipFile(fileobj=raw) as lines:
-            yield from _jsonl(path, lines, raw, fields, counts, start)
+            yield from _jsonl(path, lines, raw, fields, counts, start, options)
         elif name.endswith('.jsonl'):
-          yield from _jsonl(path, raw, raw, fields, counts, start)
+          yield from _jsonl(path, raw, raw, fields, counts, start, options)
         else:
           yield from _txt(raw, fields.txt_document, counts, start)
   except (EOFError, zlib.error, gzip.BadGzipFile) as error:
@@ -179,7 +184,7 @@ def _txt(raw: BinaryIO, mode: str, counts: Counts, start: int) -> Iterator[Block
 
 
 def _jsonl(path: Path, lines: BinaryIO, raw: BinaryIO, fields: Fields, counts: Counts,
-           start: int) -> Iterator[Block]:
+           start: int, options: str) -> Iterator[Block]:
   rows, missing, block = 0, counts.missing, _Rows(fields)
   for number, line in enumerate(lines, 1):
     if not line.strip():
@@ -194,10 +199,10 @@ def _jsonl(path: Path, lines: BinaryIO, raw: BinaryIO, fields: Fields, counts: C
       counts.bytes_done = start + raw.tell()
       yield block.take()
   yield block.take()
-  _check_some_rows(path, rows, counts.missing - missing, fields)
+  _check_some_rows(path, rows, counts.missing - missing, fields, options)
 
 
-def _parquet(path: Path, fields: Fields, counts: Counts) -> Iterator[Block]:
+def _parquet(path: Path, fields: Fields, counts: Counts, options: str) -> Iterator[Block]:
   import pyarrow as pa  # Only a Parquet corpus needs pyarrow.
   import pyarrow.parquet as pq
   try:
@@ -217,7 +222,7 @@ def _parquet(path: Path, fields: Fields, counts: Counts) -> Iterator[Block]:
       yield block.take()
   except (pa.ArrowException, OSError) as error:
     raise RunFailure(f'{path}: unreadable Parquet file ({str(error).splitlines()[0]})') from None
-  _check_some_rows(path, rows, counts.missing - missing, fields)
+  _check_some_rows(path, rows, counts.missing - missing, fields, options)
 
 
 def _text(value: Any, counts: Counts) -> str | None:
@@ -260,8 +265,9 @@ class _Rows:
     return block
 
 
-def _check_some_rows(path: Path, rows: int, missing: int, fields: Fields) -> None:
+def _check_some_rows(path: Path, rows: int, missing: int, fields: Fields, options: str) -> None:
   """Every row of a file lacking a needed field is a config mistake, not a few bad rows."""
   if rows and missing == rows:
+    settings = ' / '.join(options + name for name in fields.needed_names())
     raise UserError(f'{path}: none of its {rows:,} rows has {" and ".join(fields.needed())} '
-                    '(set data.text_field / data.prompt_field / data.client_field)')
+                    f'(set {settings})')

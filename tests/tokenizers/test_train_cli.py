@@ -1,4 +1,5 @@
-"""`python -m paxlike.tokenizers train`: end to end in subprocesses, and its corpus reader."""
+"""`python -m paxlike.tokenizers train`: end to end in subprocesses, and its corpus reader (the
+data pipeline's, paxlike/data/text_files.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import sys
 
 import pytest
 
+from paxlike.data import text_files
 from paxlike.errors import RunFailure, UserError
-from paxlike.tokenizers import corpus, load_tokenizer, train
+from paxlike.tokenizers import __main__ as cli
+from paxlike.tokenizers import load_tokenizer, train
 from tests.tokenizers.conftest import REPO
 
 PREFIX = 'paxlike.tokenizers: error: '
@@ -42,7 +45,7 @@ def test_trains_from_txt_and_jsonl_gz(kind, file, tmp_path, corpus_text):
   out = tmp_path / 'out'
   proc = _cli(f'--files={tmp_path}/*.txt', f'--files={tmp_path}/none*.jsonl,{tmp_path}/*.gz',
               '--vocab_size=350', f'--kind={kind}', f'--out={out}', '--text_field=body')
-  assert proc.returncode == 2 and 'none*.jsonl: matches no file' in proc.stderr
+  assert proc.returncode == 2 and "none*.jsonl' matches no file" in proc.stderr
   assert not out.exists()
   proc = _cli(f'--files={tmp_path}/*.txt', f'--files={tmp_path}/*.txt,{tmp_path}/*.gz',
               '--vocab_size=350', f'--kind={kind}', f'--out={out}', '--text_field=body')
@@ -79,29 +82,54 @@ def test_bad_input_exits_2_with_one_line(args, needle, tmp_path, corpus_file):
   assert not (tmp_path / 'out').exists()
 
 
-def test_reader_errors_name_the_file_and_line(tmp_path):
+def _texts(*paths, text_field='text'):
+  fields, counts = text_files.Fields(text_field=text_field), text_files.Counts()
+  return list(cli.documents(paths, fields, counts)), counts
+
+
+def test_reader_skips_and_counts_bad_rows_and_names_bad_files(tmp_path):
+  """The CLI reads as TextData does: rows without the field are skipped and counted (a file
+  with none is exit 2 naming --text_field), invalid UTF-8 replaced and counted, corrupt files
+  a RunFailure naming the file (and line), Parquet read by its column."""
   good = tmp_path / 'good.jsonl'
-  good.write_text('{"text": "a"}\n\n{"text": "b", "x": 1}\n')
-  assert list(corpus.documents(corpus.expand_globs([str(good)]))) == ['a', 'b']
-  cases = {'missing.jsonl': (b'{"text": "a"}\n{"body": "b"}\n', UserError, 'missing.jsonl:2'),
-           'bad.jsonl': (b'{"text": "a"}\n{oops\n', RunFailure, 'bad.jsonl:2'),
-           'latin1.txt': ('café'.encode('latin-1'), RunFailure, 'not UTF-8'),
-           'broken.jsonl.gz': (b'not gzip', RunFailure, 'broken.jsonl.gz')}
+  good.write_text('{"text": "a"}\n\n{"body": "x"}\n{"text": "b", "x": 1}\n')
+  (tmp_path / 'latin1.txt').write_bytes('café'.encode('latin-1'))
+  texts, counts = _texts(good, tmp_path / 'latin1.txt')
+  assert texts == ['a', 'b', 'caf\ufffd'] and (counts.missing, counts.replaced) == (1, 1)
+  cases = {'missing.jsonl': (b'{"body": "a"}\n{"body": "b"}\n', UserError,
+                             r'missing\.jsonl: none of its 2 rows has text \(set --text_field\)'),
+           'bad.jsonl': (b'{"text": "a"}\n{oops\n', RunFailure, r'bad\.jsonl:2: not a JSON line'),
+           'broken.jsonl.gz': (b'not gzip', RunFailure, r'broken\.jsonl\.gz: corrupt gzip')}
   for name, (content, error, needle) in cases.items():
     (tmp_path / name).write_bytes(content)
     with pytest.raises(error, match=needle):
-      list(corpus.documents([tmp_path / name]))
-  (tmp_path / 'data.parquet').write_bytes(b'PAR1')
-  with pytest.raises(UserError, match='data.parquet: not a text file'):
-    corpus.expand_globs([str(tmp_path / '*.parquet')])
+      _texts(tmp_path / name)
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  pq.write_table(pa.table({'body': ['p', 'q']}), tmp_path / 'data.parquet')
+  assert _texts(tmp_path / 'data.parquet', text_field='body')[0] == ['p', 'q']
+  (tmp_path / 'data.csv').write_text('x')
+  with pytest.raises(UserError, match=r'--files: .*data\.csv is not a \.txt'):
+    text_files.expand([str(tmp_path / '*.csv')], option='--files')
+
+
+def test_cli_notes_what_it_skipped(tmp_path, corpus_text):
+  rows = [{'text': line} for line in corpus_text.split('\n\n')] + [{'body': 'no text'}] * 3
+  (tmp_path / 'c.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  proc = _cli(f'--files={tmp_path}/c.jsonl', '--vocab_size=300', '--kind=bpe',
+              f'--out={tmp_path / "out"}')
+  assert proc.returncode == 0, proc.stderr
+  assert 'paxlike.tokenizers: note: skipped 3 rows without text' in proc.stderr
+  assert load_tokenizer(tmp_path / 'out').vocab_size == 300
 
 
 def test_a_reading_error_inside_sentencepiece_comes_out_as_itself(tmp_path, corpus_text):
   """SentencePiece wraps its iterator's exceptions; the reader's UserError is re-raised."""
   (tmp_path / 'a.txt').write_text(corpus_text)
   (tmp_path / 'b.jsonl').write_text('{"body": 1}\n')
-  texts = corpus.documents([tmp_path / 'a.txt', tmp_path / 'b.jsonl'])
-  with pytest.raises(UserError, match=r"b.jsonl:1: no string field 'text'"):
+  texts = cli.documents([tmp_path / 'a.txt', tmp_path / 'b.jsonl'], text_files.Fields(),
+                        text_files.Counts())
+  with pytest.raises(UserError, match=r"b\.jsonl: none of its 1 rows has text"):
     train.sentencepiece_model(texts, 300)
 
 
