@@ -13,7 +13,11 @@
   (2·d_ff if gated else d_ff), plus, with XLA attention, the [heads, keys] probabilities
   (causal: on average (T + 1)/2 keys; flash kernels keep one float32 log-sum-exp per head);
 - 'full' keeps only the input, and one layer is recomputed at a time (counted once as 'none');
-- the head: float32 logits and their gradient (2 · vocab · 4 bytes) plus the final norm output.
+- the head: float32 logits and their gradient (2 · vocab · 4 bytes) plus the final norm output;
+- a MoE layer's MLP instead keeps its router's float32 logits (E; with 'dots') and, with
+  'none', its probabilities (E), the dispatch and combine masks (2·E·C per row, the per-row
+  term that grows with T), the experts' input and output slots (2·d·S) and hidden (2·mlp·S),
+  S = E·C / T slots per token (C the capacity; E when dropless), and the combined output d.
 Elements are in the compute dtype. Tokens per device are the global batch (× clients × local
 steps for federated rounds) divided by the mesh axes that split the batch; a 'model' (tensor
 parallel) axis further splits everything but the d_model-wide terms. XLA's fusion and
@@ -33,7 +37,7 @@ import jax.numpy as jnp
 from paxlike.trainer import partitioning
 from paxlike.errors import UserError
 from paxlike.families.lm_flops import attended_keys
-from paxlike.layers import TransformerLM
+from paxlike.layers import TransformerLM, moe
 
 Task = Any  # paxlike.experiment.Task (which imports the families: named, not imported, here).
 
@@ -72,6 +76,23 @@ def _ways(names: tuple[str | None, ...], mesh: dict[str, int], rules: dict[str, 
   return ways
 
 
+def _mlp_bytes(model: TransformerLM, seq_len: int, mlp_in: float,
+               size: int) -> tuple[dict[str, float], dict[str, float]]:
+  """Bytes per token a dense and a MoE layer's MLP keep, split into what remat 'dots' keeps
+  ('dots') and what only 'none' keeps as well ('rest'); see the module docstring."""
+  d, experts = model.d_model, model.num_experts
+  dense = {'dots': (mlp_in + d) * size, 'rest': mlp_in * size}
+  if not experts:
+    return dense, dense
+  # E·C: a row's expert slots, and each token's entries in the dispatch (and combine) mask.
+  slots = experts * moe.capacity(seq_len, experts, model.experts_per_token,
+                                 model.capacity_factor)
+  per_token = slots / seq_len
+  sparse = {'dots': experts * 4,
+            'rest': experts * 4 + (2 * slots + (2 * d + 2 * mlp_in) * per_token + d) * size}
+  return dense, sparse
+
+
 def activation_bytes_per_token(model: TransformerLM, seq_len: int, kernel: str,
                                model_ways: int = 1) -> float:
   """Bytes the backward pass keeps per token, on one of `model_ways` tensor-parallel shards
@@ -83,13 +104,19 @@ def activation_bytes_per_token(model: TransformerLM, seq_len: int, kernel: str,
   kv_width = (model.num_kv_heads or model.num_heads) / model_ways * head_dim
   mlp_in = (2 if model.gated_mlp else 1) * f / model_ways
   size = jnp.dtype(model.dtype).itemsize
-  dots = d + q_width + 2 * kv_width + d + mlp_in + d
+  shared_dots = (d + q_width + 2 * kv_width + d) * size
   attention = (heads * attended_keys(seq_len, model.sliding_window) * size
                if kernel == 'xla' else heads * 4)
-  everything = (dots + 2 * d + q_width + d + mlp_in) * size + attention
-  per_layer = {'none': everything, 'dots': dots * size, 'full': d * size}[model.remat_policy]
-  recompute = everything if model.remat_policy == 'full' else 0
-  return layers * per_layer + recompute + 2 * model.vocab_size / model_ways * 4 + d * size
+  shared_rest = (2 * d + q_width + d) * size + attention
+  total, recompute = 0.0, 0.0
+  for layer, mlp in enumerate(_mlp_bytes(model, seq_len, mlp_in, size)):
+    count = sum(model.is_moe_layer(i) == bool(layer) for i in range(layers))
+    everything = shared_dots + mlp['dots'] + shared_rest + mlp['rest']
+    keeps = {'none': everything, 'dots': shared_dots + mlp['dots'], 'full': d * size}
+    total += count * keeps[model.remat_policy]
+    if count and model.remat_policy == 'full':
+      recompute = max(recompute, everything)
+  return total + recompute + 2 * model.vocab_size / model_ways * 4 + d * size
 
 
 def estimate(task: Task, devices: int) -> Estimate:

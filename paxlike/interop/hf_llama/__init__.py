@@ -19,7 +19,9 @@ half" (feature j pairs with j + h/2), and its conversion script already permuted
 interleaved-pair q/k weights into that layout. paxlike's `apply_rope` uses the same rotate-half
 layout and the same frequencies (base^(-2j/h)), so q/k weights map over with a plain reshape.
 The q/k norms are Qwen-3 style (per head, before rope) and only present with `qk_norm=True`.
-A scanned model (`scan_layers=True`) gets the layers stacked under 'blocks'.
+A scanned model (`scan_layers=True`) gets the layers stacked under 'blocks'. Mixture-of-experts
+checkpoints (Mixtral, Qwen-MoE, DeepSeek, ...) and MoE models are refused by name: the experts'
+layout is not mapped (`check_dense`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from paxlike.families.shapes import abstract_params
 from paxlike.errors import RunFailure, UserError
 from paxlike.layers import TransformerLM
 from paxlike.layers.transformer import stack_layers, unstack_layers
+from paxlike.interop.hf_llama.checks import check_dense, check_model
 
 Convert = Callable[[np.ndarray], np.ndarray]
 # HF name -> (paxlike path in the unrolled tree, HF -> paxlike, paxlike -> HF).
@@ -47,23 +50,9 @@ _T: Convert = lambda w: w.T
 _ID: Convert = lambda w: w
 
 
-def _check_model(model: TransformerLM) -> None:
-  """UserError unless `model` has the Llama architecture."""
-  problems = [
-      'use_rmsnorm=False' if not model.use_rmsnorm else '',
-      'gated_mlp=False' if not model.gated_mlp else '',
-      f'mlp_activation={model.mlp_activation!r}' if model.mlp_activation not in (None, 'silu') else '',
-      'rope=False' if not model.rope else '',
-      f'sliding_window={model.sliding_window}' if model.sliding_window is not None else '',
-  ]
-  if any(problems):
-    raise UserError(f"HF Llama interop needs a Llama-shaped TransformerLM; this one has "
-                    f"{', '.join(p for p in problems if p)}")
-
-
 def name_map(model: TransformerLM) -> NameMap:
   """Every HF tensor name of `model`'s checkpoint, with its paxlike path and converters."""
-  _check_model(model)
+  check_model(model)
   d, n = model.d_model, model.num_heads
   kv, h = model.num_kv_heads or n, model.d_model // model.num_heads
 
@@ -155,6 +144,7 @@ def export_params(params: Mapping[str, Any], model: TransformerLM,
 
 def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> fdl.Config[TransformerLM]:
   """A TransformerLM config equal to a HF LlamaConfig dict (config.json), plus `overrides`."""
+  check_dense(hf)
   unsupported = {
       'rope_scaling': hf.get('rope_scaling') is not None,
       'attention_bias': bool(hf.get('attention_bias')),
@@ -186,7 +176,7 @@ def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> fdl.Config[Transf
 
 def config_to_hf(model: TransformerLM) -> dict[str, Any]:
   """A HF LlamaConfig dict (config.json) for `model`."""
-  _check_model(model)
+  check_model(model)
   return {
       'architectures': ['LlamaForCausalLM'],
       'model_type': 'llama',

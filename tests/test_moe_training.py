@@ -1,0 +1,188 @@
+"""MoE in the trainer: the loss adds the layers' auxiliary losses, the 8-device expert mesh gives
+the 1-device rows, a killed run resumes to the same rows, the memory estimate holds every
+expert, bad input and MoE checkpoints are one-line exit-2 errors, and benchmarks/moe.py runs."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from paxlike.errors import UserError
+from paxlike.families import lm_memory
+from paxlike.interop import hf_llama
+from paxlike.layers import TransformerLM, moe
+from paxlike.trainer import losses
+from paxlike.trainer.partitioning import MeshConfig
+from tests.helpers import REPO, cli_env, metric_rows, run_cli
+
+# lm.StdlibMoe at test size: one MoE layer of 4 experts (top-2) at d 32, seq 32, batch 8.
+SMALL = ['--exp=lm.StdlibMoe', '--fdl_fiddler=tiny', '--fdl_set=model.d_model=32',
+         '--fdl_set=model.d_ff=32', '--fdl_set=model.num_heads=2', '--fdl_set=data.seq_len=32',
+         '--fdl_set=data.batch_size=8', '--fdl_set=train.num_steps=12',
+         '--fdl_set=train.log_every=2', '--fdl_set=train.checkpoint_every=4',
+         '--fdl_set=train.eval_every=6']
+EXPERT_MESH = ['--fdl_fiddler=cpu8_expert']
+MODEL = TransformerLM(vocab_size=64, num_layers=2, d_model=32, num_heads=2, d_ff=32, max_len=16,
+                      num_experts=4, experts_per_token=2, capacity_factor=1.0)
+
+
+def test_the_training_loss_is_cross_entropy_plus_the_weighted_aux_losses():
+  tokens = np.random.default_rng(0).integers(0, 64, (4, 17))
+  batch = {'inputs': jnp.asarray(tokens[:, :-1]), 'targets': jnp.asarray(tokens[:, 1:]),
+           'mask': jnp.ones((4, 16))}
+  params = nn.unbox(MODEL.init(jax.random.key(0), batch['inputs']))['params']
+  loss, metrics = losses.model_loss_fn(MODEL)(params, batch, None)
+  logits, sown = MODEL.apply({'params': params}, batch['inputs'], mutable=[moe.COLLECTION])
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets']).mean()
+  layers = [sown[moe.COLLECTION][f'block_{i}']['mlp'] for i in range(2)]
+  aux = np.mean([0.01 * m['aux_loss'][0] + 1e-3 * m['z_loss'][0] for m in layers])
+  np.testing.assert_allclose(metrics['moe_aux_loss'], aux, rtol=1e-6)
+  np.testing.assert_allclose(loss, ce + aux, rtol=1e-6)
+  assert {'moe_balance_loss', 'moe_z_loss', 'moe_dropped_fraction',
+          'moe_max_expert_load'} <= set(metrics)
+  grads = jax.grad(lambda p: losses.model_loss_fn(MODEL)(p, batch, None)[0])(params)
+  assert float(jnp.abs(grads['block_1']['mlp']['router']).max()) > 0
+
+
+def test_memory_estimate_counts_every_expert():
+  """Params per device on 2 data × 4 expert: each expert weight [E, ...] split 4 ways, the rest
+  replicated; on one device, all of them: more than a dense model with the same active
+  params holds."""
+  data = types.SimpleNamespace(seq_len=16, batch_size=8, clients_per_round=1, local_steps=1)
+  mesh = MeshConfig(ici=(2, 4), axes=('data', 'expert'))
+  task = types.SimpleNamespace(model=MODEL, data=data, optimizer=optax.adamw(1e-3), mesh=mesh)
+  params = nn.unbox(MODEL.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32)))['params']
+  flat = jax.tree_util.tree_leaves_with_path(params)
+  expert = lambda path, x: 'mlp' in str(path) and x.ndim == 3
+  want = sum(x.size * 4 / (4 if expert(path, x) else 1) for path, x in flat)
+  est = lm_memory.estimate(task, 8)
+  assert est.params == want and est.mesh == {'data': 2, 'expert': 4}
+  one = types.SimpleNamespace(**{**vars(task), 'mesh': MeshConfig()})
+  assert lm_memory.estimate(one, 1).params == sum(x.size * 4 for _, x in flat)
+  dense = types.SimpleNamespace(**{**vars(one), 'model': MODEL.clone(num_experts=0, d_ff=64)})
+  assert lm_memory.estimate(dense, 1).params < lm_memory.estimate(one, 1).params
+  assert lm_memory.estimate(dense, 1).activations < lm_memory.estimate(one, 1).activations
+
+
+def _assert_rows_close(got: list[dict], want: list[dict], tol: float = 1e-5) -> None:
+  assert [sorted(r) for r in got] == [sorted(r) for r in want]
+  for a, b in zip(got, want):
+    for key, value in b.items():
+      if isinstance(value, float):
+        assert abs(a[key] - value) <= tol * max(1.0, abs(value)), (a['step'], key, a[key], value)
+      else:
+        assert a[key] == value, (key, a[key], value)
+
+
+@pytest.fixture(scope='module')
+def one_device(tmp_path_factory) -> Path:
+  job = tmp_path_factory.mktemp('moe1')
+  run_cli(*SMALL, f'--job_log_dir={job}')
+  return job
+
+
+@pytest.mark.slow
+def test_the_8_device_expert_mesh_gives_the_1_device_rows(one_device, tmp_path):
+  run_cli(*SMALL, *EXPERT_MESH, f'--job_log_dir={tmp_path}', devices=8)
+  rows, want = metric_rows(tmp_path), metric_rows(one_device)
+  assert len(rows) == 6 and 'eval_loss' in rows[2] and rows[0]['moe_dropped_fraction'] > 0
+  assert 0.25 <= rows[-1]['moe_max_expert_load'] < 1  # 4 experts: a quarter is perfect balance.
+  _assert_rows_close(rows, want)
+
+
+def _committed(job: Path) -> list[int]:
+  ckpt = job / 'checkpoints'
+  return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.exists() else []
+
+
+@pytest.mark.slow
+def test_a_killed_expert_mesh_run_resumes_to_the_same_rows(tmp_path):
+  full = tmp_path / 'full'
+  run_cli(*SMALL, *EXPERT_MESH, f'--job_log_dir={full}', devices=8)
+  job = tmp_path / 'killed'
+  proc = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *SMALL, *EXPERT_MESH,
+                           f'--job_log_dir={job}'], cwd=REPO, env=cli_env(8),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + 240
+  while proc.poll() is None and time.monotonic() < deadline and not _committed(job):
+    time.sleep(0.01)
+  proc.kill()
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+  assert _committed(job) and max(_committed(job)) < 12
+  run_cli(*SMALL, *EXPERT_MESH, f'--job_log_dir={job}', devices=8)
+  assert metric_rows(job) == metric_rows(full)
+
+
+def _one_line_exit_2(proc: subprocess.CompletedProcess, message: str) -> None:
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+  assert lines[0].startswith('paxlike: error: ') and message in lines[0], lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('args, devices, message', [
+    (['--fdl_set=model.experts_per_token=5'], 1,
+     'experts_per_token=5 must be between 1 and num_experts=4'),
+    ([*EXPERT_MESH, '--fdl_set=model.num_experts=6'], 8,
+     "mesh axis 'expert' of size 4 does not divide num_experts=6"),
+])
+def test_bad_moe_input_is_one_line_exit_2_before_anything_is_written(args, devices, message,
+                                                                    tmp_path):
+  job = tmp_path / 'job'
+  _one_line_exit_2(run_cli(*SMALL, *args, f'--job_log_dir={job}', devices=devices,
+                           check=False), message)
+  assert not job.exists()
+
+
+@pytest.mark.parametrize('config', [{'model_type': 'mixtral', 'num_local_experts': 8},
+                                    {'model_type': 'qwen2_moe'},
+                                    {'model_type': 'llama', 'num_local_experts': 4}])
+def test_hf_import_refuses_a_moe_checkpoint_by_name(config):
+  hf = {'vocab_size': 256, 'hidden_size': 32, 'num_hidden_layers': 1, 'num_attention_heads': 2,
+        'intermediate_size': 64, **config}
+  with pytest.raises(UserError, match='HF checkpoint is a mixture of experts.*dense'):
+    hf_llama.config_from_hf(hf)
+  with pytest.raises(UserError, match='num_experts=4'):
+    hf_llama.config_to_hf(MODEL)
+
+
+@pytest.mark.slow
+def test_finetuning_from_a_mixtral_checkpoint_is_one_line_exit_2(tmp_path):
+  source = tmp_path / 'mixtral'
+  source.mkdir()
+  (source / 'config.json').write_text(json.dumps({
+      'model_type': 'mixtral', 'num_local_experts': 8, 'vocab_size': 256, 'hidden_size': 32,
+      'num_hidden_layers': 1, 'num_attention_heads': 2, 'intermediate_size': 64}))
+  (source / 'text.txt').write_text('hello world\n')
+  proc = run_cli('--exp=lm.FinetuneLlama', f'--fdl_set=train.init_from=hf:{source}',
+                 f'--fdl_set=data.files={source}/text.txt', f'--job_log_dir={tmp_path}/job',
+                 check=False)
+  _one_line_exit_2(proc, "mixture of experts (model_type='mixtral', num_local_experts=8)")
+  assert not (tmp_path / 'job').exists()
+
+
+@pytest.mark.slow
+def test_moe_benchmark_quick_prints_the_ratio_against_dense():
+  proc = subprocess.run([sys.executable, 'benchmarks/moe.py', '--quick', '--devices=2',
+                         '--mesh=expert=2', '--experts=4'], cwd=REPO, text=True,
+                        capture_output=True, timeout=600, env=cli_env(1))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out['benchmark'] == 'moe' and out['mesh'] == {'expert': 2} and out['devices'] == 2
+  assert out['ratio'] == out['moe']['ms_per_step'] / out['dense']['ms_per_step'] > 0
+  # Same active matmul params but for the router (d × E); all experts held by the MoE.
+  assert out['moe']['active_params'] - out['dense']['active_params'] == 32 * 4
+  assert out['moe']['params'] > out['dense']['params']
+  assert out['moe']['all_to_all'] >= 2 and out['dense']['all_to_all'] == 0
+  assert 0 <= out['moe']['moe_dropped_fraction'] < 1
