@@ -42,3 +42,8 @@ def size_1b(cfg: fdl.Config) -> None:
 
 def size_8b(cfg: fdl.Config) -> None:
   sizes.use_size(cfg, '8b')
+
+
+def size_moe_1b(cfg: fdl.Config) -> None:
+  """The 1.1B mixture of experts (0.45B active) for one GPU, e.g. on lm.Llama1B's data."""
+  sizes.use_size(cfg, 'moe_1b')

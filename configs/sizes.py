@@ -10,6 +10,11 @@ tensor parallelism ('model') when the per-device batch FSDP needs becomes too sm
     350m   373,867,520    6 GB     fsdp: -1
     1b     1,100,048,384  18 GB    fsdp: -1
     8b     8,030,261,248  128 GB   fsdp: -1 × model: 4
+    moe_1b 1,100,628,992  18 GB    data: -1  (444,956,672 active per token)
+
+`moe_1b` is a mixture of experts for one GPU: the 350m shape with every other MLP 8 experts,
+top-2; its FLOPs (and MFU) count the active params, its memory every expert. On more devices
+split the experts over an 'expert' axis (docs/models.md, "Mixture of experts").
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ class Size:
   seq_len: int
 
 
+def lm_moe_1b() -> fdl.Config[TransformerLM]:
+  """1,100,628,992 parameters, 444,956,672 active per token: the 350m shape (24 × 1024, bf16,
+  scan, 'dots' remat) with every other MLP a mixture of 8 SwiGLU experts of width 2816, each
+  token routed to 2 (capacity factor 1.25)."""
+  cfg = models.lm_350m()
+  cfg.num_experts, cfg.experts_per_token, cfg.moe_every, cfg.capacity_factor = 8, 2, 2, 1.25
+  return cfg
+
+
 SIZES: dict[str, Size] = {
     'tiny': Size(models.lm_tiny_llama, meshes.data_parallel, 256),
     '125m': Size(models.lm_125m, meshes.data_parallel, 2048),
@@ -40,11 +54,17 @@ SIZES: dict[str, Size] = {
     '1b': Size(models.lm_1b, meshes.fsdp, 2048),
     '8b': Size(models.lm_8b, meshes.fsdp_model, 8192),
 }
+# Mixtures of experts: their params are not the dense Llama count of SIZES.
+MOE_SIZES: dict[str, Size] = {
+    'moe_1b': Size(lm_moe_1b, meshes.data_parallel, 2048),
+}
 
 
 def use_size(cfg: fdl.Config, name: str) -> None:
-  """Fiddler body: set a task config's model and mesh to size `name` (a key of SIZES)."""
-  if name not in SIZES:
-    raise ValueError(f'unknown size {name!r}; one of {sorted(SIZES)}')
-  cfg.model = SIZES[name].model()
-  cfg.mesh = SIZES[name].mesh()
+  """Fiddler body: set a task config's model and mesh to size `name` (a key of SIZES or
+  MOE_SIZES)."""
+  every = {**SIZES, **MOE_SIZES}
+  if name not in every:
+    raise ValueError(f'unknown size {name!r}; one of {sorted(every)}')
+  cfg.model = every[name].model()
+  cfg.mesh = every[name].mesh()

@@ -10,6 +10,7 @@ import time
 import types
 from pathlib import Path
 
+import fiddle as fdl
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -186,3 +187,26 @@ def test_moe_benchmark_quick_prints_the_ratio_against_dense():
   assert out['moe']['params'] > out['dense']['params']
   assert out['moe']['all_to_all'] >= 2 and out['dense']['all_to_all'] == 0
   assert 0 <= out['moe']['moe_dropped_fraction'] < 1
+
+
+def test_the_one_gpu_moe_size_counts_by_hand():
+  """moe_1b: the 350m Llama (373,867,520) plus, in each of its 12 MoE layers, 7 more SwiGLU
+  experts of 3·1024·2816 and a router of 1024·8; a token runs 2 experts of each."""
+  from configs.sizes import MOE_SIZES
+  from paxlike.families import lm_flops, shapes
+  model = fdl.build(MOE_SIZES['moe_1b'].model())
+  moe_layer_extra = 7 * 3 * 1024 * 2816 + 1024 * 8
+  assert shapes.param_count(model, seq_len=8) == 373_867_520 + 12 * moe_layer_extra
+  assert sum(map(model.is_moe_layer, range(24))) == 12
+  dense_matmul = 24 * (4 * 1024**2 + 3 * 1024 * 2816) + 1024 * 32_000
+  assert lm_flops.matmul_params(model) == dense_matmul + 12 * (3 * 1024 * 2816 + 1024 * 8)
+
+
+@pytest.mark.slow
+def test_print_config_of_the_moe_size_prints_its_memory_on_one_gpu():
+  out = run_cli('--exp=lm.Llama1B', '--fdl_fiddler=size_moe_1b', '--mode=print_config').stdout
+  assert '# params: 1,100,628,992' in out
+  line = next(l for l in out.splitlines() if l.startswith('# memory per device on 1 devices'))
+  total = float(line.split(': ')[1].split(' GB')[0])
+  params = float(line.split('params ')[1].split(' ')[0])
+  assert params == pytest.approx(1_100_628_992 * 4 / 1e9, abs=0.01) and 20 < total < 141
