@@ -1,12 +1,14 @@
 """GPipe's measured bubble fraction against its formula (p - 1) / (m + p - 1).
 
     python benchmarks/pipeline.py [--stages 2,4] [--microbatches 4,8] [--steps 1] [--repeats 5]
+                                  [--circular R]   # also the circular schedule of R passes
     python benchmarks/pipeline.py --quick      # 2 stages, 2 and 4 microbatches, tiny (tests)
 
 A child on 8 forced CPU devices times a train step (forward and backward, jit) of a residual
 MLP stack (`--layers` layers, d `--d`, hidden 4d, microbatches of `--rows` rows x `--tokens`
 tokens) on a (stage p, data 8/p) mesh, two ways, in alternating repeats:
-- `pipelined`: `paxlike.layers.pipeline.pipelined_layers`, m microbatches, m + p - 1 iterations;
+- `pipelined`: `paxlike.layers.pipeline.pipelined_layers`, m microbatches, m + p - 1 iterations
+  (circular: r m + p - 1, formula (p - 1) / (r m + p - 1));
 - `no_bubble`: the same shard_map over 'stage' where each stage scans its own layers over the
   same m microbatches with no dependency on the previous stage: the useful work of the
   pipeline alone, without fill, drain or ppermute.
@@ -47,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--tokens', type=int, default=128, help='tokens per row')
   parser.add_argument('--steps', type=int, default=1, help='steps per timed repeat')
   parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--circular', type=int, default=1,
+                      help='also time the circular schedule with this many passes (> 1)')
   parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)  # Internal.
   args = parser.parse_args(argv)
@@ -57,12 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _layer(p, x, extra):
+  """One residual MLP layer: x + tanh(x wi) wo."""
   import jax.numpy as jnp
   return x + jnp.tanh(x @ p['wi']) @ p['wo']
 
 
-def _steps(args: argparse.Namespace, p: int, m: int):
-  """(pipelined, no_bubble) jitted train steps and their (params, x) on a (p, 8/p) mesh."""
+def _steps(args: argparse.Namespace, p: int, m: int, r: int = 1):
+  """(pipelined with r passes, no_bubble) jitted train steps and their (params, x) on a
+  (p, 8/p) mesh."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -78,7 +84,7 @@ def _steps(args: argparse.Namespace, p: int, m: int):
   x = jax.device_put(x, NamedSharding(mesh, P('data')))
 
   def piped(params, x):
-    y = pipeline.pipelined_layers(_layer, params, x, microbatches=m, mesh=mesh)
+    y = pipeline.pipelined_layers(_layer, params, x, microbatches=m, mesh=mesh, repeats=r)
     return jnp.mean(y ** 2)
 
   def stage_work(params, x):
@@ -112,24 +118,25 @@ def _bubble(no_bubble: list[float], pipelined: list[float]) -> float:
   return 1 - common.paired_ratio(no_bubble, pipelined)
 
 
-def point(args: argparse.Namespace, p: int, m: int) -> dict[str, Any]:
-  """One (stages, microbatches) point: step times and the measured bubble."""
+def point(args: argparse.Namespace, p: int, m: int, r: int = 1) -> dict[str, Any]:
+  """One (stages, microbatches, repeats) point: step times and the measured bubble."""
   import jax
   from paxlike.layers import pipeline
-  piped, no_bubble, params, x = _steps(args, p, m)
+  piped, no_bubble, params, x = _steps(args, p, m, r)
   steps = {'pipelined': piped, 'no_bubble': no_bubble}
   for step in steps.values():
     jax.block_until_ready(step(params, x))  # Compile.
   times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
-  for r in range(args.repeats):  # A B, B A, ...: drifting load falls on both sides.
-    for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+  for i in range(args.repeats):  # A B, B A, ...: drifting load falls on both sides.
+    for name in (list(steps) if i % 2 == 0 else list(steps)[::-1]):
       times[name].append(_timed(steps[name], params, x, args.steps))
-  common.log(f'stages={p} microbatches={m}: {times}')
+  common.log(f'stages={p} microbatches={m} repeats={r}: {times}')
   wall = {name: [t[0] for t in ts] for name, ts in times.items()}
   cpu = {name: [t[1] for t in ts] for name, ts in times.items()}
-  measured, formula = _bubble(cpu['no_bubble'], cpu['pipelined']), pipeline.bubble_fraction(p, m)
+  measured = _bubble(cpu['no_bubble'], cpu['pipelined'])
+  formula = pipeline.bubble_fraction(p, m, r)
   ms = lambda values: 1e3 * common.median(values) / args.steps
-  return {'stages': p, 'microbatches': m, 'mesh': {'stage': p, 'data': DEVICES // p},
+  return {'stages': p, 'microbatches': m, 'repeats': r, 'mesh': {'stage': p, 'data': DEVICES // p},
           'ms_pipelined': ms(wall['pipelined']), 'ms_no_bubble': ms(wall['no_bubble']),
           'cpu_ms_pipelined': ms(cpu['pipelined']), 'cpu_ms_no_bubble': ms(cpu['no_bubble']),
           'bubble_measured': measured,
@@ -142,7 +149,8 @@ def slope_check(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
   """The bubble from the pipelined step times alone: c = dT / dm at fixed microbatch size."""
   out = []
   for p in sorted({q['stages'] for q in points}):
-    row = sorted((q for q in points if q['stages'] == p), key=lambda q: q['microbatches'])
+    row = sorted((q for q in points if q['stages'] == p and q['repeats'] == 1),
+                 key=lambda q: q['microbatches'])
     if len(row) < 2:
       continue
     a, b = row[0], row[1]
@@ -158,6 +166,9 @@ def child(args: argparse.Namespace) -> None:
   stages = [int(s) for s in args.stages.split(',')]
   counts = [int(m) for m in args.microbatches.split(',')]
   points = [point(args, p, m) for p in stages for m in counts]
+  if args.circular > 1:  # Where the schedule fits: m >= p and r p | layers.
+    points += [point(args, p, m, args.circular) for p in stages for m in counts
+               if m >= p and args.layers % (args.circular * p) == 0]
   common.emit({'points': points, 'slope': slope_check(points),
                'platform': jax.devices()[0].platform})
 
@@ -166,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
   if args.child:
     return child(args)
-  forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+  forwarded = list(argv if argv is not None else sys.argv[1:])
   result = common.run_child([__file__, '--child', *forwarded], env=common.child_env(DEVICES))
   model = {'layers': args.layers, 'd': args.d, 'hidden': 4 * args.d, 'rows_per_microbatch':
            args.rows, 'tokens': args.tokens, 'step': 'value_and_grad, float32'}

@@ -33,20 +33,29 @@ __all__ = ['LayerFn', 'bubble_fraction', 'check_mesh', 'check_pipeline', 'pipeli
            'scan_layers', 'stage_count']
 
 
-def bubble_fraction(stages: int, microbatches: int) -> float:
-  """GPipe's idle fraction (p - 1) / (m + p - 1): each stage works m of m + p - 1 iterations."""
-  return (stages - 1) / (microbatches + stages - 1)
+def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
+  """GPipe's idle fraction (p - 1) / (m + p - 1): each stage works m of m + p - 1 iterations;
+  circular with r repeats, (p - 1) / (r m + p - 1)."""
+  return (stages - 1) / (repeats * microbatches + stages - 1)
 
 
 def check_pipeline(*, num_layers: int, stages: int, batch_size: int, microbatches: int,
-                   batch_shards: int = 1) -> None:
+                   batch_shards: int = 1, repeats: int = 1) -> None:
   """UserError (one line) unless `stages` divides the layers and `microbatches` divides the
-  per-stage batch: the rows each device of a stage holds (`batch_size / batch_shards`)."""
+  per-stage batch: the rows each device of a stage holds (`batch_size / batch_shards`); a
+  circular schedule (`repeats` > 1) needs `repeats * stages` to divide the layers and
+  microbatches >= stages."""
   if microbatches < 1:
     raise UserError(f'train.microbatches must be >= 1, got {microbatches}')
   if stages < 1 or num_layers % stages:
     raise UserError(f"mesh axis 'stage' of size {stages} does not divide "
                     f'model.num_layers={num_layers}')
+  if repeats < 1:
+    raise UserError(f'pipeline repeats must be >= 1, got {repeats}')
+  if repeats > 1 and (num_layers % (repeats * stages) or microbatches < stages):
+    raise UserError(f'a circular pipeline of {repeats} repeats over {stages} stages needs '
+                    f'num_layers ({num_layers}) a multiple of {repeats * stages} and '
+                    f'microbatches ({microbatches}) >= {stages}')
   if batch_size % batch_shards or (batch_size // batch_shards) % microbatches:
     raise UserError(f'train.microbatches={microbatches} does not divide the per-stage batch: '
                     f'batch {batch_size} over {batch_shards} data/fsdp devices '
@@ -59,12 +68,14 @@ def stage_count(mesh: AnyMesh | None, stage_axis: str = 'stage') -> int:
 
 
 def check_mesh(mesh: AnyMesh, *, num_layers: int, batch_size: int, microbatches: int,
-               stage_axis: str = 'stage', batch_axes: tuple[str, ...] = BATCH_AXES) -> None:
+               repeats: int = 1, stage_axis: str = 'stage',
+               batch_axes: tuple[str, ...] = BATCH_AXES) -> None:
   """`check_pipeline` with the stages and batch shards read from `mesh`: what a trainer calls
   before compiling, with its global batch."""
   shards = math.prod(dict(mesh.shape).get(a, 1) for a in batch_axes) if mesh.axis_names else 1
   check_pipeline(num_layers=num_layers, stages=stage_count(mesh, stage_axis),
-                 batch_size=batch_size, microbatches=microbatches, batch_shards=shards)
+                 batch_size=batch_size, microbatches=microbatches, batch_shards=shards,
+                 repeats=repeats)
 
 
 def _checkpointed(layer_fn: LayerFn, remat: bool | Callable) -> LayerFn:
@@ -93,53 +104,72 @@ def _from_microbatches(x: jax.Array) -> jax.Array:
   return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def _gpipe(step: LayerFn, params: Params, x: jax.Array, extra: Any, *, m: int, p: int,
-           axis: str) -> jax.Array:
-  """One stage's program (inside `shard_map`): `params` are its layers; x, extra the batch."""
+def _stage_program(step: LayerFn, params: Params, x: jax.Array, extra: Any, *, m: int, p: int,
+                   r: int, axis: str) -> jax.Array:
+  """One stage's program (inside `shard_map`): `params` [r, layers per chunk, ...] are its r
+  chunks (chunk k of stage s holds the layers of virtual stage k p + s); x, extra the batch.
+
+  In iteration t, stage s runs pass k = (t - s) // m of microbatch j = (t - s) % m. Stage 0
+  reads microbatch t for t < m, then the microbatches stage p - 1 finished, which it keeps in
+  `looped` (slot j) until their next pass is due (m >= p: each arrives before it is read).
+  """
   stage = lax.axis_index(axis)
   xs = _to_microbatches(x, m)
   extras = jax.tree.map(lambda e: _to_microbatches(e, m), extra)
-  # Stage 0 reads microbatch t at iteration t; the p - 1 drain iterations read zeros.
-  feed = jnp.concatenate([xs, jnp.zeros((p - 1, *xs.shape[1:]), xs.dtype)])
-  shift = [(i, i + 1) for i in range(p - 1)]
+  shift = [(i, (i + 1) % p) for i in range(p if r > 1 else p - 1)]
+  vary = lambda a: lax.pcast(a, (axis,), to='varying')
 
-  def iteration(state: jax.Array, inputs: tuple[jax.Array, jax.Array]):
-    t, fed = inputs
-    h = jnp.where(stage == 0, fed, state)
-    j = jnp.clip(t - stage, 0, m - 1)  # the microbatch this stage runs now (clipped in bubbles)
+  def iteration(carry: tuple[jax.Array, jax.Array | None], t: jax.Array):
+    state, looped = carry
+    first = xs[jnp.minimum(t, m - 1)]  # (in GPipe's drain, a placeholder)
+    if r > 1:
+      looped = lax.dynamic_update_index_in_dim(looped, state, (t - p) % m, 0)  # from p - 1
+      first = jnp.where(t < m, first, looped[t % m])
+    h = jnp.where(stage == 0, first, state)
+    k, j = jnp.clip((t - stage) // m, 0, r - 1), jnp.clip(t - stage, 0, r * m - 1) % m
     rows = jax.tree.map(lambda e: lax.dynamic_index_in_dim(e, j, keepdims=False), extras)
-    h = lax.scan(lambda h, lp: (step(lp, h, rows), None), h, params)[0]
-    return lax.ppermute(h, axis, shift), h
+    chunk = jax.tree.map(lambda a: a[k] if r > 1 else a[0], params)  # this pass's layers
+    h = lax.scan(lambda h, lp: (step(lp, h, rows), None), h, chunk)[0]
+    return (lax.ppermute(h, axis, shift), looped), h
 
-  state = lax.pcast(jnp.zeros(xs.shape[1:], xs.dtype), (axis,), to='varying')
-  _, outs = lax.scan(iteration, state, (jnp.arange(m + p - 1), feed))
-  # The last stage finishes microbatch j at iteration j + p - 1; others' outputs are dropped.
-  ys = jnp.where(stage == p - 1, outs[p - 1:], jnp.zeros_like(outs[p - 1:]))
-  return _from_microbatches(lax.psum(ys, axis))
+  carry = (vary(jnp.zeros(xs.shape[1:], xs.dtype)), vary(jnp.zeros_like(xs)) if r > 1 else None)
+  _, outs = lax.scan(iteration, carry, jnp.arange(r * m + p - 1))
+  # The last stage ends the last pass of microbatch j at iteration (r-1) m + j + p - 1.
+  done = outs[(r - 1) * m + p - 1:]
+  return _from_microbatches(lax.psum(jnp.where(stage == p - 1, done, jnp.zeros_like(done)), axis))
 
 
 def pipelined_layers(layer_fn: LayerFn, stacked_params: Params, x: jax.Array, extra: Any = None,
                      *, microbatches: int, mesh: AnyMesh | None = None,
-                     stage_axis: str = 'stage', batch_axes: tuple[str, ...] = BATCH_AXES,
+                     repeats: int = 1, stage_axis: str = 'stage',
+                     batch_axes: tuple[str, ...] = BATCH_AXES,
                      remat: bool | Callable = False) -> jax.Array:
   """The layer stack on x [B, ...] as a GPipe pipeline over `stage_axis` of `mesh`.
 
   `stacked_params`: leaves [num_layers, ...]; `extra`: a pytree of per-example arrays [B, ...]
   (segment ids, positions) that each layer sees for its microbatch. `mesh` defaults to the
   context mesh (`jax.set_mesh`); without a `stage_axis` of size > 1 this is `scan_layers`.
-  `remat`: jax.checkpoint each layer (True: save nothing; a callable: that policy). Equals
-  `scan_layers(layer_fn, stacked_params, x, extra)` up to float round-off.
+  `remat`: jax.checkpoint each layer (True: save nothing; a callable: that policy).
+  `repeats` > 1 is the circular schedule: the layers form `repeats * p` chunks, stage s holding
+  chunks s, s + p, ..., and each microbatch passes through the stages `repeats` times (bubble
+  (p - 1) / (repeats m + p - 1); needs m >= p). Equals `scan_layers(layer_fn, stacked_params,
+  x, extra)` up to float round-off.
   """
   mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
   p = stage_count(mesh, stage_axis)
-  check_mesh(mesh, num_layers=jax.tree.leaves(stacked_params)[0].shape[0],
-             batch_size=x.shape[0], microbatches=microbatches, stage_axis=stage_axis,
-             batch_axes=batch_axes)
+  num_layers = jax.tree.leaves(stacked_params)[0].shape[0]
+  check_mesh(mesh, num_layers=num_layers, batch_size=x.shape[0], microbatches=microbatches,
+             repeats=repeats, stage_axis=stage_axis, batch_axes=batch_axes)
   if p == 1:
     return scan_layers(layer_fn, stacked_params, x, extra, remat)
-  body = lambda params, x, extra: _gpipe(_checkpointed(layer_fn, remat), params, x, extra,
-                                         m=microbatches, p=p, axis=stage_axis)
-  in_specs = (jax.tree.map(lambda _: P(stage_axis), stacked_params), P(),
+  r = repeats
+  # [L, ...] -> [r, p, L / (r p), ...]: layer l is in chunk l // (L / (r p)), on stage chunk % p.
+  chunks = jax.tree.map(lambda a: a.reshape(r, p, num_layers // (r * p), *a.shape[1:]),
+                        stacked_params)
+  body = lambda params, x, extra: _stage_program(
+      _checkpointed(layer_fn, remat), jax.tree.map(lambda a: a[:, 0], params), x, extra,
+      m=microbatches, p=p, r=r, axis=stage_axis)
+  in_specs = (jax.tree.map(lambda _: P(None, stage_axis), chunks), P(),
               jax.tree.map(lambda _: P(), extra))
   return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(),
-                       axis_names={stage_axis})(stacked_params, x, extra)
+                       axis_names={stage_axis})(chunks, x, extra)

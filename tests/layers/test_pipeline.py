@@ -14,7 +14,8 @@ from tests.helpers import run_script
 
 # A TransformerLM (scan_layers=True) whose 4 DecoderBlocks run as a 4-stage pipeline on a 4 stage
 # x 2 data mesh, on a packed batch (segment ids and positions travel with each microbatch), each
-# layer rematerialised; then an MLP stack on 2 stage x 2 data x 2 fsdp with FSDP-sharded weights.
+# layer rematerialised; then an 8-layer MLP stack on 2 stage x 2 data x 2 fsdp with FSDP-sharded
+# weights, and in circular schedules of 2 passes over 2 and 4 stages.
 SCRIPT = textwrap.dedent("""
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
@@ -73,24 +74,29 @@ SCRIPT = textwrap.dedent("""
       return x + scale * jnp.tanh(x @ p['w1']) @ p['w2']
 
     keys = jax.random.split(jax.random.key(2), 3)
-    stack = {'w1': jax.random.normal(keys[0], (6, 16, 32)) / 4,
-             'w2': jax.random.normal(keys[1], (6, 32, 16)) / 6}
+    stack = {'w1': jax.random.normal(keys[0], (8, 16, 32)) / 4,
+             'w2': jax.random.normal(keys[1], (8, 32, 16)) / 8}
     x = jax.random.normal(keys[2], (16, 16))
     scale = jnp.linspace(0.5, 1.5, 16)[:, None]
     loss_of = lambda run: (lambda s, x: jnp.sum(jnp.sin(run(s, x))))
     scanned = lambda s, x: pipeline.scan_layers(mlp, s, x, scale)
     ref_y = scanned(stack, x)
     ref_g = jax.grad(loss_of(scanned), argnums=(0, 1))(stack, x)
-    mesh = auto((2, 2, 2), ('stage', 'data', 'fsdp'))
-    piped = lambda s, x: pipeline.pipelined_layers(mlp, s, x, scale, microbatches=4, mesh=mesh)
-    stack = jax.device_put(stack, NamedSharding(mesh, P('stage', 'fsdp')))
-    x = jax.device_put(x, NamedSharding(mesh, P(('data', 'fsdp'))))
-    y = jax.jit(piped)(stack, x)
-    g = jax.jit(jax.grad(loss_of(piped), argnums=(0, 1)))(stack, x)
-    assert y.sharding.spec[0] == ('data', 'fsdp'), y.sharding
-    close(y, ref_y, 'mlp y')
-    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(ref_g)):
-      close(a, b, 'mlp grads')
+    # (mesh, microbatches, repeats): GPipe under FSDP; circular, 2 passes of 4 or 2 chunks.
+    for shape, axes, m, r in [((2, 2, 2), ('stage', 'data', 'fsdp'), 4, 1),
+                              ((2, 4), ('stage', 'data'), 2, 2), ((4, 2), ('stage', 'data'), 4, 2)]:
+      mesh = auto(shape, axes)
+      piped = lambda s, x: pipeline.pipelined_layers(mlp, s, x, scale, microbatches=m,
+                                                     mesh=mesh, repeats=r)
+      batch = tuple(a for a in axes if a != 'stage')
+      sharded = jax.device_put(stack, NamedSharding(mesh, P('stage', 'fsdp' if r == 1 else None)))
+      xs = jax.device_put(x, NamedSharding(mesh, P(batch)))
+      y = jax.jit(piped)(sharded, xs)
+      g = jax.jit(jax.grad(loss_of(piped), argnums=(0, 1)))(sharded, xs)
+      assert y.sharding.spec[0] == (batch if len(batch) > 1 else batch[0]), y.sharding
+      close(y, ref_y, f'mlp y {shape} {m} {r}')
+      for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(ref_g)):
+        close(a, b, f'mlp grads {shape} {m} {r}')
     print('PIPELINE_OK')
 """)
 
@@ -99,17 +105,20 @@ def test_pipelined_lm_and_fsdp_stack_match_unpipelined():
   assert 'PIPELINE_OK' in run_script(SCRIPT, timeout=240)
 
 
-def _busy_slots(stages: int, microbatches: int) -> int:
-  """Stage-iterations of the GPipe schedule that run a real microbatch (stage s runs t - s)."""
-  return sum(0 <= t - s < microbatches
-             for t in range(microbatches + stages - 1) for s in range(stages))
+def _idle_share(stages: int, microbatches: int, repeats: int) -> float:
+  """The share of (stage, iteration) slots of the schedule with no microbatch pass to run:
+  stage s runs pass t - s of the repeats x microbatches passes, one per iteration."""
+  iterations = repeats * microbatches + stages - 1
+  busy = sum(0 <= t - s < repeats * microbatches for t in range(iterations)
+             for s in range(stages))
+  return 1 - busy / (stages * iterations)
 
 
-@pytest.mark.parametrize('stages,microbatches', [(1, 4), (2, 4), (4, 4), (4, 8), (8, 3)])
-def test_bubble_fraction_counts_idle_slots_of_the_schedule(stages, microbatches):
-  slots = stages * (microbatches + stages - 1)
-  idle = 1 - _busy_slots(stages, microbatches) / slots
-  assert pipeline.bubble_fraction(stages, microbatches) == pytest.approx(idle)
+@pytest.mark.parametrize('stages,microbatches,repeats',
+                         [(1, 4, 1), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8, 3, 1), (4, 4, 2)])
+def test_bubble_fraction_counts_idle_slots_of_the_schedule(stages, microbatches, repeats):
+  assert pipeline.bubble_fraction(stages, microbatches, repeats) == pytest.approx(
+      _idle_share(stages, microbatches, repeats))
 
 
 def _mlp(p, x, extra):
@@ -127,21 +136,25 @@ def test_no_stage_axis_is_the_plain_scan():
   np.testing.assert_allclose(y, ref, atol=1e-6)
 
 
-@pytest.mark.parametrize('layers,batch,microbatches,match', [
-    (6, 16, 2, r"mesh axis 'stage' of size 4 does not divide model.num_layers=6"),
-    (8, 16, 3, r'train.microbatches=3 does not divide the per-stage batch: batch 16 over 2 '
-               r'data/fsdp devices is 8 rows per device'),
-    (8, 16, 0, r'train.microbatches must be >= 1, got 0'),
+@pytest.mark.parametrize('layers,batch,microbatches,repeats,match', [
+    (6, 16, 2, 1, r"mesh axis 'stage' of size 4 does not divide model.num_layers=6"),
+    (8, 16, 3, 1, r'train.microbatches=3 does not divide the per-stage batch: batch 16 over 2 '
+                  r'data/fsdp devices is 8 rows per device'),
+    (8, 16, 0, 1, r'train.microbatches must be >= 1, got 0'),
+    (12, 16, 4, 2, r'a circular pipeline of 2 repeats over 4 stages needs num_layers \(12\) a '
+                   r'multiple of 8 and microbatches \(4\) >= 4'),
+    (8, 16, 2, 2, r'a circular pipeline of 2 repeats over 4 stages needs num_layers \(8\) a '
+                  r'multiple of 8 and microbatches \(2\) >= 4'),
 ])
-def test_bad_input_is_one_user_error_line(layers, batch, microbatches, match):
+def test_bad_input_is_one_user_error_line(layers, batch, microbatches, repeats, match):
   with pytest.raises(UserError, match=match) as caught:
     pipeline.check_pipeline(num_layers=layers, stages=4, batch_size=batch,
-                            microbatches=microbatches, batch_shards=2)
+                            microbatches=microbatches, batch_shards=2, repeats=repeats)
   assert '\n' not in str(caught.value)
   # The pipeline itself refuses the same input while tracing, before anything compiles.
   mesh = AbstractMesh((4, 2), ('stage', 'data'))
   with pytest.raises(UserError, match=match):
     jax.eval_shape(lambda s, x: pipeline.pipelined_layers(
-        _mlp, s, x, microbatches=microbatches, mesh=mesh),
+        _mlp, s, x, microbatches=microbatches, mesh=mesh, repeats=repeats),
         jax.ShapeDtypeStruct((layers, 8, 8), jnp.float32),
         jax.ShapeDtypeStruct((batch, 8), jnp.float32))
