@@ -34,6 +34,9 @@ class StdlibMoe(Experiment):
   width of StdlibTiny's (384) while the model holds twice its MLP params.
 
   python -m paxlike.main --exp=lm.StdlibMoe --job_log_dir=/tmp/paxlike/stdlib_moe
+  About 5 minutes on 2 busy CPU cores (~2 steps/s). Seen: eval_loss 1.82 at step 200, 1.50 at
+  600 (StdlibTiny: 1.82, 1.48), dropped choices 11% at step 50 and 3-4% from step 400, the
+  busiest of the 4 experts 34% of the choices at the end, balance loss 1.04.
   On 8 CPU devices, experts sharded 4 ways (4 expert × 2 data):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m paxlike.main \\
       --exp=lm.StdlibMoe --fdl_fiddler=cpu8_expert --job_log_dir=/tmp/paxlike/stdlib_moe8
