@@ -93,7 +93,8 @@ def run(quick: bool, work: Path) -> Report:
                                stop=lambda row: row.get(KEY, 0.0) >= target)
           candidates.append({'lr': lr, 'rows': rows,
                              'rounds': trainer.rounds_to(rows, KEY, [target])})
-        results[(method, epochs, similarity)] = trainer.fastest(candidates, [target])
+        results[(method, epochs, similarity)] = {**trainer.fastest(candidates, [target]),
+                                                 'all': candidates}
   from reproductions import scaffold_page
   return scaffold_page.report(quick, plan, results)
 
