@@ -53,6 +53,17 @@ def test_quick_run_prints_its_verdict_and_writes_its_page(name, tmp_path):
   # Real training: every run left its job dir with metrics rows.
   jobs = [p for p in (tmp_path / 'jobs').iterdir() if p.is_dir()]
   assert jobs and all(trainer.read_rows(j / 'metrics.jsonl') for j in jobs)
+  # --reuse redoes the page from those runs, training nothing: the same verdict and numbers.
+  again = reproduce(name, '--quick', f'--out={tmp_path / "again"}', f'--work={tmp_path / "jobs"}',
+                    '--reuse')
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert 'training' not in again.stderr
+  redone = json.loads(again.stdout)
+  skip = {'page', 'plot', 'seconds'}
+  assert {k: v for k, v in redone.items() if k not in skip} == {
+      k: v for k, v in result.items() if k not in skip}
+  assert sorted(p.name for p in (tmp_path / 'jobs').iterdir() if p.is_dir()) == sorted(
+      j.name for j in jobs)
 
 
 def test_quick_run_never_replaces_a_committed_page(tmp_path):

@@ -98,7 +98,6 @@ def _train(work: Path, name: str, plan: dict, **fields: Any) -> list[dict]:
   overrides = {'train.num_steps': plan['rounds'], 'train.eval_every': plan['eval_every'],
                'train.log_every': plan['eval_every'], 'train.checkpoint_every': 100_000,
                'algorithm.aggregator.max_epsilon': None, **fields}
-  trainer.log(f'dp: training {name}')
   return trainer.train(EXP, work / name, overrides)
 
 

@@ -95,7 +95,6 @@ def run(quick: bool, work: Path) -> Report:
       candidates = []
       for lr in plan['lrs'][b]:
         name = f'{partition}_E{e}_B{b or "inf"}_lr{lr:g}'
-        trainer.log(f'fedavg: training {name}')
         rows = trainer.train(EXP, work / name, _overrides(plan, partition, e, b, lr),
                              stop=lambda row: row.get(KEY, 0.0) >= max(targets))
         candidates.append({'lr': lr, 'rows': rows,

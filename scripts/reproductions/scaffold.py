@@ -87,7 +87,6 @@ def run(quick: bool, work: Path) -> Report:
         candidates = []
         for lr in plan['lrs'][method]:
           name = f'{method}_E{epochs}_s{similarity}_lr{lr:g}'
-          trainer.log(f'scaffold: training {name}')
           rows = trainer.train(EXPS[method], work / name,
                                _overrides(plan, method, epochs, similarity, lr),
                                stop=lambda row: row.get(KEY, 0.0) >= target)

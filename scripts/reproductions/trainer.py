@@ -54,6 +54,7 @@ def train(exp: str, job: Path, overrides: Mapping[str, Any],
     rows = read_rows(job / 'metrics.jsonl')
     hit = next((i for i, row in enumerate(rows) if stop and stop(row)), len(rows) - 1)
     return rows[:hit + 1]
+  log(f'training {job.name} ({exp})')
   if job.exists():
     raise FileExistsError(f'{job} exists: each reproduction run needs a new job dir')
   job.parent.mkdir(parents=True, exist_ok=True)
