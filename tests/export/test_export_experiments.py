@@ -94,6 +94,24 @@ def test_dp_fedavg_export_runs_like_training(tmp_path):
   assert any(n.startswith('state.aggregator_state') for n in state)
 
 
+def test_scaffold_export_runs_like_training(tmp_path):
+  """SCAFFOLD's client optimizer starts inside the client scan (its step count has no clients
+  axis): the export carries the control variates at the clients and runs the trainer's rounds."""
+  registry.import_all()
+  cfg = registry.get('federated.DigitsScaffold')().config()
+  config_io.apply_overrides(cfg, [*TINY, 'data.num_clients=3', 'data.clients_per_round=3',
+                                  'algorithm.num_clients=3', 'data.local_steps=2'])
+  rows, state = train_to(cfg, tmp_path / 'job', 2)
+  export_experiment(cfg, tmp_path / 'export', rounds=2, experiment='federated.DigitsScaffold')
+  exported = run.load(tmp_path / 'export')
+  history = run.run_rounds(exported, 2)
+  assert_round_matches(history[0], rows[0])
+  assert_round_matches(history[1], rows[1], state)
+  assert 'control_norm' in rows[1] and 'metrics.control_norm' in history[1]
+  assert {s['name'].split('.')[1] for s in exported.plan['inputs']
+          if s['placement'] == 'clients' and s['carried']} == {'client_controls'}
+
+
 def test_fedadam_export_from_a_job_dir_continues_its_training(tmp_path):
   cfg, job = digits(fed.fed_adam(server_learning_rate=0.05)), tmp_path / 'job'
   _, checkpointed = train_to(cfg, job, 1)
