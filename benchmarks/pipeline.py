@@ -19,8 +19,11 @@ placeholder (as MaxText's does), so the bubble is work, and CPU time counts it w
 on the host; on forced CPU devices that share a few cores with other jobs, wall time is noisy
 (`bubble_measured_wall` beside it). On an accelerator, bubble iterations cost device time the
 same way: one microbatch-stage each, which is what the formula counts.
-Cross-check (`slope`): at a fixed microbatch size the pipelined step costs c (m + p - 1) plus an
-overhead; c from the two smallest m gives the bubble 1 - m c / T(m) from pipelined steps alone.
+Cross-check (`slope`), from pipelined steps alone: at a fixed microbatch size a step costs
+c (m + p - 1) + o; c from the two smallest m gives 1 - m c / T(m), which counts the fixed
+per-step cost o (the data-parallel gradient all-reduce, the output psum: `cpu_ms_fixed`) as
+bubble too, so it reads above the formula by about o / T; `bubble_measured` cancels o, which
+the no_bubble step pays as well.
 Prints one JSON object: per (stages, microbatches) the step times, `bubble_measured`,
 `bubble_gpipe`, `relative_error` = |measured - formula| / formula, `within_20pct`.
 """
@@ -146,7 +149,9 @@ def point(args: argparse.Namespace, p: int, m: int, r: int = 1) -> dict[str, Any
 
 
 def slope_check(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  """The bubble from the pipelined step times alone: c = dT / dm at fixed microbatch size."""
+  """The bubble from the pipelined step times alone: at a fixed microbatch size a step costs
+  c (m + p - 1) + o, so c = dT / dm between the two smallest m, o = T - c (m + p - 1), and
+  1 - m c / T counts the bubble and the fixed per-step cost o together."""
   out = []
   for p in sorted({q['stages'] for q in points}):
     row = sorted((q for q in points if q['stages'] == p and q['repeats'] == 1),
@@ -156,6 +161,7 @@ def slope_check(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     a, b = row[0], row[1]
     c = (b['cpu_ms_pipelined'] - a['cpu_ms_pipelined']) / (b['microbatches'] - a['microbatches'])
     out += [{'stages': p, 'microbatches': q['microbatches'], 'cpu_ms_per_iteration': c,
+             'cpu_ms_fixed': q['cpu_ms_pipelined'] - c * (q['microbatches'] + p - 1),
              'bubble_slope': 1 - q['microbatches'] * c / q['cpu_ms_pipelined']} for q in row]
   return out
 

@@ -27,7 +27,9 @@ Params = Any
 # layer_fn(params of one layer, x [b, ...], extra rows of the same b examples) -> x [b, ...]
 LayerFn = Callable[[Params, jax.Array, Any], jax.Array]
 AnyMesh = jax.sharding.Mesh | jax.sharding.AbstractMesh
-BATCH_AXES = ('data', 'fsdp')
+# The mesh axes a batch is split over (as paxlike.trainer.partitioning.BATCH_AXES: 'expert' is
+# data parallel outside MoE layers).
+BATCH_AXES = ('data', 'fsdp', 'expert')
 
 __all__ = ['LayerFn', 'bubble_fraction', 'check_mesh', 'check_pipeline', 'pipelined_layers',
            'scan_layers', 'stage_count']
@@ -58,7 +60,7 @@ def check_pipeline(*, num_layers: int, stages: int, batch_size: int, microbatche
                     f'microbatches ({microbatches}) >= {stages}')
   if batch_size % batch_shards or (batch_size // batch_shards) % microbatches:
     raise UserError(f'train.microbatches={microbatches} does not divide the per-stage batch: '
-                    f'batch {batch_size} over {batch_shards} data/fsdp devices '
+                    f'batch {batch_size} over {batch_shards} data-parallel devices '
                     f'is {batch_size / batch_shards:g} rows per device')
 
 
@@ -70,8 +72,8 @@ def stage_count(mesh: AnyMesh | None, stage_axis: str = 'stage') -> int:
 def check_mesh(mesh: AnyMesh, *, num_layers: int, batch_size: int, microbatches: int,
                repeats: int = 1, stage_axis: str = 'stage',
                batch_axes: tuple[str, ...] = BATCH_AXES) -> None:
-  """`check_pipeline` with the stages and batch shards read from `mesh`: what a trainer calls
-  before compiling, with its global batch."""
+  """`check_pipeline` with the stages and batch shards (`batch_axes`) read from `mesh`: what a
+  trainer calls before compiling, with its global batch."""
   shards = math.prod(dict(mesh.shape).get(a, 1) for a in batch_axes) if mesh.axis_names else 1
   check_pipeline(num_layers=num_layers, stages=stage_count(mesh, stage_axis),
                  batch_size=batch_size, microbatches=microbatches, batch_shards=shards,

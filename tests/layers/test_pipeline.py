@@ -1,5 +1,8 @@
 """GPipe over a 'stage' mesh axis gives the unpipelined stack's outputs, loss and gradients."""
 
+import json
+import subprocess
+import sys
 import textwrap
 
 import jax
@@ -10,7 +13,7 @@ from jax.sharding import AbstractMesh
 
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
-from tests.helpers import run_script
+from tests.helpers import REPO, cli_env, run_script
 
 # A TransformerLM (scan_layers=True) whose 4 DecoderBlocks run as a 4-stage pipeline on a 4 stage
 # x 2 data mesh, on a packed batch (segment ids and positions travel with each microbatch), each
@@ -139,7 +142,7 @@ def test_no_stage_axis_is_the_plain_scan():
 @pytest.mark.parametrize('layers,batch,microbatches,repeats,match', [
     (6, 16, 2, 1, r"mesh axis 'stage' of size 4 does not divide model.num_layers=6"),
     (8, 16, 3, 1, r'train.microbatches=3 does not divide the per-stage batch: batch 16 over 2 '
-                  r'data/fsdp devices is 8 rows per device'),
+                  r'data-parallel devices is 8 rows per device'),
     (8, 16, 0, 1, r'train.microbatches must be >= 1, got 0'),
     (12, 16, 4, 2, r'a circular pipeline of 2 repeats over 4 stages needs num_layers \(12\) a '
                    r'multiple of 8 and microbatches \(4\) >= 4'),
@@ -158,3 +161,20 @@ def test_bad_input_is_one_user_error_line(layers, batch, microbatches, repeats, 
         _mlp, s, x, microbatches=microbatches, mesh=mesh, repeats=repeats),
         jax.ShapeDtypeStruct((layers, 8, 8), jnp.float32),
         jax.ShapeDtypeStruct((batch, 8), jnp.float32))
+
+
+def test_benchmark_quick_prints_bubbles_against_the_formula():
+  proc = subprocess.run([sys.executable, 'benchmarks/pipeline.py', '--quick', '--circular=2'],
+                        cwd=REPO, text=True, capture_output=True, timeout=300,
+                        env=cli_env(1, JAX_PLATFORMS='cpu'))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out['benchmark'] == 'pipeline' and out['devices'] == 8 and out['quick']
+  points = {(q['stages'], q['microbatches'], q['repeats']): q for q in out['points']}
+  assert set(points) == {(2, 2, 1), (2, 4, 1), (2, 2, 2), (2, 4, 2)}
+  for (p, m, r), q in points.items():
+    assert q['bubble_gpipe'] == pytest.approx((p - 1) / (r * m + p - 1))
+    assert q['mesh'] == {'stage': p, 'data': 8 // p}
+    assert 0 < q['cpu_ms_no_bubble'] and 0 < q['cpu_ms_pipelined']
+    assert q['bubble_measured'] == pytest.approx(1 - q['cpu_ms_no_bubble'] / q['cpu_ms_pipelined'])
+  assert [s['microbatches'] for s in out['slope']] == [2, 4]
