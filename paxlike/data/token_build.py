@@ -2,7 +2,7 @@
 processes.
 
 The main thread reads the files (text_files.read), cuts the documents into chunks of about
-CHUNK_CHARS characters, hashes each chunk's documents for the held-out split (doc_hash, a few
+CHUNK_BYTES of the files, hashes each chunk's documents for the held-out split (doc_hash, a few
 numpy passes per chunk) and writes the results; each chunk is encoded with one
 `tokenizer.encode_flat` call per field (the library's batch encode, its ids flattened in one
 pass) and joined with an EOS after every document (tokenizers/documents.py). No step does
@@ -33,7 +33,7 @@ from paxlike.data import doc_hash
 from paxlike.data import text_files
 from paxlike.tokenizers import documents
 
-CHUNK_CHARS = 1 << 20
+CHUNK_BYTES = 1 << 20
 CHUNK_DOCS = 8192
 POOL_MIN_BYTES = 16 << 20
 PROGRESS_EVERY_S = 5.0
@@ -55,9 +55,14 @@ class Chunk:
 
   texts: list[str] = dataclasses.field(default_factory=list)
   prompts: list[str] | None = None
-  files: list[int] = dataclasses.field(default_factory=list)
+  files: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (file, documents)
   clients: list[str] = dataclasses.field(default_factory=list)  # With a client_field.
-  chars: int = 0
+  start: int = 0  # Bytes of the files read before the chunk's first block.
+
+  def file_ids(self) -> np.ndarray:
+    """int32 [docs]: each document's file (index into the store's files)."""
+    runs = np.array(self.files, np.int64).reshape(-1, 2)
+    return np.repeat(runs[:, 0], runs[:, 1]).astype(np.int32)
 
 
 def text_hashes(texts: list[str], prompts: list[str] | None) -> np.ndarray:
@@ -80,8 +85,10 @@ def encode_chunk(tokenizer: Any, dtype: np.dtype, texts: list[str],
 
 def chunks(files: dict[str, Path], fields: text_files.Fields,
            counts: text_files.Counts) -> Iterator[Chunk]:
-  """The corpus's documents, file after file, in chunks of at least CHUNK_CHARS characters
-  or CHUNK_DOCS documents (whole blocks of text_files.read)."""
+  """The corpus's documents, file after file, in chunks of whole blocks of text_files.read,
+  cut once they hold CHUNK_DOCS documents or CHUNK_BYTES bytes of the files have been read
+  into them (of a .gz its compressed bytes; counting characters would cost a call per
+  document)."""
   sft = fields.prompt_field is not None
   chunk = Chunk(prompts=[] if sft else None)
   for index, path in enumerate(files.values()):
@@ -89,12 +96,12 @@ def chunks(files: dict[str, Path], fields: text_files.Fields,
       chunk.texts += block.texts
       if sft:
         chunk.prompts += block.prompts
-      chunk.files += [index] * len(block.texts)
+      chunk.files.append((index, len(block.texts)))
       chunk.clients += block.clients or ()
-      chunk.chars += sum(map(len, block.texts)) + sum(map(len, block.prompts or ()))
-      if chunk.chars >= CHUNK_CHARS or len(chunk.texts) >= CHUNK_DOCS:
+      if (counts.bytes_done - chunk.start >= CHUNK_BYTES
+          or len(chunk.texts) >= CHUNK_DOCS):
         yield chunk
-        chunk = Chunk(prompts=[] if sft else None)
+        chunk = Chunk(prompts=[] if sft else None, start=counts.bytes_done)
   if chunk.texts:
     yield chunk
 

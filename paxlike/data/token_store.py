@@ -201,8 +201,8 @@ def build(directory: Path, files: dict[str, Path], fields: text_files.Fields, to
   for meta, encoded in token_build.encoded_chunks(files, fields, counts, tokenizer,
                                                   writer.dtype, num_workers):
     client_ids = ([clients.setdefault(c, len(clients)) for c in meta.clients]
-                  if fields.client_field else np.zeros(len(meta.files)))
-    writer.add(encoded, np.asarray(meta.files, np.int32), np.asarray(client_ids, np.int32))
+                  if fields.client_field else np.zeros(len(encoded.lengths)))
+    writer.add(encoded, meta.file_ids(), np.asarray(client_ids, np.int32))
     progress.update(writer.num_docs, writer.num_tokens)
   if not writer.num_docs:
     raise UserError(f'data.files: the {len(files)} files hold no documents'
