@@ -8,7 +8,8 @@ output to stage s + 1 with a `ppermute`. Only `stage` is manual inside the `shar
 other mesh axes (`data`, `fsdp`, `model`) stay under GSPMD, so the layers' own sharding
 constraints keep working and each microbatch stays sharded over the batch axes. `jax.grad`
 through it is the GPipe backward (the transpose of each `ppermute` sends cotangents back a stage)
-and gives the unpipelined gradients. See docs/pipeline.md.
+and gives the unpipelined gradients. `repeats` > 1 runs the circular schedule (each stage holds
+`repeats` chunks and a microbatch goes round the stages `repeats` times). See docs/pipeline.md.
 """
 
 from __future__ import annotations
