@@ -52,8 +52,9 @@ class ImageData:
   """Image batches. The training split is partitioned into `num_clients` clients:
   'iid', 'dirichlet' (label skew, `alpha`) or 'shards' (`shards_per_client` label-sorted
   shards), all seeded by `partition_seed`; num_clients=1 is centralized training. Cohorts:
-  `sampling` 'uniform' or 'weighted' each round, or 'fixed' (slot i = client i every round;
-  needs clients_per_round = num_clients).
+  `sampling` 'uniform' or 'weighted' each round, 'fixed' (slot i = client i every round;
+  needs clients_per_round = num_clients), or 'poisson' (each client in with probability
+  clients_per_round / num_clients, padded to `num_slots`).
 
   Each round a client draws local_steps x batch_size distinct examples; a client with fewer
   than that cycles through a random permutation of its data. Eval: the whole test split in
@@ -123,22 +124,32 @@ class ImageData:
   def client_sizes(self) -> np.ndarray:
     return partition.client_sizes(self.clients)
 
+  @property
+  def num_slots(self) -> int:
+    """The cohort slots a round's batches lead with (`sources.cohort_slots`)."""
+    return sources.cohort_slots(self.sampling, self.clients_per_round, self.num_clients)
+
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
-    """[clients_per_round, local_steps, batch_size, H, W, 1] batches (only cohort slots
-    `clients` and batch rows `rows` of them) and the whole cohort's FedAvg weights."""
+    """[num_slots, local_steps, batch_size, H, W, 1] batches (only cohort slots `clients` and
+    batch rows `rows` of them) and the whole cohort's FedAvg weights; a Poisson cohort's unused
+    slots hold example 0 with mask 0 and weight 0."""
     sizes, per_client = self.client_sizes, self.local_steps * self.batch_size
     cohort = sources.sample_cohort(seed, step, sizes, self.clients_per_round, self.sampling)
     rng = sources.round_rng(seed, step, sources.EXAMPLE_STREAM)
     picks = []
     for c in cohort:
+      if c == sources.PADDED:
+        picks.append(np.zeros(per_client, np.int64))
+        continue
       n = int(sizes[c])
       local = (rng.choice(n, per_client, replace=False) if n >= per_client
                else rng.permutation(n)[np.arange(per_client) % n])
       picks.append(self.clients[c][local])
     index = np.stack(picks).reshape(len(cohort), self.local_steps, self.batch_size)
-    index = index[clients, :, rows]  # Drawn whole, so a block equals a slice of the whole.
-    batch = image_batch(self.train, index, np.ones(index.shape, np.float32))
+    mask = np.broadcast_to((cohort != sources.PADDED)[:, None, None], index.shape)
+    index, mask = index[clients, :, rows], mask[clients, :, rows]  # A block = a slice.
+    batch = image_batch(self.train, index, mask)
     return batch, sources.cohort_weights(sizes, cohort, self.sampling)
 
   def _eval_positions(self) -> np.ndarray:

@@ -89,8 +89,10 @@ class LmData:
   - 'domains': the natural clients grouped into `num_clients` domains (BTM experts, non-IID
     DiLoCo replicas), see `partition.domains`: in order of first appearance (Shakespeare:
     roughly by play; stdlib: by module path), cut into contiguous runs of near-equal size.
-  `sampling`: 'uniform' or 'weighted' cohorts each round (sources.sample_cohort), or 'fixed':
-  slot i is client i every round, which needs clients_per_round = the number of clients.
+  `sampling`: 'uniform' or 'weighted' cohorts each round (sources.sample_cohort), 'fixed':
+  slot i is client i every round, which needs clients_per_round = the number of clients, or
+  'poisson': each client in with probability clients_per_round / clients, padded to
+  `num_slots`.
 
   Windows of seq_len + 1 bytes start at uniform offsets in a client's stream; a client
   shorter than that cycles its stream (nothing is masked). Clients with fewer than
@@ -161,21 +163,33 @@ class LmData:
     """The training clients (the LM family counts a DP run's population by them)."""
     return self.train_streams.names
 
+  @property
+  def num_slots(self) -> int:
+    """The cohort slots a round's batches lead with (`sources.cohort_slots`; pooled data has
+    no clients to sample, so clients_per_round)."""
+    if self.partition == 'pooled':
+      return self.clients_per_round
+    return sources.cohort_slots(self.sampling, self.clients_per_round,
+                                len(self.train_streams.sizes))
+
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
-    """[clients_per_round, local_steps, batch_size, seq_len] batches (only cohort slots
-    `clients` and batch rows `rows` of them) and the whole cohort's FedAvg weights."""
+    """[num_slots, local_steps, batch_size, seq_len] batches (only cohort slots `clients` and
+    batch rows `rows` of them) and the whole cohort's FedAvg weights; a Poisson cohort's
+    unused slots hold client 0's windows with mask 0 and weight 0."""
     s, k = self.train_streams, self.clients_per_round
     if self.partition == 'pooled':
       cohort = np.zeros(k, np.int64)
     else:
       cohort = sources.sample_cohort(seed, step, s.sizes, k, self.sampling)
+    present, member = cohort != sources.PADDED, np.maximum(cohort, 0)
     rng = sources.round_rng(seed, step, sources.EXAMPLE_STREAM)
-    sizes = s.sizes[cohort][:, None, None]
+    sizes = s.sizes[member][:, None, None]
     offsets = rng.integers(0, np.maximum(sizes - self.seq_len, 1),
-                           size=(k, self.local_steps, self.batch_size))
-    batch = windows(s.tokens, s.starts[cohort][clients, None, None], sizes[clients],
+                           size=(len(cohort), self.local_steps, self.batch_size))
+    batch = windows(s.tokens, s.starts[member][clients, None, None], sizes[clients],
                     offsets[clients, :, rows], self.seq_len)
+    batch['mask'] = batch['mask'] * present[clients, None, None, None]
     return batch, sources.cohort_weights(s.sizes, cohort, self.sampling)
 
   @functools.cached_property

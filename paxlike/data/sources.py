@@ -2,14 +2,20 @@
 
 from collections.abc import Sequence
 import dataclasses
+import functools
+import math
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from paxlike.errors import UserError
+from paxlike.errors import RunFailure, UserError
 
 Batch = dict[str, np.ndarray]  # Exactly the keys 'inputs', 'targets', 'mask'.
-SAMPLINGS = ('uniform', 'weighted', 'fixed')
+SAMPLINGS = ('uniform', 'weighted', 'fixed', 'poisson')
+PADDED = -1  # A Poisson cohort's unused slot (weight 0, mask 0).
+# A Poisson cohort's slots: at least mean + 8 sd, and overflowing with probability at most this
+# per round (the exact binomial tail; for a mean of 1 client, 8 sd alone is ~1e-7).
+POISSON_OVERFLOW = 1e-12
 Item = Literal['tokens', 'examples']  # What a batch's mask counts: LM tokens, or examples.
 
 # Distinct streams so that the cohort of a round does not depend on batch shapes.
@@ -47,10 +53,11 @@ class DataSource(Protocol):
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None)) -> tuple[Batch, np.ndarray]:
-    """Batches with leading axes [clients_per_round, local_steps, batch_size, ...], cut to
-    cohort slots `clients` and batch rows `rows` (one process's block), and the whole cohort's
-    weights [clients_per_round] float32; a pure function of (seed, step), so a block equals
-    the same slice of the whole."""
+    """Batches with leading axes [slots, local_steps, batch_size, ...], cut to cohort slots
+    `clients` and batch rows `rows` (one process's block), and the whole cohort's weights
+    [slots] float32; a pure function of (seed, step), so a block equals the same slice of the
+    whole. slots = `cohort_slots(...)`: clients_per_round, or under 'poisson' sampling a cap
+    whose unused slots have weight 0 and mask 0."""
     ...
 
   def eval_batches(self, rows: slice = slice(None)) -> list[Batch]:
@@ -69,24 +76,59 @@ def round_rng(seed: int, step: int, stream: int) -> np.random.Generator:
   return np.random.default_rng([stream, seed % 2**64, step % 2**64])
 
 
+def poisson_slots(num_clients: int, k: int) -> int:
+  """The fixed slot count of a Poisson cohort (each of `num_clients` clients joins with
+  probability q = k / num_clients): the larger of mean + 8 sd and the binomial tail quantile
+  at POISSON_OVERFLOW, at most num_clients (then it cannot overflow)."""
+  from scipy import stats  # Only Poisson cohorts pay for the import.
+  q = k / num_clients
+  bound = max(math.ceil(k + 8 * math.sqrt(k * (1 - q))),
+              int(stats.binom.isf(POISSON_OVERFLOW, num_clients, q)))
+  return min(num_clients, bound)
+
+
+def cohort_slots(sampling: str, k: int, num_clients: int) -> int:
+  """The slots a round's batches lead with: `k`, or under 'poisson' `poisson_slots`."""
+  return poisson_slots(num_clients, k) if sampling == 'poisson' else k
+
+
+def poisson_cohort(seed: int, step: int, num_clients: int, k: int) -> np.ndarray:
+  """int64 [poisson_slots]: round `step`'s clients, each in independently with probability
+  k / num_clients, in increasing order, then PADDED. RunFailure (never truncation) if more
+  join than there are slots."""
+  rng = round_rng(seed, step, COHORT_STREAM)
+  joined = np.flatnonzero(rng.random(num_clients) < k / num_clients)
+  slots = _cached_slots(num_clients, k)
+  if len(joined) > slots:
+    raise RunFailure(f'round {step}: {len(joined)} clients joined the Poisson cohort, more than '
+                     f'its {slots} slots (probability < {POISSON_OVERFLOW:g} a round)')
+  return np.concatenate([joined, np.full(slots - len(joined), PADDED, np.int64)])
+
+
+_cached_slots = functools.lru_cache(maxsize=64)(poisson_slots)
+
+
 def sample_cohort(seed: int, step: int, sizes: np.ndarray, k: int, sampling: str) -> np.ndarray:
-  """`k` distinct client indices for round `step`: uniformly, with probability proportional to
-  size ('weighted'), or 'fixed': clients 0..k-1 in order every round, so slot i is always
-  client i (DiLoCo replicas, PAPA members, BTM experts keep their data)."""
+  """Client indices for round `step`'s slots: `k` distinct ones uniformly, with probability
+  proportional to size ('weighted'), or 'fixed': clients 0..k-1 in order every round, so slot i
+  is always client i (DiLoCo replicas, PAPA members, BTM experts keep their data); 'poisson':
+  see `poisson_cohort` (PADDED in unused slots)."""
   if sampling == 'fixed':
     return np.arange(k, dtype=np.int64)
+  if sampling == 'poisson':
+    return poisson_cohort(seed, step, len(sizes), k)
   rng = round_rng(seed, step, COHORT_STREAM)
   p = sizes / sizes.sum() if sampling == 'weighted' else None
   return rng.choice(len(sizes), size=k, replace=False, p=p)
 
 
 def cohort_weights(sizes: np.ndarray, cohort: np.ndarray, sampling: str) -> np.ndarray:
-  """FedAvg weights: the clients' sizes under uniform and fixed sampling; ones under
-  size-weighted sampling (which already favours large clients, so size weights would count
-  them twice)."""
+  """FedAvg weights: the clients' sizes under uniform, fixed and Poisson sampling (0 in PADDED
+  slots); ones under size-weighted sampling (which already favours large clients, so size
+  weights would count them twice)."""
   if sampling == 'weighted':
     return np.ones(len(cohort), np.float32)
-  return sizes[cohort].astype(np.float32)
+  return np.where(cohort == PADDED, 0, sizes[np.maximum(cohort, 0)]).astype(np.float32)
 
 
 def check_fields(obj: object, positive: Sequence[str], choices: dict[str, Sequence[str]]) -> None:

@@ -9,6 +9,9 @@ A round, over the clients axis with the federated primitives:
    once, on the server, from the round's key (reproducible and resumable);
 3. the sum is divided by the expected cohort size n (client weights are ignored: each client's
    contribution is bounded by C whatever its size, which is what bounds the sensitivity).
+   A slot of weight 0 is padding (a Poisson cohort's unused slot): it takes no part in the
+   clipped sum, the noise or the unclipped count; n is `expected_clients` (a Poisson cohort's
+   qN, set by the accountant from the data) or, unset, the round's slots.
 
 Adaptive clipping (`target_quantile` = γ set): the clients also report bᵢ = 1[‖Δᵢ‖ ≤ C]. The
 server releases b̄ = (Σ(bᵢ − ½) + N(0, σ_b²)) / n + ½, the noised fraction of unclipped
@@ -57,6 +60,7 @@ class DpAggregator:
   delta: float | None = None
   max_epsilon: float | None = None
   accountant: str = 'rdp'
+  expected_clients: float | None = None  # n; None: the round's slots (see the module docstring).
 
   def __post_init__(self):
     if not self.clip_norm > 0:
@@ -71,6 +75,8 @@ class DpAggregator:
       raise UserError(f'dp count_stddev must be >= 0, got {self.count_stddev!r}')
     if self.max_epsilon is not None and not self.max_epsilon > 0:
       raise UserError(f'dp max_epsilon must be > 0, got {self.max_epsilon!r}')
+    if self.expected_clients is not None and not self.expected_clients > 0:
+      raise UserError(f'dp expected_clients must be > 0, got {self.expected_clients!r}')
     if self.accountant not in ACCOUNTANTS:
       raise UserError(f'dp accountant must be one of {", ".join(ACCOUNTANTS)}, '
                       f'got {self.accountant!r}')
@@ -99,27 +105,41 @@ class DpAggregator:
     del params
     return DpState(jnp.asarray(self.clip_norm, jnp.float32))
 
+  def divisor(self, slots: int) -> float:
+    """n, what the noised sum is divided by: `expected_clients`, or unset the slot count."""
+    return slots if self.expected_clients is None else self.expected_clients
+
   def aggregate(self, state: DpState, deltas: Any, weights: jax.Array, rng: jax.Array
                 ) -> tuple[Any, DpState, dict[str, jax.Array]]:
     """(noised mean update, new state, metrics) from client-placed `deltas`; call inside the
-    round's federated program. `weights` are ignored (see the module docstring)."""
-    del weights
-    clients = jax.tree.leaves(deltas)[0].shape[0]
-    clipped, unclipped = federated_map(lambda d: clip(d, state.clip_norm), deltas)
+    round's federated program. Only whether a weight is 0 (a padded slot) is read."""
+    n = self.divisor(jax.tree.leaves(deltas)[0].shape[0])
+    present = jnp.asarray(weights) > 0
+    clipped, unclipped = federated_map(
+        lambda d, p: clip_present(d, state.clip_norm, p), (deltas, present))
     update_key, count_key = jax.random.split(jax.random.fold_in(rng, NOISE_STREAM))
-    total, z_update = federated_sum(clipped), self.update_noise_multiplier(clients)
+    total, z_update = federated_sum(clipped), self.update_noise_multiplier(n)
     if z_update > 0:  # Skipped at z = 0, so C = ∞ stays finite.
       total = add_noise(total, z_update * state.clip_norm, update_key)
-    mean = jax.tree.map(lambda x: x / clients, total)
-    metrics = {'dp_clip_norm': state.clip_norm}
+    mean = jax.tree.map(lambda x: x / n, total)
+    metrics = {'dp_clip_norm': state.clip_norm,
+               'dp_cohort_size': federated_sum(present.astype(jnp.float32))}
     if self.adaptive:
-      below = federated_sum(unclipped.astype(jnp.float32) - 0.5)
-      below += self.count_noise(clients) * jax.random.normal(count_key, ())
-      fraction = below / clients + 0.5
+      below = federated_sum(jnp.where(present, unclipped.astype(jnp.float32) - 0.5, 0.0))
+      below += self.count_noise(n) * jax.random.normal(count_key, ())
+      fraction = below / n + 0.5
       metrics['dp_unclipped_fraction'] = fraction
       state = DpState(next_clip_norm(state.clip_norm, fraction, self.target_quantile,
                                      self.clip_learning_rate))
     return mean, state, metrics
+
+
+def clip_present(tree: Any, clip_norm: jax.Array, present: jax.Array) -> tuple[Any, jax.Array]:
+  """`clip(tree, clip_norm)` for a client in the cohort; zeros (and not unclipped) for a padded
+  slot, whatever its update holds."""
+  clipped, within = clip(tree, clip_norm)
+  return (jax.tree.map(lambda x: jnp.where(present, x, jnp.zeros_like(x)), clipped),
+          within & present)
 
 
 def clip(tree: Any, clip_norm: jax.Array) -> tuple[Any, jax.Array]:

@@ -4,8 +4,9 @@ A DP run (an algorithm with a `dp.DpAggregator`) is client-level DP: one round i
 mechanism on the sum of clipped client updates, noise multiplier z, over a cohort drawn from
 the population of `num_clients` clients. How the cohort is drawn decides the accounting:
 
-- 'poisson': each client joins with probability q = clients_per_round / num_clients
-  (add/remove-one-client adjacency; RDP or PLD);
+- 'poisson': each client joins with probability q = clients_per_round / num_clients, what
+  the data sources' 'poisson' sampling does (add/remove-one-client adjacency; RDP or PLD; the
+  aggregator divides by the expected cohort qN, which the accountant sets);
 - 'without_replacement': exactly clients_per_round distinct clients, what the data sources'
   'uniform' sampling does (replace-one-client adjacency, num_clients public: the clipped sum
   then has sensitivity 2C, so the accountant sees z/2; RDP only, Wang et al. 2019);
@@ -29,7 +30,8 @@ from paxlike.families import family_of
 from paxlike.federated.dp import DpAggregator
 
 SAMPLINGS = ('poisson', 'without_replacement', 'full')
-DATA_SAMPLING = {'uniform': 'without_replacement', 'fixed': 'full'}  # data.sampling -> ours.
+DATA_SAMPLING = {'uniform': 'without_replacement', 'fixed': 'full',  # data.sampling -> ours.
+                 'poisson': 'poisson'}
 
 # dp_accounting pulls in scipy (about a second of start-up), so it is imported where it is used:
 # only DP runs pay for it.
@@ -93,12 +95,19 @@ class Accountant:
       return math.inf if rounds else 0.0
     return epsilon(self.event, rounds, self.delta, self.aggregator.accountant)
 
+  @property
+  def sampling_rate(self) -> float:
+    """q: the chance a given client is in a round (clients_per_round / num_clients)."""
+    return self.clients_per_round / self.num_clients
+
   def describe(self, rounds: int) -> str:
     """One line: the ε `rounds` rounds spend, and what it is computed from."""
+    cohort = (f'poisson sampling (q = {self.sampling_rate:.4g}) of {self.clients_per_round} '
+              f'expected' if self.sampling == 'poisson' else
+              f'{self.sampling} sampling of {self.clients_per_round}')
     return (f'dp: epsilon {self.epsilon(rounds):.4g} at delta {self.delta:.3g} after {rounds} '
-            f'rounds ({self.aggregator.accountant}, {self.sampling} sampling of '
-            f'{self.clients_per_round} of {self.num_clients} clients, noise multiplier '
-            f'{self.aggregator.noise_multiplier:g})')
+            f'rounds ({self.aggregator.accountant}, {cohort} of {self.num_clients} clients, '
+            f'noise multiplier {self.aggregator.noise_multiplier:g})')
 
 
 def aggregator_of(algorithm: object) -> DpAggregator | None:
@@ -117,19 +126,34 @@ def population(task) -> int:
 
 def accountant(task) -> Accountant | None:
   """The task's accountant (None without DP). Raises UserError for a sampling that has no
-  client-level guarantee or bad accounting settings."""
+  client-level guarantee or bad accounting settings. Under Poisson sampling it also sets the
+  aggregator's `expected_clients` to the expected cohort qN = clients_per_round (see
+  `bind_expected_cohort`)."""
   aggregator = aggregator_of(task.built_algorithm)
   if aggregator is None:
     return None
   data = task.data
   if data.sampling not in DATA_SAMPLING:
-    raise UserError(f'differential privacy needs uniform or fixed cohorts, not '
+    raise UserError(f'differential privacy needs uniform, Poisson or fixed cohorts, not '
                     f'data.sampling={data.sampling!r}')
   num_clients = population(task)
+  if data.sampling == 'poisson':
+    bind_expected_cohort(aggregator, data.clients_per_round)
   aggregator.update_noise_multiplier(data.clients_per_round)  # Checks adaptive's noise split.
   delta = aggregator.delta if aggregator.delta is not None else num_clients**-1.1
   return Accountant(aggregator, DATA_SAMPLING[data.sampling], data.clients_per_round,
                     num_clients, delta)
+
+
+def bind_expected_cohort(aggregator: DpAggregator, expected: int) -> None:
+  """Sets `aggregator.expected_clients` (unset) to a Poisson cohort's `expected` size, once:
+  the aggregator is built before the data it will meet, and its padded rounds' slots are not
+  the cohort. A different value set in the config is a UserError."""
+  if aggregator.expected_clients is None:
+    object.__setattr__(aggregator, 'expected_clients', expected)  # Frozen: set once, here.
+  elif aggregator.expected_clients != expected:
+    raise UserError(f'dp expected_clients={aggregator.expected_clients:g} but a Poisson cohort '
+                    f'expects data.clients_per_round={expected}: leave it unset')
 
 
 def checked_accountant(task) -> Accountant | None:
@@ -145,7 +169,9 @@ def checked_accountant(task) -> Accountant | None:
 
 
 def round_metrics(acc: Accountant | None, step: int) -> dict[str, float]:
-  """`dp_epsilon` and `dp_delta` after `step` rounds (nothing without DP)."""
+  """`dp_epsilon` and `dp_delta` after `step` rounds (nothing without DP), and under Poisson
+  sampling `dp_poisson_rate`, the q that ε assumes."""
   if acc is None:
     return {}
-  return {'dp_epsilon': acc.epsilon(step), 'dp_delta': acc.delta}
+  poisson = {'dp_poisson_rate': acc.sampling_rate} if acc.sampling == 'poisson' else {}
+  return {'dp_epsilon': acc.epsilon(step), 'dp_delta': acc.delta, **poisson}

@@ -82,5 +82,5 @@ def test_default_delta_and_budget_refusal():
                                        'algorithm.aggregator.noise_multiplier=0.0'))
   assert (noiseless.epsilon(0), noiseless.epsilon(1)) == (0.0, math.inf)
   weighted = _task('federated.DigitsDpFedAvg', 'data.sampling="weighted"')
-  with pytest.raises(UserError, match='uniform or fixed cohorts'):
+  with pytest.raises(UserError, match='uniform, Poisson or fixed cohorts'):
     privacy.accountant(weighted)
