@@ -81,7 +81,7 @@ class ImageData:
         self, ['batch_size', 'clients_per_round', 'local_steps', 'num_clients',
                'shards_per_client', 'eval_batch_size'],
         {'dataset': IMAGE_DATASETS, 'partition': IMAGE_PARTITIONS,
-         'sampling': sources.SAMPLINGS})
+         'sampling': sources.PADDED_SAMPLINGS})
     if not self.alpha > 0:
       raise UserError(f'ImageData.alpha must be > 0, got {self.alpha!r}')
     if self.num_eval_batches is not None and self.num_eval_batches <= 0:

@@ -121,7 +121,7 @@ class LmData:
     sources.check_fields(
         self, ['seq_len', 'batch_size', 'clients_per_round', 'local_steps', 'num_clients',
                'eval_batch_size'],
-        {'dataset': LM_DATASETS, 'partition': LM_PARTITIONS, 'sampling': sources.SAMPLINGS})
+        {'dataset': LM_DATASETS, 'partition': LM_PARTITIONS, 'sampling': sources.PADDED_SAMPLINGS})
     if self.num_eval_batches is not None and (
         isinstance(self.num_eval_batches, bool) or not isinstance(self.num_eval_batches, int)
         or self.num_eval_batches <= 0):

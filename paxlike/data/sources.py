@@ -11,7 +11,9 @@ import numpy as np
 from paxlike.errors import RunFailure, UserError
 
 Batch = dict[str, np.ndarray]  # Exactly the keys 'inputs', 'targets', 'mask'.
-SAMPLINGS = ('uniform', 'weighted', 'fixed', 'poisson')
+SAMPLINGS = ('uniform', 'weighted', 'fixed')
+# With Poisson cohorts: for the sources whose round batches pad its unused slots (images, LM).
+PADDED_SAMPLINGS = (*SAMPLINGS, 'poisson')
 PADDED = -1  # A Poisson cohort's unused slot (weight 0, mask 0).
 # A Poisson cohort's slots: at least mean + 8 sd, and overflowing with probability at most this
 # per round (the exact binomial tail; for a mean of 1 client, 8 sd alone is ~1e-7).
