@@ -37,7 +37,6 @@ from typing import Any, Callable
 from benchmarks import common
 
 BATCH = 1 << 16  # Lines per library call.
-KINDS = ('sentencepiece', 'bpe')
 
 _LIBRARY: dict[str, Any] = {}  # In a library_processes worker: its encoder and the lines.
 
@@ -107,11 +106,12 @@ def kind_rates(args, kind: str, files: str, lines: list[str], path: Path) -> dic
 
   def store(num_workers: int, pool_min_bytes: int) -> None:
     out = Path(tempfile.mkdtemp(dir=args.tmp))
-    default, token_build.POOL_MIN_BYTES = token_build.POOL_MIN_BYTES, pool_min_bytes
+    defaults = token_build.POOL_MIN_BYTES, token_build.PROCESS_MIN_WORKERS
+    token_build.POOL_MIN_BYTES, token_build.PROCESS_MIN_WORKERS = pool_min_bytes, 2
     try:
       token_store.build(out, named, fields, tok, num_workers, 'k')
     finally:
-      token_build.POOL_MIN_BYTES = default
+      token_build.POOL_MIN_BYTES, token_build.PROCESS_MIN_WORKERS = defaults
       shutil.rmtree(out)
 
   runs = {'library': library}
@@ -169,7 +169,7 @@ def build_rates(args, files: str, lines: list[str], tokenizers: dict[str, Path])
   size = sum(p.stat().st_size for p in text_files.expand(files).values())
   out: dict[str, Any] = {'copies': args.build_copies, 'documents': len(lines),
                          'corpus_mb': round(size / 2**20, 2)}
-  for kind in KINDS:
+  for kind in args.build_kinds.split(','):
     out[kind] = kind_rates(args, kind, files, lines, tokenizers[kind])
     common.log(f'build {kind}: overhead {out[kind]["overhead_median"]} (medians), '
                f'{out[kind]["overhead_best"]} (best repeats)')

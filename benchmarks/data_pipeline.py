@@ -48,9 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--only', default=','.join(SECTIONS), help='comma-separated sections')
   parser.add_argument('--rss_mb', default=None, help='store sizes for rss (default 20,2000)')
   parser.add_argument('--rss_child', nargs=2, metavar=('FILES', 'STEPS'), help=argparse.SUPPRESS)
+  parser.add_argument('--build_copies', type=int, default=None,
+                      help='copies of Tiny Shakespeare the build section encodes (default 8)')
+  parser.add_argument('--build_kinds', default='sentencepiece,bpe', help='tokenizers to build with')
   args = parser.parse_args(argv)
-  args.copies, args.build_copies, args.repeats, args.build_repeats = (
+  args.copies, copies, args.repeats, args.build_repeats = (
       (1, 1, 1, 1) if args.quick else (48, 8, 3, 5))
+  args.build_copies = args.build_copies or copies
   args.rss_mb = [float(x) for x in (args.rss_mb or ('2,20' if args.quick else '20,2000')
                                     ).split(',')]
   return args

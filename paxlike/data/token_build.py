@@ -7,13 +7,15 @@ numpy passes per chunk) and writes the results; each chunk is encoded with one
 `tokenizer.encode_flat` call per field (the library's batch encode, its ids flattened in one
 pass) and joined with an EOS after every document (tokenizers/documents.py). No step does
 Python work per document. With `num_workers` > 1, at most two chunks per worker are in flight
-(memory stays bounded) and results come back in corpus order. The workers are threads for a
-corpus under POOL_MIN_BYTES: SentencePiece and Hugging Face tokenizers encode without the GIL,
-so the threads overlap with reading, hashing and writing at no start-up cost; a larger corpus
-goes to spawned processes (a forked child of a process running JAX's threads may deadlock),
-which also convert the library's ids in parallel, after a start-up of a second or more (each
-imports the tokenizers and the parent's main module). benchmarks/data_pipeline.py measures
-them against the tokenizer library alone.
+(memory stays bounded) and results come back in corpus order. The workers are threads, unless
+the corpus is at least POOL_MIN_BYTES and there are PROCESS_MIN_WORKERS workers or more: then
+spawned processes (a forked child of a process running JAX's threads may deadlock). Threads
+start at no cost and the libraries encode without the GIL, but turning their ids into Python
+lists and arrays holds it (a third of SentencePiece's time on short lines), which bounds what
+threads gain to about 3x; processes convert in parallel, after a start-up of a second or more
+(each imports the tokenizers and the parent's main module). On 2 cores (benchmarks/
+data_pipeline.py, 51 MB of lines) processes built 8% slower than threads, hence the workers'
+bound.
 """
 
 import collections
@@ -36,6 +38,7 @@ from paxlike.tokenizers import documents
 CHUNK_BYTES = 1 << 20
 CHUNK_DOCS = 8192
 POOL_MIN_BYTES = 16 << 20
+PROCESS_MIN_WORKERS = 3
 PROGRESS_EVERY_S = 5.0
 
 
@@ -110,14 +113,15 @@ def encoded_chunks(files: dict[str, Path], fields: text_files.Fields,
                    counts: text_files.Counts, tokenizer: Any, dtype: np.dtype,
                    num_workers: int) -> Iterator[tuple[Chunk, Encoded]]:
   """Each chunk (texts dropped) with its encoding into `dtype` ids, in corpus order: encoded
-  here (num_workers <= 1), by `num_workers` threads (a corpus under POOL_MIN_BYTES), else by
-  `num_workers` spawned processes; see the module docstring."""
+  here (num_workers <= 1), by `num_workers` threads or spawned processes (see the module
+  docstring)."""
   source = chunks(files, fields, counts)
   if num_workers <= 1:
     for chunk in source:
       yield _without_text(chunk), encode_chunk(tokenizer, dtype, chunk.texts, chunk.prompts)
     return
-  if sum(p.stat().st_size for p in files.values()) < POOL_MIN_BYTES:
+  size = sum(p.stat().st_size for p in files.values())
+  if num_workers < PROCESS_MIN_WORKERS or size < POOL_MIN_BYTES:
     executor = concurrent.futures.ThreadPoolExecutor(num_workers, 'tokenize')
     encode = functools.partial(documents.encode_documents, tokenizer, dtype)
   else:

@@ -1,6 +1,7 @@
 """The token store: contents, reuse without tokenizing, new stores for changed inputs, killed
 builds never trusted, parallel and concurrent builds."""
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -169,7 +170,17 @@ def test_workers_build_the_same_store(tmp_path, monkeypatch, token_dir, pool_min
   alone = token_store.open_or_build(files, F(), BytesTokenizer(), 1)
   os.rename(alone.path, token_dir / 'alone')
   monkeypatch.setattr(token_build, 'POOL_MIN_BYTES', pool_min_bytes)
+  monkeypatch.setattr(token_build, 'PROCESS_MIN_WORKERS', 2)
+  pools = []
+
+  class Recorded(concurrent.futures.ProcessPoolExecutor):
+    def __init__(self, *args, **kwargs):
+      pools.append(self)
+      super().__init__(*args, **kwargs)
+
+  monkeypatch.setattr(concurrent.futures, 'ProcessPoolExecutor', Recorded)
   pooled = token_store.open_or_build(files, F(), BytesTokenizer(), 2)
+  assert len(pools) == (pool_min_bytes == 0)
   for name in ('tokens-00000', *token_store.DOC_ARRAYS):
     assert (pooled.path / f'{name}.bin').read_bytes() == (token_dir / f'alone/{name}.bin'
                                                            ).read_bytes()
