@@ -11,11 +11,11 @@ Python work per document. With `num_workers` > 1, at most two chunks per worker 
 the corpus is at least POOL_MIN_BYTES and there are PROCESS_MIN_WORKERS workers or more: then
 spawned processes (a forked child of a process running JAX's threads may deadlock). Threads
 start at no cost and the libraries encode without the GIL, but turning their ids into Python
-lists and arrays holds it (a third of SentencePiece's time on short lines), which bounds what
-threads gain to about 3x; processes convert in parallel, after a start-up of a second or more
-(each imports the tokenizers and the parent's main module). On 2 cores (benchmarks/
-data_pipeline.py, 51 MB of lines) processes built 8% slower than threads, hence the workers'
-bound.
+lists and arrays holds it (about a quarter of the build's instructions on short lines, by
+callgrind), which bounds what threads gain to under 4x; processes convert in parallel, after a
+start-up of a second or more (each imports the tokenizers and the parent's main module). On 2
+cores (benchmarks/data_pipeline.py, 51 MB of lines) processes built 8% slower than threads;
+no machine with more cores was at hand to place the bound by measurement.
 """
 
 import collections
