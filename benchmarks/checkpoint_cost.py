@@ -2,7 +2,7 @@
 
     python benchmarks/checkpoint_cost.py [--exp lm.StdlibTiny] [--steps 30] [--every 10] [--quick]
 
-Runs the trainer's loop shape on `loop.setup(task)`: `round_inputs` then `Setup.step` each
+Runs the trainer's loop shape on `build.setup(task)`: `round_inputs` then `Trainer.step` each
 step, reading back the previous step's metrics (≤ 2 in flight); on a checkpoint step it reads
 back the current metrics and calls `paxlike.trainer.checkpoint.Checkpoints.save` (async: it returns once
 the state is copied to host, and Orbax writes in the background). Repeats alternate between
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
   machine = common.machine()
   import jax
   from paxlike import registry
-  from paxlike.trainer import checkpoint, loop
+  from paxlike.trainer import build, checkpoint, loop
   from paxlike.cli import config_io
   from paxlike.trainer.checkpoint import Checkpoints
 
@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> None:
   cfg = registry.get(args.exp)().config()
   config_io.apply_overrides(cfg, args.set)
   task = config_io.build(cfg)
-  s = loop.setup(task)
-  with jax.set_mesh(s.mesh):
-    run = {'state': s.init(jax.random.key(task.train.seed)), 'step': 0}
+  s = build.setup(task)
+  with jax.set_mesh(s.program.mesh):
+    run = {'state': s.program.init(jax.random.key(task.train.seed)), 'step': 0}
   save_calls: list[float] = []
 
   def window(checkpoints: Checkpoints | None, sync: bool = False) -> float:

@@ -6,7 +6,7 @@ The task is `--exp` (default federated.ShakespeareFedAvg: `configs.models.lm_tin
 Shakespeare by role) with `data.seq_len`, `data.batch_size`, `data.clients_per_round` and
 `data.local_steps` set from the flags. Per cohort, a child process times in alternating
 repeats, on the same device-resident round batches:
-- `paxlike`: `loop.setup(task).step`, the default round: `algorithm.client_chunk` unset, so
+- `paxlike`: `build.setup(task).step`, the default round: `algorithm.client_chunk` unset, so
   chosen per platform (paxlike/federated/chunking.py: one client at a time on CPU; all at once
   on accelerators or a sharded `clients` axis); `--chunk` sets it instead. The `clients` mesh
   axis spans `--devices` forced CPU devices when there are several;
@@ -174,10 +174,10 @@ class Modes:
 
   def _build_paxlike(self, mode: str, task: Any) -> Any:
     """`mode` runs the trainer's compiled step of `task`; returns its initial params."""
-    from paxlike.trainer import loop
-    jax, s = self.jax, loop.setup(task)
-    with jax.set_mesh(s.mesh):
-      self.state[mode] = s.init(jax.random.key(task.train.seed))
+    from paxlike.trainer import build, loop
+    jax, s = self.jax, build.setup(task)
+    with jax.set_mesh(s.program.mesh):
+      self.state[mode] = s.program.init(jax.random.key(task.train.seed))
     inputs = loop.round_inputs(s, 1)
 
     def pax_round(state):

@@ -5,7 +5,7 @@
     python benchmarks/gpu_mfu.py --quick               # tiny shapes on any device (CPU: tests)
     benchmarks/gpu_mfu.sh                              # makes a CUDA venv first, then runs this
 
-trainer: `loop.setup(task)`'s compiled step fed as `loop.train` feeds it: batches from the
+trainer: `build.setup(task)`'s compiled step fed as `loop.train` feeds it: batches from the
 task's data source through the prefetcher and `loop.round_inputs` (sharding, client weights,
 per-step rng), the previous step's metrics read back to the host and checked for finiteness
 (≤ 2 steps in flight). bare: the same model and optimizer (`task.optimizer`) in a plain
@@ -79,11 +79,11 @@ def trainer_seconds_per_step(s: Any, warmup: int, steps: int) -> float:
   import flax.linen as nn
   import jax
   import numpy as np
-  from paxlike.trainer import loop, partitioning
+  from paxlike.trainer import build, loop, partitioning
   from paxlike.data.prefetch import Prefetcher
-  state = s.init(jax.random.key(s.task.train.seed))
-  rules = partitioning.rules_for_mesh(s.task.mesh.rules, s.mesh)
-  with (jax.set_mesh(s.mesh), nn.logical_axis_rules(rules),
+  state = s.program.init(jax.random.key(s.task.train.seed))
+  rules = partitioning.rules_for_mesh(s.task.mesh.rules, s.program.mesh)
+  with (jax.set_mesh(s.program.mesh), nn.logical_axis_rules(rules),
         Prefetcher(functools.partial(loop.host_round, s), 1) as rounds):
 
     def run(first: int, n: int) -> float:
@@ -138,7 +138,7 @@ def measure(task: Any, args: argparse.Namespace, peak: float | None, bare: bool 
             trainer: bool = True) -> dict[str, Any]:
   """Trainer and/or bare steps/s and MFU of `task`, and their ratio."""
   from paxlike.families import lm_flops
-  from paxlike.trainer import loop
+  from paxlike.trainer import build, loop
   data = task.data
   tokens = data.batch_size * data.seq_len
   row: dict[str, Any] = {
@@ -149,13 +149,13 @@ def measure(task: Any, args: argparse.Namespace, peak: float | None, bare: bool 
   mfu = lambda rate, devices: peak and row['flops_per_step'] * rate / (peak * devices)
   if trainer:
     began = time.time()
-    s = loop.setup(task)
-    row.update({'devices': s.mesh.size, 'round_shape': list(s.round_shape),
-                s.item + '_per_step': s.items_per_step,
-                'flops_per_step': s.flops_per_device * s.mesh.size,  # Every client, local step.
+    s = build.setup(task)
+    row.update({'devices': s.program.mesh.size, 'round_shape': list(s.program.round_shape),
+                s.reporters.item + '_per_step': s.reporters.items_per_step,
+                'flops_per_step': s.reporters.flops_per_device * s.program.mesh.size,  # Every client, local step.
                 'setup_s': round(time.time() - began, 1)})
     rate = 1 / trainer_seconds_per_step(s, args.warmup, args.steps)
-    row.update(trainer_steps_per_sec=rate, trainer_mfu=mfu(rate, s.mesh.size))
+    row.update(trainer_steps_per_sec=rate, trainer_mfu=mfu(rate, s.program.mesh.size))
     del s
   if bare:
     rate = 1 / bare_seconds_per_step(task, args.donate, args.warmup, args.steps)

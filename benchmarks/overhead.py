@@ -3,12 +3,12 @@
     python benchmarks/overhead.py [--devices 1,8] [--steps 30] [--repeats 5] [--quick]
 
 For each device count a child process (`XLA_FLAGS=--xla_force_host_platform_device_count=N`)
-builds the experiment through the registry, `config_io.build` and `loop.setup`, then times, in
+builds the experiment through the registry, `config_io.build` and `build.setup`, then times, in
 alternating repeats on the same device-resident batch:
-- `paxlike`: the compiled `Setup.step` (the algorithm's round, metrics, sharding, donation);
+- `paxlike`: the compiled `Trainer.step` (the algorithm's round, metrics, sharding, donation);
 - `baseline`: `jax.jit(step, donate_argnums=(0, 1))` of value_and_grad of the mean
   cross-entropy + `task.optimizer` on the same Flax module, params, mesh and logical rules;
-- `paxlike_with_data`: `Setup.step` fed by `loop.round_inputs` each step, as the trainer does.
+- `paxlike_with_data`: `Trainer.step` fed by `loop.round_inputs` each step, as the trainer does.
 Prints one JSON object; `ratio` is the median over repeats of paxlike / baseline steps/s (the
 worst device count; per device count under `devices`, with `ratio_best`, best over best, and
 each step's XLA FLOPs and all-reduce count). Goal: ratio >= 0.97.
@@ -55,17 +55,17 @@ def measure(args: argparse.Namespace) -> dict:
 
   from paxlike import registry
   from paxlike.cli import config_io
-  from paxlike.trainer import loop, partitioning, throughput
+  from paxlike.trainer import build, loop, partitioning, throughput
 
   registry.import_all()
   cfg = registry.get(args.exp)().config()
   config_io.apply_overrides(cfg, args.set)
   task = config_io.build(cfg)
-  s = loop.setup(task)
-  mesh, model, optimizer = s.mesh, task.model, task.optimizer
+  s = build.setup(task)
+  mesh, model, optimizer = s.program.mesh, task.model, task.optimizer
   rules = partitioning.rules_for_mesh(task.mesh.rules, mesh)
   with jax.set_mesh(mesh):
-    pax_state = s.init(jax.random.key(task.train.seed))
+    pax_state = s.program.init(jax.random.key(task.train.seed))
   batches, weights, rng = loop.round_inputs(s, 1)
 
   # The baseline: what a user would write by hand for the same model, optimizer and mesh.
@@ -73,7 +73,7 @@ def measure(args: argparse.Namespace) -> dict:
   batch = partitioning.host_to_global(
       {k: v[0, 0] for k, v in host_batches.items()},
       NamedSharding(mesh, P(partitioning.batch_axes(mesh) or None)))
-  shardings = jax.tree.map(lambda a: a.sharding, s.abstract_state.alg)
+  shardings = jax.tree.map(lambda a: a.sharding, s.program.abstract_state.alg)
   copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree),
                  out_shardings=(shardings.params, shardings.opt_state))
   params, opt_state = copy((pax_state.alg.params, pax_state.alg.opt_state))

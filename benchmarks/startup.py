@@ -8,7 +8,7 @@ is a check, not an identity):
 - `interpreter_s`: process start to the child's first statement (Python itself);
 - `import_s`: jax and paxlike (train loop, registry, every experiment module);
 - `init_s`: config build, `data_load_s` (the train and eval data, loaded and prepared once per
-  machine into the tfds cache), `loop.setup` and the state init, minus their compilation;
+  machine into the tfds cache), `build.setup` and the state init, minus their compilation;
 - `compile_s`: jaxpr tracing, lowering and XLA compilation (the time covered by
   `jax.monitoring`'s compile events), mostly setup's step and init; the other phases exclude it;
 - `data_s`: the first step's batch (`loop.round_inputs`);
@@ -77,7 +77,7 @@ def first_step(args: argparse.Namespace) -> dict[str, float]:
     import jax
     from paxlike import registry
     from paxlike.cli import config_io
-    from paxlike.trainer import loop
+    from paxlike.trainer import build, loop
     registry.import_all()
   with phase(spans, 'init'):
     jax.monitoring.register_event_duration_secs_listener(on_event)
@@ -88,9 +88,9 @@ def first_step(args: argparse.Namespace) -> dict[str, float]:
     task.data.round_batches(task.train.seed, 0)  # Loads (and caches) the train split.
     task.data.eval_batches()                    # ... and the eval split.
     data_load_s = time.time() - load_start       # A part of init_s.
-    s = loop.setup(task)
-    with jax.set_mesh(s.mesh):
-      state = jax.block_until_ready(s.init(jax.random.key(task.train.seed)))
+    s = build.setup(task)
+    with jax.set_mesh(s.program.mesh):
+      state = jax.block_until_ready(s.program.init(jax.random.key(task.train.seed)))
   with phase(spans, 'data'):
     inputs = loop.round_inputs(s, 1)
   with phase(spans, 'first_step'):

@@ -163,116 +163,95 @@ def run(argv: list[str]) -> None:
   use_local_settings()
   cfg = task_config()
   task = config_io.build(cfg)
-  from paxlike.families import family_of
-  from paxlike.federated import privacy
-  family = family_of(task.model)
   if FLAGS.mode == 'print_config':
-    print(config_io.to_text(cfg) + model_summary(task) + family.memory_summary(task), end='')
-    accountant = privacy.accountant(task)
-    if accountant is not None:
-      print(accountant.describe(task.train.num_steps))
+    print_config(cfg, task)
     return
   if not FLAGS.job_log_dir:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
-
+  sampling = None
+  if FLAGS.mode == 'decode':  # Checked before anything is compiled.
+    from paxlike.cli.decode_text import Sampling
+    from paxlike.families import family_of
+    if not family_of(task.model).can_decode:
+      raise UserError('--mode=decode needs a language model experiment')
+    sampling = Sampling(FLAGS.decode_length, FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
+                        FLAGS.decode_seed)
+    sampling.check()
   # Heavy imports only once a job really runs.
-  from paxlike.trainer import build, distributed, loop, restore
-  from paxlike.data import fingerprint, prepare
+  from paxlike.trainer import distributed
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          FLAGS.distributed_init_timeout, FLAGS.heartbeat_timeout)
   if FLAGS.mode == 'train':
-    setup = build.setup(task)  # Checks mesh, data and model before the job dir is touched.
-    directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
-                                [*FLAGS.allow_import, *registry.trusted_modules()])
-    notes = family.kernel_line(task.model, task.data) + packing_line(task.data)
-    data = prepare.data_fingerprint(task.data)
-
-    def on_start() -> None:  # Restored: say which attention kernel runs, record config and data.
-      print(notes.replace('# ', ''), end='', file=sys.stderr)
-      job_dir.record_config(directory, cfg, notes)
-      fingerprint.record(directory, data)
-
-    with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
-      fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
-      loop.train(setup, directory, restore_fallback=FLAGS.restore_fallback,
-                  allow_config_change=FLAGS.allow_config_change, on_start=on_start)
-    if distributed.is_primary():
-      print(f'results in {directory}: metrics.jsonl, checkpoints/, summaries/ (tensorboard '
-            f'--logdir {directory / "summaries"})', file=sys.stderr)
-    return
-  directory = job_dir.existing(FLAGS.job_log_dir)
-  setup, step, state = restore.load_latest_state(task, directory)
-  if FLAGS.mode == 'eval':
-    differs = fingerprint.mismatch(directory, prepare.data_fingerprint(task.data))
-    if differs:  # Still evaluated (on today's data), but not silently.
-      print(f'warning: {differs}; these eval numbers are on the data as it is now',
-            file=sys.stderr)
-    evals, clients = loop.evaluate_state(setup, state)
-    print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in evals.items()},
-                      **({'eval_clients': clients} if clients else {})}))
+    train(cfg, task)
+  elif FLAGS.mode == 'eval':
+    evaluate(task)
   else:
-    print(decoded_text(task, setup.mesh, restore.export_params(setup, state)))  # EMA if kept.
+    decode(task, sampling)
 
 
-def model_summary(task) -> str:
-  """The family's `# params: ...`, FLOPs and attention-kernel lines for `--mode=print_config`;
-  a model config its layers reject (at trace time) is a UserError, as in training."""
+def print_config(cfg, task) -> None:
+  """The config as text, the model's size, FLOPs and memory lines, and a DP run's budget."""
+  from paxlike.cli.config_lines import model_summary
   from paxlike.families import family_of
-  try:
-    return family_of(task.model).summary(task.model, task.data)
-  except (ValueError, TypeError) as error:
-    raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
+  from paxlike.federated import privacy
+  print(config_io.to_text(cfg) + model_summary(task) + family_of(task.model).memory_summary(task),
+        end='')
+  accountant = privacy.accountant(task)
+  if accountant is not None:
+    print(accountant.describe(task.train.num_steps))
 
 
-def packing_line(data) -> str:
-  """'# packing efficiency: ...' (the non-pad fraction of the training targets) for packed
-  data, else ''."""
-  packed = getattr(data, 'packed', None)
-  if packed is None:
-    return ''
-  meta = packed.meta
-  return (f"# packing efficiency: {meta['packing_efficiency']:.4f} train, "
-          f"{meta['eval_packing_efficiency']:.4f} eval ({meta['train_documents']:,} and "
-          f"{meta['eval_documents']:,} documents)\n")
-
-
-def decode_prompts() -> list[str]:
-  """--prompts_file's non-empty lines, else --prompt."""
-  if not FLAGS.prompts_file:
-    return [FLAGS.prompt]
-  path = Path(FLAGS.prompts_file).expanduser()
-  try:
-    prompts = [line for line in path.read_text().splitlines() if line.strip()]
-  except (OSError, UnicodeDecodeError) as error:
-    raise UserError(f'--prompts_file {path} cannot be read ({error})') from None
-  if not prompts:
-    raise UserError(f'--prompts_file {path} holds no prompt')
-  return prompts
-
-
-def decoded_text(task, mesh, params) -> str:
-  """Each prompt followed by its continuation, one block per prompt: sampled with a KV cache on
-  the training mesh, in tokens of the data's tokenizer, stopping at its EOS (the byte
-  tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length)."""
-  from paxlike.decode import cache_len_for, generate_text
+def train(cfg, task) -> None:
+  """Trains `task` in --job_log_dir (resuming it), recording its config and data there."""
+  from paxlike.cli.config_lines import packing_line
+  from paxlike.data import fingerprint, prepare
   from paxlike.families import family_of
-  from paxlike.tokenizers import load_tokenizer
-  if not family_of(task.model).can_decode:
-    raise UserError('--mode=decode needs a language model experiment')
-  if (FLAGS.decode_length <= 0 or FLAGS.temperature < 0 or FLAGS.top_k < 0
-      or not 0 < FLAGS.top_p <= 1):
-    raise UserError('--decode_length must be positive, --temperature and --top_k non-negative, '
-                    '--top_p in (0, 1]')
-  tokenizer = getattr(task.data, 'loaded_tokenizer', None) or load_tokenizer('bytes')
-  prompts = decode_prompts()
-  longest = max(len(ids) for ids in tokenizer.encode_batch(prompts))
-  cache_len = cache_len_for(task.model, longest, FLAGS.decode_length)
-  texts = generate_text(task.model, params, tokenizer, prompts,
-                        stop_at_eos=tokenizer.kind != 'bytes', max_new_tokens=FLAGS.decode_length,
-                        temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
-                        seed=FLAGS.decode_seed, cache_len=cache_len, mesh=mesh,
-                        rules=task.mesh.rules)
-  return '\n\n'.join(prompt + text for prompt, text in zip(prompts, texts))
+  from paxlike.trainer import build, distributed, loop
+  trainer = build.setup(task)  # Checks mesh, data and model before the job dir is touched.
+  directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
+                              [*FLAGS.allow_import, *registry.trusted_modules()])
+  notes = family_of(task.model).kernel_line(task.model, task.data) + packing_line(task.data)
+  data = prepare.data_fingerprint(task.data)
+
+  def on_start() -> None:  # Restored: say which attention kernel runs, record config and data.
+    print(notes.replace('# ', ''), end='', file=sys.stderr)
+    job_dir.record_config(directory, cfg, notes)
+    fingerprint.record(directory, data)
+
+  with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
+    fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
+    loop.train(trainer, directory, restore_fallback=FLAGS.restore_fallback,
+               allow_config_change=FLAGS.allow_config_change, on_start=on_start)
+  if distributed.is_primary():
+    print(f'results in {directory}: metrics.jsonl, checkpoints/, summaries/ (tensorboard '
+          f'--logdir {directory / "summaries"})', file=sys.stderr)
+
+
+def evaluate(task) -> None:
+  """Prints the held-out metrics of --job_log_dir's latest checkpoint as one JSON line (no
+  train step is compiled)."""
+  from paxlike.data import fingerprint, prepare
+  from paxlike.trainer import restore
+  directory = job_dir.existing(FLAGS.job_log_dir)
+  trainer, step, state = restore.load_latest_state(task, directory)
+  differs = fingerprint.mismatch(directory, prepare.data_fingerprint(task.data))
+  if differs:  # Still evaluated (on today's data), but not silently.
+    print(f'warning: {differs}; these eval numbers are on the data as it is now', file=sys.stderr)
+  evals, clients = trainer.evaluator.evaluate_state(state)
+  print(json.dumps({'step': step, **{f'eval_{k}': v for k, v in evals.items()},
+                    **({'eval_clients': clients} if clients else {})}))
+
+
+def decode(task, sampling) -> None:
+  """Prints each prompt and its continuation, sampled from --job_log_dir's latest checkpoint
+  (its EMA if kept; no train or eval step is compiled)."""
+  from paxlike.cli.decode_text import decoded_text, read_prompts
+  from paxlike.trainer import restore
+  prompts = read_prompts(FLAGS.prompts_file, FLAGS.prompt)
+  directory = job_dir.existing(FLAGS.job_log_dir)
+  trainer, _, state = restore.load_latest_state(task, directory, evaluator=False)
+  print(decoded_text(task, trainer.program.mesh, restore.export_params(trainer, state), prompts,
+                     sampling))
 
 
 def main(argv: list[str]) -> None:

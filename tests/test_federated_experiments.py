@@ -142,8 +142,9 @@ SHARDING_SCRIPT = textwrap.dedent('''
     host, _ = task.data.round_batches(task.train.seed, 1)
     shape = host['mask'].shape[:3]
     block = partitioning.process_block(partitioning.round_batch_sharding(mesh), shape)
-    # round_inputs reads only these fields of a Setup.
-    placed = types.SimpleNamespace(task=task, mesh=mesh, block=block, round_shape=shape)
+    # round_inputs reads only these fields of a Trainer.
+    placed = types.SimpleNamespace(task=task, program=types.SimpleNamespace(
+        mesh=mesh, block=block, round_shape=shape))
     batches, weights, _ = loop.round_inputs(placed, 1)
     algorithm = task.algorithm(losses.model_loss_fn(task.model), task.optimizer)
     with jax.set_mesh(mesh), nn.logical_axis_rules(

@@ -7,7 +7,7 @@ import fiddle as fdl
 from configs import fiddlers
 from paxlike import registry
 from paxlike.cli import config_io
-from paxlike.trainer import loop
+from paxlike.trainer import build
 from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.experiment import Task
 
@@ -31,7 +31,7 @@ def tiny_task(*overrides: str) -> Task:
   return config_io.build(tiny_config(*overrides))
 
 
-def with_steps(placed: loop.Setup, num_steps: int) -> loop.Setup:
+def with_steps(placed: build.Trainer, num_steps: int) -> build.Trainer:
   """`placed` running to `num_steps` (the same compiled programs)."""
   task = dataclasses.replace(placed.task,
                              train=dataclasses.replace(placed.task.train, num_steps=num_steps))
@@ -42,6 +42,6 @@ def restored(placed, job, step):
   """The train state committed at `step` in `job`."""
   checkpoints = Checkpoints(job / 'checkpoints', 5, read_only=True)
   try:
-    return checkpoints.restore(placed.abstract_state, step=step)[1]
+    return checkpoints.restore(placed.program.abstract_state, step=step)[1]
   finally:
     checkpoints.close()

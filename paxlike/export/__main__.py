@@ -48,12 +48,13 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   artifacts.check_new(out)
   task = config_io.build(cfg)
   if job_log_dir:
-    setup, step, state = restore.load_latest_state(task, job_dir.existing(job_log_dir))
+    setup, step, state = restore.load_latest_state(task, job_dir.existing(job_log_dir),
+                                                   evaluator=False)
   else:
-    setup, step = build.setup(task), 0
-    with jax.set_mesh(setup.mesh):
-      state = setup.init(jax.random.key(task.train.seed))
-  with jax.set_mesh(setup.mesh):
+    setup, step = build.setup(task, train_step=False, evaluator=False), 0
+    with jax.set_mesh(setup.program.mesh):
+      state = setup.program.init(jax.random.key(task.train.seed))
+  with jax.set_mesh(setup.program.mesh):
     data = [dict(zip(('batches', 'weights', 'rng'), loop.round_inputs(setup, step + r)))
             for r in range(1, rounds + 1)]
   data = [{**d, 'batches': jax.device_get(d['batches']), 'weights': np.asarray(d['weights'])}

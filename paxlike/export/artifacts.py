@@ -119,7 +119,13 @@ def export(out: Path, fn_at: Callable[[int], Callable], arguments: Sequence[str]
   _check_reproduces(run.Export(plan, programs, {}, {}), dict(zip(
       in_names, map(_host, jax.tree.leaves(args)))), dict(zip(out_names, expected)))
 
-  out = prepare(out)
+  return _write(prepare(out), plan, programs, arguments, carried, rounds)
+
+
+def _write(out: Path, plan: dict[str, Any], programs: dict[str, Any], arguments: Sequence[str],
+           carried: dict[str, Any], rounds: Sequence[dict[str, Any]]) -> dict[str, int]:
+  """Writes the programs, the carried state (Orbax), the rounds' inputs and plan.json (last) to
+  `out`; each artifact's size in bytes."""
   for name, exported in programs.items():
     (out / f'{name}.jaxexport').write_bytes(exported.serialize())
   state = {n: _host(x) for a in arguments if a in carried

@@ -61,6 +61,8 @@ def load(directory: str | Path) -> Export:
 
 
 def _checked(directory: Path, plan: dict[str, Any], jax: Any) -> Export:
+  """The export in `directory` once every shape the plan declares agrees with its programs,
+  its communication and its inputs (PlanError naming the first that does not)."""
   if plan.get('format') != FORMAT:
     raise PlanError(f'plan.json has format {plan.get("format")!r}, this executor reads {FORMAT}')
   for entry in plan['communication']:
@@ -69,7 +71,17 @@ def _checked(directory: Path, plan: dict[str, Any], jax: Any) -> Export:
                       f'(known: {", ".join(DOWN + UP)})')
   clients, inputs = plan['clients'], {s['name']: s for s in plan['inputs']}
   known = {n: _shape(s) for n, s in inputs.items()}  # Server-side shapes of every value.
+  programs = _checked_programs(directory, plan, jax, known)
+  _check_client_inputs(plan, inputs, known, clients)
+  _check_aggregations(plan, known)
+  carried, rounds = _checked_inputs(directory, inputs)
+  return Export(plan, programs, carried, rounds)
 
+
+def _checked_programs(directory: Path, plan: dict[str, Any], jax: Any,
+                      known: dict[str, tuple]) -> dict[str, Any]:
+  """The deserialized programs, each checked against its declared inputs and outputs; adds
+  server_pre's outputs to `known`."""
   programs = {}
   for name in PROGRAMS:
     spec = plan['programs'][name]
@@ -90,6 +102,12 @@ def _checked(directory: Path, plan: dict[str, Any], jax: Any) -> Export:
     if name == 'server_pre':
       known.update((d['name'], _shape(d)) for d in spec['outputs'])
 
+  return programs
+
+
+def _check_client_inputs(plan: dict[str, Any], inputs: dict[str, dict], known: dict[str, tuple],
+                         clients: int) -> None:
+  """Each client program input is sent down or client-placed, with the per-client shape."""
   client_shapes = {d['name']: _shape(d) for d in plan['programs']['client']['inputs']}
   down = {e['value']: e for e in plan['communication'] if e['kind'] in DOWN}
   for name, (shape, dtype) in client_shapes.items():
@@ -114,6 +132,11 @@ def _checked(directory: Path, plan: dict[str, Any], jax: Any) -> Export:
     if (server_shape, server_dtype) != (shape, dtype):
       raise PlanError(f'plan.json gives {name} as {server_dtype}{list(server_shape)} per '
                       f'client, the client program takes {dtype}{list(shape)}')
+
+
+def _check_aggregations(plan: dict[str, Any], known: dict[str, tuple]) -> None:
+  """Each aggregation reads a client output; server_post reads what the plan makes (adds the
+  aggregated results to `known`)."""
   client_out = {d['name']: _shape(d) for d in plan['programs']['client']['outputs']}
   for entry in plan['communication']:
     if entry['kind'] in UP:
@@ -128,6 +151,9 @@ def _checked(directory: Path, plan: dict[str, Any], jax: Any) -> Export:
       raise PlanError(f'server_post reads {d["name"]} as {d["dtype"]}{d["shape"]}, but the plan '
                       f'makes it {dtype}{list(shape)}')
 
+
+def _checked_inputs(directory: Path, inputs: dict[str, dict]) -> tuple[dict, dict]:
+  """(carried state, rounds.npz arrays), each input's shape as the plan says."""
   carried = _restore(directory / 'state') if any(s['carried'] for s in inputs.values()) else {}
   try:
     with np.load(directory / 'rounds.npz') as data:
@@ -141,7 +167,7 @@ def _checked(directory: Path, plan: dict[str, Any], jax: Any) -> Export:
     if got is None or (tuple(got), str(array.dtype)) != _shape(spec):
       raise PlanError(f'plan.json says input {name} is {spec["dtype"]}{spec["shape"]}, '
                       f'{source} has {"nothing" if got is None else f"{array.dtype}{list(got)}"}')
-  return Export(plan, programs, carried, rounds)
+  return carried, rounds
 
 
 def _mean_dtype(dtype: str) -> str:

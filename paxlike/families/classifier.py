@@ -22,7 +22,8 @@ def step_flops(model: nn.Module, loss_fn: LossFn, boxed_params: Any, batches: di
   only once), per device; None where XLA has no count."""
   del model
   flops = gradient_flops(loss_fn, nn.meta.unbox(boxed_params),
-                         jax.tree.map(lambda x: x[0, 0], batches))
+                         jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype),
+                                      batches))
   return flops and flops * math.prod(batches['mask'].shape[:2]) / num_devices
 
 

@@ -54,7 +54,7 @@ def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) ->
     raise UserError(f'{job_dir} trained a {type(task.model).__name__}, not a Llama-shaped LM')
   if out.exists() and any(out.iterdir()):
     raise UserError(f'--out {out} exists and is not empty')
-  placed, found, state = restore.load_latest_state(task, job_dir, step)
+  placed, found, state = restore.load_latest_state(task, job_dir, step, evaluator=False)
   params = jax.tree.map(np.asarray, nn.meta.unbox(restore.export_params(placed, state)))
   model = task.model
   if model.lora_rank:

@@ -5,13 +5,14 @@ and per-group sums that `ClientEval` turns into each client's held-out metrics. 
 keep an ensemble (BTM's experts) are evaluated both ways: as the merged params (`loss`) and as
 the ensemble (`ensemble_loss`). With `train.personalize_steps` = k set, each client also
 fine-tunes the global model k local steps on its own data and is scored on its own held-out
-split (`personalized_*`, see `personalization`).
+split (`personalized_*`, see `personalization`). These are the pure parts; `evaluator.py`
+compiles them for a mesh and runs them over the eval batches.
 """
 
 
 import dataclasses
 import functools
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -19,9 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from clu import metrics as clu_metrics
 
-from jax.sharding import Mesh
-
-from paxlike.trainer import losses, partitioning
+from paxlike.trainer import losses
 from paxlike.data.sources import ClientEval, Item
 from paxlike.errors import UserError
 from paxlike.families import family_of
@@ -215,34 +214,3 @@ def personalization(task: Any, client_eval: ClientEval | None
     return client_summary(loss, accuracy, covered, 'personalized')
 
   return metrics
-
-
-class Placed(Protocol):
-  """What `evaluate` reads of a placed task (trainer_setup.Setup has it)."""
-
-  task: Any
-  mesh: Mesh
-  eval: Callable[[Any, dict, jax.Array], Outputs]
-  client_eval: ClientEval | None
-  eval_batch_size: int
-  eval_rows: slice
-  personalized: Callable[[Any], dict[str, float]] | None
-
-
-def evaluate(placed: Placed, alg_state: Any
-             ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-  """Held-out metrics of `alg_state.params` (and of the algorithm's ensemble): pooled loss and
-  accuracy plus per-client summaries, and the per-client table (see `finish`)."""
-  rows = placed.eval_rows
-  batches = placed.task.data.eval_batches(rows=rows)
-  groups = ([g[rows] for g in placed.client_eval.groups] if placed.client_eval else
-            [np.zeros(b['mask'].shape, np.int32) for b in batches])
-  sharding, totals = partitioning.eval_batch_sharding(placed.mesh), None
-  for batch, group in zip(batches, groups):
-    batch, group = partitioning.block_to_global((batch, group), sharding, (rows,),
-                                                (placed.eval_batch_size,))
-    totals = combine(totals, placed.eval(alg_state, batch, group))
-  metrics, table = finish(totals, placed.client_eval)
-  if placed.personalized is not None:
-    metrics.update(placed.personalized(alg_state.params))
-  return metrics, table

@@ -6,7 +6,7 @@ headers (safetensors) or metadata (Orbax) before it reads any data, then places 
 with its sharding as it is read: an HF checkpoint one tensor at a time (a scanned model's
 layers one tensor at a time, stacked on the devices), a job's params by Orbax's partial restore
 of `alg.params` straight into their shardings. Leaves the source lacks must be adapters (LoRA),
-which keep their fresh init. The trainer calls it on a fresh start only (`train.restore_or_init`).
+which keep their fresh init. The trainer calls it on a fresh start only (`loop.restore_or_init`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pytest
 from configs import federated as fed
 from paxlike import registry
 from paxlike.cli import config_io
-from paxlike.trainer import loop
+from paxlike.trainer import build, loop
 from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.export import run, trees
 from paxlike.export.__main__ import export_experiment
@@ -48,11 +48,11 @@ def train_to(cfg: fdl.Config, job: Path, steps: int) -> tuple[list[dict], dict]:
   like the export's outputs."""
   cfg = cfg.__copy__()
   config_io.apply_overrides(cfg, [f'train.num_steps={steps}'])
-  setup = loop.setup(config_io.build(cfg))
+  setup = build.setup(config_io.build(cfg))
   loop.train(setup, job)
   checkpoints = Checkpoints(job / 'checkpoints', 3)
   try:
-    _, state, _ = checkpoints.restore(setup.abstract_state)
+    _, state, _ = checkpoints.restore(setup.program.abstract_state)
   finally:
     checkpoints.close()
   alg = jax.device_get(state.alg)

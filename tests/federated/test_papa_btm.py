@@ -344,18 +344,18 @@ def test_ensemble_matches_bayes_rule_by_hand():
 
 
 def test_the_trainer_starts_papa_members_from_their_own_inits():
-  """Through `loop.setup`: member j is the model's init at key j of the run's init rng split
+  """Through `build.setup`: member j is the model's init at key j of the run's init rng split
   per member; the soup is their mean."""
   from configs import federated as fed
   from experiments.federated import DigitsFedAvg
   from paxlike.cli import config_io
-  from paxlike.trainer import loop
+  from paxlike.trainer import build, loop
   cfg = DigitsFedAvg().config()
   cfg.algorithm = fed.papa(population=5)
   task = config_io.build(cfg)
-  s = loop.setup(task)
+  s = build.setup(task)
   rng = jax.random.key(task.train.seed)
-  state = s.init(rng).alg
+  state = s.program.init(rng).alg
   sample = task.data.eval_batches()[0]['inputs'][:1]
   want = [nn.meta.unbox(task.model.init({'params': k, 'dropout': k}, sample)['params'])
           for k in jax.random.split(rng, 5)]

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from paxlike.trainer import evaluation, loop
+from paxlike.trainer import build, loop, train_state
 from paxlike.errors import UserError
 from paxlike.experiment import TrainConfig
 from tests.helpers import metric_rows
@@ -20,7 +20,7 @@ def leaves(tree) -> list[np.ndarray]:
 
 @pytest.fixture(scope='module')
 def placed():
-  return loop.setup(tiny_task(f'train.ema_decay={DECAY}', 'train.checkpoint_every=1',
+  return build.setup(tiny_task(f'train.ema_decay={DECAY}', 'train.checkpoint_every=1',
                                'train.max_to_keep=5', 'train.log_every=1', 'train.eval_every=3'))
 
 
@@ -28,8 +28,8 @@ def placed():
 def test_ema_by_hand_for_three_steps(placed, tmp_path):
   loop.train(with_steps(placed, 3), tmp_path)
   states = [restored(placed, tmp_path, step) for step in (1, 2, 3)]
-  with jax.set_mesh(placed.mesh):
-    ema = leaves(placed.init(jax.random.key(placed.task.train.seed)).alg.params)
+  with jax.set_mesh(placed.program.mesh):
+    ema = leaves(placed.program.init(jax.random.key(placed.task.train.seed)).alg.params)
   for state in states:
     params = leaves(state.alg.params)
     ema = [np.float32(DECAY) * e + np.float32(1 - DECAY) * p for e, p in zip(ema, params)]
@@ -42,8 +42,8 @@ def test_ema_by_hand_for_three_steps(placed, tmp_path):
   assert 'eval_ema_loss' not in metric_rows(tmp_path)[0]  # Only at eval steps.
   # eval_ema_* are the metrics of the hand-made EMA params.
   tree = jax.tree.unflatten(jax.tree.structure(states[-1].alg.params), ema)
-  with jax.set_mesh(placed.mesh):
-    direct, _ = evaluation.evaluate(placed, states[-1].alg._replace(params=tree))
+  with jax.set_mesh(placed.program.mesh):
+    direct, _ = placed.evaluator.evaluate(states[-1].alg._replace(params=tree))
   assert row['eval_ema_loss'] == pytest.approx(direct['loss'], rel=1e-6)
   assert row['eval_ema_loss'] != pytest.approx(row['eval_loss'], rel=1e-4)
 
@@ -60,9 +60,9 @@ def test_ema_resumes_bitwise(placed, tmp_path):
 
 
 def test_no_ema_keeps_the_old_state_layout():
-  no_ema = loop.setup(tiny_task())
-  assert not hasattr(no_ema.abstract_state, 'ema')
-  assert loop.ema_params(no_ema.abstract_state) is None
+  no_ema = build.setup(tiny_task())
+  assert not hasattr(no_ema.program.abstract_state, 'ema')
+  assert train_state.ema_params(no_ema.program.abstract_state) is None
 
 
 @pytest.mark.parametrize('bad', [1.0, -0.1, True, 'x'])

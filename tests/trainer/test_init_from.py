@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from paxlike.cli import config_io
-from paxlike.trainer import init_from, loop, losses
+from paxlike.trainer import build, init_from, loop, losses
 from paxlike.trainer.centralized import split_params
 from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.errors import RunFailure, UserError
@@ -40,7 +40,7 @@ def fresh_start(placed, tmp_path):
   """restore_or_init on an empty checkpoint dir: the fresh (maybe imported) state."""
   checkpoints = Checkpoints(tmp_path / 'empty', 1)
   try:
-    return loop.restore_or_init(placed, checkpoints)
+    return loop.restore_or_init(placed.task, placed.program, checkpoints)
   finally:
     checkpoints.close()
 
@@ -87,7 +87,7 @@ def source_job(tmp_path_factory):
   """Another job: 2 steps, checkpoints at 1 and 2."""
   job = tmp_path_factory.mktemp('source')
   cfg = tiny_config('train.checkpoint_every=1', 'train.num_steps=2')
-  placed = loop.setup(config_io.build(cfg))
+  placed = build.setup(config_io.build(cfg))
   loop.train(placed, job)
   (job / 'config.json').write_text(config_io.to_json(cfg))  # As the CLI records it.
   return job, placed
@@ -97,11 +97,11 @@ def test_job_source_gives_its_params_and_a_fresh_optimizer(source_job, tmp_path)
   job, source_placed = source_job
   checkpoints = Checkpoints(job / 'checkpoints', 3, read_only=True)
   try:
-    saved = {s: checkpoints.restore(source_placed.abstract_state, step=s)[1] for s in (1, 2)}
+    saved = {s: checkpoints.restore(source_placed.program.abstract_state, step=s)[1] for s in (1, 2)}
   finally:
     checkpoints.close()
   for spec, step in ((f'job:{job}', 2), (f'job:{job}@1', 1)):
-    placed = loop.setup(tiny_task(f'train.init_from={spec}'))
+    placed = build.setup(tiny_task(f'train.init_from={spec}'))
     start, state, meta = fresh_start(placed, tmp_path)
     assert (start, meta) == (0, {})
     params = saved[step].alg.params
@@ -113,44 +113,44 @@ def test_job_source_gives_its_params_and_a_fresh_optimizer(source_job, tmp_path)
     assert record['step'] == step and record['kind'] == 'job'
     assert 'state/manifest.ocdbt' in record['files']
   with pytest.raises(UserError, match='no committed step 7 \\(committed: 1, 2\\)'):
-    init_from.load_params(f'job:{job}@7', placed.abstract_params, placed.task.model)
+    init_from.load_params(f'job:{job}@7', placed.program.abstract_params, placed.task.model)
 
 
 def test_job_shape_mismatch_names_the_first_param_and_both_shapes(source_job):
   job, _ = source_job
-  placed = loop.setup(tiny_task('model.d_ff=96'))
+  placed = build.setup(tiny_task('model.d_ff=96'))
   with pytest.raises(UserError, match=r'block_0/mlp/wi_gate/kernel is \[32, 64\] in job:.* '
                                       r'step 2 but the model needs \[32, 96\]'):
-    init_from.load_params(f'job:{job}', placed.abstract_params, placed.task.model)
+    init_from.load_params(f'job:{job}', placed.program.abstract_params, placed.task.model)
 
 
 def test_hf_shape_mismatch_and_bad_files(tmp_path):
-  placed = loop.setup(tiny_task())
+  placed = build.setup(tiny_task())
   write_hf_dir(tmp_path / 'hf', tiny_task('model.d_ff=96').model)
   with pytest.raises(UserError, match=r'^model\.layers\.0\.mlp\.gate_proj\.weight is \[96, 32\] '
                                       r'in the checkpoint but the model needs \[64, 32\]'):
-    init_from.load_params(f'hf:{tmp_path / "hf"}', placed.abstract_params, placed.task.model)
+    init_from.load_params(f'hf:{tmp_path / "hf"}', placed.program.abstract_params, placed.task.model)
   (tmp_path / 'hf' / 'model.safetensors').write_bytes(b'not a safetensors file')
   with pytest.raises(RunFailure, match='model.safetensors is not a readable safetensors file'):
-    init_from.load_params(f'hf:{tmp_path / "hf"}', placed.abstract_params, placed.task.model)
+    init_from.load_params(f'hf:{tmp_path / "hf"}', placed.program.abstract_params, placed.task.model)
   (tmp_path / 'hf' / 'model.safetensors').unlink()
   with pytest.raises(UserError, match='no .safetensors files'):
-    init_from.load_params(f'hf:{tmp_path / "hf"}', placed.abstract_params, placed.task.model)
+    init_from.load_params(f'hf:{tmp_path / "hf"}', placed.program.abstract_params, placed.task.model)
   with pytest.raises(UserError, match="not 'hf:DIR'"):
     init_from.parse('gs://bucket')
 
 
 def test_scanned_model_gets_the_layers_stacked(tmp_path):
-  placed = loop.setup(tiny_task('model.scan_layers=True', 'model.num_layers=2'))
+  placed = build.setup(tiny_task('model.scan_layers=True', 'model.num_layers=2'))
   unrolled = placed.task.model.clone(scan_layers=False)
   source = write_hf_dir(tmp_path / 'hf', unrolled)
-  imported = init_from.load_params(f'hf:{tmp_path / "hf"}', placed.abstract_params,
+  imported = init_from.load_params(f'hf:{tmp_path / "hf"}', placed.program.abstract_params,
                                    placed.task.model)
   want = init_from._flat(stack_layers(source, 2))  # pylint: disable=protected-access
   assert sorted(imported) == sorted(want)
   for name, value in want.items():
     assert np.asarray(imported[name]).tobytes() == value.tobytes(), name
-    assert imported[name].sharding == init_from._flat(placed.abstract_params)[name].sharding
+    assert imported[name].sharding == init_from._flat(placed.program.abstract_params)[name].sharding
 
 
 def test_model_overrides_and_tokenizer(tmp_path, source_job):
@@ -173,10 +173,10 @@ def test_model_overrides_and_tokenizer(tmp_path, source_job):
 
 def test_lora_import_fills_the_base_and_keeps_the_adapters_init(tmp_path):
   source = write_hf_dir(tmp_path / 'hf', tiny_task().model)
-  placed = loop.setup(tiny_task('model.lora_rank=4', f'train.init_from=hf:{tmp_path / "hf"}'))
+  placed = build.setup(tiny_task('model.lora_rank=4', f'train.init_from=hf:{tmp_path / "hf"}'))
   _, state, _ = fresh_start(placed, tmp_path)
-  with jax.set_mesh(placed.mesh):
-    fresh = placed.init(jax.random.key(placed.task.train.seed))
+  with jax.set_mesh(placed.program.mesh):
+    fresh = placed.program.init(jax.random.key(placed.task.train.seed))
   adapters, base = split_params(state.alg.params, lora_mask)
   assert [x.tobytes() for x in leaves(base)] == [x.tobytes() for x in leaves(source)]
   assert [x.tobytes() for x in leaves(adapters)] == [

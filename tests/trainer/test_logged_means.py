@@ -9,7 +9,7 @@ import pytest
 from configs import fiddlers
 from paxlike import registry
 from paxlike.cli import config_io
-from paxlike.trainer import loop
+from paxlike.trainer import build, loop
 from tests.helpers import metric_rows
 
 pytestmark = pytest.mark.slow
@@ -23,15 +23,15 @@ def setup():
   fiddlers.tiny(cfg)
   config_io.apply_overrides(cfg, ['train.num_steps=6', 'train.log_every=3', 'train.eval_every=6',
                                   'train.checkpoint_every=2', 'data.num_eval_batches=1'])
-  return loop.setup(config_io.build(cfg))
+  return build.setup(config_io.build(cfg))
 
 
 @pytest.fixture(scope='module')
 def per_step(setup):
   """Each step's own float32 loss and accuracy, from the compiled step alone (no train loop)."""
-  state = setup.init(jax.random.key(setup.task.train.seed))
+  state = setup.program.init(jax.random.key(setup.task.train.seed))
   out = []
-  with jax.set_mesh(setup.mesh):
+  with jax.set_mesh(setup.program.mesh):
     for step in range(1, 7):
       state, metrics = setup.step(state, *loop.round_inputs(setup, step))
       out.append({k: np.float32(metrics[k]) for k in ('loss', 'accuracy')})

@@ -14,7 +14,7 @@ import optax
 import pytest
 from flax import traverse_util
 
-from paxlike.trainer import build, loop, losses
+from paxlike.trainer import build, loop, losses, program
 from paxlike.trainer.centralized import centralized, merge_params, split_params
 from paxlike.errors import UserError
 from paxlike.federated.algorithms import fed_avg
@@ -106,7 +106,7 @@ def test_no_gradient_is_computed_for_frozen_kernels():
 
 @pytest.fixture(scope='module')
 def lora_placed():
-  return loop.setup(tiny_task('model.lora_rank=4', 'train.checkpoint_every=1',
+  return build.setup(tiny_task('model.lora_rank=4', 'train.checkpoint_every=1',
                                'train.max_to_keep=5'))
 
 
@@ -114,8 +114,8 @@ def lora_placed():
 def test_lora_run_trains_only_the_adapters(lora_placed, tmp_path):
   placed = lora_placed
   loop.train(with_steps(placed, 5), tmp_path)
-  with jax.set_mesh(placed.mesh):
-    start = placed.init(jax.random.key(placed.task.train.seed))
+  with jax.set_mesh(placed.program.mesh):
+    start = placed.program.init(jax.random.key(placed.task.train.seed))
   end = restored(placed, tmp_path, 5)
   base0, base5 = (split_params(s.alg.params, lora_mask)[1] for s in (start, end))
   adapters0, adapters5 = (split_params(s.alg.params, lora_mask)[0] for s in (start, end))
@@ -147,7 +147,7 @@ def test_federated_lora_is_refused():
   task = tiny_task('model.lora_rank=4')
   fed = dataclasses.replace(task, algorithm=functools.partial(fed_avg))
   with pytest.raises(UserError, match='centralized training only.*fed_avg'):
-    build.build_algorithm(fed, losses.model_loss_fn(task.model), lora_mask)
+    program.build_algorithm(fed, losses.model_loss_fn(task.model), lora_mask)
 
 
 def test_benchmark_quick_run():

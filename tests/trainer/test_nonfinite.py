@@ -10,7 +10,7 @@ import pytest
 
 from paxlike import registry
 from paxlike.cli import config_io
-from paxlike.trainer import loop, train_state
+from paxlike.trainer import build, loop, train_state
 from paxlike.trainer.checkpoint import Checkpoints
 from tests.helpers import metric_rows, run_cli
 
@@ -37,9 +37,9 @@ def test_grouped_check_finds_a_bad_value_in_every_leaf_of_a_real_train_state():
   """The step checks its state in groups of same-shaped, same-sharded leaves (params and their
   Adam moments together): one inf or nan anywhere, in any leaf, still makes it False."""
   registry.import_all()
-  s = loop.setup(config_io.build(registry.get('lm.StdlibTiny')().config()))
-  groups = train_state.finite_groups(s.abstract_state.alg)
-  leaves, treedef = jax.tree.flatten(s.init(jax.random.key(0)).alg)
+  s = build.setup(config_io.build(registry.get('lm.StdlibTiny')().config()))
+  groups = train_state.finite_groups(s.program.abstract_state.alg)
+  leaves, treedef = jax.tree.flatten(s.program.init(jax.random.key(0)).alg)
   floats = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.inexact)]
   assert sorted(i for g in groups for i in g) == list(range(len(floats)))  # Each leaf once.
   assert len(groups) < len(floats) / 3  # Params and both moments share their groups.
@@ -61,18 +61,18 @@ def test_groups_stack_at_most_group_bytes_of_leaves(monkeypatch):
   assert train_state.finite_groups(tree) == ((0, 1, 2), (3, 4, 5), (6,), (7,), (8,))
 
 
-def restored_states(job) -> dict[int, loop.TrainState]:
+def restored_states(job) -> dict[int, train_state.TrainState]:
   """Every committed step of `job`, restored with the run's own config."""
-  s = loop.setup(config_io.build(config_io.load_file(job / 'config.json')))
+  s = build.setup(config_io.build(config_io.load_file(job / 'config.json')))
   checkpoints = Checkpoints(job / 'checkpoints', 10)
   try:
     steps = sorted(int(p.name) for p in (job / 'checkpoints').iterdir() if p.name.isdigit())
-    return {step: checkpoints.restore(s.abstract_state, step)[1] for step in steps}
+    return {step: checkpoints.restore(s.program.abstract_state, step)[1] for step in steps}
   finally:
     checkpoints.close()
 
 
-def finite_leaves(state: loop.TrainState) -> bool:
+def finite_leaves(state: train_state.TrainState) -> bool:
   return all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.alg)
              if jnp.issubdtype(jnp.result_type(x), jnp.inexact))
 
@@ -104,8 +104,8 @@ def test_skip_nonfinite_keeps_the_last_finite_federated_state(tmp_path):
           f'--job_log_dir={tmp_path}')
   assert [r['nonfinite_steps'] for r in metric_rows(tmp_path)] == [1, 2, 3]
   assert all(np.isfinite(r['eval_loss']) for r in metric_rows(tmp_path) if 'eval_loss' in r)
-  s = loop.setup(config_io.build(config_io.load_file(tmp_path / 'config.json')))
-  initial = s.init(jax.random.key(s.task.train.seed))  # Every round blew up: nothing was applied.
+  s = build.setup(config_io.build(config_io.load_file(tmp_path / 'config.json')))
+  initial = s.program.init(jax.random.key(s.task.train.seed))  # Every round blew up: nothing was applied.
   for step, state in restored_states(tmp_path).items():
     assert int(state.nonfinite_steps) == step
     for got, want in zip(jax.tree.leaves(state.alg.params), jax.tree.leaves(initial.alg.params)):
@@ -129,9 +129,9 @@ def _overflowing_fed_adam(tmp_path):
 
 def test_a_finite_step_with_a_nonfinite_server_state_fails_the_real_steps_check(tmp_path):
   cfg, _ = _overflowing_fed_adam(tmp_path)
-  placed = loop.setup(config_io.build(cfg))
-  state = placed.init(jax.random.key(0))
-  with jax.set_mesh(placed.mesh):
+  placed = build.setup(config_io.build(cfg))
+  state = placed.program.init(jax.random.key(0))
+  with jax.set_mesh(placed.program.mesh):
     new, metrics = placed.step(state, *loop.round_inputs(placed, 1))
   assert np.isfinite(float(metrics['loss']))
   finite = lambda tree: all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tree))

@@ -6,16 +6,16 @@ import pytest
 
 from paxlike import registry
 from paxlike.cli import config_io
-from paxlike.trainer import loop
+from paxlike.trainer import build, loop
 from tests.helpers import metric_rows
 
 
-def digits_fedavg(*overrides: str) -> loop.Setup:
+def digits_fedavg(*overrides: str) -> build.Trainer:
   registry.import_all()
   cfg = registry.get('federated.DigitsFedAvg')().config()
   config_io.apply_overrides(cfg, ['train.log_every=1', 'train.eval_every=4',
                                   'train.checkpoint_every=2', *overrides])
-  return loop.setup(config_io.build(cfg))
+  return build.setup(config_io.build(cfg))
 
 
 @pytest.mark.slow

@@ -35,16 +35,16 @@ def test_adam_moments_have_the_param_shardings_on_a_model_parallel_mesh():
       from configs import fiddlers
       from paxlike import registry
       from paxlike.cli import config_io
-      from paxlike.trainer import loop
+      from paxlike.trainer import build
       registry.import_all()
       cfg = registry.get('lm.StdlibTiny')().config()
       fiddlers.cpu8(cfg)
       config_io.apply_overrides(cfg, ['model.num_layers=1', 'data.seq_len=16',
                                       'data.batch_size=8'])
-      s = loop.setup(config_io.build(cfg))
+      s = build.setup(config_io.build(cfg))
       spec = lambda tree: [str(x.sharding.spec) for x in jax.tree.leaves(tree)]
-      adam = s.abstract_state.alg.opt_state[1].inner_state[0]
-      print(json.dumps({'params': spec(s.abstract_state.alg.params), 'mu': spec(adam.mu),
+      adam = s.program.abstract_state.alg.opt_state[1].inner_state[0]
+      print(json.dumps({'params': spec(s.program.abstract_state.alg.params), 'mu': spec(adam.mu),
                         'nu': spec(adam.nu)}))
   '''))
   specs = json.loads(out.strip().splitlines()[-1])

@@ -38,16 +38,16 @@ def test_lm_step_flops_count_every_client_and_local_step():
   from paxlike import registry
   from paxlike.families import lm_flops
   from paxlike.cli import config_io
-  from paxlike.trainer import loop
+  from paxlike.trainer import build
   registry.import_all()
   cfg = registry.get('federated.ShakespeareFedAvg')().config()
   config_io.apply_overrides(cfg, ['data.clients_per_round=2'])
   task = config_io.build(cfg)
-  s = loop.setup(task)
+  s = build.setup(task)
   tokens = 2 * 4 * task.data.batch_size * task.data.seq_len  # clients × local steps × batch × seq
   expected = lm_flops.flops_per_token(task.model, task.data.seq_len) * tokens
-  assert (s.item, s.items_per_step) == ('tokens', tokens)
-  assert s.flops_per_device == pytest.approx(expected)
+  assert (s.reporters.item, s.reporters.items_per_step) == ('tokens', tokens)
+  assert s.reporters.flops_per_device == pytest.approx(expected)
 
 
 def test_classifier_step_flops_count_every_client_and_local_step():
@@ -55,14 +55,14 @@ def test_classifier_step_flops_count_every_client_and_local_step():
   gradients (2·in·out) and the input gradients of every layer but the first."""
   from paxlike import registry
   from paxlike.cli import config_io
-  from paxlike.trainer import loop
+  from paxlike.trainer import build
   registry.import_all()
   cfg = registry.get('federated.DigitsFedAvg')().config()
   config_io.apply_overrides(cfg, ['model.hidden=(32, 16)'])
   task = config_io.build(cfg)
-  s = loop.setup(task)
+  s = build.setup(task)
   layers = [(64, 32), (32, 16), (16, 10)]  # 8x8 digits → 32 → 16 → 10 classes.
   per_example = sum(4 * i * o for i, o in layers) + sum(2 * i * o for i, o in layers[1:])
   examples = 5 * 5 * task.data.batch_size  # clients × local steps × batch
-  assert (s.item, s.items_per_step) == ('examples', examples)
-  assert s.flops_per_device == pytest.approx(per_example * examples, rel=0.1)
+  assert (s.reporters.item, s.reporters.items_per_step) == ('examples', examples)
+  assert s.reporters.flops_per_device == pytest.approx(per_example * examples, rel=0.1)

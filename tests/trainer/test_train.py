@@ -93,7 +93,7 @@ MESH_SCRIPT = textwrap.dedent('''
     import jax
     from paxlike import registry
     from paxlike.cli import config_io
-    from paxlike.trainer import loop
+    from paxlike.trainer import build, loop
     registry.import_all()
     results = {}
     for ici, axes in json.loads(sys.argv[1]):
@@ -102,15 +102,15 @@ MESH_SCRIPT = textwrap.dedent('''
                                       'model.num_layers=1',
                                       f'mesh.ici={tuple(ici)}', f'mesh.axes={tuple(axes)}'])
       task = config_io.build(cfg)
-      s = loop.setup(task)
-      state = s.init(jax.random.key(0))
+      s = build.setup(task)
+      state = s.program.init(jax.random.key(0))
       losses = []
-      with jax.set_mesh(s.mesh):
+      with jax.set_mesh(s.program.mesh):
         for step in (1, 2, 3):
           state, metrics = s.step(state, *loop.round_inputs(s, step))
           losses.append(float(metrics['loss']))
       specs = {str(x.sharding.spec) for x in jax.tree.leaves(state.alg.params)}
-      results[f'{ici}{axes}'] = {'losses': losses, 'devices': s.mesh.devices.size, 'specs': sorted(specs)}
+      results[f'{ici}{axes}'] = {'losses': losses, 'devices': s.program.mesh.devices.size, 'specs': sorted(specs)}
     print(json.dumps(results))
 ''')
 

@@ -1,0 +1,31 @@
+"""Comment lines about a task that `--mode=print_config` prints and a run records in
+config.txt: the model's size, FLOPs and attention kernel, and the packing efficiency."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paxlike.errors import UserError
+from paxlike.experiment import Task
+from paxlike.families import family_of
+
+
+def model_summary(task: Task) -> str:
+  """The family's `# params: ...`, FLOPs and attention-kernel lines for `--mode=print_config`;
+  a model config its layers reject (at trace time) is a UserError, as in training."""
+  try:
+    return family_of(task.model).summary(task.model, task.data)
+  except (ValueError, TypeError) as error:
+    raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
+
+
+def packing_line(data: Any) -> str:
+  """'# packing efficiency: ...' (the non-pad fraction of the training targets) for packed
+  data, else ''."""
+  packed = getattr(data, 'packed', None)
+  if packed is None:
+    return ''
+  meta = packed.meta
+  return (f"# packing efficiency: {meta['packing_efficiency']:.4f} train, "
+          f"{meta['eval_packing_efficiency']:.4f} eval ({meta['train_documents']:,} and "
+          f"{meta['eval_documents']:,} documents)\n")

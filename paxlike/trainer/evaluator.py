@@ -1,0 +1,84 @@
+"""The held-out evaluator of a placed task: its own compiled eval step, the rows of each eval
+batch this process loads, the per-client split and personalization (`evaluation.py` holds the
+pure parts)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from paxlike.data.sources import ClientEval
+from paxlike.experiment import Task
+from paxlike.trainer import evaluation, partitioning
+from paxlike.trainer.centralized import TrainableMask
+from paxlike.trainer.program import Program, _spec
+from paxlike.trainer.train_state import TrainState, ema_params
+
+Table = dict[str, dict[str, float]]  # Client name -> its held-out metrics.
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+  """Evaluates an algorithm state on the task's held-out data (see `evaluate`)."""
+
+  data: Any                       # The task's data source (its eval batches).
+  mesh: Mesh
+  step: Callable[[Any, dict, jax.Array], evaluation.Outputs]  # Compiled (alg state, batch, groups).
+  client_eval: ClientEval | None  # How eval splits into clients' held-out metrics.
+  batch_size: int
+  rows: slice                     # The rows of each eval batch this process loads.
+  personalized: Callable[[Any], dict[str, float]] | None = None  # Eval after fine-tuning.
+  trainable: TrainableMask | None = None
+
+  def evaluate(self, alg_state: Any) -> tuple[dict[str, float], Table]:
+    """Held-out metrics of `alg_state.params` (and of the algorithm's ensemble): pooled loss and
+    accuracy plus per-client summaries, and the per-client table (`evaluation.finish`)."""
+    batches = self.data.eval_batches(rows=self.rows)
+    groups = ([g[self.rows] for g in self.client_eval.groups] if self.client_eval else
+              [np.zeros(b['mask'].shape, np.int32) for b in batches])
+    sharding, totals = partitioning.eval_batch_sharding(self.mesh), None
+    for batch, group in zip(batches, groups):
+      batch, group = partitioning.block_to_global((batch, group), sharding, (self.rows,),
+                                                  (self.batch_size,))
+      totals = evaluation.combine(totals, self.step(alg_state, batch, group))
+    metrics, table = evaluation.finish(totals, self.client_eval)
+    if self.personalized is not None:
+      metrics.update(self.personalized(alg_state.params))
+    return metrics, table
+
+  def evaluate_state(self, state: TrainState) -> tuple[dict[str, float], Table]:
+    """`evaluate` of the params and, with an EMA, its pooled metrics as `ema_*` (the same
+    compiled eval on the EMA params; no per-client table or personalization for it)."""
+    evals, clients = self.evaluate(state.alg)
+    ema = ema_params(state, self.trainable)
+    if ema is not None:
+      ema_evals, _ = dataclasses.replace(self, personalized=None).evaluate(
+          state.alg._replace(params=ema))
+      evals.update({f'ema_{k}': v for k, v in ema_evals.items() if k != 'clients_evaluated'})
+    return evals, clients
+
+
+def build_evaluator(task: Task, program: Program) -> Evaluator:
+  """The evaluator of `task` placed as `program`, its eval step compiled for the mesh."""
+  data, mesh = task.data, program.mesh
+  client_eval = data.client_eval()
+  eval_batch = data.eval_batches()[0]
+  sharding = partitioning.eval_batch_sharding(mesh)
+  step = evaluation.eval_step(task.model, data.item,
+                              client_eval.num_groups if client_eval else 1,
+                              program.algorithm.ensemble)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(program.rules):
+    compiled = jax.jit(step).lower(
+        program.abstract_state.alg, jax.tree.map(lambda x: _spec(x, sharding), eval_batch),
+        _spec(np.zeros(eval_batch['mask'].shape, np.int32), sharding)).compile()
+  batch_size = len(eval_batch['inputs'])
+  return Evaluator(data=data, mesh=mesh, step=compiled, client_eval=client_eval,
+                   batch_size=batch_size,
+                   rows=partitioning.process_block(sharding, (batch_size,))[0],
+                   personalized=evaluation.personalization(task, client_eval),
+                   trainable=program.trainable)

@@ -1,0 +1,169 @@
+"""A task's model and algorithm placed on its mesh (`Program`): the shardings, the compiled init,
+the abstract (sharded) train state, and which block of each round this process loads.
+
+`place(task)` fails, before anything is written, on everything a run can get wrong by
+configuration (mesh, batch divisibility, data, model fields). The train step is compiled apart
+(`compile_train_step`), so evaluation, decoding and export never pay for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import numpy as np
+from flax import traverse_util
+from jax.sharding import Mesh
+
+from paxlike.errors import UserError
+from paxlike.experiment import Task
+from paxlike.trainer import losses, partitioning
+from paxlike.trainer.algorithm import Algorithm
+from paxlike.trainer.centralized import TrainableMask, centralized
+from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
+                                         init_state, train_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """A task placed on a mesh: what the loop runs, and the abstract state it restores into."""
+
+  mesh: Mesh
+  rules: Any                      # The logical axis rules resolved for `mesh`.
+  algorithm: Algorithm
+  loss_fn: losses.LossFn
+  init: Callable[[jax.Array], TrainState]   # Compiled: rng -> a fresh state.
+  abstract_state: TrainState      # Sharded ShapeDtypeStructs: what checkpoints restore into.
+  abstract_params: Any            # The unboxed params as sharded ShapeDtypeStructs.
+  boxed_params: Any               # The params' abstract values with their logical axes.
+  round_specs: tuple[dict, jax.ShapeDtypeStruct]  # A round's batches and weights, placed.
+  round_shape: tuple[int, int, int]  # [clients, local_steps, batch] of a round's batches.
+  block: tuple[slice, slice, slice]  # The part of round_shape this process loads.
+  # rng -> the optimizer hyperparameters a fresh state gets from the config (train_state.
+  # hyperparams_of); jitted, not compiled until a resume with a changed config asks for them.
+  hyperparams: Callable[[jax.Array], dict[str, jax.Array]]
+  # (params to import: {'a/b/kernel': array}, rng) -> a fresh state whose params are those
+  # (the rest initialised as usual) and whose optimizer state is the algorithm's init of them.
+  init_with: Callable[[dict[str, jax.Array], jax.Array], TrainState]
+  trainable: TrainableMask | None = None  # LoRA: params -> True on the trained leaves.
+
+
+def trainable_mask(task: Task) -> TrainableMask | None:
+  """LoRA's `lora_mask` when the model has adapters (`model.lora_rank` > 0), else None."""
+  if not getattr(task.model, 'lora_rank', 0):
+    return None
+  from paxlike.layers.lora import lora_mask  # pylint: disable=import-outside-toplevel
+  return lora_mask
+
+
+def build_algorithm(task: Task, loss_fn: losses.LossFn, trainable: TrainableMask | None) -> Any:
+  """The task's algorithm; with a `trainable` mask (LoRA) only centralized training, which
+  trains just those leaves, is allowed (federated LoRA is not built yet)."""
+  if trainable is None:
+    return task.algorithm(loss_fn, task.optimizer)
+  if getattr(task.algorithm, 'func', None) is not centralized:
+    name = getattr(getattr(task.algorithm, 'func', task.algorithm), '__name__', task.algorithm)
+    raise UserError(f'model.lora_rank > 0 trains adapters with centralized training only; the '
+                    f'algorithm {name} cannot freeze the base yet: set model.lora_rank=0')
+  return task.algorithm(loss_fn, task.optimizer, trainable=trainable)
+
+
+def _spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
+  """An abstract value shaped like `x`, placed by `sharding`: what programs are compiled for."""
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+RNG_SPEC = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+
+
+def _init_with(init: Callable[..., TrainState], params_at: Callable[[jax.Array], Any],
+               rules: Any, imported: dict[str, jax.Array], rng: jax.Array) -> TrainState:
+  """`init(rng)` from `params_at(rng)` with the leaves named in `imported` ('a/b/kernel')
+  replaced (XLA drops their initialisation): a fresh state that starts from imported params."""
+  def params_with(key):
+    flat = traverse_util.flatten_dict(params_at(key), sep='/')
+    return traverse_util.unflatten_dict({**flat, **imported}, sep='/')
+  with nn.logical_axis_rules(rules):
+    return init(rng, params_at=params_with)
+
+
+def _fresh_hyperparams(init: Callable[[jax.Array], TrainState], rules: Any,
+                       rng: jax.Array) -> dict[str, jax.Array]:
+  """The hyperparameters of `init(rng)`; under jit, XLA drops the rest of the init."""
+  with nn.logical_axis_rules(rules):
+    return hyperparams_of(init(rng))
+
+
+def _abstract_params(task: Task, sample: np.ndarray) -> Any:
+  """The boxed params' abstract values; a model config its layers reject is a UserError."""
+  try:
+    return jax.eval_shape(functools.partial(init_params, task.model, sample), jax.random.key(0))
+  except (ValueError, TypeError) as error:  # Flax layers validate their fields at trace time.
+    raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
+
+
+def place(task: Task) -> Program:
+  """Builds the mesh and shardings of `task` and compiles its init (not its train step)."""
+  mesh, data = partitioning.make_mesh(task.mesh), task.data
+  batches, weights = data.round_batches(task.train.seed, 1)
+  sample = data.eval_batches()[0]['inputs']
+  partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size, len(sample))
+  loss_fn = losses.model_loss_fn(task.model)
+  trainable = trainable_mask(task)
+  algorithm = build_algorithm(task, loss_fn, trainable)
+  rules = partitioning.rules_for_mesh(task.mesh.rules, mesh)
+  batch_sharding = partitioning.round_batch_sharding(mesh)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    boxed_params = _abstract_params(task, sample)
+    param_shardings = partitioning.logical_shardings(boxed_params, mesh, task.mesh.rules)
+
+    def params_at(rng):
+      params = nn.meta.unbox(init_params(task.model, sample, rng))
+      return jax.lax.with_sharding_constraint(params, param_shardings)
+
+    init = functools.partial(init_state, algorithm=algorithm, boxed_params=boxed_params,
+                             param_shardings=param_shardings, trainable=trainable,
+                             ema=task.train.ema_decay is not None)
+    compiled_init = jax.jit(functools.partial(init, params_at=params_at)).lower(
+        RNG_SPEC).compile()
+    state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
+    abstract_state = jax.tree.map(
+        _spec, jax.eval_shape(functools.partial(init, params_at=params_at), RNG_SPEC),
+        state_shardings)
+  round_shape = batches['mask'].shape[:3]
+  return Program(
+      mesh=mesh, rules=rules, algorithm=algorithm, loss_fn=loss_fn, init=compiled_init,
+      abstract_state=abstract_state,
+      abstract_params=jax.tree.map(_spec, nn.meta.unbox(boxed_params), param_shardings),
+      boxed_params=boxed_params,
+      round_specs=(jax.tree.map(lambda x: _spec(x, batch_sharding), batches),
+                   _spec(np.asarray(weights, np.float32), partitioning.client_sharding(mesh))),
+      round_shape=round_shape, block=partitioning.process_block(batch_sharding, round_shape),
+      hyperparams=jax.jit(
+          functools.partial(_fresh_hyperparams, functools.partial(init, params_at=params_at),
+                            rules),
+          out_shardings={path: spec.sharding for path, spec
+                         in hyperparams_of(abstract_state).items()}),
+      init_with=jax.jit(functools.partial(_init_with, init, params_at, rules),
+                        out_shardings=state_shardings, donate_argnums=0),
+      trainable=trainable)
+
+
+def compile_train_step(task: Task, program: Program) -> Callable[..., tuple[TrainState, dict]]:
+  """`step(state, batches, weights, rng) -> (state, metrics)`, compiled for `program`'s mesh
+  with the state donated."""
+  state_shardings = jax.tree.map(lambda s: s.sharding, program.abstract_state)
+  batches, weights = program.round_specs
+  step = functools.partial(train_step, algorithm=program.algorithm,
+                           skip_nonfinite=task.train.skip_nonfinite,
+                           finite_groups=finite_groups(program.abstract_state.alg),
+                           ema_decay=task.train.ema_decay, trainable=program.trainable)
+  batch_sharding = jax.tree.map(lambda s: s.sharding, batches)
+  with jax.set_mesh(program.mesh), nn.logical_axis_rules(program.rules):
+    return jax.jit(step, donate_argnums=0,
+                   in_shardings=(state_shardings, batch_sharding, weights.sharding, None),
+                   out_shardings=(state_shardings, None)).lower(
+        program.abstract_state, batches, weights, RNG_SPEC).compile()
