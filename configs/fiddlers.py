@@ -27,6 +27,15 @@ def cpu8_expert(cfg: fdl.Config) -> None:
   cfg.mesh = fdl.Config(MeshConfig, ici=(2, 4), axes=('data', 'expert'))
 
 
+def cpu8_stage(cfg: fdl.Config) -> None:
+  """4 stage × 2 data, for 8 forced CPU devices: the LM's scanned layers as a 4-stage GPipe
+  pipeline of 2 microbatches (num_layers rounded up to a multiple of 4)."""
+  cfg.mesh = meshes.stage_data(4)
+  cfg.model.scan_layers = True
+  cfg.model.num_layers = 4 * max(1, -(-cfg.model.num_layers // 4))
+  cfg.train.microbatches = 2
+
+
 def size_125m(cfg: fdl.Config) -> None:
   """The 125M Llama-shaped LM and its recommended mesh."""
   sizes.use_size(cfg, '125m')

@@ -23,3 +23,9 @@ def fsdp() -> fdl.Config[MeshConfig]:
 def fsdp_model(model: int = 4) -> fdl.Config[MeshConfig]:
   """FSDP × tensor parallel of size `model` (keep 'model' inside a host: it talks every layer)."""
   return fdl.Config(MeshConfig, ici=(-1, model), axes=('fsdp', 'model'))
+
+
+def stage_data(stages: int = 4) -> fdl.Config[MeshConfig]:
+  """GPipe over `stages` pipeline stages x data parallel (docs/pipeline.md: 'stage' outermost,
+  on the slowest links)."""
+  return fdl.Config(MeshConfig, ici=(stages, -1), axes=('stage', 'data'))

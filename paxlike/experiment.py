@@ -48,9 +48,13 @@ class TrainConfig:
   # job's params); a resumed run uses its own checkpoints. See paxlike/trainer/init_from.py.
   init_from: str | None = None
   ema_decay: float | None = None  # Keep an EMA of the params (eval_ema_*, export); None: off.
+  # GPipe microbatches per step on a mesh with a 'stage' axis (docs/pipeline.md); gradient
+  # accumulation over data.local_steps is separate and unchanged.
+  microbatches: int = 1
 
   def __post_init__(self):
-    for name in ('num_steps', 'log_every', 'eval_every', 'checkpoint_every', 'max_to_keep'):
+    for name in ('num_steps', 'log_every', 'eval_every', 'checkpoint_every', 'max_to_keep',
+                 'microbatches'):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise UserError(f'train.{name} must be a positive integer, got {value!r}')
@@ -110,6 +114,9 @@ def check_fixed_cohort(algorithm: Algorithm, data: DataSource) -> None:
   if fixed.per_client and data.sampling != 'fixed':
     raise UserError(f'algorithm.{fixed.arg} keeps state per client, so it trains every client '
                     f"every round: set data.sampling='fixed', not {data.sampling!r}")
+  if data.sampling == 'poisson':
+    raise UserError(f'algorithm.{fixed.arg} keeps state per cohort slot, and a Poisson cohort '
+                    "(data.sampling='poisson') has no fixed slots: set 'uniform' or 'fixed'")
 
 
 class Experiment(abc.ABC):

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import attention_kernels, lora, moe
+from paxlike.layers import attention_kernels, lora, moe, pipeline
 from paxlike.layers.attention import CausalSelfAttention
 from paxlike.layers.blocks import EMBED_ACT, MLP_ACT, MLP_ACTIVATIONS, DecoderBlock, Mlp, make_norm
 from paxlike.layers.stacking import stack_layers, unstack_layers
@@ -111,6 +111,9 @@ class TransformerLM(nn.Module):
   num_experts: int = 0  # 0 = dense MLPs; see paxlike.layers.moe.
   experts_per_token: int = 2
   moe_every: int = 1
+  # GPipe microbatches when the context mesh has a 'stage' axis (the trainer sets it from
+  # train.microbatches; see paxlike.layers.pipeline and docs/pipeline.md).
+  pipeline_microbatches: int = 1
   capacity_factor: float | None = 1.25
   aux_loss_weight: float = 0.01
   router_z_loss_weight: float = 1e-3
@@ -137,6 +140,8 @@ class TransformerLM(nn.Module):
                        f'got {self.attention_impl!r}')
     if self.num_experts:
       self._check_moe()
+    if pipeline.stage_count(jax.sharding.get_abstract_mesh()) > 1:
+      self._check_pipelined()
 
   def _check_moe(self) -> None:
     """ValueErrors for MoE fields that cannot run (see `moe.check_experts` for the mesh)."""
@@ -153,6 +158,15 @@ class TransformerLM(nn.Module):
     if self.lora_rank and any(t in lora.MLP_TARGETS for t in self.lora_targets):
       raise ValueError('LoRA adapters on MoE experts are not built: keep lora_targets to '
                        'attention kernels when num_experts > 0')
+
+  def _check_pipelined(self) -> None:
+    """ValueErrors for fields a stage mesh cannot pipeline (the trainer checks the batch)."""
+    if not self.scan_layers:
+      raise ValueError("a 'stage' mesh axis pipelines the scanned stack: set "
+                       'model.scan_layers=True')
+    if self.num_experts or self.dropout_rate:
+      raise ValueError("a 'stage' mesh axis cannot pipeline MoE layers or dropout yet: set "
+                       'model.num_experts=0 and model.dropout_rate=0')
 
   def is_moe_layer(self, layer: int) -> bool:
     """Whether layer `layer` (0-based) has a MoE MLP."""
@@ -221,6 +235,9 @@ class TransformerLM(nn.Module):
               segment_ids: jax.Array | None, positions: jax.Array | None) -> jax.Array:
     """All decoder layers, unrolled ('block_{i}') or scanned ('blocks', stacked on 'layers';
     a decode cache is stacked the same way)."""
+    if (self.scan_layers and not decode and not self.is_initializing()
+        and pipeline.stage_count(jax.sharding.get_abstract_mesh()) > 1):
+      return self._pipelined(x, segment_ids, positions)
     if not self.scan_layers:
       for i in range(self.num_layers):
         block = self._block(f'block_{i}', self.is_moe_layer(i))
@@ -243,6 +260,19 @@ class TransformerLM(nn.Module):
                         name='blocks')
     x, _ = scan(body, x, segment_ids, positions)
     return x
+
+  def _pipelined(self, x: jax.Array, segment_ids: jax.Array | None,
+                 positions: jax.Array | None) -> jax.Array:
+    """The scanned stack ('blocks', made by the scan at init) as a GPipe pipeline over the
+    context mesh's 'stage' axis, `pipeline_microbatches` microbatches (deterministic only)."""
+    block = self._block(None)  # Unbound, remat as configured: one layer of the stack.
+
+    def layer(params: Any, h: jax.Array, extra: tuple) -> jax.Array:
+      return block.apply({'params': params}, h, True, False, None, *extra)
+
+    return pipeline.pipelined_layers(layer, self.variables['params']['blocks'], x,
+                                     (segment_ids, positions),
+                                     microbatches=self.pipeline_microbatches)
 
   @nn.compact
   def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,

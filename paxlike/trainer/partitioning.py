@@ -38,7 +38,7 @@ DEFAULT_RULES: LogicalRules = (
     ('vocab', 'model'),
     ('kv', None),
     ('length', None),
-    ('layers', None),
+    ('layers', 'stage'),  # A scanned stack's layer axis: split into pipeline stages.
     ('lora_rank', None),  # LoRA adapters' rank axis: small, replicated.
     # MoE (paxlike.layers.moe): expert weights and the experts' token slots split on 'expert';
     # while the slots are split by expert, their batch dim is split by the other batch axes.

@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 
 from paxlike.errors import UserError
 from paxlike.experiment import Task
+from paxlike.layers import pipeline
 from paxlike.trainer import losses, partitioning
 from paxlike.trainer.algorithm import Algorithm
 from paxlike.trainer.centralized import TrainableMask, centralized
@@ -57,6 +58,20 @@ def trainable_mask(task: Task) -> TrainableMask | None:
     return None
   from paxlike.layers.lora import lora_mask  # pylint: disable=import-outside-toplevel
   return lora_mask
+
+
+def _pipelined_model(task: Task, mesh: Mesh, batch_size: int) -> Any:
+  """The model the train step runs: on a 'stage' mesh (or with train.microbatches > 1), an LM
+  with `pipeline_microbatches` set, after a UserError for layers or a batch that cannot split."""
+  m = task.train.microbatches
+  if pipeline.stage_count(mesh) == 1 and m == 1:
+    return task.model
+  if not hasattr(task.model, 'pipeline_microbatches'):
+    raise UserError(f"a 'stage' mesh axis and train.microbatches pipeline an LM's layers; "
+                    f'{type(task.model).__name__} has none')
+  pipeline.check_mesh(mesh, num_layers=task.model.num_layers, batch_size=batch_size,
+                      microbatches=m, batch_axes=partitioning.BATCH_AXES)
+  return task.model.clone(pipeline_microbatches=m)
 
 
 def build_algorithm(task: Task, loss_fn: losses.LossFn, trainable: TrainableMask | None) -> Any:
@@ -110,8 +125,9 @@ def place(task: Task) -> Program:
   mesh, data = partitioning.make_mesh(task.mesh), task.data
   batches, weights = data.round_batches(task.train.seed, 1)
   sample = data.eval_batches()[0]['inputs']
-  partitioning.check_divisible(mesh, data.clients_per_round, data.batch_size, len(sample))
-  loss_fn = losses.model_loss_fn(task.model)
+  partitioning.check_divisible(mesh, getattr(data, 'num_slots', data.clients_per_round),
+                              data.batch_size, len(sample))
+  loss_fn = losses.model_loss_fn(_pipelined_model(task, mesh, data.batch_size))
   trainable = trainable_mask(task)
   algorithm = build_algorithm(task, loss_fn, trainable)
   rules = partitioning.rules_for_mesh(task.mesh.rules, mesh)
