@@ -105,8 +105,8 @@ def client_weights(weighting: str, batches: Any, weights: jax.Array) -> jax.Arra
   data's `weights` (examples per client) and the round's `batches` (a 'mask' per item)."""
   if weighting == 'num_examples':
     return jnp.asarray(weights, jnp.float32)
-  if weighting == 'uniform':
-    return jnp.ones(jnp.shape(weights), jnp.float32)
+  if weighting == 'uniform':  # Every client in the round alike; an empty (padded) slot not.
+    return (jnp.asarray(weights) > 0).astype(jnp.float32)
   if not isinstance(batches, dict) or 'mask' not in batches:
     raise AlgorithmConfigError("weighting='num_tokens_seen' needs batches with a 'mask'.")
   mask = batches['mask']

@@ -161,8 +161,6 @@ def test_fixed_cohort_algorithms_refuse_poisson():
     check_fixed_cohort(scaffold(loss_fn, optax.sgd(0.1), num_clients=4), _PoissonData())
 
 
-@pytest.mark.xfail(strict=True, reason='needs experiment.check_fixed_cohort to refuse poisson '
-                   'for every fixed cohort (paxlike/experiment.py, not owned here)')
 def test_fixed_cohort_without_per_client_state_refuses_poisson():
   with pytest.raises(UserError, match='poisson'):
     check_fixed_cohort(diloco(loss_fn, optax.sgd(0.1), num_replicas=4), _PoissonData())
