@@ -16,7 +16,7 @@ from paxlike.data.sources import ClientEval
 from paxlike.experiment import Task
 from paxlike.trainer import evaluation, partitioning
 from paxlike.trainer.centralized import TrainableMask
-from paxlike.trainer.program import Program, _spec
+from paxlike.trainer.program import Program, placed_spec
 from paxlike.trainer.train_state import TrainState, ema_params
 
 Table = dict[str, dict[str, float]]  # Client name -> its held-out metrics.
@@ -74,8 +74,8 @@ def build_evaluator(task: Task, program: Program) -> Evaluator:
                               program.algorithm.ensemble)
   with jax.set_mesh(mesh), nn.logical_axis_rules(program.rules):
     compiled = jax.jit(step).lower(
-        program.abstract_state.alg, jax.tree.map(lambda x: _spec(x, sharding), eval_batch),
-        _spec(np.zeros(eval_batch['mask'].shape, np.int32), sharding)).compile()
+        program.abstract_state.alg, jax.tree.map(lambda x: placed_spec(x, sharding), eval_batch),
+        placed_spec(np.zeros(eval_batch['mask'].shape, np.int32), sharding)).compile()
   batch_size = len(eval_batch['inputs'])
   return Evaluator(data=data, mesh=mesh, step=compiled, client_eval=client_eval,
                    batch_size=batch_size,

@@ -86,7 +86,7 @@ def build_algorithm(task: Task, loss_fn: losses.LossFn, trainable: TrainableMask
   return task.algorithm(loss_fn, task.optimizer, trainable=trainable)
 
 
-def _spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
+def placed_spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
   """An abstract value shaped like `x`, placed by `sharding`: what programs are compiled for."""
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
@@ -147,16 +147,17 @@ def place(task: Task) -> Program:
         RNG_SPEC).compile()
     state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
     abstract_state = jax.tree.map(
-        _spec, jax.eval_shape(functools.partial(init, params_at=params_at), RNG_SPEC),
+        placed_spec, jax.eval_shape(functools.partial(init, params_at=params_at), RNG_SPEC),
         state_shardings)
   round_shape = batches['mask'].shape[:3]
   return Program(
       mesh=mesh, rules=rules, algorithm=algorithm, loss_fn=loss_fn, init=compiled_init,
       abstract_state=abstract_state,
-      abstract_params=jax.tree.map(_spec, nn.meta.unbox(boxed_params), param_shardings),
+      abstract_params=jax.tree.map(placed_spec, nn.meta.unbox(boxed_params), param_shardings),
       boxed_params=boxed_params,
-      round_specs=(jax.tree.map(lambda x: _spec(x, batch_sharding), batches),
-                   _spec(np.asarray(weights, np.float32), partitioning.client_sharding(mesh))),
+      round_specs=(jax.tree.map(lambda x: placed_spec(x, batch_sharding), batches),
+                   placed_spec(np.asarray(weights, np.float32),
+                               partitioning.client_sharding(mesh))),
       round_shape=round_shape, block=partitioning.process_block(batch_sharding, round_shape),
       hyperparams=jax.jit(
           functools.partial(_fresh_hyperparams, functools.partial(init, params_at=params_at),
