@@ -114,9 +114,13 @@ class DpAggregator:
     """(noised mean update, new state, metrics) from client-placed `deltas`; call inside the
     round's federated program. Only whether a weight is 0 (a padded slot) is read."""
     n = self.divisor(jax.tree.leaves(deltas)[0].shape[0])
+    padded = self.expected_clients is not None  # Only a Poisson cohort has padded slots.
     present = jnp.asarray(weights) > 0
-    clipped, unclipped = federated_map(
-        lambda d, p: clip_present(d, state.clip_norm, p), (deltas, present))
+    if padded:
+      clipped, unclipped = federated_map(
+          lambda d, p: clip_present(d, state.clip_norm, p), (deltas, present))
+    else:  # Every slot a client: the plain clip, as XLA compiled it before padding existed.
+      clipped, unclipped = federated_map(lambda d: clip(d, state.clip_norm), deltas)
     update_key, count_key = jax.random.split(jax.random.fold_in(rng, NOISE_STREAM))
     total, z_update = federated_sum(clipped), self.update_noise_multiplier(n)
     if z_update > 0:  # Skipped at z = 0, so C = ∞ stays finite.
@@ -125,7 +129,8 @@ class DpAggregator:
     metrics = {'dp_clip_norm': state.clip_norm,
                'dp_cohort_size': federated_sum(present.astype(jnp.float32))}
     if self.adaptive:
-      below = federated_sum(jnp.where(present, unclipped.astype(jnp.float32) - 0.5, 0.0))
+      below = federated_sum(jnp.where(present, unclipped.astype(jnp.float32) - 0.5, 0.0)
+                            if padded else unclipped.astype(jnp.float32) - 0.5)
       below += self.count_noise(n) * jax.random.normal(count_key, ())
       fraction = below / n + 0.5
       metrics['dp_unclipped_fraction'] = fraction
