@@ -67,7 +67,7 @@ def build_evaluator(task: Task, program: Program) -> Evaluator:
   """The evaluator of `task` placed as `program`, its eval step compiled for the mesh."""
   data, mesh = task.data, program.mesh
   client_eval = data.client_eval()
-  eval_batch = data.eval_batches()[0]
+  eval_batch = program.eval_batch_spec  # Read once, by `place`.
   sharding = partitioning.eval_batch_sharding(mesh)
   step = evaluation.eval_step(task.model, data.item,
                               client_eval.num_groups if client_eval else 1,
@@ -75,8 +75,8 @@ def build_evaluator(task: Task, program: Program) -> Evaluator:
   with jax.set_mesh(mesh), nn.logical_axis_rules(program.rules):
     compiled = jax.jit(step).lower(
         program.abstract_state.alg, jax.tree.map(lambda x: placed_spec(x, sharding), eval_batch),
-        placed_spec(np.zeros(eval_batch['mask'].shape, np.int32), sharding)).compile()
-  batch_size = len(eval_batch['inputs'])
+        jax.ShapeDtypeStruct(eval_batch['mask'].shape, np.int32, sharding=sharding)).compile()
+  batch_size = eval_batch['inputs'].shape[0]
   return Evaluator(data=data, mesh=mesh, step=compiled, client_eval=client_eval,
                    batch_size=batch_size,
                    rows=partitioning.process_block(sharding, (batch_size,))[0],

@@ -41,6 +41,7 @@ class Program:
   abstract_params: Any            # The unboxed params as sharded ShapeDtypeStructs.
   boxed_params: Any               # The params' abstract values with their logical axes.
   round_specs: tuple[dict, jax.ShapeDtypeStruct]  # A round's batches and weights, placed.
+  eval_batch_spec: dict           # An eval batch's abstract values (the evaluator places them).
   round_shape: tuple[int, int, int]  # [clients, local_steps, batch] of a round's batches.
   block: tuple[slice, slice, slice]  # The part of round_shape this process loads.
   # rng -> the optimizer hyperparameters a fresh state gets from the config (train_state.
@@ -124,7 +125,8 @@ def place(task: Task) -> Program:
   """Builds the mesh and shardings of `task` and compiles its init (not its train step)."""
   mesh, data = partitioning.make_mesh(task.mesh), task.data
   batches, weights = data.round_batches(task.train.seed, 1)
-  sample = data.eval_batches()[0]['inputs']
+  eval_batch = data.eval_batches()[0]
+  sample = eval_batch['inputs']
   partitioning.check_divisible(mesh, getattr(data, 'num_slots', data.clients_per_round),
                               data.batch_size, len(sample))
   loss_fn = losses.model_loss_fn(_pipelined_model(task, mesh, data.batch_size))
@@ -143,12 +145,10 @@ def place(task: Task) -> Program:
     init = functools.partial(init_state, algorithm=algorithm, boxed_params=boxed_params,
                              param_shardings=param_shardings, trainable=trainable,
                              ema=task.train.ema_decay is not None)
-    compiled_init = jax.jit(functools.partial(init, params_at=params_at)).lower(
-        RNG_SPEC).compile()
+    fresh = functools.partial(init, params_at=params_at)  # rng -> a fresh state.
+    compiled_init = jax.jit(fresh).lower(RNG_SPEC).compile()
     state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
-    abstract_state = jax.tree.map(
-        placed_spec, jax.eval_shape(functools.partial(init, params_at=params_at), RNG_SPEC),
-        state_shardings)
+    abstract_state = jax.tree.map(placed_spec, jax.eval_shape(fresh, RNG_SPEC), state_shardings)
   round_shape = batches['mask'].shape[:3]
   return Program(
       mesh=mesh, rules=rules, algorithm=algorithm, loss_fn=loss_fn, init=compiled_init,
@@ -158,10 +158,10 @@ def place(task: Task) -> Program:
       round_specs=(jax.tree.map(lambda x: placed_spec(x, batch_sharding), batches),
                    placed_spec(np.asarray(weights, np.float32),
                                partitioning.client_sharding(mesh))),
+      eval_batch_spec=jax.tree.map(placed_spec, eval_batch),
       round_shape=round_shape, block=partitioning.process_block(batch_sharding, round_shape),
       hyperparams=jax.jit(
-          functools.partial(_fresh_hyperparams, functools.partial(init, params_at=params_at),
-                            rules),
+          functools.partial(_fresh_hyperparams, fresh, rules),
           out_shardings={path: spec.sharding for path, spec
                          in hyperparams_of(abstract_state).items()}),
       init_with=jax.jit(functools.partial(_init_with, init, params_at, rules),
