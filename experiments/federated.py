@@ -265,3 +265,16 @@ class TextFedAvg(_Federated):
     return fdl.Config(TextData, files=str(data_root() / 'tinyshakespeare' / 'input.txt'),
                       txt_document='paragraph', seq_len=128, batch_size=8,
                       **self.data_fields())
+
+
+@register
+class TextLoraFedAvg(TextFedAvg):
+  """Federated LoRA: TextFedAvg's rounds over rank-8 adapters on the attention projections, the
+  base frozen (broadcast once, never updated or uploaded; paxlike/federated/lora.py). The base
+  comes from a pretrained job or HF checkpoint (`train.init_from`); the clients upload only the
+  adapters (`python -m paxlike.export` says how many bytes in plan.json).
+
+  python -m paxlike.main --exp=federated.TextLoraFedAvg --job_log_dir=/tmp/lorafed \\
+      --fdl_set=train.init_from=job:/tmp/textfedavg"""
+  MODEL_FIELDS = {'vocab_size': None, 'lora_rank': 8,
+                  'lora_targets': ('query', 'key', 'value', 'out')}

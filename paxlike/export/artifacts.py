@@ -115,6 +115,7 @@ def export(out: Path, fn_at: Callable[[int], Callable], arguments: Sequence[str]
     plan['programs'][name] = {'file': f'{name}.jaxexport',
                               'inputs': _avals(exported.in_avals, program.inputs),
                               'outputs': _avals(exported.out_avals, program.outputs)}
+  plan.update(traffic(plan))
   expected = jax.tree.leaves(jax.jit(call_at(split.clients))(*args))
   _check_reproduces(run.Export(plan, programs, {}, {}), dict(zip(
       in_names, map(_host, jax.tree.leaves(args)))), dict(zip(out_names, expected)))
@@ -157,6 +158,37 @@ def _check_reproduces(ex: run.Export, inputs: dict[str, np.ndarray],
           f'the split programs do not reproduce the round ({name} differs by up to '
           f'{np.max(np.abs(got[name] - want)):.3g}): does a client computation read other '
           'clients\' values without a federated primitive?')
+
+
+def _nbytes(spec: dict[str, Any]) -> int:
+  return int(np.prod(spec['shape'], dtype=np.int64)) * jnp.dtype(spec['dtype']).itemsize
+
+
+def traffic(plan: dict[str, Any]) -> dict[str, int]:
+  """Bytes per client of a round's communication, from the client program's inputs and outputs
+  (each communication entry gets its own `bytes`): `upload_bytes_per_client` (each value sent
+  up, once however many aggregations read it), `download_bytes_per_client` (sent down every
+  round), `download_once_bytes` (broadcast `once`: a frozen base), and
+  `full_model_upload_bytes`, the upload if the once values were trained and sent up too, as
+  full-model FedAvg sends its params (weighted in float32 or wider)."""
+  client = plan['programs']['client']
+  ins = {d['name']: d for d in client['inputs']}
+  outs = {d['name']: d for d in client['outputs']}
+  up, down, once, frozen = {}, 0, 0, 0
+  for entry in plan['communication']:
+    if entry['kind'] in run.UP:
+      entry['bytes'] = up[entry['value']] = _nbytes(outs[entry['value']])
+      continue
+    spec = ins[entry['value']]
+    entry['bytes'] = size = _nbytes(spec)
+    if entry.get('once'):
+      once += size
+      frozen += _nbytes({**spec, 'dtype': jnp.promote_types(spec['dtype'], jnp.float32)})
+    else:
+      down += size
+  upload = sum(up.values())
+  return {'upload_bytes_per_client': upload, 'full_model_upload_bytes': upload + frozen,
+          'download_bytes_per_client': down, 'download_once_bytes': once}
 
 
 def _clients(args: Sequence[Any], client_placed: dict[str, Any], arguments: Sequence[str]) -> int:

@@ -4,8 +4,9 @@
 
 Loads only DIR (plan.json, the jax.export programs, the Orbax state, rounds.npz): no
 experiment code, no Fiddle, nothing else of paxlike. Per round: the server_pre program; each
-client's program on that client's own inputs, one client at a time; the aggregations here, in
-numpy; then server_post. Carried inputs (the algorithm state, server- and client-placed) are
+client's program on that client's own inputs, one client at a time (a value the plan
+broadcasts `once`, e.g. a frozen LoRA base, a client gets in its first round and keeps); the
+aggregations here, in numpy; then server_post. Carried inputs (the algorithm state, server- and client-placed) are
 replaced by the outputs of the same name. Prints one JSON line of scalar outputs per round;
 `--out` saves the last round's outputs. A plan it cannot trust (unknown format or aggregation,
 shapes that disagree with the programs or the data) is exit 2 with one line on stderr.
@@ -197,8 +198,12 @@ def _call(exported: Any, args: list[np.ndarray]) -> list[np.ndarray]:
   return [np.asarray(y) for y in exported.call(*args)]
 
 
-def run_round(ex: Export, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """One round from the named inputs `values`; the named outputs."""
+def run_round(ex: Export, values: dict[str, np.ndarray],
+              kept: list[dict[str, np.ndarray]] | None = None) -> dict[str, np.ndarray]:
+  """One round from the named inputs `values`; the named outputs. `kept`: per client, the
+  values broadcast once (`'once': true`, e.g. a frozen base) that it holds from an earlier
+  round, which it uses instead of this round's (it is sent those it lacks, and keeps them)."""
+  kept = [{} for _ in range(ex.plan['clients'])] if kept is None else kept
   plan, programs = ex.plan, ex.programs
   spec = plan['programs']
   env = dict(values)
@@ -213,6 +218,8 @@ def run_round(ex: Export, values: dict[str, np.ndarray]) -> dict[str, np.ndarray
       return env[name][i]  # A client-placed input: this client's row.
     if entry['kind'] == 'scatter':
       return np.take(env[name], i, axis=entry['axis'])
+    if entry.get('once'):
+      return kept[i].setdefault(name, env[name])
     return env[name]
 
   client, contributions = spec['client'], []
@@ -242,9 +249,10 @@ def run_rounds(ex: Export, rounds: int) -> list[dict[str, np.ndarray]]:
     raise PlanError(f'--rounds={rounds}: the export holds inputs for 1 to {ex.plan["rounds"]} '
                     'rounds')
   carried, history = dict(ex.carried), []
+  kept = [{} for _ in range(ex.plan['clients'])]  # What each client keeps of 'once' values.
   for r in range(rounds):
     values = {**carried, **{n: a[r] for n, a in ex.rounds.items()}}
-    outputs = run_round(ex, values)
+    outputs = run_round(ex, values, kept)
     carried = {n: outputs[n] for n in carried}
     history.append(outputs)
   return history

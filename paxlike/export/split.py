@@ -65,7 +65,7 @@ def split(fn_at: Callable[[int], Callable], args: Sequence[Any], client_placed: 
   if len(in_names) != len(r.jaxpr.invars) or len(out_names) != len(r.jaxpr.outvars):
     raise ExportError("the names do not match the program's flat inputs and outputs")
   names = dict(zip(r.jaxpr.invars, in_names))
-  pre_out, client_in, down = _downlink(r, names)
+  pre_out, client_in, down = _downlink(r, names, _invariant(r.jaxpr, names, out_names))
   client_out, aggregates, up = _uplink(r, names)
   server_out = []
   for v, name in zip(r.jaxpr.outvars, out_names):
@@ -88,13 +88,27 @@ def split(fn_at: Callable[[int], Callable], args: Sequence[Any], client_placed: 
   return Split(server_pre, client, server_post, down + up, r.clients)
 
 
-def _downlink(r: PlacedRound, names: dict) -> tuple[list, list, list[dict]]:
+def _invariant(jaxpr: core.Jaxpr, names: dict, out_names: Sequence[str]) -> set[core.Var]:
+  """The vars equal in every round: the inputs the round returns unchanged as the output of the
+  same name (a frozen LoRA base in the state), and what is computed from them alone (with
+  constants), e.g. their cast to the compute dtype."""
+  same = {v for v, n in zip(jaxpr.outvars, out_names) if is_var(v) and names.get(v) == n}
+  const = _constants(jaxpr)
+  for eqn in jaxpr.eqns:
+    operands = [a for a in eqn.invars if is_var(a)]
+    if operands and all(a in same or a in const for a in operands) and not eqn.effects:
+      same.update(eqn.outvars)
+  return same
+
+
+def _downlink(r: PlacedRound, names: dict, invariant: set) -> tuple[list, list, list[dict]]:
   """What the server sends: `(atom, name, row axis)` server_pre outputs, `(var, name, clients
   axis)` client program inputs (then the client-placed round inputs), communication entries.
 
   A broadcast output is sent as the value broadcast; a value computed from broadcasts as its
   row 0 (all rows are equal); a server value with a clients axis is scattered (client i gets
-  row i); one without is sent whole.
+  row i); one without is sent whole. A value that is the same every round (`invariant`: e.g. a
+  frozen base) is marked `'once': True`: the clients keep it from the first round.
   """
   producer = {v: e for e in r.jaxpr.eqns for v in e.outvars}
   reads = [a for e in r.jaxpr.eqns if any(r.place[v] == 'clients' for v in e.outvars)
@@ -109,7 +123,8 @@ def _downlink(r: PlacedRound, names: dict) -> tuple[list, list, list[dict]]:
       pre_out.append((v, name, axis if r.place[v] == 'uniform' else None))
     scatter = r.place[v] == 'server' and axis is not None
     entries.append({'kind': 'scatter', 'value': name, 'axis': axis} if scatter
-                   else {'kind': 'broadcast', 'value': name})
+                   else {'kind': 'broadcast', 'value': name,
+                         **({'once': True} if v in invariant else {})})
     client_in.append((v, name, axis))
   client_in += [(v, names[v], 0) for v in r.jaxpr.invars if r.place[v] == 'clients']
   return pre_out, client_in, entries

@@ -75,16 +75,27 @@ def _pipelined_model(task: Task, mesh: Mesh, batch_size: int) -> Any:
   return task.model.clone(pipeline_microbatches=m)
 
 
+# The builders federated LoRA trains over the adapters (federated/lora.py): the pseudo-gradient
+# algorithms, whose state keeps no params besides `state.params`.
+FEDERATED_LORA = ('fed_avg', 'fed_adam', 'fed_yogi', 'fed_adagrad', 'diloco', 'pseudo_gradient')
+
+
 def build_algorithm(task: Task, loss_fn: losses.LossFn, trainable: TrainableMask | None) -> Any:
-  """The task's algorithm; with a `trainable` mask (LoRA) only centralized training, which
-  trains just those leaves, is allowed (federated LoRA is not built yet)."""
+  """The task's algorithm; with a `trainable` mask (LoRA), centralized training or a
+  pseudo-gradient algorithm (FEDERATED_LORA) over those leaves alone, the rest frozen."""
   if trainable is None:
     return task.algorithm(loss_fn, task.optimizer)
-  if getattr(task.algorithm, 'func', None) is not centralized:
-    name = getattr(getattr(task.algorithm, 'func', task.algorithm), '__name__', task.algorithm)
-    raise UserError(f'model.lora_rank > 0 trains adapters with centralized training only; the '
-                    f'algorithm {name} cannot freeze the base yet: set model.lora_rank=0')
-  return task.algorithm(loss_fn, task.optimizer, trainable=trainable)
+  func = getattr(task.algorithm, 'func', task.algorithm)
+  if func is centralized:
+    return task.algorithm(loss_fn, task.optimizer, trainable=trainable)
+  from paxlike.federated import algorithms, lora  # pylint: disable=import-outside-toplevel
+  if func not in tuple(getattr(algorithms, name) for name in FEDERATED_LORA):
+    name = getattr(func, '__name__', func)
+    raise UserError(f'model.lora_rank > 0 trains adapters with centralized training or '
+                    f'{", ".join(FEDERATED_LORA)}; the algorithm {name} keeps other params '
+                    f'(members, experts or control variates) and cannot freeze the base: set '
+                    f'model.lora_rank=0')
+  return lora.frozen_base(task.algorithm, loss_fn, task.optimizer, trainable)
 
 
 def placed_spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
