@@ -108,12 +108,15 @@ def _downlink(r: PlacedRound, names: dict, invariant: set) -> tuple[list, list, 
   A broadcast output is sent as the value broadcast; a value computed from broadcasts as its
   row 0 (all rows are equal); a server value with a clients axis is scattered (client i gets
   row i); one without is sent whole. A value that is the same every round (`invariant`: e.g. a
-  frozen base) is marked `'once': True`: the clients keep it from the first round.
+  frozen base) is sent as the server inputs it is computed from (the clients compute the rest:
+  a base used twice, as itself and transposed, is sent once, not twice) and marked
+  `'once': True`: the clients keep it from the first round.
   """
   producer = {v: e for e in r.jaxpr.eqns for v in e.outvars}
   reads = [a for e in r.jaxpr.eqns if any(r.place[v] == 'clients' for v in e.outvars)
            for a in e.invars]
   reads += [e.invars[0] for e in _live_aggregations(r.jaxpr)]
+  reads = [x for a in reads for x in _sources(r, a, invariant, producer)]
   pre_out, client_in, entries = [], [], []
   for v in dict.fromkeys(a for a in reads if is_var(a) and r.place[a] in ('uniform', 'server')):
     name, axis = f'down.{len(pre_out)}', r.axis.get(v)
@@ -128,6 +131,25 @@ def _downlink(r: PlacedRound, names: dict, invariant: set) -> tuple[list, list, 
     client_in.append((v, name, axis))
   client_in += [(v, names[v], 0) for v in r.jaxpr.invars if r.place[v] == 'clients']
   return pre_out, client_in, entries
+
+
+def _sources(r: PlacedRound, v: Any, invariant: set, producer: dict) -> list[Any]:
+  """`[v]`, or for an invariant server value computed on the server, the server inputs it is
+  computed from (in input order), for the clients to compute it from them."""
+  if not is_var(v) or v not in invariant or r.place[v] != 'server' or v not in producer:
+    return [v]
+  roots, stack, seen = set(), [v], set()
+  while stack:
+    x = stack.pop()
+    if x not in seen:
+      seen.add(x)
+      if x in producer:
+        stack.extend(a for a in producer[x].invars if is_var(a))
+      elif x in r.jaxpr.invars:
+        roots.add(x)
+  if any(r.place[x] != 'server' for x in roots):
+    return [v]
+  return [x for x in r.jaxpr.invars if x in roots]
 
 
 def _live_aggregations(jaxpr: core.Jaxpr) -> list[core.JaxprEqn]:
