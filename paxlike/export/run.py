@@ -6,10 +6,11 @@ Loads only DIR (plan.json, the jax.export programs, the Orbax state, rounds.npz)
 experiment code, no Fiddle, nothing else of paxlike. Per round: the server_pre program; each
 client's program on that client's own inputs, one client at a time (a value the plan
 broadcasts `once`, e.g. a frozen LoRA base, a client gets in its first round and keeps); the
-aggregations here, in numpy; then server_post. Carried inputs (the algorithm state, server- and client-placed) are
-replaced by the outputs of the same name. Prints one JSON line of scalar outputs per round;
-`--out` saves the last round's outputs. A plan it cannot trust (unknown format or aggregation,
-shapes that disagree with the programs or the data) is exit 2 with one line on stderr.
+aggregations here, in numpy; then server_post. Carried inputs (the algorithm state, server-
+and client-placed) are replaced by the outputs of the same name. Prints one JSON line of
+scalar outputs per round; `--out` saves the last round's outputs. A plan it cannot trust
+(unknown format or aggregation, shapes that disagree with the programs or the data) is exit 2
+with one line on stderr.
 """
 
 from __future__ import annotations
