@@ -53,6 +53,12 @@ def size_8b(cfg: fdl.Config) -> None:
   sizes.use_size(cfg, '8b')
 
 
+def size_8b_pipeline(cfg: fdl.Config) -> None:
+  """The 8B on a pod as 4 pipeline stages across hosts × FSDP × tensor parallel 4 inside each
+  (16 microbatches), e.g. on lm.Llama8B's data."""
+  sizes.use_size(cfg, '8b_pipeline')
+
+
 def size_moe_1b(cfg: fdl.Config) -> None:
   """The 1.1B mixture of experts (0.45B active) for one GPU, e.g. on lm.Llama1B's data."""
   sizes.use_size(cfg, 'moe_1b')

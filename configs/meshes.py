@@ -29,3 +29,11 @@ def stage_data(stages: int = 4) -> fdl.Config[MeshConfig]:
   """GPipe over `stages` pipeline stages x data parallel (docs/pipeline.md: 'stage' outermost,
   on the slowest links)."""
   return fdl.Config(MeshConfig, ici=(stages, -1), axes=('stage', 'data'))
+
+
+def pod_pipeline(stages: int = 4, model: int = 4) -> fdl.Config[MeshConfig]:
+  """A multi-host pod: `stages` pipeline stages across hosts (over DCN, the slow links), and
+  inside each host FSDP × tensor parallel of size `model` (docs/pipeline.md, "Choosing the
+  mesh"). Needs a multiple of `stages` × `model` devices."""
+  return fdl.Config(MeshConfig, ici=(1, -1, model), dcn=(stages, 1, 1),
+                    axes=('stage', 'fsdp', 'model'))

@@ -11,10 +11,18 @@ tensor parallelism ('model') when the per-device batch FSDP needs becomes too sm
     1b     1,100,048,384  18 GB    fsdp: -1
     8b     8,030,261,248  128 GB   fsdp: -1 × model: 4
     moe_1b 1,100,628,992  18 GB    data: -1  (444,956,672 active per token)
+    8b_pipeline (the 8b)  128 GB   stage: 4 (dcn) × fsdp: -1 × model: 4, 16 microbatches
 
 `moe_1b` is a mixture of experts for one GPU: the 350m shape with every other MLP 8 experts,
 top-2; its FLOPs (and MFU) count the active params, its memory every expert. On more devices
 split the experts over an 'expert' axis (docs/models.md, "Mixture of experts").
+
+`8b_pipeline` is the 8b for a multi-host pod: 4 GPipe stages across hosts, FSDP × tensor
+parallel inside each. `--mode=print_config` of lm.Llama8B with it estimates 48.5 GB per device on
+64 devices and 12.1 GB on 256 (FSDP × model alone: 22.5 and 5.6 GB): each device holds a
+quarter of the layers, but every stage still computes the embeddings and the head on its whole
+batch, whose float32 logits are most of that (docs/pipeline.md, "Not done"). Use it where FSDP
+would cross slow links, not to save memory.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ class Size:
   model: Callable[[], fdl.Config[TransformerLM]]
   mesh: Callable[[], fdl.Config[MeshConfig]]
   seq_len: int
+  microbatches: int = 1  # GPipe microbatches per step, for a mesh with a 'stage' axis.
 
 
 def lm_moe_1b() -> fdl.Config[TransformerLM]:
@@ -58,13 +67,20 @@ SIZES: dict[str, Size] = {
 MOE_SIZES: dict[str, Size] = {
     'moe_1b': Size(lm_moe_1b, meshes.data_parallel, 2048),
 }
+# Dense sizes on a pipelined multi-host mesh: 16 microbatches keep 4 stages' bubble at 16%.
+PIPELINE_SIZES: dict[str, Size] = {
+    '8b_pipeline': Size(models.lm_8b, meshes.pod_pipeline, 8192, microbatches=16),
+}
 
 
 def use_size(cfg: fdl.Config, name: str) -> None:
-  """Fiddler body: set a task config's model and mesh to size `name` (a key of SIZES or
-  MOE_SIZES)."""
-  every = {**SIZES, **MOE_SIZES}
+  """Fiddler body: set a task config's model and mesh to size `name` (a key of SIZES,
+  MOE_SIZES or PIPELINE_SIZES), and a pipelined size's `train.microbatches`."""
+  every = {**SIZES, **MOE_SIZES, **PIPELINE_SIZES}
   if name not in every:
     raise ValueError(f'unknown size {name!r}; one of {sorted(every)}')
-  cfg.model = every[name].model()
-  cfg.mesh = every[name].mesh()
+  size = every[name]
+  cfg.model = size.model()
+  cfg.mesh = size.mesh()
+  if size.microbatches > 1:
+    cfg.train.microbatches = size.microbatches

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -63,3 +65,25 @@ def metric_rows(job_dir: Path, timing: bool = False) -> list[dict]:
   """metrics.jsonl rows, without the TIMING_FIELDS unless asked."""
   rows = [json.loads(line) for line in (Path(job_dir) / 'metrics.jsonl').read_text().splitlines()]
   return rows if timing else [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
+
+
+def committed_steps(job_dir: Path) -> list[int]:
+  """The steps of the job dir's committed checkpoints (Orbax's finalized step dirs)."""
+  ckpt = Path(job_dir) / 'checkpoints'
+  return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.exists() else []
+
+
+def kill_after_first_checkpoint(*args: str, job_dir: Path, devices: int = 1,
+                                timeout: float = 240) -> list[int]:
+  """Starts `python -m paxlike.main ARGS --job_log_dir=JOB_DIR`, SIGKILLs it as soon as a
+  checkpoint is committed, and returns the committed steps (asserting it was killed, not done)."""
+  proc = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *args, f'--job_log_dir={job_dir}'],
+                          cwd=REPO, env=cli_env(devices), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + timeout
+  while proc.poll() is None and time.monotonic() < deadline and not committed_steps(job_dir):
+    time.sleep(0.01)
+  proc.kill()
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+  return committed_steps(job_dir)

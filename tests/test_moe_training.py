@@ -3,10 +3,8 @@ the 1-device rows, a killed run resumes to the same rows, the memory estimate ho
 expert, bad input and MoE checkpoints are one-line exit-2 errors, and benchmarks/moe.py runs."""
 
 import json
-import signal
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -24,7 +22,8 @@ from paxlike.interop import hf_llama
 from paxlike.layers import TransformerLM, moe
 from paxlike.trainer import losses
 from paxlike.trainer.partitioning import MeshConfig
-from tests.helpers import REPO, cli_env, metric_rows, run_cli, run_script
+from tests.helpers import (REPO, cli_env, kill_after_first_checkpoint, metric_rows, run_cli,
+                           run_script)
 
 # lm.StdlibMoe at test size: one MoE layer of 4 experts (top-2) at d 32, seq 32, batch 8.
 SMALL = ['--exp=lm.StdlibMoe', '--fdl_fiddler=tiny', '--fdl_set=model.d_model=32',
@@ -101,26 +100,13 @@ def test_the_8_device_expert_mesh_gives_the_1_device_rows(one_device, tmp_path):
   _assert_rows_close(rows, want)
 
 
-def _committed(job: Path) -> list[int]:
-  ckpt = job / 'checkpoints'
-  return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.exists() else []
-
-
 @pytest.mark.slow
 def test_a_killed_expert_mesh_run_resumes_to_the_same_rows(tmp_path):
   full = tmp_path / 'full'
   run_cli(*SMALL, *EXPERT_MESH, f'--job_log_dir={full}', devices=8)
   job = tmp_path / 'killed'
-  proc = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *SMALL, *EXPERT_MESH,
-                           f'--job_log_dir={job}'], cwd=REPO, env=cli_env(8),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.monotonic() + 240
-  while proc.poll() is None and time.monotonic() < deadline and not _committed(job):
-    time.sleep(0.01)
-  proc.kill()
-  proc.wait(timeout=60)
-  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
-  assert _committed(job) and max(_committed(job)) < 12
+  committed = kill_after_first_checkpoint(*SMALL, *EXPERT_MESH, job_dir=job, devices=8)
+  assert committed and max(committed) < 12
   run_cli(*SMALL, *EXPERT_MESH, f'--job_log_dir={job}', devices=8)
   assert metric_rows(job) == metric_rows(full)
 

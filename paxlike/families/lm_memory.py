@@ -18,7 +18,11 @@
   'none', its probabilities (E), the dispatch and combine masks (2·E·C per row, the per-row
   term that grows with T), the experts' input and output slots (2·d·S) and hidden (2·mlp·S),
   S = E·C / T slots per token (C the capacity; E when dropless), and the combined output d.
-Elements are in the compute dtype. Tokens per device are the global batch (× clients × local
+Elements are in the compute dtype. On a 'stage' mesh (a GPipe pipeline of p stages and m
+microbatches, paxlike.layers.pipeline) a device runs L/p layers for m + p − 1 iterations of
+one microbatch each, keeping each iteration's activations (the bubble's too), so the layer
+terms are multiplied by (m + p − 1) / (m p); 'full' remat recomputes one layer of one
+microbatch; the head is computed by every stage. Tokens per device are the global batch (× clients × local
 steps for federated rounds) divided by the mesh axes that split the batch; a 'model' (tensor
 parallel) axis further splits everything but the d_model-wide terms. XLA's fusion and
 buffer reuse move the real number either way; read this as the size class, not a promise.
@@ -93,10 +97,17 @@ def _mlp_bytes(model: TransformerLM, seq_len: int, mlp_in: float,
   return dense, sparse
 
 
+def pipeline_share(stages: int, microbatches: int) -> float:
+  """The share of the whole layer stack's kept activations one device of a GPipe pipeline holds:
+  its 1/p of the layers over m + p − 1 microbatch iterations, against m without a pipeline."""
+  return (microbatches + stages - 1) / (microbatches * stages)
+
+
 def activation_bytes_per_token(model: TransformerLM, seq_len: int, kernel: str,
-                               model_ways: int = 1) -> float:
-  """Bytes the backward pass keeps per token, on one of `model_ways` tensor-parallel shards
-  (see the module docstring)."""
+                               model_ways: int = 1, stages: int = 1,
+                               microbatches: int = 1) -> float:
+  """Bytes the backward pass keeps per token, on one of `model_ways` tensor-parallel shards of
+  a stage of a `stages`-stage pipeline of `microbatches` (see the module docstring)."""
   d, f, layers = model.d_model, model.d_ff, model.num_layers
   head_dim = d // model.num_heads
   heads = model.num_heads / model_ways
@@ -116,7 +127,8 @@ def activation_bytes_per_token(model: TransformerLM, seq_len: int, kernel: str,
     total += count * keeps[model.remat_policy]
     if count and model.remat_policy == 'full':
       recompute = max(recompute, everything)
-  return total + recompute + 2 * model.vocab_size / model_ways * 4 + d * size
+  head = 2 * model.vocab_size / model_ways * 4 + d * size
+  return total * pipeline_share(stages, microbatches) + recompute / microbatches + head
 
 
 def estimate(task: Task, devices: int) -> Estimate:
@@ -139,8 +151,10 @@ def estimate(task: Task, devices: int) -> Estimate:
   tokens = (data.batch_size * data.seq_len * getattr(data, 'clients_per_round', 1)
             * getattr(data, 'local_steps', 1)) / batch_ways
   kernel = model.attention_kernel(data.seq_len)
-  activations = tokens * activation_bytes_per_token(model, data.seq_len, kernel,
-                                                    mesh.get('model', 1))
+  stages = mesh.get(partitioning.STAGE_AXIS, 1)
+  activations = tokens * activation_bytes_per_token(
+      model, data.seq_len, kernel, mesh.get('model', 1), stages,
+      task.train.microbatches if stages > 1 else 1)
   return Estimate(devices, mesh, params, optimizer, params, activations)
 
 

@@ -24,6 +24,7 @@ from paxlike.errors import UserError
 # 'expert' holds a shard of the experts in MoE layers and is data parallel everywhere else.
 BATCH_AXES = ('data', 'fsdp', 'expert')
 EXPERT_AXIS = 'expert'
+STAGE_AXIS = 'stage'
 CLIENTS_AXIS = 'clients'
 
 LogicalRules = tuple[tuple[str, Any], ...]
@@ -38,7 +39,7 @@ DEFAULT_RULES: LogicalRules = (
     ('vocab', 'model'),
     ('kv', None),
     ('length', None),
-    ('layers', 'stage'),  # A scanned stack's layer axis: split into pipeline stages.
+    ('layers', STAGE_AXIS),  # A scanned stack's layer axis: split into pipeline stages.
     ('lora_rank', None),  # LoRA adapters' rank axis: small, replicated.
     # MoE (paxlike.layers.moe): expert weights and the experts' token slots split on 'expert';
     # while the slots are split by expert, their batch dim is split by the other batch axes.

@@ -11,6 +11,7 @@ from fiddle.experimental import serialization
 
 from configs import models
 from configs.sizes import SIZES, use_size
+from paxlike.errors import UserError
 from paxlike.families import lm_flops, shapes
 from paxlike.trainer import partitioning
 from paxlike.layers import CnnClassifier, TransformerLM
@@ -170,3 +171,51 @@ def test_print_config_of_the_8b_prints_the_memory_per_device():
   assert [l.split(' devices')[0] for l in lines] == [
       '# memory per device on 8', '# memory per device on 64', '# memory per device on 256']
   assert '(fsdp 16 × model 4)' in lines[1] and '# params: 8,030,261,248' in out
+
+
+def test_pipeline_activations_are_the_stages_share_over_the_microbatch_iterations():
+  """2 stages of 4 microbatches: a device keeps its 1 of 2 layers for 4 + 2 − 1 = 5 iterations
+  of a quarter batch, 5/8 of the stack's 'dots' activations per token; the head is whole."""
+  from paxlike.families import lm_memory
+  model = TransformerLM(vocab_size=256, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
+                        d_ff=128, dtype=jnp.bfloat16, remat_policy='dots')
+  head = 2 * 256 * 4 + 64 * 2
+  assert lm_memory.activation_bytes_per_token(model, 32, 'cudnn', stages=2, microbatches=4) == (
+      2 * 576 * 2 * 5 / 8 + head)
+  assert lm_memory.pipeline_share(1, 1) == 1 and lm_memory.pipeline_share(4, 16) == 19 / 64
+
+
+def test_the_pod_pipeline_size_splits_the_layers_over_stages_and_the_rest_over_fsdp_model():
+  """8b_pipeline on 64 devices (stage 4 × fsdp 4 × model 4): the stacked layers' float32 kernels
+  split 64 ways and their norms 16 (stage × fsdp); the embeddings and head (outside the pipeline)
+  16 ways (fsdp × model) and the final norm 4."""
+  from configs import fiddlers
+  from paxlike import registry
+  from paxlike.cli import config_io
+  from paxlike.families import lm_memory
+  registry.import_all()
+  config = registry.get('lm.Llama8B')().config()
+  fiddlers.size_8b_pipeline(config)
+  task = config_io.build(config)
+  assert task.train.microbatches == 16
+  est = lm_memory.estimate(task, 64)
+  assert est.mesh == {'stage': 4, 'fsdp': 4, 'model': 4}
+  m = task.model
+  kv = m.num_kv_heads * m.d_model // m.num_heads
+  kernels = m.d_model * (2 * m.d_model + 2 * kv) + 3 * m.d_model * m.d_ff
+  tables = 2 * m.vocab_size * m.d_model
+  assert est.params == pytest.approx(4 * (m.num_layers * (kernels / 64 + 2 * m.d_model / 16)
+                                          + tables / 16 + m.d_model / 4))
+  with pytest.raises(UserError, match='does not divide 8 devices'):
+    lm_memory.estimate(task, 8)  # 4 stages × 4 model need a multiple of 16 devices.
+
+
+@pytest.mark.slow
+def test_print_config_of_the_pod_pipeline_prints_its_memory_per_device():
+  from tests.helpers import run_cli
+  out = run_cli('--exp=lm.Llama8B', '--fdl_fiddler=size_8b_pipeline', '--mode=print_config').stdout
+  lines = [l for l in out.splitlines() if l.startswith('# memory per device')]
+  assert [l.split(':')[0] for l in lines] == [
+      '# memory per device on 64 devices (stage 4 × fsdp 4 × model 4)',
+      '# memory per device on 256 devices (stage 4 × fsdp 16 × model 4)']
+  assert 'microbatches = 16' in out or 'microbatches=16' in out.replace(' ', '')

@@ -1,23 +1,49 @@
 """A TransformerLM trained as a 4-stage GPipe pipeline (4 stage x 2 data, 2 microbatches) logs
-the 1-device run's rows; bad pipeline input is one line, exit 2, before anything is written."""
+the 1-device run's rows (so does 2 stage x 2 data x 2 model), and a killed pipelined run resumes
+to the uninterrupted run's rows;
+bad pipeline input is one line, exit 2, before anything is written."""
+
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, metric_rows, run_cli
+from tests.helpers import TINY, kill_after_first_checkpoint, metric_rows, run_cli
 
 STAGE = [*TINY, '--fdl_fiddler=cpu8_stage']
 
 
-def test_pipelined_rows_equal_one_device(tmp_path):
-  run_cli(*TINY, '--fdl_set=model.scan_layers=True', '--fdl_set=model.num_layers=4',
-          f'--job_log_dir={tmp_path / "one"}', devices=1)
-  run_cli(*STAGE, f'--job_log_dir={tmp_path / "stage"}', devices=8)
-  one, stage = metric_rows(tmp_path / 'one'), metric_rows(tmp_path / 'stage')
-  assert [r['step'] for r in stage] == [r['step'] for r in one]
-  for a, b in zip(one, stage):
+def _assert_rows_close(one: list[dict], got: list[dict]) -> None:
+  assert [r['step'] for r in got] == [r['step'] for r in one]
+  for a, b in zip(one, got):
     assert a.keys() == b.keys()
     for key, value in a.items():
       assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (a['step'], key)
+
+
+def _one_device_rows(job: Path) -> list[dict]:
+  run_cli(*TINY, '--fdl_set=model.scan_layers=True', '--fdl_set=model.num_layers=4',
+          f'--job_log_dir={job}', devices=1)
+  return metric_rows(job)
+
+
+@pytest.mark.slow
+def test_pipelined_rows_equal_one_device_and_resume_exactly(tmp_path):
+  run_cli(*STAGE, f'--job_log_dir={tmp_path / "stage"}', devices=8)
+  stage = metric_rows(tmp_path / 'stage')
+  _assert_rows_close(_one_device_rows(tmp_path / 'one'), stage)
+  # Crash-exact resume on the stage mesh: killed after its first checkpoint, then resumed.
+  killed = tmp_path / 'killed'
+  committed = kill_after_first_checkpoint(*STAGE, job_dir=killed, devices=8)
+  assert committed and max(committed) < 20
+  run_cli(*STAGE, f'--job_log_dir={killed}', devices=8)
+  assert metric_rows(killed) == stage
+
+
+@pytest.mark.slow
+def test_stages_compose_with_data_and_tensor_parallelism(tmp_path):
+  run_cli(*STAGE, '--fdl_set=mesh.ici=(2,2,2)', "--fdl_set=mesh.axes=('stage','data','model')",
+          f'--job_log_dir={tmp_path / "stage_data_model"}', devices=8)
+  _assert_rows_close(_one_device_rows(tmp_path / 'one'), metric_rows(tmp_path / 'stage_data_model'))
 
 
 @pytest.mark.parametrize('override,message', [
