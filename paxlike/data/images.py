@@ -54,7 +54,10 @@ class ImageData:
   shards), all seeded by `partition_seed`; num_clients=1 is centralized training. Cohorts:
   `sampling` 'uniform' or 'weighted' each round, 'fixed' (slot i = client i every round;
   needs clients_per_round = num_clients), or 'poisson' (each client in with probability
-  clients_per_round / num_clients, padded to `num_slots`).
+  clients_per_round / num_clients, padded to `num_slots`). Systems heterogeneity: each round
+  a client slot straggles with probability `straggler_fraction` and runs only its first
+  1..local_steps-1 local steps (`sources.straggler_steps`; batches then carry
+  `sources.STEP_MASK`).
 
   Each round a client draws local_steps x batch_size distinct examples; a client with fewer
   than that cycles through a random permutation of its data. Eval: the whole test split in
@@ -73,6 +76,7 @@ class ImageData:
   sampling: str = 'uniform'
   eval_batch_size: int = 256
   num_eval_batches: int | None = None
+  straggler_fraction: float = 0.0
 
   item: ClassVar[sources.Item] = 'examples'
 
@@ -88,6 +92,7 @@ class ImageData:
       raise UserError(f'ImageData.num_eval_batches must be positive or None, '
                       f'got {self.num_eval_batches!r}')
     sources.check_cohort(self, self.num_clients)
+    sources.check_stragglers(self)
 
   @functools.cached_property
   def train(self) -> Arrays:
@@ -133,7 +138,8 @@ class ImageData:
                     rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
     """[num_slots, local_steps, batch_size, H, W, 1] batches (only cohort slots `clients` and
     batch rows `rows` of them) and the whole cohort's FedAvg weights; a Poisson cohort's unused
-    slots hold example 0 with mask 0 and weight 0."""
+    slots hold example 0 with mask 0 and weight 0, and a straggler's steps past its last have
+    mask 0 (both are in the STEP_MASK)."""
     sizes, per_client = self.client_sizes, self.local_steps * self.batch_size
     cohort = sources.sample_cohort(seed, step, sizes, self.clients_per_round, self.sampling)
     rng = sources.round_rng(seed, step, sources.EXAMPLE_STREAM)
@@ -149,7 +155,8 @@ class ImageData:
     index = np.stack(picks).reshape(len(cohort), self.local_steps, self.batch_size)
     mask = np.broadcast_to((cohort != sources.PADDED)[:, None, None], index.shape)
     index, mask = index[clients, :, rows], mask[clients, :, rows]  # A block = a slice.
-    batch = image_batch(self.train, index, mask)
+    batch = sources.with_step_mask(self, image_batch(self.train, index, mask), seed, step, cohort,
+                                   clients)
     return batch, sources.cohort_weights(sizes, cohort, self.sampling)
 
   def _eval_positions(self) -> np.ndarray:

@@ -92,7 +92,9 @@ class LmData:
   `sampling`: 'uniform' or 'weighted' cohorts each round (sources.sample_cohort), 'fixed':
   slot i is client i every round, which needs clients_per_round = the number of clients, or
   'poisson': each client in with probability clients_per_round / clients, padded to
-  `num_slots`.
+  `num_slots`. `straggler_fraction`: each round a slot straggles with this probability and
+  runs only its first 1..local_steps-1 local steps (`sources.straggler_steps`; the batches
+  then carry `sources.STEP_MASK`).
 
   Windows of seq_len + 1 bytes start at uniform offsets in a client's stream; a client
   shorter than that cycles its stream (nothing is masked). Clients with fewer than
@@ -113,6 +115,7 @@ class LmData:
   min_client_chars: int = 0
   eval_batch_size: int = 16
   num_eval_batches: int | None = 8
+  straggler_fraction: float = 0.0
 
   item: ClassVar[sources.Item] = 'tokens'
   vocab_size: ClassVar[int] = 256
@@ -129,6 +132,7 @@ class LmData:
                       f'got {self.num_eval_batches!r}')
     if self.min_client_chars < 0:
       raise UserError(f'LmData.min_client_chars must be >= 0, got {self.min_client_chars}')
+    sources.check_stragglers(self)
     if self.partition in ('iid', 'domains'):  # Checked again once small clients are dropped.
       sources.check_cohort(self, self.num_clients)
 
@@ -190,6 +194,7 @@ class LmData:
     batch = windows(s.tokens, s.starts[member][clients, None, None], sizes[clients],
                     offsets[clients, :, rows], self.seq_len)
     batch['mask'] = batch['mask'] * present[clients, None, None, None]
+    batch = sources.with_step_mask(self, batch, seed, step, cohort, clients)
     return batch, sources.cohort_weights(s.sizes, cohort, self.sampling)
 
   @functools.cached_property

@@ -20,8 +20,14 @@ PADDED = -1  # A Poisson cohort's unused slot (weight 0, mask 0).
 POISSON_OVERFLOW = 1e-12
 Item = Literal['tokens', 'examples']  # What a batch's mask counts: LM tokens, or examples.
 
-# Distinct streams so that the cohort of a round does not depend on batch shapes.
-COHORT_STREAM, EXAMPLE_STREAM = 0, 1
+# Distinct streams so that the cohort of a round does not depend on batch shapes, and turning
+# stragglers on changes neither the cohort nor the examples.
+COHORT_STREAM, EXAMPLE_STREAM, STRAGGLER_STREAM = 0, 1, 2
+# The batch key that says which local steps each slot runs: float32 [slots, local_steps,
+# batch_size] (every row of a step alike), 1 where the slot runs the step. Present only where
+# some slot may run fewer than all (a Poisson cohort's padded slots run none, a straggler
+# `straggler_fraction` its first few), so that without them the batches are what they were.
+STEP_MASK = 'step_mask'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +137,51 @@ def cohort_weights(sizes: np.ndarray, cohort: np.ndarray, sampling: str) -> np.n
   if sampling == 'weighted':
     return np.ones(len(cohort), np.float32)
   return np.where(cohort == PADDED, 0, sizes[np.maximum(cohort, 0)]).astype(np.float32)
+
+
+def straggler_steps(seed: int, step: int, present: np.ndarray, local_steps: int,
+                    fraction: float) -> np.ndarray:
+  """int64 [slots]: the local steps each slot runs in round `step`. A client slot (`present`)
+  straggles with probability `fraction` and then runs a uniform number in [1, local_steps),
+  else all `local_steps`; a padded slot runs none. Slot i's draws are the i-th of the round's
+  stream, so they depend on (seed, step, i) alone."""
+  draws = round_rng(seed, step, STRAGGLER_STREAM).random((len(present), 2))
+  straggles = draws[:, 0] < fraction
+  partial = 1 + np.floor(draws[:, 1] * max(local_steps - 1, 0)).astype(np.int64)
+  return np.where(present, np.where(straggles, partial, local_steps), 0).astype(np.int64)
+
+
+def mark_steps(batch: Batch, steps: np.ndarray, clients: slice = slice(None)) -> Batch:
+  """`batch` (slots `clients` of a round's) with its STEP_MASK from each slot's `steps` (all
+  slots') and the items of the steps a slot does not run masked out."""
+  mask = batch['mask']
+  runs = np.arange(mask.shape[1])[None, :] < steps[clients, None]  # [block slots, local_steps]
+  step_mask = np.broadcast_to(runs[:, :, None], mask.shape[:3]).astype(np.float32)
+  return {**batch, 'mask': (mask * runs.reshape(*runs.shape, *[1] * (mask.ndim - 2))
+                            ).astype(np.float32), STEP_MASK: step_mask}
+
+
+def with_step_mask(obj: object, batch: Batch, seed: int, step: int, cohort: np.ndarray,
+                   clients: slice = slice(None)) -> Batch:
+  """`batch` as the source `obj` (with `sampling`, `local_steps`, `straggler_fraction`) gives
+  it: with a STEP_MASK under Poisson sampling or stragglers, else unchanged."""
+  fraction = getattr(obj, 'straggler_fraction')
+  if getattr(obj, 'sampling') != 'poisson' and not fraction:
+    return batch
+  steps = straggler_steps(seed, step, cohort != PADDED, getattr(obj, 'local_steps'), fraction)
+  return mark_steps(batch, steps, clients)
+
+
+def check_stragglers(obj: object) -> None:
+  """`straggler_fraction` is a number in [0, 1), and a straggler needs 2+ local steps to run
+  fewer than all of them."""
+  name, value = type(obj).__name__, getattr(obj, 'straggler_fraction')
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+    raise UserError(f'{name}.straggler_fraction must be a number in [0, 1), got {value!r}')
+  if value and getattr(obj, 'local_steps') < 2:
+    raise UserError(f'{name}.straggler_fraction={value} needs local_steps >= 2 (a straggler '
+                    f'runs 1 to local_steps - 1 of them), got local_steps='
+                    f'{getattr(obj, "local_steps")}')
 
 
 def check_fields(obj: object, positive: Sequence[str], choices: dict[str, Sequence[str]]) -> None:

@@ -22,9 +22,9 @@ import optax
 from paxlike.trainer import optim
 from paxlike.trainer.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
                                check_weighting, client_weights, cohort_size)
-from paxlike.federated import server_optim
+from paxlike.federated import server_optim, stragglers
 from paxlike.federated.chunking import resolve_client_chunk
-from paxlike.federated.options import check_prox_mu
+from paxlike.federated.options import check_prox_mu, drop_stragglers_of
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program, federated_weighted_mean)
 from paxlike.trainer.losses import LossFn
@@ -49,8 +49,9 @@ class Aggregator(Protocol):
 
   def init(self, params: Any) -> Any: ...
 
-  def aggregate(self, state: Any, deltas: Any, weights: jax.Array, rng: jax.Array
-                ) -> tuple[Any, Any, dict[str, jax.Array]]: ...
+  def aggregate(self, state: Any, deltas: Any, weights: jax.Array, rng: jax.Array,
+                masked: bool = False) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """`masked`: a slot of weight 0 (padding, a dropped straggler) takes no part."""
 
 
 def client_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
@@ -60,31 +61,42 @@ def client_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   `prox_mu` > 0 is FedProx (Li et al. 2020): the client minimises loss + μ/2‖w − w₀‖², w₀ the
   params it started from (the global model), so μ(w − w₀) is added to every gradient.
 
-  Runs one optimizer step per entry of the local-steps axis of `batches`. `stats` holds scalars:
-  `loss` (mean over the local steps), `loss_before` (the first step's loss, at the starting
-  params), `loss_after` (the final params on the last local batch, with the last step's rng) and
-  the loss_fn's aux values averaged over the local steps.
+  Runs one optimizer step per entry of the local-steps axis of `batches`; where the batches
+  carry a STEP_MASK (stragglers, padded slots: stragglers.py), a step the client does not run
+  leaves its params and optimizer state as they were. `stats` holds scalars: `loss` (mean over
+  the local steps run), `loss_before` (the first step's loss, at the starting params),
+  `loss_after` (the final params on the last local batch run, with that step's rng) and the
+  loss_fn's aux values averaged over the local steps run.
   """
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def update(params, opt_state, batches, rng):
+    batches, active = stragglers.split_steps(batches)
     keys = jax.random.split(rng, jax.tree.leaves(batches)[0].shape[0])
     anchor = params
 
     def step(carry, inputs):
       params, opt_state = carry
-      batch, key = inputs
+      batch, key = inputs[:2]
       (loss, aux), grads = grad_fn(params, batch, key)
       if prox_mu:
         grads = jax.tree.map(lambda g, w, w0: g + prox_mu * (w - w0), grads, params, anchor)
       updates, opt_state = optimizer.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), (loss, aux)
+      new = (optax.apply_updates(params, updates), opt_state)
+      if active is not None:  # A step the client does not run is no step.
+        new = stragglers.keep_if(~inputs[2], carry, new)
+      return new, (loss, aux)
 
-    (params, opt_state), (losses, aux) = jax.lax.scan(step, (params, opt_state), (batches, keys))
-    loss_after, _ = loss_fn(params, jax.tree.map(lambda x: x[-1], batches), keys[-1])
-    stats = {**jax.tree.map(lambda v: jnp.mean(v, axis=0), aux),
-             'loss': jnp.mean(losses), 'loss_before': losses[0], 'loss_after': loss_after}
-    return params, opt_state, stats
+    steps = (batches, keys) if active is None else (batches, keys, active)
+    (params, opt_state), (losses, aux) = jax.lax.scan(step, (params, opt_state), steps)
+    if active is None:
+      loss_after, _ = loss_fn(params, jax.tree.map(lambda x: x[-1], batches), keys[-1])
+      stats = {**jax.tree.map(lambda v: jnp.mean(v, axis=0), aux),
+               'loss': jnp.mean(losses), 'loss_before': losses[0]}
+    else:
+      loss_after, _ = loss_fn(params, *stragglers.last_run(batches, keys, active))
+      stats = stragglers.run_stats(losses, aux, active)
+    return params, opt_state, {**stats, 'loss_after': loss_after}
 
   return update
 
@@ -101,11 +113,15 @@ def round_metrics(stats: dict[str, jax.Array], pseudo_grad: Any, learning_rate: 
 
 
 def cohort_metrics(stats: dict[str, jax.Array], weights: jax.Array, pseudo_grad: Any,
-                   client_opt_state: Any, clients: int) -> dict[str, jax.Array]:
-  """`round_metrics` of client-placed stats (their weighted mean) and client optimizer states
-  (every client runs the same schedule: their mean rate). Call inside the federated program."""
+                   client_opt_state: Any, clients: int | jax.Array,
+                   present: jax.Array | None = None) -> dict[str, jax.Array]:
+  """`round_metrics` of client-placed stats (their weighted mean; with `present`, over the real
+  clients only, see stragglers.real_client_mean) and client optimizer states (every client
+  runs the same schedule: their mean rate). Call inside the federated program."""
   learning_rate = optim.learning_rate_of(client_opt_state)
-  return round_metrics(federated_weighted_mean(stats, weights), pseudo_grad,
+  mean = (federated_weighted_mean(stats, weights) if present is None
+          else stragglers.real_client_mean(stats, weights, present))
+  return round_metrics(mean, pseudo_grad,
                        None if learning_rate is None else federated_mean(learning_rate), clients)
 
 
@@ -122,26 +138,45 @@ def placed_init(optimizer: optax.GradientTransformation, clients: int) -> Callab
 
 
 def aggregate(aggregator: Aggregator | None, state: PseudoGradientState, start: Any,
-              client_params: Any, weights: jax.Array, rng: jax.Array
+              client_params: Any, weights: jax.Array, rng: jax.Array, masked: bool = False
               ) -> tuple[Any, Any, dict[str, jax.Array]]:
   """(pseudo-gradient, aggregator state, metrics) of a round, inside its federated program:
   the server params minus the clients' weighted mean, or what `aggregator` makes of the
-  client updates `start - client_params`."""
+  client updates `start - client_params`. `masked` (the batches have a STEP_MASK): a slot of
+  weight 0 is not in the aggregate (a padded slot, a dropped straggler), and a round without
+  any client has pseudo-gradient 0 (not 0/0)."""
   if aggregator is None:
-    mean = federated_weighted_mean(client_params, weights)
+    empty = stragglers.empty_aggregate(weights) if masked else None
+    mean = federated_weighted_mean(client_params, weights if empty is None
+                                   else jnp.where(empty, 1.0, weights))
     pseudo_grad = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), state.params, mean)
+    if empty is not None:
+      pseudo_grad = jax.tree.map(lambda g: jnp.where(empty, jnp.zeros_like(g), g), pseudo_grad)
     return pseudo_grad, state.aggregator_state, {}
   deltas = jax.tree.map(jnp.subtract, start, client_params)
   pseudo_grad, aggregator_state, metrics = aggregator.aggregate(
-      state.aggregator_state, deltas, weights, rng)
+      state.aggregator_state, deltas, weights, rng, masked=masked)
   return cast_like(pseudo_grad, state.params), aggregator_state, metrics
+
+
+def server_step(server_optimizer: optax.GradientTransformation, state: PseudoGradientState,
+                pseudo_grad: Any, skip: jax.Array | None = None) -> tuple[Any, Any]:
+  """(params, server optimizer state) after the server optimizer's step along `pseudo_grad`;
+  both as they were where `skip` (a round whose aggregate holds no client)."""
+  updates, server_opt_state = server_optimizer.update(
+      pseudo_grad, state.server_opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  if skip is None:
+    return params, server_opt_state
+  return stragglers.keep_if(skip, (state.params, state.server_opt_state),
+                            (params, server_opt_state))
 
 
 def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
                     server_optimizer: optax.GradientTransformation,
                     num_replicas: int | None = None, client_chunk: int | None = None,
                     weighting: str = 'num_examples', aggregator: Aggregator | None = None,
-                    prox_mu: float = 0.0) -> Algorithm:
+                    prox_mu: float = 0.0, drop_stragglers: bool | None = None) -> Algorithm:
   """The FedAvg/FedOpt/DiLoCo round; each client runs one local step per entry of the batches'
   local-steps axis. With `num_replicas`, the client optimizer states are kept
   across rounds (replica i always takes cohort slot i); without, every round starts them fresh.
@@ -149,9 +184,11 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
   once; None: chosen per platform, see chunking.py).
   `weighting`: how clients are weighted in the mean (paxlike.trainer.algorithm.WEIGHTINGS).
   `aggregator`: how client updates become the pseudo-gradient (None: their weighted mean; a
-  `dp.DpAggregator`: clipped, noised). `prox_mu`: FedProx's proximal weight (0: none)."""
+  `dp.DpAggregator`: clipped, noised). `prox_mu`: FedProx's proximal weight (0: none).
+  `drop_stragglers`: weight 0 for a straggler's partial work (None: unless prox_mu > 0)."""
   update = client_update(loss_fn, client_optimizer, check_prox_mu(prox_mu))
   check_weighting(weighting)
+  drop = drop_stragglers_of(drop_stragglers, prox_mu)
 
   def init(params):
     server_opt_state = server_optimizer.init(params)
@@ -162,8 +199,10 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
     return PseudoGradientState(params, server_opt_state, client_opt_state, kept)
 
   def next(state, batches, weights, rng):
-    clients = cohort_size(batches, None if num_replicas is None else (num_replicas, 'replicas'))
+    clients = cohort_size(batches, None if num_replicas is None else (num_replicas, 'replicas'),
+                          partial_steps=True)
     weights = client_weights(weighting, batches, weights)
+    present, kept_weights, counts = stragglers.round_weights(batches, weights, drop)
 
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):
@@ -174,12 +213,12 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
       client_params, opt_state, stats = federated_map(
           update, (start, opt_state, batches, keys), chunk=resolve_client_chunk(client_chunk))
       pseudo_grad, aggregator_state, aggregator_metrics = aggregate(
-          aggregator, state, start, client_params, weights, rng)
-      updates, server_opt_state = server_optimizer.update(
-          pseudo_grad, state.server_opt_state, state.params)
-      params = optax.apply_updates(state.params, updates)
-      metrics = {**cohort_metrics(stats, weights, pseudo_grad, opt_state, clients),
-                 **aggregator_metrics}
+          aggregator, state, start, client_params, kept_weights, rng, present is not None)
+      params, server_opt_state = server_step(
+          server_optimizer, state, pseudo_grad, None if present is None or aggregator
+          else stragglers.empty_aggregate(kept_weights))
+      metrics = {**cohort_metrics(stats, weights, pseudo_grad, opt_state, clients, present),
+                 **counts, **aggregator_metrics}
       server_lr = optim.learning_rate_of(server_opt_state)
       if server_lr is not None:
         metrics['server_learning_rate'] = server_lr
@@ -191,20 +230,23 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
   fixed = None if num_replicas is None else FixedCohort(
       num_replicas, 'num_replicas', False, lambda n: pseudo_gradient(
           loss_fn, client_optimizer, server_optimizer, n, client_chunk, weighting, aggregator,
-          prox_mu))
+          prox_mu, drop_stragglers))
   return Algorithm(init, next, fixed_cohort=fixed, aggregator=aggregator)
 
 
 def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
             server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
             client_chunk: int | None = None, weighting: str = 'num_examples',
-            aggregator: Aggregator | None = None, prox_mu: float = 0.0) -> Algorithm:
+            aggregator: Aggregator | None = None, prox_mu: float = 0.0,
+            drop_stragglers: bool | None = None) -> Algorithm:
   """FedAvg, and FedOpt (Reddi et al. 2021) with any other `server_optimizer`: a fresh client
   optimizer each round, then the server optimizer on the pseudo-gradient (SGD at lr 1, the
   default, is plain weighted averaging of the client models). DP-FedAvg with
-  `aggregator=DpAggregator(...)`, FedProx with `prox_mu` > 0 (see `pseudo_gradient`)."""
+  `aggregator=DpAggregator(...)`, FedProx with `prox_mu` > 0; `drop_stragglers` as for
+  `pseudo_gradient`."""
   return pseudo_gradient(loss_fn, client_optimizer, server_optimizer, client_chunk=client_chunk,
-                         weighting=weighting, aggregator=aggregator, prox_mu=prox_mu)
+                         weighting=weighting, aggregator=aggregator, prox_mu=prox_mu,
+                         drop_stragglers=drop_stragglers)
 
 
 FLAVOURS = ('paper', 'optax')
@@ -222,20 +264,21 @@ def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
              tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
              weighting: str = 'num_examples', aggregator: Aggregator | None = None,
-             prox_mu: float = 0.0) -> Algorithm:
+             prox_mu: float = 0.0, drop_stragglers: bool | None = None) -> Algorithm:
   """FedAdam. `flavour='paper'`: Reddi et al.'s Algorithm 2 (`server_optim.adam`); `'optax'`:
   `optax.adam(eps=tau)`, which bias-corrects both moments and starts v at 0 (it agrees with the
   paper once β2ᵗ is small, after a few hundred rounds at β2 = 0.99)."""
   server = adaptive_server(flavour, server_optim.adam(server_learning_rate, b1, b2, tau),
                            optax.adam(server_learning_rate, b1=b1, b2=b2, eps=tau))
-  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu)
+  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu,
+                 drop_stragglers)
 
 
 def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
              server_learning_rate: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
              tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
              weighting: str = 'num_examples', aggregator: Aggregator | None = None,
-             prox_mu: float = 0.0) -> Algorithm:
+             prox_mu: float = 0.0, drop_stragglers: bool | None = None) -> Algorithm:
   """FedYogi. `flavour='paper'`: Algorithm 2 (`server_optim.yogi`); `'optax'`: optax's Yogi
   with eps = τ and both accumulators starting at τ², bias-corrected. `aggregator` and `prox_mu`
   as for `fed_avg`."""
@@ -244,21 +287,23 @@ def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
       optax.chain(
           optax.scale_by_yogi(b1=b1, b2=b2, eps=tau, initial_accumulator_value=tau**2),
           optax.scale_by_learning_rate(server_learning_rate)))
-  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu)
+  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu,
+                 drop_stragglers)
 
 
 def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
                 server_learning_rate: float = 1e-2, b1: float = 0.9,
                 tau: float = 1e-3, client_chunk: int | None = None, flavour: str = 'paper',
                 weighting: str = 'num_examples', aggregator: Aggregator | None = None,
-                prox_mu: float = 0.0) -> Algorithm:
+                prox_mu: float = 0.0, drop_stragglers: bool | None = None) -> Algorithm:
   """FedAdagrad. `flavour='paper'`: Algorithm 2 (`server_optim.adagrad`, with server momentum
   β1); `'optax'`: `optax.adagrad` with the accumulator starting at τ² and no eps, so the step is
   Δ/√(τ² + ΣΔ²), without momentum (β1 unused). `aggregator` and `prox_mu` as for `fed_avg`."""
   server = adaptive_server(
       flavour, server_optim.adagrad(server_learning_rate, b1, tau),
       optax.adagrad(server_learning_rate, initial_accumulator_value=tau**2, eps=0.0))
-  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu)
+  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu,
+                 drop_stragglers)
 
 
 def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,
@@ -266,7 +311,7 @@ def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,
                0.7, momentum=0.9, nesterov=True),
            num_replicas: int | None = None, client_chunk: int | None = None,
            weighting: str = 'num_examples', aggregator: Aggregator | None = None,
-           prox_mu: float = 0.0) -> Algorithm:
+           prox_mu: float = 0.0, drop_stragglers: bool | None = None) -> Algorithm:
   """DiLoCo: H inner steps per replica (H: the batches' local steps; inner state kept across
   rounds), then the outer optimizer on the averaged pseudo-gradient. `num_replicas` is required
   and must equal the cohort size; replica i always trains on cohort slot i."""
@@ -274,4 +319,4 @@ def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,
     raise AlgorithmConfigError(
         f'diloco needs num_replicas >= 1 (the cohort size), got {num_replicas!r}.')
   return pseudo_gradient(loss_fn, inner_optimizer, outer_optimizer, num_replicas, client_chunk,
-                         weighting, aggregator, prox_mu)
+                         weighting, aggregator, prox_mu, drop_stragglers)

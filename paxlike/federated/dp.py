@@ -11,7 +11,8 @@ A round, over the clients axis with the federated primitives:
    contribution is bounded by C whatever its size, which is what bounds the sensitivity).
    A slot of weight 0 is padding (a Poisson cohort's unused slot): it takes no part in the
    clipped sum, the noise or the unclipped count; n is `expected_clients` (a Poisson cohort's
-   qN, set by the accountant from the data) or, unset, the round's slots.
+   qN, set by the accountant from the data) or, unset, the round's slots. A straggler the
+   algorithm drops (weight 0, see stragglers.py) is left out in the same way; n is unchanged.
 
 Adaptive clipping (`target_quantile` = γ set): the clients also report bᵢ = 1[‖Δᵢ‖ ≤ C]. The
 server releases b̄ = (Σ(bᵢ − ½) + N(0, σ_b²)) / n + ½, the noised fraction of unclipped
@@ -109,12 +110,14 @@ class DpAggregator:
     """n, what the noised sum is divided by: `expected_clients`, or unset the slot count."""
     return slots if self.expected_clients is None else self.expected_clients
 
-  def aggregate(self, state: DpState, deltas: Any, weights: jax.Array, rng: jax.Array
-                ) -> tuple[Any, DpState, dict[str, jax.Array]]:
+  def aggregate(self, state: DpState, deltas: Any, weights: jax.Array, rng: jax.Array,
+                masked: bool = False) -> tuple[Any, DpState, dict[str, jax.Array]]:
     """(noised mean update, new state, metrics) from client-placed `deltas`; call inside the
-    round's federated program. Only whether a weight is 0 (a padded slot) is read."""
+    round's federated program. Only whether a weight is 0 (a padded slot; with `masked`, also
+    a dropped straggler) is read."""
     n = self.divisor(jax.tree.leaves(deltas)[0].shape[0])
-    padded = self.expected_clients is not None  # Only a Poisson cohort has padded slots.
+    # Only a Poisson cohort has padded slots, and only masked rounds drop stragglers.
+    padded = self.expected_clients is not None or masked
     present = jnp.asarray(weights) > 0
     if padded:
       clipped, unclipped = federated_map(

@@ -6,6 +6,11 @@
   `dp.DpAggregator`: clipped and noised). The built `Algorithm` declares it, for the privacy
   accountant.
 - `prox_mu`: FedProx's proximal weight on each client's local objective (0: none).
+- `drop_stragglers` (the pseudo-gradient algorithms: FedAvg, FedOpt, DiLoCo): what the server
+  does with a straggler's partial work (the data's `straggler_fraction`): True gives it weight
+  0 in the aggregate (FedAvg's baseline in Li et al. 2020), False keeps it; None, the default,
+  is the paper's pairing: dropped unless `prox_mu` > 0 (FedProx keeps it). The algorithms
+  whose state is per slot (PAPA, BTM, SCAFFOLD) refuse stragglers (algorithm.cohort_size).
 
 An algorithm for which an option has no meaning accepts the keyword and refuses any value but
 the default, in one line (`refuse_options`).
@@ -22,6 +27,17 @@ def check_prox_mu(prox_mu: float) -> float:
   if isinstance(prox_mu, bool) or not isinstance(prox_mu, (int, float)) or prox_mu < 0:
     raise AlgorithmConfigError(f'prox_mu must be a number >= 0, got {prox_mu!r}.')
   return prox_mu
+
+
+def drop_stragglers_of(drop_stragglers: bool | None, prox_mu: float) -> bool:
+  """Whether stragglers' partial work is dropped: `drop_stragglers`, or unset (None) unless
+  FedProx (`prox_mu` > 0)."""
+  if drop_stragglers is None:
+    return not prox_mu
+  if not isinstance(drop_stragglers, bool):
+    raise AlgorithmConfigError(f'drop_stragglers must be True, False or None (drop unless '
+                               f'prox_mu > 0), got {drop_stragglers!r}.')
+  return drop_stragglers
 
 
 def refuse_options(algorithm: str, why: str, aggregator: Any = None,

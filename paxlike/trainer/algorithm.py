@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from paxlike.data.sources import STEP_MASK
 from paxlike.errors import UserError
 from paxlike.trainer.losses import LossFn
 
@@ -73,9 +74,17 @@ def cast_like(tree: Any, like: Any) -> Any:
   return jax.tree.map(lambda x, ref: x.astype(ref.dtype), tree, like)
 
 
-def cohort_size(batches: Any, fixed: tuple[int, str] | None = None) -> int:
+def cohort_size(batches: Any, fixed: tuple[int, str] | None = None,
+                partial_steps: bool = False) -> int:
   """The number of clients (leading axis of `batches`, which lead [clients, local_steps]); with
-  `fixed=(n, 'experts')`, checks that the cohort is exactly the algorithm's n members."""
+  `fixed=(n, 'experts')`, checks that the cohort is exactly the algorithm's n members. Batches
+  with a STEP_MASK (slots that run fewer than all local steps: stragglers, a Poisson cohort's
+  padding) are refused unless the caller handles them (`partial_steps`)."""
+  if not partial_steps and step_runs(batches) is not None:
+    raise AlgorithmConfigError(
+        'this algorithm runs every local step of every slot, but the data has slots that run '
+        'fewer (stragglers, data.straggler_fraction > 0; or a Poisson cohort\'s padded slots): '
+        'set data.straggler_fraction=0, or use FedAvg, FedOpt, FedProx or DiLoCo')
   shapes = {jnp.shape(leaf)[:2] for leaf in jax.tree.leaves(batches)}
   if len(shapes) != 1 or len(next(iter(shapes))) != 2:
     raise AlgorithmConfigError(
@@ -86,6 +95,15 @@ def cohort_size(batches: Any, fixed: tuple[int, str] | None = None) -> int:
         f'the cohort has {clients} clients but the algorithm has {fixed[0]} {fixed[1]}; '
         f'set clients_per_round = {fixed[0]}, one fixed client per slot.')
   return clients
+
+
+def step_runs(batches: Any) -> jax.Array | None:
+  """bool [clients, local_steps]: which local steps each slot runs (the batches' STEP_MASK), or
+  None where the batches have none (every slot runs every step)."""
+  if not isinstance(batches, dict) or STEP_MASK not in batches:
+    return None
+  runs = batches[STEP_MASK]
+  return jnp.max(runs.reshape(*runs.shape[:2], -1), axis=2) > 0
 
 
 # How clients are weighted in a round's averages: the weights the data gives (each client's

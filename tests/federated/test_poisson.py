@@ -179,3 +179,4 @@ def test_cli_run_rows_carry_the_poisson_epsilon(tmp_path):
   assert all(r['dp_poisson_rate'] == 0.25 and math.isfinite(r['loss']) for r in rows)
   cohort = [sources.sample_cohort(0, s, np.ones(N), K, 'poisson') for s in (1, 2, 3)]
   assert [r['dp_cohort_size'] for r in rows] == [float((c >= 0).sum()) for c in cohort]
+  assert [r['clients'] for r in rows] == [int((c >= 0).sum()) for c in cohort]  # Not slots.
