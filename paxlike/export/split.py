@@ -110,7 +110,7 @@ def _downlink(r: PlacedRound, names: dict, invariant: set) -> tuple[list, list, 
   row i); one without is sent whole. A value that is the same every round (`invariant`: e.g. a
   frozen base) is sent as the server inputs it is computed from (the clients compute the rest:
   a base used twice, as itself and transposed, is sent once, not twice) and marked
-  `'once': True`: the clients keep it from the first round.
+  `'once': True`: the clients keep it from the first round (`'of'` names the input sent).
   """
   producer = {v: e for e in r.jaxpr.eqns for v in e.outvars}
   reads = [a for e in r.jaxpr.eqns if any(r.place[v] == 'clients' for v in e.outvars)
@@ -127,7 +127,8 @@ def _downlink(r: PlacedRound, names: dict, invariant: set) -> tuple[list, list, 
     scatter = r.place[v] == 'server' and axis is not None
     entries.append({'kind': 'scatter', 'value': name, 'axis': axis} if scatter
                    else {'kind': 'broadcast', 'value': name,
-                         **({'once': True} if v in invariant else {})})
+                         **({'once': True} if v in invariant else {}),
+                         **({'of': names[v]} if v in invariant and v in names else {})})
     client_in.append((v, name, axis))
   client_in += [(v, names[v], 0) for v in r.jaxpr.invars if r.place[v] == 'clients']
   return pre_out, client_in, entries

@@ -50,6 +50,7 @@ def test_lora_export_sends_the_base_once_uploads_the_adapters_and_runs_like_trai
   assert nbytes(adapters) <= plan['download_bytes_per_client'] < nbytes(adapters) + 64
   once = [c for c in plan['communication'] if c.get('once')]
   assert once and all(c['kind'] == 'broadcast' for c in once)
+  assert {c['of'] for c in once} == set(split_params(exported_params(exported), lora_mask)[1])
 
   # A client uses the base it kept from round 1: a changed base in round 2's server state does
   # not reach it.
