@@ -3,6 +3,9 @@ masked local steps, and FedAvg dropping what FedProx keeps, each against numpy."
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +21,7 @@ from paxlike.federated.scaffold import scaffold
 from paxlike.trainer.algorithm import AlgorithmConfigError
 from paxlike.trainer.centralized import centralized
 from tests.federated.test_algorithms import D, _params, _run
+from tests.helpers import metric_rows, run_cli
 
 L, ETA, MU = 4, 0.05, 0.5
 
@@ -198,3 +202,28 @@ def test_algorithms_that_run_every_step_refuse_stragglers(build, clients):
   alg, batches = build(), jax.tree.map(lambda x: x[:clients], masked_batches(STEPS))
   with pytest.raises(AlgorithmConfigError, match='data.straggler_fraction'):
     jax.eval_shape(alg.next, alg.init(_params()), batches, jnp.ones(clients), jax.random.key(0))
+
+
+@pytest.mark.slow
+def test_cli_rows_count_the_stragglers_and_a_resumed_run_repeats_them(tmp_path):
+  args = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.straggler_fraction=0.6',
+          '--fdl_set=train.num_steps=4', '--fdl_set=train.log_every=1',
+          '--fdl_set=train.eval_every=4', '--fdl_set=train.checkpoint_every=2']
+  run_cli(*args, f'--job_log_dir={tmp_path / "full"}')
+  rows = metric_rows(tmp_path / 'full')
+  want = [int(np.sum(sources.straggler_steps(0, s, np.ones(5, bool), 5, 0.6) < 5))
+          for s in range(1, 5)]
+  assert [r['stragglers'] for r in rows] == want and all(r['clients'] == 5 for r in rows)
+  # Killed after round 2: the restored state and (seed, step) give the same stragglers.
+  half = tmp_path / 'half'
+  shutil.copytree(tmp_path / 'full', half)
+  shutil.rmtree(half / 'checkpoints' / '4')
+  kept = [l for l in (half / 'metrics.jsonl').read_text().splitlines()
+          if json.loads(l)['step'] <= 2]
+  (half / 'metrics.jsonl').write_text(''.join(f'{l}\n' for l in kept))
+  proc = run_cli(*args, f'--job_log_dir={half}')
+  assert 'resumed from checkpoint step 2' in proc.stderr
+  assert metric_rows(half) == rows
+  bad = run_cli(*args[:1], '--fdl_set=data.straggler_fraction=1.0',
+                f'--job_log_dir={tmp_path / "bad"}', check=False)
+  assert bad.returncode == 2 and 'straggler_fraction must be a number in [0, 1)' in bad.stderr
