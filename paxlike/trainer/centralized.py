@@ -20,6 +20,7 @@ from flax import traverse_util
 
 from paxlike.trainer import optim
 from paxlike.trainer.algorithm import Algorithm, AlgorithmConfigError, cohort_size
+from paxlike.trainer import losses
 from paxlike.trainer.losses import LossFn
 
 
@@ -70,8 +71,8 @@ def centralized(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     num_micro = jax.tree.leaves(micro)[0].shape[0]
 
     params, frozen = split_params(state.params, trainable)
-    grad_fn = jax.value_and_grad(lambda p, batch, key: loss_fn(merge_params(p, frozen), batch,
-                                                               key), has_aux=True)
+    # A masked-mean loss is differentiated as sums and divided after: one all-reduce per step.
+    grad_fn = losses.value_and_mean_grad(loss_fn, lambda p: merge_params(p, frozen))
 
     def accumulate(total, inputs):
       batch, key = inputs
