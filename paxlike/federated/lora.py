@@ -9,14 +9,13 @@ keeps it: checkpoints, `init_from='job:...'`, the evaluator, decoding and the HF
 clip norm, DiLoCo's inner states) is the adapters' alone, and each round the clients get, train
 and send back only the adapters; the base is returned unchanged, so the exporter sends it once.
 
-The loss reads the base from the round being traced (a context variable set by `next` while it
-calls the algorithm), so the algorithm's own code (algorithms.py) needs no change: its loss is
-`loss(adapters, batch, rng)`, closing over the base of the round it runs in.
+Each round builds the algorithm anew around a loss `loss(adapters, batch, rng)` that closes
+over that round's base (builders only make closures, so this costs nothing under jit), and the
+algorithm's own code (algorithms.py) needs no change.
 """
 
 from __future__ import annotations
 
-import contextvars
 from typing import Any, Callable
 
 import optax
@@ -25,43 +24,41 @@ from paxlike.trainer.algorithm import Algorithm
 from paxlike.trainer.centralized import TrainableMask, merge_params, split_params
 from paxlike.trainer.losses import LossFn
 
-_BASE: contextvars.ContextVar[Any] = contextvars.ContextVar('frozen_base', default=None)
+# base params (None: none yet, for init and the algorithm's declarations) -> the algorithm over
+# the adapters whose loss merges them with that base.
+AdapterAlgorithm = Callable[[Any], Algorithm]
 
 
-def over_trainable(loss_fn: LossFn) -> LossFn:
-  """`loss(trainable, batch, rng)`: `loss_fn` of the trainable leaves merged with the frozen
-  base of the round that `frozen_base`'s `next` is tracing."""
+def over_base(loss_fn: LossFn, base: Any) -> LossFn:
+  """`loss(trainable, batch, rng)`: `loss_fn` of the trainable leaves merged with `base`."""
 
   def loss(trainable: Any, batch: Any, rng: Any) -> Any:
-    base = _BASE.get()
     if base is None:
-      raise RuntimeError('a frozen-base loss was called outside its round (frozen_base next)')
+      raise RuntimeError('a frozen-base loss was called without its base (frozen_base next)')
     return loss_fn(merge_params(trainable, base), batch, rng)
 
   return loss
 
 
-def wrap(inner: Algorithm, trainable: TrainableMask) -> Algorithm:
-  """`inner` (built with an `over_trainable` loss) as an algorithm of the whole params: its
-  state holds the whole params in `params`, everything else of the trainable leaves only."""
+def wrap(build: AdapterAlgorithm, trainable: TrainableMask) -> Algorithm:
+  """The algorithm `build` makes, as an algorithm of the whole params: its state holds the
+  whole params in `params`, everything else of the trainable leaves only."""
+  declared = build(None)
 
   def init(params: Any) -> Any:
     adapters, _ = split_params(params, trainable)
-    return inner.init(adapters)._replace(params=params)
+    return declared.init(adapters)._replace(params=params)
 
   def next(state: Any, batches: Any, weights: Any, rng: Any) -> tuple[Any, dict]:
     adapters, base = split_params(state.params, trainable)
-    token = _BASE.set(base)
-    try:
-      new, metrics = inner.next(state._replace(params=adapters), batches, weights, rng)
-    finally:
-      _BASE.reset(token)
+    new, metrics = build(base).next(state._replace(params=adapters), batches, weights, rng)
     return new._replace(params=merge_params(new.params, base)), metrics
 
-  fixed = inner.fixed_cohort
-  if fixed is not None:  # Resized (for the exporter) with the same frozen base.
-    fixed = fixed._replace(resized=lambda n: wrap(inner.fixed_cohort.resized(n), trainable))
-  return Algorithm(init, next, fixed_cohort=fixed, aggregator=inner.aggregator)
+  fixed = declared.fixed_cohort
+  if fixed is not None:  # Resized (for the exporter) around the same frozen base.
+    fixed = fixed._replace(resized=lambda n: wrap(
+        lambda base: build(base).fixed_cohort.resized(n), trainable))
+  return Algorithm(init, next, fixed_cohort=fixed, aggregator=declared.aggregator)
 
 
 def frozen_base(builder: Callable[[LossFn, optax.GradientTransformation], Algorithm],
@@ -70,7 +67,8 @@ def frozen_base(builder: Callable[[LossFn, optax.GradientTransformation], Algori
   """`builder(loss, optimizer)` trained over the `trainable` leaves only (see the module doc).
   The builder's algorithm must keep no params besides `state.params` (no ensemble, no seeded
   members): the pseudo-gradient ones."""
-  inner = builder(over_trainable(loss_fn), optimizer)
-  if inner.ensemble is not None or inner.seeded_init is not None:
+  build = lambda base: builder(over_base(loss_fn, base), optimizer)
+  declared = build(None)
+  if declared.ensemble is not None or declared.seeded_init is not None:
     raise ValueError('frozen_base takes an algorithm whose only params are state.params')
-  return wrap(inner, trainable)
+  return wrap(build, trainable)

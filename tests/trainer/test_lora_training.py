@@ -1,9 +1,7 @@
 """Training only part of the params (LoRA's adapters): the frozen leaves stay bitwise, no
 gradient of them is computed, and the optimizer state is the trained leaves' alone; LoRA runs
-resume bitwise, and federated algorithms refuse LoRA (not built yet)."""
+resume bitwise (federated LoRA: tests/federated/test_federated_lora.py)."""
 
-import dataclasses
-import functools
 import json
 import math
 
@@ -14,10 +12,8 @@ import optax
 import pytest
 from flax import traverse_util
 
-from paxlike.trainer import build, loop, losses, program
+from paxlike.trainer import build, loop, losses
 from paxlike.trainer.centralized import centralized, merge_params, split_params
-from paxlike.errors import UserError
-from paxlike.federated.algorithms import fed_avg
 from paxlike.layers import TransformerLM
 from paxlike.layers.lora import lora_mask
 from tests.helpers import run_script
@@ -141,13 +137,6 @@ def test_lora_resumes_bitwise(lora_placed, tmp_path):
   a, b = restored(lora_placed, tmp_path / 'whole', 3), restored(lora_placed, tmp_path / 'parts', 3)
   assert [np.asarray(x).tobytes() for x in jax.tree.leaves(a)] == [
       np.asarray(x).tobytes() for x in jax.tree.leaves(b)]
-
-
-def test_federated_lora_is_refused():
-  task = tiny_task('model.lora_rank=4')
-  fed = dataclasses.replace(task, algorithm=functools.partial(fed_avg))
-  with pytest.raises(UserError, match='centralized training only.*fed_avg'):
-    program.build_algorithm(fed, losses.model_loss_fn(task.model), lora_mask)
 
 
 def test_benchmark_quick_run():
