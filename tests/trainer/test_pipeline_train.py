@@ -1,5 +1,5 @@
 """A TransformerLM trained as a 4-stage GPipe pipeline (4 stage x 2 data, 2 microbatches) logs
-the 1-device run's rows (so does 2 stage x 2 data x 2 model), and a killed pipelined run resumes
+the 1-device run's rows (so does 2 stage x 2 data x 2 model with gradient accumulation), and a killed pipelined run resumes
 to the uninterrupted run's rows;
 bad pipeline input is one line, exit 2, before anything is written."""
 
@@ -20,8 +20,8 @@ def _assert_rows_close(one: list[dict], got: list[dict]) -> None:
       assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (a['step'], key)
 
 
-def _one_device_rows(job: Path) -> list[dict]:
-  run_cli(*TINY, '--fdl_set=model.scan_layers=True', '--fdl_set=model.num_layers=4',
+def _one_device_rows(job: Path, *extra: str) -> list[dict]:
+  run_cli(*TINY, '--fdl_set=model.scan_layers=True', '--fdl_set=model.num_layers=4', *extra,
           f'--job_log_dir={job}', devices=1)
   return metric_rows(job)
 
@@ -40,10 +40,14 @@ def test_pipelined_rows_equal_one_device_and_resume_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_stages_compose_with_data_and_tensor_parallelism(tmp_path):
-  run_cli(*STAGE, '--fdl_set=mesh.ici=(2,2,2)', "--fdl_set=mesh.axes=('stage','data','model')",
+def test_stages_compose_with_data_tensor_parallelism_and_gradient_accumulation(tmp_path):
+  # Two micro-batches, each pipelined; 10 steps.
+  accumulate = ('--fdl_set=data.local_steps=2', '--fdl_set=train.num_steps=10')
+  run_cli(*STAGE, *accumulate, '--fdl_set=mesh.ici=(2,2,2)',
+          "--fdl_set=mesh.axes=('stage','data','model')",
           f'--job_log_dir={tmp_path / "stage_data_model"}', devices=8)
-  _assert_rows_close(_one_device_rows(tmp_path / 'one'), metric_rows(tmp_path / 'stage_data_model'))
+  _assert_rows_close(_one_device_rows(tmp_path / 'one', *accumulate),
+                     metric_rows(tmp_path / 'stage_data_model'))
 
 
 @pytest.mark.parametrize('override,message', [
