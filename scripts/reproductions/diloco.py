@@ -28,7 +28,7 @@ CENTRAL, DILOCO = 'federated.ShakespeareCentralized', 'federated.ShakespeareDiLo
 ADAM = 'scripts.reproductions.diloco_experiments.ShakespeareDiLoCoAdam'
 FULL = dict(model={'model.num_layers': 4, 'model.d_ff': 512}, seq_len=64, batch=8, k=4,
             warmup=128, steps=256, h=16, hs=(4, 16, 64), eval_inner=32, eval_batches=32,
-            seeds=(1, 2), adam_lrs=(1e-2, 3e-2))
+            seeds=(1, 2), adam_lrs=(1e-2, 3e-2), diagnostic_lrs=(1e-3,))
 QUICK = dict(model={'model.num_layers': 1, 'model.d_model': 32, 'model.num_heads': 2,
                     'model.d_ff': 64}, seq_len=32, batch=4, k=4, warmup=0, steps=8, h=4,
              hs=(4,), eval_inner=4, eval_batches=1, seeds=(1,), adam_lrs=())
@@ -65,32 +65,35 @@ def verdict(ppl: dict[str, float], by_h: dict[int, float],
   return ('reproduced' if not failed else 'partly'), failed
 
 
-def _common(plan: dict, seed: int) -> dict[str, Any]:
-  return {**plan['model'], 'data.seq_len': plan['seq_len'],
-          'data.num_eval_batches': plan['eval_batches'], 'train.seed': seed,
-          'train.checkpoint_every': 100_000}
+def _common(plan: dict, seed: int, init: Path | None, lr: float | None) -> dict[str, Any]:
+  """The fields every run shares: model, data, seed, the warm-up (`init`), and an inner
+  rate other than the experiments' 3e-3 (`lr`, the diagnostic's)."""
+  fields = {**plan['model'], 'data.seq_len': plan['seq_len'],
+            'data.num_eval_batches': plan['eval_batches'], 'train.seed': seed,
+            'train.checkpoint_every': 100_000}
+  if init is not None:
+    fields['train.init_from'] = f'job:{init}'
+  if lr is not None:
+    fields['optimizer.learning_rate'] = lr
+  return fields
 
 
 def _central(plan: dict, work: Path, name: str, batch: int, steps: int, seed: int,
-             init: Path | None) -> list[dict]:
+             init: Path | None, lr: float | None = None) -> list[dict]:
   every = min(steps, plan['eval_inner'] * (2 if steps > plan['steps'] else 1))
-  fields = {**_common(plan, seed), 'data.batch_size': batch, 'train.num_steps': steps,
-            'train.eval_every': every, 'train.log_every': every}
-  if init is not None:
-    fields['train.init_from'] = f'job:{init}'
+  fields = {**_common(plan, seed, init, lr), 'data.batch_size': batch,
+            'train.num_steps': steps, 'train.eval_every': every, 'train.log_every': every}
   return trainer.train(CENTRAL, work / name, fields)
 
 
 def _diloco(plan: dict, work: Path, name: str, h: int, seed: int, init: Path | None,
-            exp: str = DILOCO, **outer: Any) -> list[dict]:
+            exp: str = DILOCO, lr: float | None = None, **outer: Any) -> list[dict]:
   rounds, every = plan['steps'] // h, max(1, plan['eval_inner'] // h)
-  fields = {**_common(plan, seed), 'data.batch_size': plan['batch'], 'data.local_steps': h,
-            'algorithm.num_replicas': plan['k'], 'data.clients_per_round': plan['k'],
+  fields = {**_common(plan, seed, init, lr), 'data.batch_size': plan['batch'],
+            'data.local_steps': h, 'algorithm.num_replicas': plan['k'], 'data.clients_per_round': plan['k'],
             'data.num_clients': plan['k'], 'train.num_steps': rounds, 'train.eval_every': every,
             'train.log_every': every,
             **{f'algorithm.outer_optimizer.{k}': v for k, v in outer.items()}}
-  if init is not None:
-    fields['train.init_from'] = f'job:{init}'
   rows = trainer.train(exp, work / name, fields)
   return [{**row, 'inner_step': row['step'] * h} for row in rows]
 
@@ -119,8 +122,25 @@ def run(quick: bool, work: Path) -> Report:
   for lr in plan['adam_lrs']:
     runs[('adam', lr)] = _diloco(plan, work, f'outer_adam{lr:g}_seed{first}', h, first, init,
                                  ADAM, learning_rate=lr)
+  runs.update(diagnostic(plan, work, init))
   from reproductions import diloco_page
   return diloco_page.report(quick, plan, runs)
+
+
+def diagnostic(plan: dict, work: Path, init: Path | None) -> dict[tuple, list[dict]]:
+  """The main comparison again at each inner rate of `plan['diagnostic_lrs']` (seed one):
+  runs[('lr', lr, 'updates' | 'batch' | 'diloco')]. It tells whether an ordering the paper
+  reports hangs on the inner rate."""
+  k, t, h, b, seed = plan['k'], plan['steps'], plan['h'], plan['batch'], plan['seeds'][0]
+  runs = {}
+  for lr in plan.get('diagnostic_lrs', ()):
+    runs[('lr', lr, 'updates')] = _central(plan, work, f'updates_lr{lr:g}_seed{seed}', b, k * t,
+                                           seed, init, lr)
+    runs[('lr', lr, 'batch')] = _central(plan, work, f'batch_lr{lr:g}_seed{seed}', k * b, t,
+                                         seed, init, lr)
+    runs[('lr', lr, 'diloco')] = _diloco(plan, work, f'diloco_H{h}_lr{lr:g}_seed{seed}', h,
+                                         seed, init, lr=lr)
+  return runs
 
 
 def final(rows: Sequence[dict], inner_steps: int) -> float:

@@ -8,8 +8,8 @@ from typing import Any, Callable
 from reproductions.page import Report
 
 PAPER = ('Douillard, Feng, Rusu, Chhaparia, Donchev, Kuncoro, Ranzato, Szlam, Shen. *DiLoCo: '
-         'Distributed Low-Communication Training of Language Models*, 2023 (Table 2, '
-         'Figures 3 and 6).')
+         'Distributed Low-Communication Training of Language Models*, 2023 (Table 2, and its '
+         'ablations of H and of the outer optimizer).')
 CLAIM = """\
 k workers each take H inner AdamW steps on their own data, then one outer step applies
 Nesterov momentum to the mean of their parameter changes. From a shared pretrained
@@ -17,8 +17,8 @@ checkpoint and at equal inner steps, with k = 8 workers on non-IID shards of C4 
 150M-parameter transformer, H = 500), Table 2's perplexities: **baseline (one worker)
 16.23 > 8× batch data parallelism 15.30 ≈ DiLoCo 15.02 > 8× updates 14.72**: DiLoCo matches
 the synchronous run of the same compute while communicating 500× less. Its perplexity grows
-only mildly as H grows (Figure 3: from H = 50 to 2,000 all stay well below the baseline), and
-the outer Nesterov beats the outer SGD at lr 1 (FedAvg) and the outer Adam (Figure 6)."""
+only mildly as H grows (from H = 50 to 2,000 all stay well below the baseline), and the
+outer Nesterov beats the outer SGD at lr 1 (FedAvg) and the outer Adam."""
 NAMES = {'baseline': 'baseline (1 worker, batch B)', 'batch': 'k× batch data parallel',
          'updates': 'k× updates (batch B, kT steps)', 'diloco': 'DiLoCo'}
 
@@ -40,13 +40,14 @@ sequences of {plan['seq_len']} bytes, inner AdamW at a constant 3e-3 clipped at 
 experiments' own). A shared warm-up of {plan['warmup']} steps at batch {b}
 (`federated.ShakespeareCentralized --fdl_set=data.batch_size={b}`); from its checkpoint
 (`train.init_from=job:...`, params only, so every run starts a fresh AdamW state), T = {t}
-inner steps per worker: baseline batch B = {b}; {k}× batch = {k * b}; {k}× updates = {k * t} steps at batch {b} (the baseline is this run
-at step {t}); DiLoCo (`federated.ShakespeareDiLoCo`): k = {k} replicas, each on one of 4
-domains of speaking roles (contiguous runs of plays, `data.partition=domains`, fixed to its
-replica: non-IID), batch {b} each, H = {h} ({t // h} rounds), outer Nesterov lr 0.7, momentum
-0.9. Ablations (seed {plan['seeds'][0]}): H ∈ {{{', '.join(str(x) for x in plan['hs'])}}};
-outer SGD at lr 1 without momentum (FedAvg's server; DiLoCo still keeps each replica's inner
-AdamW state across rounds); outer Adam (β 0.9/0.99) at lr ∈
+inner steps per worker: baseline batch B = {b}; {k}× batch = {k * b}; {k}× updates =
+{k * t} steps at batch {b} (the baseline is this run at step {t}); DiLoCo
+(`federated.ShakespeareDiLoCo`): k = {k} replicas, each on one of 4 domains of speaking
+roles (contiguous runs of plays, `data.partition=domains`, fixed to its replica: non-IID),
+batch {b} each, H = {h} ({t // h} rounds), outer Nesterov lr 0.7, momentum 0.9. Ablations
+(seed {plan['seeds'][0]}): H ∈ {{{', '.join(str(x) for x in plan['hs'])}}}; outer SGD at lr 1
+without momentum (FedAvg's server; DiLoCo still keeps each replica's inner AdamW state across
+rounds); outer Adam (β 0.9/0.99) at lr ∈
 {{{', '.join(f'{x:g}' for x in plan['adam_lrs']) or '–'}}} (the best is kept). Data-order seeds
 (`train.seed`): {', '.join(str(s) for s in plan['seeds'])} for the four main runs. Eval: the
 same {plan['eval_batches']} × 16 windows of the pooled test split for every run."""
@@ -82,6 +83,27 @@ def outer_table(plan: dict, by_outer: dict, adam: dict) -> tuple[str, list, list
   rows += [[f'Adam (lr {lr:g})', f'{p:.4f}'] for lr, p in sorted(adam.items())]
   return (f'DiLoCo by outer optimizer (H = {plan["h"]}, seed {plan["seeds"][0]}).',
           ['outer optimizer', 'ppl'], rows)
+
+
+def diagnostic_ppl(plan: dict, runs: dict) -> dict[float, dict[str, float]]:
+  """The main comparison's perplexities at each diagnostic inner rate (seed one)."""
+  from reproductions.diloco import final
+  t, k = plan['steps'], plan['k']
+  return {lr: {'baseline': final(runs[('lr', lr, 'updates')], t),
+               'batch': final(runs[('lr', lr, 'batch')], t),
+               'diloco': final(runs[('lr', lr, 'diloco')], t),
+               'updates': final(runs[('lr', lr, 'updates')], k * t)}
+          for lr in plan.get('diagnostic_lrs', ())}
+
+
+def diagnostic_table(plan: dict, per_seed: dict, diag: dict) -> tuple[str, list, list]:
+  seed = plan['seeds'][0]
+  header = ['', f'inner lr 3e-3 (seed {seed})', *(f'inner lr {lr:g} (seed {seed})'
+                                                   for lr in diag)]
+  rows = [[NAMES[m], f'{per_seed[(m, seed)]:.4f}', *(f'{d[m]:.4f}' for d in diag.values())]
+          for m in ('baseline', 'batch', 'diloco', 'updates')]
+  return ('Diagnostic: the main comparison at a lower inner rate (the same warm-up, T and H).',
+          header, rows)
 
 
 def _curve(rows: list[dict]) -> tuple[list[int], list[float]]:
@@ -141,20 +163,23 @@ def report(quick: bool, plan: dict, runs: dict) -> Report:
   if adam:
     by_outer['adam'] = min(adam.values())
   result, failed = verdict(ppl, by_h, by_outer)
+  diag = diagnostic_ppl(plan, runs)
   summary = (', '.join(f'{m} {ppl[m]:.3f}' for m in ('baseline', 'batch', 'diloco', 'updates'))
              + f' (byte perplexity, mean of {len(seeds)} seeds; paper 16.23 / 15.30 / 15.02 / '
              '14.72)' + (f'; failed: {"; ".join(failed)}' if failed else '') + '.')
   numbers = {'perplexity': ppl, 'perplexity_by_h': by_h, 'perplexity_by_outer': by_outer,
-             'adam_by_lr': adam, 'failed': failed}
+             'adam_by_lr': adam, 'diagnostic_by_inner_lr': diag, 'failed': failed}
   tables = [main_table(plan, ppl, per_seed)]
   if len(by_h) > 1:
     tables.append(h_table(plan, by_h, ppl['baseline']))
   if len(by_outer) > 1:
     tables.append(outer_table(plan, by_outer, adam))
+  if diag:
+    tables.append(diagnostic_table(plan, per_seed, diag))
   from reproductions.diloco_why import why
   params = None if quick else parameter_count(plan)  # Quick: no jax import for it.
   return Report(NAME, TITLE, PAPER, CLAIM, _setting(quick, plan, params), result, summary,
-                why(plan, ppl, by_h, by_outer, adam, failed), tables, numbers,
+                why(plan, ppl, by_h, by_outer, adam, diag, failed), tables, numbers,
                 _plot(plan, runs, by_h, by_outer, ppl))
 
 

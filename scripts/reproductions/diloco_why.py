@@ -17,7 +17,7 @@ def _h_sentence(plan: dict, by_h: dict[int, float], baseline: float) -> str:
   lo, hi = min(by_h), max(by_h)
   return (f'By H, at T = {plan["steps"]}: {cells}. From H = {lo} to {hi} ({hi // lo}× less '
           f'communication) the perplexity moves {_pct(by_h[hi], by_h[lo])}; the paper\'s '
-          'Figure 3 moves a few percent from H = 50 to 1,000 with 88k steps. With our T, H = '
+          'grows a few percent from H = 50 to 1,000 over 88k steps. With our T, H = '
           f'{hi} leaves only {plan["steps"] // hi} outer steps, so the outer momentum has few '
           'steps to act on: part of any rise at large H is that, not only staleness.')
 
@@ -30,11 +30,12 @@ def _outer_sentence(by_outer: dict[str, float], adam: dict[float, float]) -> str
           f'{by_outer["sgd"]:.3f}, Adam {adam_cells}. Outer SGD at lr 1 just averages the '
           'replicas, so it can only be as good as the average of where they went; Nesterov\'s '
           'momentum extrapolates along the direction the rounds agree on, which is the '
-          'paper\'s explanation of its Figure 6.')
+          'paper\'s reading of its outer-optimizer ablation.')
 
 
 def why(plan: dict, ppl: dict[str, float], by_h: dict[int, float], by_outer: dict[str, float],
-        adam: dict[float, float], failed: Sequence[str]) -> str:
+        adam: dict[float, float], diag: dict[float, dict[str, float]],
+        failed: Sequence[str]) -> str:
   """The explanation, from the perplexities."""
   k, b = plan['k'], plan['batch']
   lines = [

@@ -29,11 +29,10 @@ DEFAULT_TAU = 1e-3  # Algorithm 2's τ in the grid (paxlike's default, the paper
 FULL = dict(
     dataset='fashion_mnist', clients=100, cohort=10, alpha=0.1, local_steps=30, batch=20,
     hidden='(64,)', rounds=300, eval_every=10, tail=10, seeds=(0, 1),
-    client_lrs={'fedavg': (0.01, 0.03, 0.1, 0.3), 'fedadam': (0.01, 0.03, 0.1),
-                'fedyogi': (0.01, 0.03, 0.1)},
+    client_lrs={m: (0.01, 0.03, 0.1, 0.3) for m in ('fedavg', 'fedadam', 'fedyogi')},
     server_lrs={'fedavg': (1.0,), 'fedadam': (0.003, 0.01, 0.03),
                 'fedyogi': (0.003, 0.01, 0.03)},
-    taus=(1e-4, 1e-3, 1e-2))
+    taus=(1e-4, 1e-3, 1e-2), epoch=': one epoch of its 600')
 QUICK = dict(
     dataset='digits', clients=20, cohort=5, alpha=0.1, local_steps=4, batch=16, hidden='(32,)',
     rounds=4, eval_every=2, tail=1, seeds=(0,),

@@ -8,7 +8,7 @@ from reproductions import trainer
 from reproductions.page import Report
 
 PAPER = ('Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan. *Adaptive Federated '
-         'Optimization*, ICLR 2021 (Algorithm 2, Table 2, Figure 3).')
+         'Optimization*, ICLR 2021 (Algorithm 2, Table 2, and their sweep of τ).')
 CLAIM = """\
 Replacing FedAvg's server step (the clients' mean) by an adaptive optimizer on the
 pseudo-gradient, FedAdam or FedYogi (Algorithm 2: Adam's or Yogi's moments without bias
@@ -29,7 +29,7 @@ def _setting(quick: bool, plan: dict) -> str:
   return size + f"""\
 Theirs: CIFAR-10 over 500 clients of 100 images (Dirichlet label skew), 10 a round, a
 ResNet-18 with group norm, one local epoch of SGD (batch 20), 4,000 rounds, η_l and η each
-tuned over a grid of half-decades, β1 = 0.9, β2 = 0.99, τ = 1e-3 (Figure 3 sweeps τ).
+tuned over a grid of half-decades, β1 = 0.9, β2 = 0.99, τ = 1e-3 (τ swept apart).
 
 Ours: `federated.DigitsFedAvg` through the CLI (`python -m paxlike.main
 --exp=federated.DigitsFedAvg --fdl_set=data.dataset={plan['dataset']} ...`) for FedAvg (server
@@ -40,9 +40,10 @@ LM): {plan['dataset']}, {plan['clients']} clients of equal size with Dirichlet(�
 {plan['alpha']:g}) label skew (`data.partition=dirichlet data.alpha={plan['alpha']:g}`;
 paxlike draws each client's class mix from Dir(α·p), p the class frequencies, as Hsu et al.
 2019 define it, so each of the 10 classes gets concentration 0.01: a client's largest class
-holds 88% of its images on average), {plan['cohort']} clients a round drawn uniformly, an MLP
-with hidden layers {plan['hidden']}, client SGD for {plan['local_steps']} steps of batch
-{plan['batch']} (one local epoch), {plan['rounds']} rounds, eval on the whole test split every
+holds 88% of its images on average on Fashion-MNIST), {plan['cohort']} clients a round drawn
+uniformly, an MLP with hidden layers {plan['hidden']}, client SGD for {plan['local_steps']}
+steps of batch {plan['batch']} ({plan['local_steps'] * plan['batch']} images a round per
+client{plan.get('epoch', '')}), {plan['rounds']} rounds, eval on the whole test split every
 {plan['eval_every']} rounds. A run's score is the mean accuracy of its last {plan['tail']} evals
 (the last {plan['tail'] * plan['eval_every']} rounds). Grids (τ = 1e-3): FedAvg
 {grid('fedavg')}; FedAdam {grid('fedadam')}; FedYogi {grid('fedyogi')}. The best point of
