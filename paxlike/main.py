@@ -208,20 +208,21 @@ def train(cfg, task) -> None:
   from paxlike.families import family_of
   from paxlike.trainer import build, distributed, loop
   trainer = build.setup(task)  # Checks mesh, data and model before the job dir is touched.
-  directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
-                              [*FLAGS.allow_import, *registry.trusted_modules()])
-  notes = family_of(task.model).kernel_line(task.model, task.data) + packing_line(task.data)
-  data = prepare.data_fingerprint(task.data)
+  with job_dir.undone_if_refused(FLAGS.job_log_dir):  # E.g. an init_from of another shape.
+    directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
+                                [*FLAGS.allow_import, *registry.trusted_modules()])
+    notes = family_of(task.model).kernel_line(task.model, task.data) + packing_line(task.data)
+    data = prepare.data_fingerprint(task.data)
 
-  def on_start() -> None:  # Restored: say which attention kernel runs, record config and data.
-    print(notes.replace('# ', ''), end='', file=sys.stderr)
-    job_dir.record_config(directory, cfg, notes)
-    fingerprint.record(directory, data)
+    def on_start() -> None:  # Restored: say which attention kernel runs, record config, data.
+      print(notes.replace('# ', ''), end='', file=sys.stderr)
+      job_dir.record_config(directory, cfg, notes)
+      fingerprint.record(directory, data)
 
-  with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
-    fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
-    loop.train(trainer, directory, restore_fallback=FLAGS.restore_fallback,
-               allow_config_change=FLAGS.allow_config_change, on_start=on_start)
+    with job_dir.trainer_lock(directory, distributed.is_primary(), distributed.primary_value):
+      fingerprint.check_resume(directory, data, FLAGS.allow_config_change)
+      loop.train(trainer, directory, restore_fallback=FLAGS.restore_fallback,
+                 allow_config_change=FLAGS.allow_config_change, on_start=on_start)
   if distributed.is_primary():
     print(f'results in {directory}: metrics.jsonl, checkpoints/, summaries/ (tensorboard '
           f'--logdir {directory / "summaries"})', file=sys.stderr)

@@ -65,6 +65,22 @@ def test_sft_takes_the_checkpoints_shape_and_tokenizer_and_resumes_without_it(so
   assert [r['step'] for r in metric_rows(job)] == [2, 4, 6]
 
 
+def test_a_source_of_another_shape_is_one_line_exit_2_and_writes_nothing(source, tmp_path):
+  job = tmp_path / 'job'
+  proc = run_cli(*sft_args(source, job, 2), '--fdl_set=model.d_ff=96', check=False,
+                 env=cli_env(PAXLIKE_TOKEN_DIR=str(tmp_path / 'tokens')))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      'paxlike: error: model.layers.0.mlp.gate_proj.weight is [128, 64] in the checkpoint but '
+      'the model needs [96, 64] (paxlike block_0/mlp/wi_gate/kernel)')
+  assert not job.exists()  # Not even the empty job dir or checkpoints/ the start had made.
+  job.mkdir()
+  (job / 'notes.txt').write_text('mine')  # A job dir the user made is left, with its files.
+  run_cli(*sft_args(source, job, 2), '--fdl_set=model.d_ff=96', check=False,
+          env=cli_env(PAXLIKE_TOKEN_DIR=str(tmp_path / 'tokens')))
+  assert sorted(p.name for p in job.iterdir()) == ['notes.txt']
+
+
 def test_sft_without_a_source_says_what_it_needs(tmp_path):
   proc = run_cli('--exp=lm.SftLlama', f'--job_log_dir={tmp_path}', check=False)
   assert proc.returncode == 2

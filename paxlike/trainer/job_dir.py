@@ -95,6 +95,22 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool,
   return path
 
 
+@contextlib.contextmanager
+def undone_if_refused(job_log_dir: str) -> Iterator[None]:
+  """Runs the block; if it raises a UserError (a start refused before step 1, e.g. an
+  `init_from` of another shape), removes the job dir and its `checkpoints/` where this start
+  created them and they are still empty, so the refusal leaves the file system as it was."""
+  path = Path(job_log_dir).expanduser().absolute()
+  created = [p for p in (path, path / 'checkpoints') if not p.exists()]
+  try:
+    yield
+  except UserError:
+    for directory in reversed(created):
+      with contextlib.suppress(OSError):  # Not empty (or gone): leave it.
+        directory.rmdir()
+    raise
+
+
 def record_config(path: Path, cfg: fdl.Buildable, notes: str = '') -> None:
   """Writes config.json and config.txt, `notes` (e.g. '# attention kernel: cudnn') ending the
   latter (call once the run has restored, so a failed start leaves the job dir as it was)."""
