@@ -26,7 +26,8 @@ from paxlike.federated import server_optim, stragglers
 from paxlike.federated.chunking import resolve_client_chunk
 from paxlike.federated.options import check_prox_mu, drop_stragglers_of
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
-                                          federated_program, federated_weighted_mean)
+                                          federated_program, federated_sum,
+                                          federated_weighted_mean)
 from paxlike.trainer.losses import LossFn
 
 ClientUpdate = Callable[[Any, Any, Any, jax.Array], tuple[Any, Any, dict[str, jax.Array]]]
@@ -146,17 +147,20 @@ def aggregate(aggregator: Aggregator | None, state: PseudoGradientState, start: 
   weight 0 is not in the aggregate (a padded slot, a dropped straggler), and a round without
   any client has pseudo-gradient 0 (not 0/0)."""
   if aggregator is None:
-    empty = stragglers.empty_aggregate(weights) if masked else None
-    mean = federated_weighted_mean(client_params, weights if empty is None
-                                   else jnp.where(empty, 1.0, weights))
+    mean = (stragglers.guarded_mean(client_params, weights, state.params)[0] if masked
+            else federated_weighted_mean(client_params, weights))
     pseudo_grad = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), state.params, mean)
-    if empty is not None:
-      pseudo_grad = jax.tree.map(lambda g: jnp.where(empty, jnp.zeros_like(g), g), pseudo_grad)
     return pseudo_grad, state.aggregator_state, {}
   deltas = jax.tree.map(jnp.subtract, start, client_params)
   pseudo_grad, aggregator_state, metrics = aggregator.aggregate(
       state.aggregator_state, deltas, weights, rng, masked=masked)
   return cast_like(pseudo_grad, state.params), aggregator_state, metrics
+
+
+def server_metrics(server_opt_state: Any) -> dict[str, jax.Array]:
+  """`server_learning_rate` where the server optimizer's rate is readable."""
+  server_lr = optim.learning_rate_of(server_opt_state)
+  return {} if server_lr is None else {'server_learning_rate': server_lr}
 
 
 def server_step(server_optimizer: optax.GradientTransformation, state: PseudoGradientState,
@@ -202,7 +206,7 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
     clients = cohort_size(batches, None if num_replicas is None else (num_replicas, 'replicas'),
                           partial_steps=True)
     weights = client_weights(weighting, batches, weights)
-    present, kept_weights, counts = stragglers.round_weights(batches, weights, drop)
+    present, kept_weights, straggled = stragglers.round_weights(batches, weights, drop)
 
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):
@@ -216,12 +220,10 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
           aggregator, state, start, client_params, kept_weights, rng, present is not None)
       params, server_opt_state = server_step(
           server_optimizer, state, pseudo_grad, None if present is None or aggregator
-          else stragglers.empty_aggregate(kept_weights))
+          else federated_sum(kept_weights) == 0)
       metrics = {**cohort_metrics(stats, weights, pseudo_grad, opt_state, clients, present),
-                 **counts, **aggregator_metrics}
-      server_lr = optim.learning_rate_of(server_opt_state)
-      if server_lr is not None:
-        metrics['server_learning_rate'] = server_lr
+                 **stragglers.counts(present, straggled), **aggregator_metrics,
+                 **server_metrics(server_opt_state)}
       kept = state.client_opt_state if num_replicas is None else opt_state
       return PseudoGradientState(params, server_opt_state, kept, aggregator_state), metrics
 

@@ -15,8 +15,10 @@ what it was. With it:
   are their weighted mean, stragglers included (`real_client_mean`);
 - a round whose aggregate holds no client (nobody sampled, or every one dropped) leaves the
   server params and server optimizer state as they were instead of FedAvg's 0/0
-  (`keep_if`). Under DP the noised step is still taken: its guarantee needs the release
-  every round.
+  (`guarded_mean`, then `keep_if`). Under DP the noised step is still taken: its guarantee
+  needs the release every round.
+Nothing here reduces across clients but the federated sums, and every guard is applied on the
+server after them, so such a round still exports as one broadcast → clients → aggregation.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from paxlike.data.sources import STEP_MASK
-from paxlike.federated.primitives import federated_weighted_mean
+from paxlike.federated.primitives import federated_map, federated_sum
 from paxlike.trainer.algorithm import step_runs
 
 
@@ -63,29 +65,51 @@ def last_run(batches: Any, keys: jax.Array, active: jax.Array) -> tuple[Any, jax
 
 
 def round_weights(batches: Any, weights: jax.Array, drop: bool
-                  ) -> tuple[jax.Array | None, jax.Array, dict[str, jax.Array]]:
-  """(present bool [clients] or None, the aggregate's weights, the round's counts) of a
-  round whose client weights are `weights`: without a STEP_MASK, (None, weights, {}); with
-  one, a straggler (a client that ran fewer than all local steps) gets weight 0 if `drop`,
-  and the counts are `clients` (real ones) and `stragglers`."""
+                  ) -> tuple[jax.Array | None, jax.Array, jax.Array | None]:
+  """(present bool [clients] or None, the aggregate's weights, straggled bool [clients] or
+  None) of a round whose client weights are `weights`: without a STEP_MASK, (None, weights,
+  None); with one, a straggler (a client that ran fewer than all local steps) gets weight 0
+  if `drop`. All per client (nothing here reduces across clients)."""
   runs = step_runs(batches)
   if runs is None:
-    return None, weights, {}
+    return None, weights, None
   steps = jnp.sum(runs, axis=1)
   present, straggled = steps > 0, (steps > 0) & (steps < runs.shape[1])
-  kept = jnp.where(straggled, 0.0, weights) if drop else weights
-  return present, kept, {'clients': jnp.sum(present, dtype=jnp.int32),
-                         'stragglers': jnp.sum(straggled, dtype=jnp.int32)}
+  return present, jnp.where(straggled, 0.0, weights) if drop else weights, straggled
+
+
+def counts(present: jax.Array | None, straggled: jax.Array | None) -> dict[str, jax.Array]:
+  """The round's `clients` (real ones) and `stragglers` (nothing without a STEP_MASK: None);
+  call inside its federated program."""
+  if present is None:
+    return {}
+  return {'clients': federated_sum(present.astype(jnp.int32)),
+          'stragglers': federated_sum(straggled.astype(jnp.int32))}
+
+
+def guarded_mean(x: Any, weights: jax.Array, fallback: Any) -> tuple[Any, jax.Array]:
+  """(Σᵢ wᵢxᵢ / Σᵢ wᵢ, or `fallback` where every weight is 0; whether they all are), with the
+  sums taken over the clients and the guard applied on the server after them, so the round
+  stays one broadcast → clients → aggregation (exportable). Call inside the federated
+  program; `fallback` is a server value shaped like one client's `x`."""
+  total = federated_sum(weights)
+  weigh = lambda xi, wi: jax.tree.map(lambda v: v.astype(_mean_dtype(v.dtype, wi)) * wi, xi)
+  sums = federated_sum(federated_map(weigh, (x, weights)))
+  empty = total == 0
+  mean = jax.tree.map(lambda s, f: jnp.where(empty, f.astype(s.dtype),
+                                             s / jnp.where(empty, 1.0, total)), sums, fallback)
+  return mean, empty
 
 
 def real_client_mean(stats: Any, weights: jax.Array, present: jax.Array) -> Any:
   """Client-placed `stats` averaged with `weights` over the real clients (`present`); zeros
   in a round without any. Call inside the round's federated program."""
-  empty = ~jnp.any(present)
-  mean = federated_weighted_mean(stats, jnp.where(empty, 1.0, jnp.where(present, weights, 0.0)))
-  return jax.tree.map(lambda v: jnp.where(empty, jnp.zeros_like(v), v), mean)
+  zeros = jax.tree.map(lambda v: jnp.zeros(v.shape[1:], v.dtype), stats)
+  return guarded_mean(stats, jnp.where(present, weights, 0.0), zeros)[0]
 
 
-def empty_aggregate(weights: jax.Array) -> jax.Array:
-  """Whether a round's aggregate holds no client (every weight 0)."""
-  return ~jnp.any(weights > 0)
+def _mean_dtype(dtype: Any, weight: jax.Array) -> Any:
+  """The dtype a value is weighted in (as federated_weighted_mean): float, at least the
+  weight's."""
+  dtype = jnp.result_type(dtype, weight)
+  return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float32

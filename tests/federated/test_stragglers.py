@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,7 @@ from paxlike.federated.scaffold import scaffold
 from paxlike.trainer.algorithm import AlgorithmConfigError
 from paxlike.trainer.centralized import centralized
 from tests.federated.test_algorithms import D, _params, _run
-from tests.helpers import metric_rows, run_cli
+from tests.helpers import REPO, cli_env, metric_rows, run_cli
 
 L, ETA, MU = 4, 0.05, 0.5
 
@@ -227,3 +229,14 @@ def test_cli_rows_count_the_stragglers_and_a_resumed_run_repeats_them(tmp_path):
   bad = run_cli(*args[:1], '--fdl_set=data.straggler_fraction=1.0',
                 f'--job_log_dir={tmp_path / "bad"}', check=False)
   assert bad.returncode == 2 and 'straggler_fraction must be a number in [0, 1)' in bad.stderr
+
+
+@pytest.mark.slow
+def test_a_round_with_partial_work_still_exports_as_one_round_trip(tmp_path):
+  """The step mask's guards sit on the server after the sums: no second round trip (a
+  Poisson cohort's padded slots and stragglers take the same path)."""
+  proc = subprocess.run([sys.executable, '-m', 'paxlike.export', '--exp=federated.DigitsFedAvg',
+                         '--fdl_set=data.sampling="poisson"', f'--out={tmp_path}'], cwd=REPO,
+                        text=True, capture_output=True, timeout=600, env=cli_env(1))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.loads((tmp_path / 'plan.json').read_text())
