@@ -74,13 +74,19 @@ def test_runs_drop_stragglers_for_fedavg_and_keep_them_for_fedprox():
   plan = fedprox.FULL
   runs = fedprox.runs(plan)
   per = len(plan['fedavg_lrs']) + 1 + len(plan['mus'])
-  assert len(runs) == len(fedprox.PARTITIONS) * len(plan['seeds']) * per
+  drift = len(plan['seeds']) * len(plan['drift']['mus'])
+  assert len(runs) == len(fedprox.PARTITIONS) * len(plan['seeds']) * per + drift
   assert len({name for name, *_ in runs}) == len(runs)
-  fedavg = fedprox._overrides(plan, 'shards', 1, 0.01, None)
+  by_key = {(key, seed): overrides for _, key, seed, overrides in runs}
+  fedavg = by_key[(('shards', 'fedavg', 0.01), 1)]
   assert 'algorithm.prox_mu' not in fedavg and fedavg['data.straggler_fraction'] == 0.9
-  prox = fedprox._overrides(plan, 'iid', 0, 0.05, 0.0)
+  assert fedavg['optimizer.learning_rate'] == 0.01 and fedavg['train.seed'] == 1
+  prox = by_key[(('iid', 'fedprox', 0.0), 0)]
   assert prox['algorithm.drop_stragglers'] is False and prox['algorithm.prox_mu'] == 0.0
-  assert prox['data.partition'] == 'iid' and prox['train.seed'] == 0
+  assert prox['data.partition'] == 'iid' and prox['data.local_steps'] == plan['local_steps']
+  more = by_key[(('shards', 'drift', 1.0), 0)]
+  assert more['data.local_steps'] == 100 and more['optimizer.learning_rate'] == 0.2
+  assert len(fedprox.runs(fedprox.QUICK)) == 4  # The quick run: 2 per partition.
 
 
 def test_kept_counts_are_the_clients_that_ran_every_step():

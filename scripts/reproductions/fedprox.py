@@ -27,10 +27,10 @@ PARTITIONS = ('shards', 'iid')
 FULL = dict(dataset='fashion_mnist', clients=100, cohort=10, local_steps=20, batch=10,
             rounds=200, eval_every=10, tail=5, stragglers=0.9, lr=0.05,
             fedavg_lrs=(0.01, 0.05), mus=(0.001, 0.01, 0.1, 1.0), seeds=(0, 1), eval_batches=None,
-            mu0=True)
+            mu0=True, drift=dict(local_steps=100, lr=0.2, mus=(0.0, 1.0)))
 QUICK = dict(dataset='digits', clients=20, cohort=5, local_steps=4, batch=8, rounds=2,
              eval_every=2, tail=1, stragglers=0.9, lr=0.05, fedavg_lrs=(0.05,), mus=(1.0,),
-             seeds=(0,), eval_batches=None, mu0=False)
+             seeds=(0,), eval_batches=None, mu0=False, drift=None)
 MIN_GAIN = 5.0  # Points FedProx must gain on non-IID data (the paper: 22 on average).
 SMALL = 3.0     # Points within which the methods count as alike on IID data.
 
@@ -66,12 +66,13 @@ def verdict(non_iid_gain: float, iid_gain: float) -> tuple[str, list[str]]:
   return ('reproduced' if not failed else 'partly'), failed
 
 
-def _overrides(plan: dict, partition: str, seed: int, lr: float, mu: float | None) -> dict:
+def _overrides(plan: dict, partition: str, seed: int, lr: float, mu: float | None,
+               local_steps: int | None = None) -> dict:
   """The CLI overrides of one run; `mu` None is FedAvg (stragglers dropped), else FedProx
-  with that μ keeping them (μ = 0: no proximal term)."""
+  with that μ keeping them (μ = 0: no proximal term); `local_steps`: the plan's unless set."""
   fields = {'data.dataset': plan['dataset'], 'data.num_clients': plan['clients'],
             'data.clients_per_round': plan['cohort'], 'data.partition': partition,
-            'data.shards_per_client': 2, 'data.local_steps': plan['local_steps'],
+            'data.shards_per_client': 2, 'data.local_steps': local_steps or plan['local_steps'],
             'data.batch_size': plan['batch'], 'data.num_eval_batches': plan['eval_batches'],
             'data.straggler_fraction': plan['stragglers'], 'model.hidden': '()',
             'optimizer.learning_rate': lr, 'train.seed': seed,
@@ -82,24 +83,31 @@ def _overrides(plan: dict, partition: str, seed: int, lr: float, mu: float | Non
   return fields
 
 
-def runs(plan: dict) -> list[tuple[str, str, float, float | None, int]]:
-  """(name, partition, client lr, μ or None for FedAvg, seed) of every run."""
+def runs(plan: dict) -> list[tuple[str, tuple, int, dict]]:
+  """(name, result key, seed, CLI overrides) of every run. Keys: (partition, 'fedavg', lr),
+  (partition, 'fedprox', μ), and ('shards', 'drift', μ): FedProx with the plan's `drift`
+  (more local work, non-IID), where the proximal term has more drift to curb."""
   out = []
   for partition in PARTITIONS:
     for seed in plan['seeds']:
-      out += [(f'{partition}_fedavg_lr{lr:g}_s{seed}', partition, lr, None, seed)
-              for lr in plan['fedavg_lrs']]
-      out += [(f'{partition}_fedprox_mu{mu:g}_s{seed}', partition, plan['lr'], mu, seed)
+      out += [(f'{partition}_fedavg_lr{lr:g}_s{seed}', (partition, 'fedavg', lr), seed,
+               _overrides(plan, partition, seed, lr, None)) for lr in plan['fedavg_lrs']]
+      out += [(f'{partition}_fedprox_mu{mu:g}_s{seed}', (partition, 'fedprox', mu), seed,
+               _overrides(plan, partition, seed, plan['lr'], mu))
               for mu in ((0.0,) if plan['mu0'] else ()) + tuple(plan['mus'])]
+  drift = plan['drift']
+  for seed in plan['seeds'] if drift else ():
+    out += [(f'shards_drift_mu{mu:g}_s{seed}', ('shards', 'drift', mu), seed,
+             _overrides(plan, 'shards', seed, drift['lr'], mu, drift['local_steps']))
+            for mu in drift['mus']]
   return out
 
 
 def run(quick: bool, work: Path) -> Report:
   plan = QUICK if quick else FULL
-  results: dict[tuple, list[dict]] = {}  # (partition, 'fedavg', lr) / (partition, 'fedprox', μ)
-  for name, partition, lr, mu, seed in runs(plan):
-    rows = trainer.train(EXP, work / name, _overrides(plan, partition, seed, lr, mu))
-    key = (partition, 'fedavg', lr) if mu is None else (partition, 'fedprox', mu)
+  results: dict[tuple, list[dict]] = {}  # See `runs` for the keys.
+  for name, key, seed, overrides in runs(plan):
+    rows = trainer.train(EXP, work / name, overrides)
     results.setdefault(key, []).append(
         {'seed': seed, 'rows': rows, 'accuracy': final_accuracy(rows, plan['tail'])})
   from reproductions import fedprox_page

@@ -69,6 +69,22 @@ def grid_table(plan: dict, results: dict, partition: str) -> tuple[str, list, li
           'each run.', header, rows)
 
 
+def drift_table(plan: dict, results: dict) -> tuple[str, list, list]:
+  """FedProx with more local work (the plan's `drift`), non-IID: accuracy and swing per μ."""
+  from reproductions.fedprox_why import swing
+  drift = plan['drift']
+  header = ['μ', *[f'seed {s}' for s in plan['seeds']], 'mean', 'swing (points)']
+  rows = []
+  for mu in drift['mus']:
+    accs = [r['accuracy'] for r in results[('shards', 'drift', mu)]]
+    rows.append([mu, *map(_pct, accs), _pct(np.mean(accs)),
+                 f"{swing(results, ('shards', 'drift', mu)):.1f}"])
+  return (f"More local work, non-IID: FedProx (keeping stragglers' work) with "
+          f"{drift['local_steps']} local steps at client lr {drift['lr']:g} (5× the steps at 4× "
+          'the rate), test accuracy (%) as above; swing: the mean |change| between '
+          'consecutive evals over the second half of the run.', header, rows)
+
+
 def summary_table(summaries: dict) -> tuple[str, list, list]:
   header = ['data', 'FedAvg', 'FedProx μ = 0', 'FedProx best μ', 'gain (points)',
             'paper: gain']
@@ -118,7 +134,8 @@ def report(quick: bool, plan: dict, results: dict) -> Report:
                          for k, v in non_iid.items()},
              'iid': {k: round(v, 4) if isinstance(v, float) else v for k, v in iid.items()},
              'failed': failed}
-  tables = [summary_table(summaries), *(grid_table(plan, results, p) for p in PARTITIONS)]
+  tables = [summary_table(summaries), *(grid_table(plan, results, p) for p in PARTITIONS),
+            *([drift_table(plan, results)] if plan['drift'] else [])]
   return Report(NAME, TITLE, PAPER, CLAIM, _setting(quick, plan), result, summary_line,
                 why(plan, results, summaries, failed), tables, numbers,
                 _plot(plan, results, summaries))
