@@ -136,6 +136,18 @@ def test_scaffold_verdict_follows_table3s_shape(change, result, failed):
     assert len(reasons) == 1 and failed in reasons[0]
 
 
+# A 10% column of the paper's shape (FedAvg and SCAFFOLD beat SGD; made-up numbers).
+TABLE3_10 = {('sgd', 1, 10): 317, ('fedavg', 1, 10): 82, ('fedavg', 10, 10): 97,
+             ('scaffold', 1, 10): 42, ('scaffold', 10, 10): 14}
+
+
+def test_scaffold_verdict_asks_10_percent_similarity_too_where_it_ran():
+  assert scaffold.verdict({**TABLE3, **TABLE3_10}, (1, 10)) == ('reproduced', [])
+  got, reasons = scaffold.verdict({**TABLE3, **TABLE3_10, ('fedavg', 10, 10): None}, (1, 10))
+  assert got == 'partly' and reasons == [
+      'at 10% and 100% similarity FedAvg and SCAFFOLD beat SGD']
+
+
 @pytest.mark.parametrize('costs, result', [
     ([(25, 0.30), (100, 0.08), (400, 0.01)], 'reproduced'),
     ([(25, 0.30), (100, 0.305), (400, 0.10)], 'reproduced'),  # A rise within the eval's noise.

@@ -12,7 +12,7 @@ from paxlike.data import sources
 from paxlike.errors import UserError
 
 IMAGE_DATASETS = ('digits', 'fashion_mnist', 'mnist')
-IMAGE_PARTITIONS = ('iid', 'dirichlet', 'shards')
+IMAGE_PARTITIONS = ('iid', 'dirichlet', 'shards', 'similarity')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,9 @@ def image_batch(arrays: Arrays, index: np.ndarray, mask: np.ndarray) -> sources.
 @dataclasses.dataclass
 class ImageData:
   """Image batches. The training split is partitioned into `num_clients` clients:
-  'iid', 'dirichlet' (label skew, `alpha`) or 'shards' (`shards_per_client` label-sorted
-  shards), all seeded by `partition_seed`; num_clients=1 is centralized training. Cohorts:
+  'iid', 'dirichlet' (label skew, `alpha`), 'shards' (`shards_per_client` label-sorted
+  shards) or 'similarity' (SCAFFOLD's: a `similarity` fraction IID, the rest label-sorted),
+  all seeded by `partition_seed`; num_clients=1 is centralized training. Cohorts:
   `sampling` 'uniform' or 'weighted' each round, 'fixed' (slot i = client i every round;
   needs clients_per_round = num_clients), or 'poisson' (each client in with probability
   clients_per_round / num_clients, padded to `num_slots`). Systems heterogeneity: each round
@@ -72,6 +73,7 @@ class ImageData:
   partition: str = 'iid'
   alpha: float = 0.5
   shards_per_client: int = 2
+  similarity: float = 0.0
   partition_seed: int = 0
   sampling: str = 'uniform'
   eval_batch_size: int = 256
@@ -88,6 +90,8 @@ class ImageData:
          'sampling': sources.PADDED_SAMPLINGS})
     if not self.alpha > 0:
       raise UserError(f'ImageData.alpha must be > 0, got {self.alpha!r}')
+    if not 0 <= self.similarity <= 1:
+      raise UserError(f'ImageData.similarity must be in [0, 1], got {self.similarity!r}')
     if self.num_eval_batches is not None and self.num_eval_batches <= 0:
       raise UserError(f'ImageData.num_eval_batches must be positive or None, '
                       f'got {self.num_eval_batches!r}')
@@ -122,6 +126,8 @@ class ImageData:
       return partition.iid(n, self.num_clients, self.partition_seed)
     if self.partition == 'dirichlet':
       return partition.dirichlet(labels, self.num_clients, self.alpha, self.partition_seed)
+    if self.partition == 'similarity':
+      return partition.similarity(labels, self.num_clients, self.similarity, self.partition_seed)
     return partition.shards(labels, self.num_clients, self.shards_per_client,
                             self.partition_seed)
 

@@ -70,6 +70,20 @@ def shards(labels: Sequence[int], num_clients: int, shards_per_client: int,
   return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
 
 
+def similarity(labels: Sequence[int], num_clients: int, fraction: float,
+               seed: int) -> list[np.ndarray]:
+  """Karimireddy et al. (2020, SCAFFOLD) s% similarity: a random `fraction` of the examples is
+  dealt IID to the clients, the rest is sorted by label and cut into one contiguous piece per
+  client, in client order. 0: label-sorted clients (one or two labels each when they are fewer
+  than the clients); 1: IID."""
+  labels = np.asarray(labels)
+  perm = np.random.default_rng(seed).permutation(len(labels)).astype(np.int64)
+  shared, rest = np.split(perm, [round(fraction * len(labels))])
+  ordered = rest[np.argsort(labels[rest], kind='stable')]
+  return [np.sort(np.concatenate([a, b])) for a, b in
+          zip(np.array_split(shared, num_clients), np.array_split(ordered, num_clients))]
+
+
 def _class_counts_per_client(rng: np.random.Generator, class_counts: np.ndarray,
                              capacity: np.ndarray, q: np.ndarray) -> np.ndarray:
   """Integer [clients, classes] counts with row sums `capacity` and column sums

@@ -31,8 +31,9 @@ by label (s = 0, 10, 100), local epochs 1 to 20, learning rates tuned per method
 Ours: {plan['dataset']}, {plan['clients']} clients of ~{plan['client_size']} images, all every
 round (`data.sampling=fixed`), softmax regression (`model.hidden=()`). 0% similarity = one
 label-sorted shard per client (`data.partition=shards data.shards_per_client=1`: every client
-holds one class); 100% = `data.partition=iid`. 10% similarity is not run: paxlike's
-partitions (iid, dirichlet, shards) have no "s% IID, the rest sorted" mix. SCAFFOLD:
+holds one class); 10% = `data.partition=similarity data.similarity=0.1` (a random 10% of the
+images dealt IID, the rest sorted by label and cut into one piece per client, as the paper
+builds it); 100% = `data.partition=iid`. SCAFFOLD:
 `federated.DigitsScaffold` (option II control variates, server lr 1); FedAvg:
 `federated.DigitsFedAvg`; SGD: FedAvg with one local step on the client's whole data
 (large-batch SGD, one step per round). Local epochs {', '.join(map(str, plan['epochs']))} of
@@ -52,16 +53,17 @@ def _cell(rounds: int | None, cap: int, base: int | None) -> str:
 
 
 def _table(plan: dict, results: dict) -> tuple[str, list, list]:
-  from reproductions.scaffold import PAPER_0, SIMILARITY
-  header = ['method', 'epochs', 'client lr (0% / 100%)',
-            *[f'rounds, {s}% similarity' for s in SIMILARITY], 'paper, 0%']
-  sgd = {s: results[('sgd', 1, s)]['rounds'][plan['target']] for s in SIMILARITY}
+  from reproductions.scaffold import PAPER_0
+  levels = plan['similarities']
+  header = ['method', 'epochs', f'client lr ({" / ".join(f"{s}%" for s in levels)})',
+            *[f'rounds, {s}% similarity' for s in levels], 'paper, 0%']
+  sgd = {s: results[('sgd', 1, s)]['rounds'][plan['target']] for s in levels}
   rows = []
   for method in LABELS:
     for epochs in ((1,) if method == 'sgd' else plan['epochs']):
-      runs = [results[(method, epochs, s)] for s in SIMILARITY]
+      runs = [results[(method, epochs, s)] for s in levels]
       cells = [_cell(r['rounds'][plan['target']], plan['caps'][method],
-                     None if method == 'sgd' else sgd[s]) for r, s in zip(runs, SIMILARITY)]
+                     None if method == 'sgd' else sgd[s]) for r, s in zip(runs, levels)]
       paper = PAPER_0.get((method, epochs))
       rows.append([LABELS[method], epochs, ' / '.join(f'{r["lr"]:g}' for r in runs), *cells,
                    '–' if paper is None else paper])
@@ -71,10 +73,11 @@ def _table(plan: dict, results: dict) -> tuple[str, list, list]:
 
 
 def _plot(plan: dict, results: dict) -> Callable[[Any], None]:
-  from reproductions.scaffold import KEY, SIMILARITY
+  from reproductions.scaffold import KEY
+  levels = plan['similarities']
 
   def draw(figure) -> None:
-    for ax, s in zip(figure.subplots(1, 2, sharey=True), SIMILARITY):
+    for ax, s in zip(figure.subplots(1, len(levels), sharey=True), levels):
       for (method, epochs, similarity), run in results.items():
         if similarity == s:
           steps, acc = trainer.series(run['rows'], KEY)

@@ -29,6 +29,7 @@ def mean_label_entropy(labels, parts):
     lambda seed: partition.iid(len(SKEWED), 37, seed),
     lambda seed: partition.dirichlet(SKEWED, 37, 0.3, seed),
     lambda seed: partition.shards(SKEWED, 37, 3, seed),
+    lambda seed: partition.similarity(SKEWED, 37, 0.1, seed),
     lambda seed: partition.natural(SKEWED.astype(str)),
 ])
 def test_every_example_in_exactly_one_client_and_deterministic(make):
@@ -71,3 +72,29 @@ def test_shards_give_at_most_shards_per_client_labels():
     assert_exact_partition(parts, len(LABELS))
     assert max(len(np.unique(LABELS[p])) for p in parts) <= spc
     assert set(partition.client_sizes(parts).tolist()) == {6000 // 20}
+
+
+def test_similarity_deals_its_fraction_iid_and_sorts_the_rest_by_label():
+  """SCAFFOLD's s%: 0 is label-sorted contiguous clients (here one label each: 10 classes of
+  600 over 10 clients), 1 is IID, 0.1 gives each client 60 random examples plus a 540-example
+  piece of the label-sorted rest (mostly of one label: a piece may straddle two)."""
+  zero = partition.similarity(LABELS, 10, 0.0, 0)
+  assert [np.unique(LABELS[p]).tolist() for p in zero] == [[k] for k in range(10)]
+  one = partition.similarity(LABELS, 10, 1.0, 0)
+  assert_exact_partition(one, len(LABELS))
+  assert min(len(np.unique(LABELS[p])) for p in one) == 10
+  tenth = partition.similarity(LABELS, 10, 0.1, 0)
+  assert_exact_partition(tenth, len(LABELS))
+  for k, p in enumerate(tenth):
+    counts = np.bincount(LABELS[p], minlength=10)
+    assert len(p) == 600 and counts.argmax() == k and 0.85 * 600 <= counts[k] < 600
+  entropies = [mean_label_entropy(LABELS, partition.similarity(LABELS, 10, s, 0))
+               for s in (0.0, 0.1, 0.5, 1.0)]
+  assert all(a < b for a, b in zip(entropies, entropies[1:])), entropies
+
+
+def test_image_data_refuses_a_similarity_outside_0_1():
+  from paxlike.data.images import ImageData
+  from paxlike.errors import UserError
+  with pytest.raises(UserError, match=r'ImageData.similarity must be in \[0, 1\], got 1.5'):
+    ImageData(partition='similarity', similarity=1.5)
