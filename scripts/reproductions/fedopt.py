@@ -7,7 +7,7 @@ clients of 600 images with Dirichlet(α = 0.1) label skew (paxlike.data.partitio
 10 clients a round, one local epoch of SGD. Each algorithm's client (and server) learning rate
 is the best of a small grid by its final accuracy (the mean of its last evals, as the paper
 averages its last 100 rounds); the best of each is run again on a second seed; FedAdam's and
-FedYogi's best are then run at other τ (the adaptivity ε of Algorithm 2).
+FedYogi's best are then run at other τ (the adaptivity ε of Algorithm 2), on every seed.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ FULL = dict(
     client_lrs={m: (0.01, 0.03, 0.1, 0.3) for m in ('fedavg', 'fedadam', 'fedyogi')},
     server_lrs={'fedavg': (1.0,), 'fedadam': (0.003, 0.01, 0.03),
                 'fedyogi': (0.003, 0.01, 0.03)},
-    taus=(1e-4, 1e-3, 1e-2), epoch=': one epoch of its 600')
+    taus=(1e-4, 1e-3, 1e-2), epoch=': one epoch of its 600', pixels=784)
 QUICK = dict(
     dataset='digits', clients=20, cohort=5, alpha=0.1, local_steps=4, batch=16, hidden='(32,)',
     rounds=4, eval_every=2, tail=1, seeds=(0,),
     client_lrs={'fedavg': (0.1,), 'fedadam': (0.1,), 'fedyogi': (0.1,)},
-    server_lrs={'fedavg': (1.0,), 'fedadam': (0.01,), 'fedyogi': (0.01,)}, taus=(1e-3,))
+    server_lrs={'fedavg': (1.0,), 'fedadam': (0.01,), 'fedyogi': (0.01,)}, taus=(1e-3,),
+    pixels=64)
 # Reddi et al. 2021, Table 2 (CIFAR-10, ResNet-18, test accuracy %, the best of their grid);
 # also EMNIST character recognition, where the five are within a point.
 PAPER = {'fedavg': 72.8, 'fedadam': 77.4, 'fedyogi': 78.0}
@@ -108,11 +109,23 @@ def run(quick: bool, work: Path) -> Report:
   best = {m: max(runs, key=lambda r: r['accuracy']) for m, runs in grid.items()}
   seeds = {m: [best[m]] + [_train(plan, work, m, best[m]['client_lr'], best[m]['server_lr'],
                                   seed) for seed in plan['seeds'][1:]] for m in EXPS}
-  taus = {m: {tau: best[m] if tau == DEFAULT_TAU else _train(
-      plan, work, m, best[m]['client_lr'], best[m]['server_lr'], tau=tau)
-      for tau in plan['taus']} for m in ADAPTIVE}
+  taus = {m: {tau: [seeds[m][i] if tau == DEFAULT_TAU else _train(
+      plan, work, m, best[m]['client_lr'], best[m]['server_lr'], seed, tau)
+      for i, seed in enumerate(plan['seeds'])] for tau in plan['taus']} for m in ADAPTIVE}
   from reproductions import fedopt_page
   return fedopt_page.report(quick, plan, grid, best, seeds, taus)
+
+
+def mlp_params(pixels: int, hidden: str, classes: int = 10) -> int:
+  """The MLP's parameter count: weights and biases of each dense layer."""
+  sizes = [pixels, *(int(h) for h in hidden.strip('(),').split(',') if h.strip()), classes]
+  return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+
+def update_rms(rows: Sequence[dict], params: int) -> float:
+  """The root mean square per coordinate of a run's pseudo-gradient, over its logged rounds."""
+  norms = [row['pseudo_grad_norm'] for row in rows if 'pseudo_grad_norm' in row]
+  return (sum(n * n for n in norms) / len(norms) / params) ** 0.5
 
 
 def seed_mean(runs: Sequence[dict]) -> float:
