@@ -62,9 +62,9 @@ def _tau_sentence(plan: dict, by_tau: dict[str, dict[float, float]], seeds: dict
           'η·m/τ, momentum SGD at rate η/τ. Our best FedAdam run\'s pseudo-gradient has a root '
           f'mean square of {rms:.1e} per coordinate ({params:,} parameters), so τ = 1e-4 is '
           'below most coordinates\' change, τ = 1e-3 at it, and τ = 1e-2 above most of them '
-          '(for those the step becomes momentum SGD at η/τ = 1): the sweep crosses from adaptive to '
-          'non-adaptive, and the accuracy falls with it. The paper\'s ResNet updates sit '
-          'elsewhere relative to τ, so the same range of τ is a different range of adaptivity '
+          '(for those the step becomes momentum SGD at η/τ = 1): the sweep crosses from '
+          'adaptive to non-adaptive, and the accuracy falls with it. The paper\'s ResNet '
+          'updates sit elsewhere relative to τ, so the same range of τ is a different range of adaptivity '
           'there: this is a scale effect of the setting, not a fault of the update (which '
           'matches Algorithm 2 exactly, paxlike/federated/server_optim.py).')
 
