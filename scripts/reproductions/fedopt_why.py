@@ -65,8 +65,8 @@ def _tau_sentence(plan: dict, by_tau: dict[str, dict[float, float]], seeds: dict
           '(for those the step becomes momentum SGD at η/τ = 1): the sweep crosses from '
           'adaptive to non-adaptive, and the accuracy falls with it. The paper\'s ResNet '
           'updates sit elsewhere relative to τ, so the same range of τ is a different range of '
-          'adaptivity there: this is a scale effect of the setting, not a fault of the update (which '
-          'matches Algorithm 2 exactly, paxlike/federated/server_optim.py).')
+          'adaptivity there: this is a scale effect of the setting, not a fault of the update '
+          '(which matches Algorithm 2 exactly, paxlike/federated/server_optim.py).')
 
 
 def why(plan: dict, accuracy: dict[str, float], by_tau: dict[str, dict[float, float]],
