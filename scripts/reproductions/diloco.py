@@ -28,7 +28,9 @@ CENTRAL, DILOCO = 'federated.ShakespeareCentralized', 'federated.ShakespeareDiLo
 ADAM = 'scripts.reproductions.diloco_experiments.ShakespeareDiLoCoAdam'
 FULL = dict(model={'model.num_layers': 4, 'model.d_ff': 512}, seq_len=64, batch=8, k=4,
             warmup=128, steps=256, h=16, hs=(4, 16, 64), eval_inner=32, eval_batches=32,
-            seeds=(1, 2), adam_lrs=(1e-2, 3e-2), diagnostic_lrs=(1e-3,))
+            seeds=(1, 2), adam_lrs=(1e-2, 3e-2), nesterov_lrs=(0.3,), diagnostic_lrs=(1e-3,),
+            small_h_outer={'sgd': dict(learning_rate=1.0, momentum=None, nesterov=False),
+                           'nesterov0.2': dict(learning_rate=0.2)})
 QUICK = dict(model={'model.num_layers': 1, 'model.d_model': 32, 'model.num_heads': 2,
                     'model.d_ff': 64}, seq_len=32, batch=4, k=4, warmup=0, steps=8, h=4,
              hs=(4,), eval_inner=4, eval_batches=1, seeds=(1,), adam_lrs=())
@@ -90,9 +92,9 @@ def _diloco(plan: dict, work: Path, name: str, h: int, seed: int, init: Path | N
             exp: str = DILOCO, lr: float | None = None, **outer: Any) -> list[dict]:
   rounds, every = plan['steps'] // h, max(1, plan['eval_inner'] // h)
   fields = {**_common(plan, seed, init, lr), 'data.batch_size': plan['batch'],
-            'data.local_steps': h, 'algorithm.num_replicas': plan['k'], 'data.clients_per_round': plan['k'],
-            'data.num_clients': plan['k'], 'train.num_steps': rounds, 'train.eval_every': every,
-            'train.log_every': every,
+            'data.local_steps': h, 'algorithm.num_replicas': plan['k'],
+            'data.clients_per_round': plan['k'], 'data.num_clients': plan['k'],
+            'train.num_steps': rounds, 'train.eval_every': every, 'train.log_every': every,
             **{f'algorithm.outer_optimizer.{k}': v for k, v in outer.items()}}
   rows = trainer.train(exp, work / name, fields)
   return [{**row, 'inner_step': row['step'] * h} for row in rows]
@@ -122,6 +124,9 @@ def run(quick: bool, work: Path) -> Report:
   for lr in plan['adam_lrs']:
     runs[('adam', lr)] = _diloco(plan, work, f'outer_adam{lr:g}_seed{first}', h, first, init,
                                  ADAM, learning_rate=lr)
+  for lr in plan.get('nesterov_lrs', ()):  # Beside the paper's 0.7 (the main runs').
+    runs[('nesterov', lr)] = _diloco(plan, work, f'outer_nesterov{lr:g}_seed{first}', h, first,
+                                     init, learning_rate=lr)
   runs.update(diagnostic(plan, work, init))
   from reproductions import diloco_page
   return diloco_page.report(quick, plan, runs)
@@ -129,8 +134,10 @@ def run(quick: bool, work: Path) -> Report:
 
 def diagnostic(plan: dict, work: Path, init: Path | None) -> dict[tuple, list[dict]]:
   """The main comparison again at each inner rate of `plan['diagnostic_lrs']` (seed one):
-  runs[('lr', lr, 'updates' | 'batch' | 'diloco')]. It tells whether an ordering the paper
-  reports hangs on the inner rate."""
+  runs[('lr', lr, 'updates' | 'batch' | 'diloco')], which tells whether an ordering the paper
+  reports hangs on the inner rate; and DiLoCo at the smallest H with each outer optimizer of
+  `plan['small_h_outer']` (runs[('small_h', label)]), which tells whether a small H fails by
+  the outer step's size."""
   k, t, h, b, seed = plan['k'], plan['steps'], plan['h'], plan['batch'], plan['seeds'][0]
   runs = {}
   for lr in plan.get('diagnostic_lrs', ()):
@@ -140,6 +147,10 @@ def diagnostic(plan: dict, work: Path, init: Path | None) -> dict[tuple, list[di
                                          seed, init, lr)
     runs[('lr', lr, 'diloco')] = _diloco(plan, work, f'diloco_H{h}_lr{lr:g}_seed{seed}', h,
                                          seed, init, lr=lr)
+  small = min(plan['hs'])
+  for label, outer in plan.get('small_h_outer', {}).items():
+    runs[('small_h', label)] = _diloco(plan, work, f'diloco_H{small}_outer_{label}_seed{seed}',
+                                       small, seed, init, **outer)
   return runs
 
 
