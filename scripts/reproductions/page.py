@@ -81,11 +81,10 @@ def write(report: Report, out: Path, command: str, seconds: float, quick: bool) 
   png = out / f'{report.name}.png'
   missing = draw(report, png)
   mode = ('a `--quick` run: the test version, tiny, not the result' if quick else
-          'the full run, sized to about 5 minutes on the 2 CPU cores this machine shares '
-          'between several engineers')
+          'the full run, on 2 CPU cores shared with other jobs')
   parts = [
       f'# {report.name}: {report.title}', '',
-      f'Made by `{command}` ({mode}; it took {seconds / 60:.1f} min).', '',
+      f'Made by `{command}` ({mode}; it took {seconds / 60:.1f} min of wall time).', '',
       SECTIONS[0], '', f'**{report.verdict}**: {report.summary}', '',
       SECTIONS[1], '', report.paper, '', report.claim, '',
       SECTIONS[2], '', report.setting, '',
