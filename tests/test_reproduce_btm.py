@@ -60,6 +60,15 @@ def test_dense_is_all_seed_rounds_and_random_splits_documents():
   assert all(o['data.num_eval_batches'] is None for o in (dense, domains, random))
 
 
+def test_long_runs_scale_rounds_and_the_seed_together():
+  plan = btm.FULL
+  dense, domains = (btm._overrides(plan, k, 0) for k in btm.LONG)
+  assert dense['train.num_steps'] == dense['algorithm.seed_steps'] == 2 * plan['rounds']
+  assert domains['train.num_steps'] == 2 * plan['rounds']
+  assert domains['algorithm.seed_steps'] == 2 * plan['seed_rounds']
+  assert btm.QUICK['long'] is None  # The quick run trains no diagnostic.
+
+
 def test_equal_tokens_round_matches_bytes_per_model():
   plan = btm.FULL
   at = btm_why.equal_tokens_round(plan)

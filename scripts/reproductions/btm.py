@@ -7,7 +7,9 @@ the CLI with `--fdl_set` overrides, on Tiny Shakespeare's 4 domains (runs of pla
 - `dense`: all rounds are seed rounds (`algorithm.seed_steps` = the rounds): one model on all
   domains, a step on the 4 slots' batches together, the same tokens and FLOPs as BTM's;
 - `domains`: the seed for `seed` rounds, then 4 experts, expert k on domain k;
-- `random`: the same on a random split (`data.partition=iid`: documents dealt to 4 clients).
+- `random`: the same on a random split (`data.partition=iid`: documents dealt to 4 clients);
+- `dense_long`, `domains_long` (the diagnostic): `dense` and `domains` trained `long` times as
+  long, seed rounds scaled alike, to see whether the gap closes as the learning curve flattens.
 Scores are nats per byte on each domain's held-out speeches (the test split tiled): the
 trainer's per-domain eval (eval_clients.jsonl) for the dense model and the domain experts'
 posterior ensemble, and btm_eval's scoring of the final experts for the rest (each expert per
@@ -30,10 +32,11 @@ from reproductions.page import Report
 NAME, TITLE = 'btm', 'Branch-Train-Merge: domain experts vs a dense model of equal compute'
 EXP = 'federated.ShakespeareBtm'
 RUNS = ('dense', 'domains', 'random')
+LONG = ('dense_long', 'domains_long')  # The diagnostic: both trained `long` times as long.
 FULL = dict(rounds=150, seed_rounds=50, local_steps=4, batch=8, seq_len=64, lr=3e-3,
-            eval_every=25, eval_batch=16, seeds=(0,), model={}, workers=2)
+            eval_every=25, eval_batch=16, seeds=(0,), model={}, workers=2, long=2)
 QUICK = dict(rounds=2, seed_rounds=1, local_steps=1, batch=4, seq_len=128, lr=3e-3,
-             eval_every=2, eval_batch=64, seeds=(0,), workers=2,
+             eval_every=2, eval_batch=64, seeds=(0,), workers=2, long=None,
              model={'num_layers': 1, 'd_model': 32, 'num_heads': 2, 'd_ff': 64})
 DOMAINS = 4
 MIN_NATS = 0.01  # "Beats": lower by at least 0.01 nats per byte (1% perplexity) on average.
@@ -62,14 +65,16 @@ def verdict(dense: Sequence[float], ensemble: Sequence[float], random: Sequence[
 
 
 def _overrides(plan: dict, kind: str, seed: int) -> dict:
-  """The CLI overrides of one run: `kind` in RUNS."""
-  fields = {'algorithm.seed_steps': plan['rounds'] if kind == 'dense' else plan['seed_rounds'],
+  """The CLI overrides of one run: `kind` in RUNS or LONG (rounds and seed rounds × long)."""
+  scale = plan['long'] if kind in LONG else 1
+  rounds, seed_rounds = plan['rounds'] * scale, plan['seed_rounds'] * scale
+  fields = {'algorithm.seed_steps': rounds if kind.startswith('dense') else seed_rounds,
             'data.local_steps': plan['local_steps'], 'data.batch_size': plan['batch'],
             'data.seq_len': plan['seq_len'], 'data.num_eval_batches': None,
             'data.eval_batch_size': plan['eval_batch'],
             'optimizer.learning_rate': plan['lr'], 'train.seed': seed,
-            'train.num_steps': plan['rounds'], 'train.eval_every': plan['eval_every'],
-            'train.log_every': plan['eval_every'], 'train.checkpoint_every': 100_000,
+            'train.num_steps': rounds, 'train.eval_every': plan['eval_every'] * scale,
+            'train.log_every': plan['eval_every'] * scale, 'train.checkpoint_every': 100_000,
             **{f'model.{k}': v for k, v in plan['model'].items()}}
   if kind == 'random':
     fields.update({'data.partition': 'iid', 'data.partition_seed': seed})
@@ -85,7 +90,8 @@ def domain_table(job: Path) -> dict[str, dict[str, float]]:
 def run(quick: bool, work: Path) -> Report:
   from reproductions import btm_eval, btm_page
   plan = QUICK if quick else FULL
-  specs = [(f'{kind}_s{seed}', kind, seed) for seed in plan['seeds'] for kind in RUNS]
+  kinds = (LONG if plan['long'] else ()) + RUNS  # The longest first, for the two workers.
+  specs = [(f'{kind}_s{seed}', kind, seed) for seed in plan['seeds'] for kind in kinds]
 
   def one(spec: tuple[str, str, int]) -> tuple[str, int, dict]:
     """Trains one run, then reads its per-domain eval and scores its experts (the scoring of
@@ -95,7 +101,7 @@ def run(quick: bool, work: Path) -> Report:
     out = {'rows': trainer.train(EXP, job, _overrides(plan, kind, seed))}
     if kind != 'random':
       out['table'] = domain_table(job)
-    if kind != 'dense':
+    if kind in ('domains', 'random'):
       trainer.log(f'scoring {name}\'s experts per domain')
       out['scores'] = btm_eval.score(job)
     return kind, seed, out
@@ -120,4 +126,7 @@ def summary(plan: dict, results: dict) -> dict[str, np.ndarray]:
     out[f'random_{key}'] = scores('random', key)
   out['uniform'], out['weighted'] = scores('domains', 'uniform'), scores('domains', 'weighted')
   out['ensemble_check'] = scores('domains', 'ensemble')  # btm_eval's own, against the trainer's.
+  if plan['long']:
+    out['dense_long'] = mean(lambda s: column('dense_long', 'loss', s))
+    out['ensemble_long'] = mean(lambda s: column('domains_long', 'ensemble_loss', s))
   return out

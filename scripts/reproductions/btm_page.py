@@ -36,7 +36,7 @@ def _setting(quick: bool, plan: dict) -> str:
           'whose numbers mean nothing.\n\n' if quick else '')
   tokens = plan['local_steps'] * plan['batch'] * plan['seq_len']
   expert_rounds = plan['rounds'] - plan['seed_rounds']
-  return size + f"""\
+  text = size + f"""\
 Theirs: 8 training domains (e.g. 1B words, CS and legal papers, medical text, web text, news,
 Reddit, reviews), transformer LMs of 125M–1.3B parameters, a seed LM trained on all domains
 and then one expert per domain; the dense baseline trained with the compute of the whole
@@ -61,6 +61,11 @@ trainer's per-domain eval (`eval_clients.jsonl`); the rest come from scoring the
 checkpoint's experts with paxlike's model and ensemble (scripts/reproductions/btm_eval.py),
 whose ensemble agrees with the trainer's (table below). Posterior weights: p(expert | window)
 averaged over 32 evenly spaced held-out windows of the target domain (of its ~400)."""
+  if plan['long']:
+    text += (f" The diagnostic: the dense and the domain-expert runs again, {plan['long']}× as "
+             f"long ({plan['rounds'] * plan['long']} rounds, "
+             f"{plan['seed_rounds'] * plan['long']} of them seed rounds for BTM).")
+  return text
 
 
 def _row(label: str, values: np.ndarray, dense: np.ndarray | None) -> list:
@@ -87,6 +92,19 @@ def experts_table(names: list[str], results: dict, seed: int) -> tuple[str, list
           'posterior weights over the experts.', header, rows)
 
 
+def length_table(plan: dict, s: dict) -> tuple[str, list, list]:
+  header = ['rounds (seed rounds)', 'dense, equal compute', 'domain experts: posterior ensemble',
+            'gain over dense']
+  rows = []
+  for scale, dense, ours in ((1, s['dense'], s['ensemble']),
+                             (plan['long'], s['dense_long'], s['ensemble_long'])):
+    rows.append([f"{plan['rounds'] * scale} ({plan['seed_rounds'] * scale})",
+                 f'{np.mean(dense):.4f}', f'{np.mean(ours):.4f}',
+                 f'{np.mean(dense - ours):+.4f}'])
+  return (f"The diagnostic: the dense model and the domain experts trained {plan['long']}× as "
+          'long (the same seed share): held-out loss, mean over domains.', header, rows)
+
+
 def check_table(names: list[str], s: dict) -> tuple[str, list, list]:
   header = ['posterior ensemble of the domain experts', *names]
   rows = [['the trainer (eval_clients.jsonl)', *(f'{v:.5f}' for v in s['ensemble'])],
@@ -102,11 +120,17 @@ def _plot(plan: dict, results: dict, names: list[str], s: dict) -> Callable[[Any
               ('domains', 'eval_loss', 'domain experts: average by size'),
               ('domains', 'eval_ensemble_loss', LABELS['ensemble']),
               ('random', 'eval_ensemble_loss', LABELS['random_ensemble'])]
+    if plan['long']:
+      curves += [('dense_long', 'eval_loss', f"dense, {plan['long']}× as long"),
+                 ('domains_long', 'eval_ensemble_loss',
+                  f"domain experts' ensemble, {plan['long']}× as long")]
     for kind, key, label in curves:
       steps, loss = trainer.series(results[(kind, seed)]['rows'], key)
-      left.plot(steps, loss, label=label, marker='.')
-    left.axvline(plan['seed_rounds'], color='k', lw=0.5, ls='--')
-    left.set(xlabel='round (dashed: the experts branch)', ylabel='held-out loss (nats/byte)',
+      left.plot(steps, loss, label=label, marker='.', ls='--' if 'long' in kind else '-')
+    for branch in {plan['seed_rounds'], plan['seed_rounds'] * (plan['long'] or 1)}:
+      left.axvline(branch, color='k', lw=0.5, ls=':')
+    left.set(xlabel='round (dotted: the experts branch; dashed: trained longer)',
+             ylabel='held-out loss (nats/byte)',
              title=f'all domains, seed {seed}')
     left.legend(fontsize=7)
     keys = ['ensemble', 'own_expert', 'uniform', 'weighted', 'random_ensemble', 'random_weighted']
@@ -139,7 +163,7 @@ def report(quick: bool, plan: dict, results: dict) -> Report:
   numbers = {**{k: round(v, 4) for k, v in mean.items() if k != 'ensemble_check'},
              'failed': failed}
   tables = [results_table(names, s), experts_table(names, results, plan['seeds'][0]),
-            check_table(names, s)]
+            *([length_table(plan, s)] if plan['long'] else []), check_table(names, s)]
   return Report(NAME, TITLE, PAPER, CLAIM, _setting(quick, plan), result, summary_line,
                 why(plan, results, names, s, failed), tables, numbers,
                 _plot(plan, results, names, s))

@@ -76,6 +76,16 @@ def _curve(plan: dict, results: dict, s: dict) -> str:
              "specialization is worth about that much here, against the "
              f"{equal - final:.3f} that the dense model's other bytes (rounds {at:g} to "
              f"{plan['rounds']}) are worth.")
+  if plan['long']:
+    short, long = (float(np.mean(s[d] - s[e])) for d, e in (('dense', 'ensemble'),
+                                                            ('dense_long', 'ensemble_long')))
+    text += (f" Trained {plan['long']}× as long (rounds and seed rounds), where the dense "
+             "model's curve is flatter, the experts' ensemble is "
+             f"{short:+.4f} → {long:+.4f} nats/byte against it: the gap "
+             + (f"narrows by {long - short:.4f}, in the direction this explanation predicts, "
+                "though far too slowly to close within what these cores can train."
+                if long > short else "does not narrow, which this explanation does not "
+                "predict."))
   return text + (
       " The paper's experts train on billions of tokens of domains as different as legal text, "
       "medical papers and reviews, where the learning curve is flat enough that k× the data "
