@@ -88,8 +88,8 @@ def overall(parts: Sequence[str]) -> str:
 
 def _plan(quick: bool) -> dict[str, Any]:
   if quick:
-    return dict(rounds=3, cohorts=(25, 100), clips=(0.3,), seeds=(0,), eval_every=3,
-                accountant_rounds=(1, 100_000), pld=False)
+    return dict(rounds=2, cohorts=(25, 100), clips=(0.3,), seeds=(0,), eval_every=2,
+                accountant_rounds=(1, 100_000), pld=False, fields={'data.local_steps': 1})
   return dict(rounds=100, cohorts=(25, 100, 400), clips=(0.1, 0.3, 1.0, 3.0), seeds=(0, 1),
               eval_every=25, accountant_rounds=(1, 10, 100, 1000, 10_000, 100_000), pld=True)
 
@@ -97,7 +97,7 @@ def _plan(quick: bool) -> dict[str, Any]:
 def _train(work: Path, name: str, plan: dict, **fields: Any) -> list[dict]:
   overrides = {'train.num_steps': plan['rounds'], 'train.eval_every': plan['eval_every'],
                'train.log_every': plan['eval_every'], 'train.checkpoint_every': 100_000,
-               'algorithm.aggregator.max_epsilon': None, **fields}
+               'algorithm.aggregator.max_epsilon': None, **plan.get('fields', {}), **fields}
   return trainer.train(EXP, work / name, overrides)
 
 

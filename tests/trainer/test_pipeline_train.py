@@ -28,14 +28,15 @@ def _one_device_rows(job: Path, *extra: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_pipelined_rows_equal_one_device_and_resume_exactly(tmp_path):
-  run_cli(*STAGE, f'--job_log_dir={tmp_path / "stage"}', devices=8)
+  short = ('--fdl_set=train.num_steps=12', '--fdl_set=train.checkpoint_every=4')
+  run_cli(*STAGE, *short, f'--job_log_dir={tmp_path / "stage"}', devices=8)
   stage = metric_rows(tmp_path / 'stage')
-  _assert_rows_close(_one_device_rows(tmp_path / 'one'), stage)
+  _assert_rows_close(_one_device_rows(tmp_path / 'one', *short), stage)
   # Crash-exact resume on the stage mesh: killed after its first checkpoint, then resumed.
   killed = tmp_path / 'killed'
-  committed = kill_after_first_checkpoint(*STAGE, job_dir=killed, devices=8)
-  assert committed and max(committed) < 20
-  run_cli(*STAGE, f'--job_log_dir={killed}', devices=8)
+  committed = kill_after_first_checkpoint(*STAGE, *short, job_dir=killed, devices=8)
+  assert committed and max(committed) < 12
+  run_cli(*STAGE, *short, f'--job_log_dir={killed}', devices=8)
   assert metric_rows(killed) == stage
 
 
