@@ -88,7 +88,7 @@ def overall(parts: Sequence[str]) -> str:
 
 def _plan(quick: bool) -> dict[str, Any]:
   if quick:
-    return dict(rounds=2, cohorts=(25, 100), clips=(0.3,), seeds=(0,), eval_every=2,
+    return dict(rounds=2, cohorts=(100,), clips=(0.3,), seeds=(0,), eval_every=2,
                 accountant_rounds=(1, 100_000), pld=False, fields={'data.local_steps': 1})
   return dict(rounds=100, cohorts=(25, 100, 400), clips=(0.1, 0.3, 1.0, 3.0), seeds=(0, 1),
               eval_every=25, accountant_rounds=(1, 10, 100, 1000, 10_000, 100_000), pld=True)
