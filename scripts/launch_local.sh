@@ -101,10 +101,13 @@ for (( i = 0; i < NUM_PROCESSES; i++ )); do
   PIDS+=("$!")
 done
 
-# Poll rather than `wait -n`: traps run between polls, and it works on old bash too.
+# Poll rather than `wait -n`: traps run between polls, and it works on old bash too. Every
+# process found dead in one poll is reported: when one dies, its peers abort within a moment
+# (JAX's coordination service), so several can be found at once, the cause among them.
 declare -a CODES=()
 remaining=$NUM_PROCESSES
 while (( remaining > 0 )); do
+  failed=()
   for (( i = 0; i < NUM_PROCESSES; i++ )); do
     [[ -n "${CODES[i]:-}" ]] && continue
     kill -0 "${PIDS[i]}" 2>/dev/null && continue
@@ -112,17 +115,21 @@ while (( remaining > 0 )); do
     wait "${PIDS[i]}" 2>/dev/null || rc=$?
     CODES[i]=$rc
     remaining=$(( remaining - 1 ))
-    if (( rc != 0 )); then
+    (( rc != 0 )) && failed+=("$i")
+  done
+  if (( ${#failed[@]} > 0 )); then
+    for i in "${failed[@]}"; do
+      rc=${CODES[i]}
       how="exited with code $rc"
       (( rc > 128 )) && how="was killed by SIG$(kill -l $(( rc - 128 )) 2>/dev/null || echo $(( rc - 128 )))"
       echo "launch_local: process $i $how; killing the others (log: $LOG_DIR/process_$i.log)" >&2
       if (( i != 0 )); then tail -n 5 "$LOG_DIR/process_$i.log" | sed "s/^/  [process $i] /" >&2; fi
-      kill_all KILL
-      wait 2>/dev/null || true
-      trap - EXIT
-      exit "$rc"
-    fi
-  done
+    done
+    kill_all KILL
+    wait 2>/dev/null || true
+    trap - EXIT
+    exit "${CODES[${failed[0]}]}"
+  fi
   (( remaining > 0 )) && sleep 0.2
 done
 wait 2>/dev/null || true  # The tee's of process 0.
