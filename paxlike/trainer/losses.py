@@ -58,8 +58,14 @@ class MaskedMeanLoss:
   def __call__(self, params: Any, batch: Batch, rng: jax.Array | None
                ) -> tuple[jax.Array, dict[str, jax.Array]]:
     total, (count, metric_sums) = self.sums(params, batch, rng)
-    denominator = _denominator(count)
-    return total / denominator, {k: v / denominator for k, v in metric_sums.items()}
+    return _means(total, count, metric_sums)
+
+
+def _means(total: jax.Array, count: jax.Array, metric_sums: dict[str, jax.Array]
+           ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(loss, metrics): the sums over the targets divided by their count (1 if none)."""
+  denominator = _denominator(count)
+  return total / denominator, {k: v / denominator for k, v in metric_sums.items()}
 
 
 def value_and_mean_grad(loss_fn: LossFn, view: Callable[[Any], Any] = lambda p: p
@@ -78,8 +84,8 @@ def value_and_mean_grad(loss_fn: LossFn, view: Callable[[Any], Any] = lambda p: 
   def value_and_grad(params, batch, rng):
     (total, (count, metric_sums)), grads = grad_sums(params, batch, rng)
     denominator = _denominator(count)
-    means = total / denominator, {k: v / denominator for k, v in metric_sums.items()}
-    return means, jax.tree.map(lambda g: (g / denominator).astype(g.dtype), grads)
+    return (_means(total, count, metric_sums),
+            jax.tree.map(lambda g: (g / denominator).astype(g.dtype), grads))
   return value_and_grad
 
 
