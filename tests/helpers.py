@@ -87,3 +87,14 @@ def kill_after_first_checkpoint(*args: str, job_dir: Path, devices: int = 1,
   proc.wait(timeout=60)
   assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
   return committed_steps(job_dir)
+
+
+def assert_verdict(got: tuple[str, list[str]], verdict: str, failed: str | None) -> None:
+  """A reproduction's (verdict, failed conditions) is `verdict`, with no failed condition when
+  `failed` is None, else exactly one, naming `failed`."""
+  result, reasons = got
+  assert result == verdict
+  if failed is None:
+    assert reasons == []
+  else:
+    assert len(reasons) == 1 and failed in reasons[0]

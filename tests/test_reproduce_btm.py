@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, cli_env
+from tests.helpers import REPO, assert_verdict, cli_env
 
 sys.path.insert(0, str(REPO / 'scripts'))
 
@@ -39,13 +39,8 @@ def shifted(values, by):
 ])
 def test_verdict_follows_the_papers_claim(change, result, failed):
   numbers = {**PAPER, **change}
-  got, reasons = btm.verdict(DENSE, numbers['ensemble'], numbers['random'], numbers['uniform'],
-                             numbers['weighted'])
-  assert got == result
-  if failed is None:
-    assert reasons == []
-  else:
-    assert len(reasons) == 1 and failed in reasons[0]
+  assert_verdict(btm.verdict(DENSE, numbers['ensemble'], numbers['random'], numbers['uniform'],
+                             numbers['weighted']), result, failed)
 
 
 def test_dense_is_all_seed_rounds_and_random_splits_documents():

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, assert_verdict
 
 sys.path.insert(0, str(REPO / 'scripts'))
 
@@ -29,12 +29,7 @@ from paxlike.data import sources  # noqa: E402
     (-10.0, 1.0, 'not', 'beats FedAvg'),
 ])
 def test_verdict_follows_the_papers_claim(non_iid, iid, result, failed):
-  got, reasons = fedprox.verdict(non_iid, iid)
-  assert got == result
-  if failed is None:
-    assert reasons == []
-  else:
-    assert len(reasons) == 1 and failed in reasons[0]
+  assert_verdict(fedprox.verdict(non_iid, iid), result, failed)
 
 
 def test_two_broken_conditions_are_both_named():

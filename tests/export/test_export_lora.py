@@ -11,11 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from paxlike.export import run, trees
-from paxlike.export.__main__ import export_experiment
+from paxlike.export import run
 from paxlike.layers.lora import lora_mask
 from paxlike.trainer.centralized import split_params
-from tests.export.test_export_experiments import assert_round_matches, train_to
+from tests.export.test_export_experiments import exported_rounds_match_training
 from tests.federated.lora_task import lora_config
 
 pytestmark = pytest.mark.slow  # A trainer run and an export, a few seconds each.
@@ -27,12 +26,7 @@ def nbytes(tree) -> int:
 
 def test_lora_export_sends_the_base_once_uploads_the_adapters_and_runs_like_training(tmp_path):
   cfg = lora_config(tmp_path)
-  rows, state = train_to(cfg, tmp_path / 'job', 2)
-  export_experiment(cfg, tmp_path / 'export', rounds=2, experiment='federated.TextLoraFedAvg')
-  exported = run.load(tmp_path / 'export')
-  history = run.run_rounds(exported, 2)
-  assert_round_matches(history[0], rows[0])
-  assert_round_matches(history[1], rows[1], state)
+  exported, history, _ = exported_rounds_match_training(cfg, tmp_path, 'federated.TextLoraFedAvg')
 
   # The adapters' and the base's bytes, from the model's params (float32).
   params = jax.tree.unflatten(jax.tree.structure(exported_params(exported)),
