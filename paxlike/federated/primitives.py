@@ -276,17 +276,26 @@ def federated_map(fn: Callable[..., PyTree], arg: PyTree, chunk: int | None = No
   return _constrain_clients(out)
 
 
-def federated_weighted_mean(x: PyTree, w: jax.Array) -> PyTree:
-  """Clients → server: sum_i w_i x_i / sum_i w_i, with `w` of shape [N]; always float, like
-  `jnp.average` (ints are converted before they are weighted)."""
-  clients = _num_clients('federated_weighted_mean')
+def federated_weighted_sums(x: PyTree, w: jax.Array, name: str = 'federated_weighted_sums'
+                            ) -> tuple[PyTree, jax.Array]:
+  """Clients → server: (sum_i w_i x_i, sum_i w_i), with `w` of shape [N], in the weighted
+  mean's float dtype (ints are converted before they are weighted, so they cannot overflow):
+  `federated_weighted_mean` divides them; a caller that guards an all-zero sum of weights
+  divides them itself."""
+  clients = _num_clients(name)
   w = jnp.asarray(w)
   if w.shape != (clients,):
     raise ValueError(f'weights must have shape ({clients},), got {w.shape}.')
   w = w.astype(_mean_dtype(w.dtype))
 
-  def weigh(xi, wi):  # In the mean's dtype (like jnp.average), so that ints cannot overflow.
+  def weigh(xi, wi):  # In the mean's dtype (like jnp.average).
     return jax.tree.map(lambda v: v.astype(_mean_dtype(jnp.result_type(v, wi))) * wi, xi)
 
-  total = federated_sum(w)
-  return jax.tree.map(lambda s: s / total, federated_sum(federated_map(weigh, (x, w))))
+  return federated_sum(federated_map(weigh, (x, w))), federated_sum(w)
+
+
+def federated_weighted_mean(x: PyTree, w: jax.Array) -> PyTree:
+  """Clients → server: sum_i w_i x_i / sum_i w_i, with `w` of shape [N]; always float, like
+  `jnp.average` (ints are converted before they are weighted)."""
+  sums, total = federated_weighted_sums(x, w, 'federated_weighted_mean')
+  return jax.tree.map(lambda s: s / total, sums)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from paxlike.data.sources import STEP_MASK
-from paxlike.federated.primitives import federated_map, federated_sum
+from paxlike.federated.primitives import federated_sum, federated_weighted_sums
 from paxlike.trainer.algorithm import step_runs
 
 
@@ -92,9 +92,7 @@ def guarded_mean(x: Any, weights: jax.Array, fallback: Any) -> tuple[Any, jax.Ar
   sums taken over the clients and the guard applied on the server after them, so the round
   stays one broadcast → clients → aggregation (exportable). Call inside the federated
   program; `fallback` is a server value shaped like one client's `x`."""
-  total = federated_sum(weights)
-  weigh = lambda xi, wi: jax.tree.map(lambda v: v.astype(_mean_dtype(v.dtype, wi)) * wi, xi)
-  sums = federated_sum(federated_map(weigh, (x, weights)))
+  sums, total = federated_weighted_sums(x, weights)
   empty = total == 0
   mean = jax.tree.map(lambda s, f: jnp.where(empty, f.astype(s.dtype),
                                              s / jnp.where(empty, 1.0, total)), sums, fallback)
@@ -107,9 +105,3 @@ def real_client_mean(stats: Any, weights: jax.Array, present: jax.Array) -> Any:
   zeros = jax.tree.map(lambda v: jnp.zeros(v.shape[1:], v.dtype), stats)
   return guarded_mean(stats, jnp.where(present, weights, 0.0), zeros)[0]
 
-
-def _mean_dtype(dtype: Any, weight: jax.Array) -> Any:
-  """The dtype a value is weighted in (as federated_weighted_mean): float, at least the
-  weight's."""
-  dtype = jnp.result_type(dtype, weight)
-  return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float32
