@@ -7,19 +7,23 @@ BPE `tokenizer.json`, vocab 2000 each, trained on Tiny Shakespeare), over the sa
 document per non-blank line):
 - `library`: the library's batch encode of every line, already in memory (reading is not
   counted), BATCH lines per call (SentencePiece `encode(list, out_type=int)`, and
-  `library_numpy`: its arrays, `return_type='numpy'`; Hugging Face `encode_batch`, and
-  `library_fast`: `encode_batch_fast`, which skips the offsets). Both libraries use every core
-  from one process (their own thread pools); the store's overhead is taken against the faster.
+  `library_numpy`: its arrays, `return_type='numpy'`; Hugging Face `encode_batch`,
+  `library_fast`: `encode_batch_fast`, which skips the offsets, and `library_ids`: that and
+  each Encoding's `.ids`, the lists a caller reads the ids from). Both libraries use every core
+  from one process (their own thread pools); the store's overhead is taken against the fastest.
 - `library_processes`: the same, split into `workers` contiguous shares encoded at once by
   `workers` spawned processes that hold the lines already (their start-up not counted).
-- `store_inline`, `store_threads`: token_store.build in this process (read, encode, hash,
-  write), encoding in this thread or in `workers` threads; `store_processes`: with `workers`
-  spawned processes (their start-up counted).
+- `store`: token_store.build in this process (read, encode, hash, write) as TextData runs it,
+  with `workers` encoder threads calling the library on cores // workers threads each (see
+  paxlike/data/token_build.py); `store_one_encoder`: one encoder thread, the library on every
+  core; `store_processes`: `workers` spawned processes (their start-up counted).
 Every run is repeated `build_repeats` times in alternating order (common.alternate); rates are
 given as the median and the best repeat (the one least slowed by the machine's other load).
-`overhead_median` / `overhead_best` (library rate over store rate, less 1) compare the best
-store run with the best library run in one process ('1'), the two runs of `workers` processes,
-and the best of each overall ('any'). `cpu_s`: this process's CPU seconds (all its threads) in
+`overhead_median` / `overhead_best` (library rate over store rate, less 1) compare `store` with
+the best library run in one process ('1'; HF's `library_ids` alone: 'ids'), the two runs of
+`workers` processes, and the best of each overall ('any'); `overhead_paired`: the median over repeats of each
+repeat's overheads (a repeat's runs are back to back, so load drifting between repeats falls
+on both sides of each ratio). `cpu_s`: this process's CPU seconds (all its threads) in
 the in-process runs, which other load moves less than wall time; `cpu_overhead` against the
 library's.
 
@@ -27,7 +31,8 @@ Instructions, which no load moves (valgrind --tool=callgrind, one copy, the stor
 thread against the library's encode less a run that only loads): the build executed 19% more
 than SentencePiece's encode (half of it np.fromiter turning its lists of ints into an array),
 10% more than HF's encode_batch_fast and 13% fewer than its encode_batch; before the per-document
-work went (blake2b, an array per document), 56% and 48% more.
+work went (blake2b, an array per document), 56% and 48% more. Two encoder threads (each
+calling the library on one core) change when this work runs, not how much of it there is.
 """
 
 from __future__ import annotations
@@ -61,6 +66,12 @@ def library_encoder(kind: str, path: Path, fast: bool = False) -> Callable[[list
   tok = tokenizers.Tokenizer.from_file(str(path))
   encode = tok.encode_batch_fast if fast else tok.encode_batch
   return lambda lines: encode(lines, add_special_tokens=False)
+
+
+def hf_ids_encoder(path: Path) -> Callable[[list[str]], list[list[int]]]:
+  """Hugging Face's encode_batch_fast and each Encoding's ids: what a caller gets ids by."""
+  encode = library_encoder('bpe', path, fast=True)
+  return lambda lines: [encoding.ids for encoding in encode(lines)]
 
 
 def encode_all(encode: Callable[[list[str]], Any], lines: list[str]) -> None:
@@ -127,19 +138,22 @@ def kind_rates(args, kind: str, files: str, lines: list[str], path: Path) -> dic
   runs = {'library': library}
   runs['library_numpy' if kind == 'sentencepiece' else 'library_fast'] = library_encoder(
       kind, path, fast=True)
+  if kind == 'bpe':
+    runs['library_ids'] = hf_ids_encoder(path)
   runs = {name: (lambda e=encode: encode_all(e, lines)) for name, encode in runs.items()}
-  runs['store_inline'] = lambda: store(1, 1 << 62)
-  pools = []
+  runs['store'] = lambda: store(workers, 1 << 62)
   if workers > 1:
-    runs['store_threads'] = lambda: store(workers, 1 << 62)
-    runs['store_processes'] = lambda: store(workers, 0)
-    pools = [LibraryPool(kind, path, kind == 'bpe', lines, workers)]  # The faster form each.
-    runs['library_processes'] = pools[0].run
-  try:
-    values = common.alternate({name: (lambda n=name, f=fn: timed(tokens, f, cpu, n))
-                               for name, fn in runs.items()}, args.build_repeats)
-  finally:
-    for pool in pools:
+    runs['store_one_encoder'] = lambda: store(1, 1 << 62)
+  timed_runs = lambda named: {name: (lambda n=name, f=fn: timed(tokens, f, cpu, n))
+                              for name, fn in named.items()}
+  values = common.alternate(timed_runs(runs), args.build_repeats)
+  if workers > 1:  # Apart: the library's idle pool beside the in-process runs slowed them.
+    pool = LibraryPool(kind, path, kind == 'bpe', lines, workers)  # The faster form each.
+    try:
+      values.update(common.alternate(timed_runs({
+          'store_processes': lambda: store(workers, 0), 'library_processes': pool.run}),
+          args.build_repeats))
+    finally:
       pool.close()
   return summary(values, cpu, tokens, workers)
 
@@ -152,6 +166,10 @@ def summary(values: dict[str, list[float]], cpu: dict[str, list[float]], tokens:
     rates = {name: pick(v) for name, v in values.items()}
     out[f'{stat}_tokens_per_sec'] = {name: round(rate) for name, rate in rates.items()}
     out[f'overhead_{stat}'] = overheads(rates, workers)
+  repeats = [overheads({name: v[r] for name, v in values.items()}, workers)
+             for r in range(min(map(len, values.values())))]
+  out['overhead_paired'] = {key: round(common.median([o[key] for o in repeats]), 4)
+                            for key in repeats[0]}
   out['cpu_s'] = {name: round(common.median(v), 3) for name, v in cpu.items()
                   if not name.endswith('processes')}
   library_cpu = min(v for n, v in out['cpu_s'].items() if n.startswith('library'))
@@ -162,11 +180,14 @@ def summary(values: dict[str, list[float]], cpu: dict[str, list[float]], tokens:
 
 
 def overheads(rates: dict[str, float], workers: int) -> dict[str, float]:
-  """Library rate over store rate, less 1: the best of each in one process ('1'), in
-  `workers` processes, and the best of each overall ('any')."""
+  """Library rate over store rate, less 1: the best library run in one process against
+  `store` ('1'; HF's library_ids: 'ids'), the two in `workers` processes, and the best of
+  each overall ('any')."""
   best = lambda prefix, names: max(rates[n] for n in names if n.startswith(prefix))
   one = [n for n in rates if not n.endswith('processes')]
-  out = {'1': best('library', one) / best('store', one) - 1}
+  out = {'1': best('library', one) / rates['store'] - 1}
+  if 'library_ids' in rates:
+    out['ids'] = rates['library_ids'] / rates['store'] - 1
   if 'store_processes' in rates:
     out[str(workers)] = rates['library_processes'] / rates['store_processes'] - 1
   out['any'] = best('library', rates) / best('store', rates) - 1

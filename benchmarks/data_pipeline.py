@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--build_kinds', default='sentencepiece,bpe', help='tokenizers to build with')
   args = parser.parse_args(argv)
   args.copies, copies, args.repeats, args.build_repeats = (
-      (1, 1, 1, 1) if args.quick else (48, 8, 3, 5))
+      (1, 1, 1, 1) if args.quick else (48, 8, 3, 9))
   args.build_copies = args.build_copies or copies
   args.rss_mb = [float(x) for x in (args.rss_mb or ('2,20' if args.quick else '20,2000')
                                     ).split(',')]

@@ -1,21 +1,27 @@
-"""Tokenizing a corpus for the token store: documents in chunks, encoded by worker threads or
-processes.
+"""Tokenizing a corpus for the token store: documents in chunks, encoded while the next chunk
+is read.
 
 The main thread reads the files (text_files.read), cuts the documents into chunks of about
 CHUNK_BYTES of the files, hashes each chunk's documents for the held-out split (doc_hash, a few
 numpy passes per chunk) and writes the results; each chunk is encoded with one
 `tokenizer.encode_flat` call per field (the library's batch encode, its ids flattened in one
 pass) and joined with an EOS after every document (tokenizers/documents.py). No step does
-Python work per document. With `num_workers` > 1, at most two chunks per worker are in flight
-(memory stays bounded) and results come back in corpus order. The workers are threads, unless
-the corpus is at least POOL_MIN_BYTES and there are PROCESS_MIN_WORKERS workers or more: then
-spawned processes (a forked child of a process running JAX's threads may deadlock). Threads
-start at no cost and the libraries encode without the GIL, but turning their ids into Python
-lists and arrays holds it (about a quarter of the build's instructions on short lines, by
-callgrind), which bounds what threads gain to under 4x; processes convert in parallel, after a
-start-up of a second or more (each imports the tokenizers and the parent's main module). On 2
-cores (benchmarks/data_pipeline.py, 51 MB of lines) processes built 8% slower than threads;
-no machine with more cores was at hand to place the bound by measurement.
+Python work per document.
+
+`num_workers` encoders run beside the main thread, at most two chunks in flight each (memory
+stays bounded), and results come back in corpus order. Each encoder calls the library with
+cores // num_workers threads (encoder_threads). The encoders are threads: both libraries encode
+without the GIL, but turn their ids into Python lists under it on the calling thread, and a
+second encoder encodes while the first converts. On 2 quiet cores (SentencePiece, 262k lines,
+medians of 9 alternating runs against the library's own encode of the lines in memory): one
+encoder with the library on 2 threads +16%, two encoders on 1 each +5% (benchmarks/data_build.py:
++7%). What overlapping hides is the idle core's time: with other load on the machine the
+overhead is the build's extra CPU, +15-20% (flattening the lists, hashing, reading). With PROCESS_MIN_WORKERS workers or more and a corpus of at least
+POOL_MIN_BYTES, the encoders are spawned processes (a forked child of a process running JAX's
+threads may deadlock), which also convert in parallel, after a start-up of a second or more
+(each imports the tokenizers and the parent's main module); on 2 cores (51 MB of lines)
+processes built 8% slower than threads, and no machine with more cores was at hand to place
+the crossover by measurement.
 """
 
 import collections
@@ -23,6 +29,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -79,13 +86,6 @@ def text_hash(text: str, prompt: str | None) -> int:
   return int(text_hashes([text], None if prompt is None else [prompt])[0])
 
 
-def encode_chunk(tokenizer: Any, dtype: np.dtype, texts: list[str],
-                 prompts: list[str] | None) -> Encoded:
-  """Each text (after its prompt) tokenized, followed by the tokenizer's EOS, and hashed."""
-  tokens, lengths, prompt_lengths = documents.encode_documents(tokenizer, dtype, texts, prompts)
-  return Encoded(tokens, lengths, text_hashes(texts, prompts), prompt_lengths)
-
-
 def chunks(files: dict[str, Path], fields: text_files.Fields,
            counts: text_files.Counts) -> Iterator[Chunk]:
   """The corpus's documents, file after file, in chunks of whole blocks of text_files.read,
@@ -109,32 +109,33 @@ def chunks(files: dict[str, Path], fields: text_files.Fields,
     yield chunk
 
 
+def encoder_threads(num_workers: int) -> int:
+  """The library threads each of `num_workers` encoders calls its batch encode with."""
+  return max(1, (os.cpu_count() or 1) // num_workers)
+
+
 def encoded_chunks(files: dict[str, Path], fields: text_files.Fields,
                    counts: text_files.Counts, tokenizer: Any, dtype: np.dtype,
                    num_workers: int) -> Iterator[tuple[Chunk, Encoded]]:
-  """Each chunk (texts dropped) with its encoding into `dtype` ids, in corpus order: encoded
-  here (num_workers <= 1), by `num_workers` threads or spawned processes (see the module
-  docstring)."""
-  source = chunks(files, fields, counts)
-  if num_workers <= 1:
-    for chunk in source:
-      yield _without_text(chunk), encode_chunk(tokenizer, dtype, chunk.texts, chunk.prompts)
-    return
+  """Each chunk (texts dropped) with its encoding into `dtype` ids, in corpus order, encoded by
+  `num_workers` threads or spawned processes (see the module docstring)."""
+  workers = max(num_workers, 1)
   size = sum(p.stat().st_size for p in files.values())
-  if num_workers < PROCESS_MIN_WORKERS or size < POOL_MIN_BYTES:
-    executor = concurrent.futures.ThreadPoolExecutor(num_workers, 'tokenize')
-    encode = functools.partial(documents.encode_documents, tokenizer, dtype)
+  if workers < PROCESS_MIN_WORKERS or size < POOL_MIN_BYTES:
+    executor = concurrent.futures.ThreadPoolExecutor(workers, 'tokenize')
+    encode = functools.partial(documents.encode_documents, tokenizer, dtype,
+                               encoder_threads(workers))
   else:
     executor = concurrent.futures.ProcessPoolExecutor(
-        num_workers, multiprocessing.get_context('spawn'), documents.init_worker,
-        (tokenizer, dtype))
+        workers, multiprocessing.get_context('spawn'), documents.init_worker,
+        (tokenizer, dtype, encoder_threads(workers)))
     encode = documents.encode_in_worker
   with executor:
     pending: collections.deque = collections.deque()
-    for chunk in source:
+    for chunk in chunks(files, fields, counts):
       future = executor.submit(encode, chunk.texts, chunk.prompts)
       pending.append((_without_text(chunk), text_hashes(chunk.texts, chunk.prompts), future))
-      if len(pending) >= 2 * num_workers:
+      if len(pending) >= 2 * workers:
         yield _done(pending.popleft())
     while pending:
       yield _done(pending.popleft())

@@ -47,9 +47,12 @@ class Tokenizer(Protocol):
     """int32 ids of each text; no bos/eos added, special tokens' strings encode as text."""
     ...
 
-  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+  def encode_flat(self, texts: Sequence[str], num_threads: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """(int32 [total], int64 [len(texts)]): encode_batch's ids back to back and each text's
-    count, made without an array per text (what the token store's build uses)."""
+    count, made without an array per text (what the token store's build uses). `num_threads`:
+    the library's threads for this call (None: every core); SentencePiece takes it, Hugging
+    Face's calls share one pool of every core (rayon's) and bytes are numpy on one thread."""
     ...
 
   def decode(self, ids: Sequence[int]) -> str:

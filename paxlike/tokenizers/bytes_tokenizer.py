@@ -26,7 +26,8 @@ class BytesTokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     return [np.frombuffer(text.encode('utf-8'), np.uint8).astype(np.int32) for text in texts]
 
-  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+  def encode_flat(self, texts: Sequence[str], num_threads: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
     joined = ''.join(texts)
     sizes = map(len, texts if joined.isascii() else map(str.encode, texts))
     return (np.frombuffer(joined.encode('utf-8'), np.uint8).astype(np.int32),

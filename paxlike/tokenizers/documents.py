@@ -41,14 +41,14 @@ def interleave(pieces: Pieces) -> tuple[np.ndarray, np.ndarray]:
   return out, counts
 
 
-def encode_documents(tokenizer: Any, dtype: np.dtype, texts: list[str],
+def encode_documents(tokenizer: Any, dtype: np.dtype, num_threads: int | None, texts: list[str],
                      prompts: list[str] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(tokens, lengths, prompt_lengths): each text (after its prompt, when there are prompts)
-  tokenized, then the tokenizer's EOS; lengths count the EOS, prompt_lengths (int32) the
-  prompt's tokens (0 without prompts)."""
-  pieces = [tokenizer.encode_flat(texts)]
+  tokenized, the library using `num_threads` (Tokenizer.encode_flat), then the tokenizer's EOS;
+  lengths count the EOS, prompt_lengths (int32) the prompt's tokens (0 without prompts)."""
+  pieces = [tokenizer.encode_flat(texts, num_threads)]
   if prompts is not None:
-    pieces.insert(0, tokenizer.encode_flat(prompts))
+    pieces.insert(0, tokenizer.encode_flat(prompts, num_threads))
   tokens, lengths = join_documents(pieces, tokenizer.eos_id, dtype)
   prompt_lengths = pieces[0][1] if prompts is not None else np.zeros(len(texts))
   return tokens, lengths, prompt_lengths.astype(np.int32)
@@ -57,12 +57,13 @@ def encode_documents(tokenizer: Any, dtype: np.dtype, texts: list[str],
 _WORKER: dict[str, Any] = {}
 
 
-def init_worker(tokenizer: Any, dtype: np.dtype) -> None:
-  """A worker process's initializer: the tokenizer and dtype its calls use."""
-  _WORKER.update(tokenizer=tokenizer, dtype=dtype)
+def init_worker(tokenizer: Any, dtype: np.dtype, num_threads: int | None) -> None:
+  """A worker process's initializer: the tokenizer, dtype and library threads its calls use."""
+  _WORKER.update(tokenizer=tokenizer, dtype=dtype, num_threads=num_threads)
 
 
 def encode_in_worker(texts: list[str], prompts: list[str] | None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """encode_documents with the worker's tokenizer (init_worker)."""
-  return encode_documents(_WORKER['tokenizer'], _WORKER['dtype'], texts, prompts)
+  return encode_documents(_WORKER['tokenizer'], _WORKER['dtype'], _WORKER['num_threads'], texts,
+                          prompts)

@@ -110,8 +110,10 @@ class HfTokenizer:
     encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
     return [int32_ids(encoding.ids) for encoding in encodings]
 
-  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """encode_batch's ids back to back, by encode_batch_fast (the same ids, no offsets)."""
+  def encode_flat(self, texts: Sequence[str], num_threads: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """encode_batch's ids back to back, by encode_batch_fast (the same ids, no offsets), on
+    the library's one pool (num_threads is not per call there)."""
     encodings = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
     return flat_ids(list(map(operator.attrgetter('ids'), encodings)))
 

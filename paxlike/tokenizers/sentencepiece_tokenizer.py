@@ -51,8 +51,10 @@ class SentencePieceTokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     return [int32_ids(ids) for ids in self._sp.encode(list(texts), out_type=int)]
 
-  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    return flat_ids(self._sp.encode(list(texts), out_type=int))
+  def encode_flat(self, texts: Sequence[str], num_threads: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    return flat_ids(self._sp.encode(list(texts), out_type=int,
+                                    num_threads=-1 if num_threads is None else num_threads))
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._sp.decode(decodable_ids(ids, self.pad_id, self.vocab_size))

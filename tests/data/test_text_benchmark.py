@@ -27,10 +27,11 @@ def test_quick_run_prints_every_number():
     build = out['build'][kind]
     for stat in ('median', 'best'):
       rates = build[f'{stat}_tokens_per_sec']
-      assert rates['library'] > 0 and rates['store_inline'] > 0
+      assert rates['library'] > 0 and rates['store'] > 0
       assert all(rate > 0 for rate in rates.values()) and len(rates) >= 2
       assert build[f'overhead_{stat}']['1'] > -1 and build[f'overhead_{stat}']['any'] > -1
-    assert build['tokens'] > 100_000 and set(build['cpu_overhead']) >= {'store_inline'}
+    assert set(build['overhead_paired']) == set(build['overhead_median'])
+    assert build['tokens'] > 100_000 and set(build['cpu_overhead']) >= {'store'}
   for shape in ('stdlib_tiny', 'llama125m'):
     assert out['loader'][shape]['direct_tokens_per_sec'] > 0
     assert out['loader'][shape]['grain_tokens_per_sec'] > 0

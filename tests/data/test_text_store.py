@@ -29,9 +29,9 @@ class CountingBytes(BytesTokenizer):
 
   calls = 0
 
-  def encode_flat(self, texts):
+  def encode_flat(self, texts, num_threads=None):
     type(self).calls += 1
-    return super().encode_flat(texts)
+    return super().encode_flat(texts, num_threads)
 
 
 class WideBytes(BytesTokenizer):
@@ -136,9 +136,9 @@ import sys, time
 from paxlike.data import text_files, token_build, token_store
 from paxlike.tokenizers import BytesTokenizer
 class Slow(BytesTokenizer):
-  def encode_flat(self, texts):
+  def encode_flat(self, texts, num_threads=None):
     time.sleep(0.2)
-    return super().encode_flat(texts)
+    return super().encode_flat(texts, num_threads)
 token_build.CHUNK_DOCS = text_files.BLOCK_ROWS = 5
 token_store.open_or_build(text_files.expand(sys.argv[1]), text_files.Fields(), Slow(), 1)
 '''
@@ -184,6 +184,26 @@ def test_workers_build_the_same_store(tmp_path, monkeypatch, token_dir, pool_min
   for name in ('tokens-00000', *token_store.DOC_ARRAYS):
     assert (pooled.path / f'{name}.bin').read_bytes() == (token_dir / f'alone/{name}.bin'
                                                            ).read_bytes()
+
+
+def test_encoders_share_the_cores(tmp_path, monkeypatch, token_dir):
+  """Each of num_workers encoder threads calls the library with cores // num_workers threads
+  (at least 1), on chunks from its own thread."""
+  _, path = corpus(tmp_path, n=300)
+  monkeypatch.setattr(token_build, 'CHUNK_DOCS', 40)
+  monkeypatch.setattr(text_files, 'BLOCK_ROWS', 40)
+  monkeypatch.setattr(os, 'cpu_count', lambda: 4)
+  seen = []
+
+  class Recording(BytesTokenizer):
+    def encode_flat(self, texts, num_threads=None):
+      seen.append((num_threads, threading.current_thread() is threading.main_thread()))
+      return super().encode_flat(texts, num_threads)
+
+  store = token_store.open_or_build(text_files.expand(str(path)), F(), Recording(), 2)
+  assert store.num_docs == 300 and len(seen) >= 8
+  assert set(seen) == {(2, False)}
+  assert token_build.encoder_threads(3) == 1 and token_build.encoder_threads(8) == 1
 
 
 def test_concurrent_builders_build_once(tmp_path):

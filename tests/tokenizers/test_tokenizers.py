@@ -89,6 +89,8 @@ def test_encode_flat_is_encode_batch_back_to_back(kind, tokenizer_dirs, corpus_t
     assert flat.dtype == np.int32 and lengths.dtype == np.int64
     assert lengths.tolist() == [len(a) for a in ids]
     assert flat.tolist() == [x for a in ids for x in a.tolist()]
+    one_thread = tok.encode_flat(texts, num_threads=1)  # What each of two encoders asks for.
+    assert np.array_equal(one_thread[0], flat) and np.array_equal(one_thread[1], lengths)
 
 
 @pytest.mark.parametrize('kind', KINDS)
