@@ -145,7 +145,7 @@ class TextData:
   sampling: str = 'uniform'
   prompt_field: str | None = None
   completion_field: str = 'completion'
-  num_workers: int | None = None  # Tokenizing processes; None: os.cpu_count().
+  num_workers: int | None = None  # Store-build encoders (token_build.py); None: os.cpu_count().
 
   item: ClassVar[sources.Item] = 'tokens'
 
