@@ -21,11 +21,11 @@ Every run is repeated `build_repeats` times in alternating order (common.alterna
 given as the median and the best repeat (the one least slowed by the machine's other load).
 `overhead_median` / `overhead_best` (library rate over store rate, less 1) compare `store` with
 the best library run in one process ('1'; HF's `library_ids` alone: 'ids'), the two runs of
-`workers` processes, and the best of each overall ('any'); `overhead_paired`: the median over repeats of each
-repeat's overheads (a repeat's runs are back to back, so load drifting between repeats falls
-on both sides of each ratio). `cpu_s`: this process's CPU seconds (all its threads) in
-the in-process runs, which other load moves less than wall time; `cpu_overhead` against the
-library's.
+`workers` processes, and the best of each overall ('any'); `overhead_paired`: the median
+over repeats of each repeat's overheads (a repeat's runs are back to back, so load drifting
+between repeats falls on both sides of each ratio). `cpu_s`: this process's CPU seconds (all
+its threads) in the in-process runs, which other load moves less than wall time;
+`cpu_overhead` against the library's.
 
 Instructions, which no load moves (valgrind --tool=callgrind, one copy, the store built in this
 thread against the library's encode less a run that only loads): the build executed 19% more

@@ -13,10 +13,11 @@ stays bounded), and results come back in corpus order. Each encoder calls the li
 cores // num_workers threads (encoder_threads). The encoders are threads: both libraries encode
 without the GIL, but turn their ids into Python lists under it on the calling thread, and a
 second encoder encodes while the first converts. On 2 quiet cores (SentencePiece, 262k lines,
-medians of 9 alternating runs against the library's own encode of the lines in memory): one
-encoder with the library on 2 threads +16%, two encoders on 1 each +5% (benchmarks/data_build.py:
-+7%). What overlapping hides is the idle core's time: with other load on the machine the
-overhead is the build's extra CPU, +15-20% (flattening the lists, hashing, reading). With PROCESS_MIN_WORKERS workers or more and a corpus of at least
+medians of 9 alternating runs against the library's own encode of the lines in memory), one
+encoder with the library on 2 threads added 16%, and two encoders on 1 thread each added 5%.
+Overlap only hides work in a core's idle time. With other load on the machine, the overhead
+approaches the build's extra CPU: +9-24% (flattening the lists, hashing, reading;
+docs/benchmarks.md). With PROCESS_MIN_WORKERS workers or more and a corpus of at least
 POOL_MIN_BYTES, the encoders are spawned processes (a forked child of a process running JAX's
 threads may deadlock), which also convert in parallel, after a start-up of a second or more
 (each imports the tokenizers and the parent's main module); on 2 cores (51 MB of lines)
