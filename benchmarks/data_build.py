@@ -147,7 +147,7 @@ def kind_rates(args, kind: str, files: str, lines: list[str], path: Path) -> dic
   timed_runs = lambda named: {name: (lambda n=name, f=fn: timed(tokens, f, cpu, n))
                               for name, fn in named.items()}
   values = common.alternate(timed_runs(runs), args.build_repeats)
-  if workers > 1:  # Apart: the library's idle pool beside the in-process runs slowed them.
+  if workers > 1:  # Apart, so that the library's idle pool is not beside the runs above.
     pool = LibraryPool(kind, path, kind == 'bpe', lines, workers)  # The faster form each.
     try:
       values.update(common.alternate(timed_runs({
