@@ -111,7 +111,8 @@ class TextData:
   hash of its text falls in `eval_fraction`, so adding files never moves a document between
   splits. Partitions: 'pooled' (one stream; each cohort slot reads its own rows), 'file' (one
   client per file), 'field' (one client per value of `client_field`); cohorts are drawn by
-  `sampling` as in LmData, clients weighted by their training tokens.
+  `sampling` as in LmData, clients weighted by their training tokens. `straggler_fraction` as in
+  LmData: a straggling slot runs only its first 1..local_steps-1 local steps.
 
   Batches: `inputs`, `targets`, `segment_ids`, `positions` (int32) and `mask` (float32), see
   packing.py. Each client's rows are read epoch after epoch, each epoch in a fresh order of
@@ -145,6 +146,7 @@ class TextData:
   sampling: str = 'uniform'
   prompt_field: str | None = None
   completion_field: str = 'completion'
+  straggler_fraction: float = 0.0
   num_workers: int | None = None  # Store-build encoders (token_build.py); None: os.cpu_count().
 
   item: ClassVar[sources.Item] = 'tokens'
@@ -172,6 +174,7 @@ class TextData:
                       f'partition={self.partition!r}, client_field={self.client_field!r}')
     if not isinstance(self.eval_fraction, (int, float)) or not 0 < self.eval_fraction < 1:
       raise UserError(f'TextData.eval_fraction must be in (0, 1), got {self.eval_fraction!r}')
+    sources.check_stragglers(self)
     for name in ('num_eval_batches', 'num_workers'):
       value = getattr(self, name)
       if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -246,8 +249,9 @@ class TextData:
     positions = (rounds * steps + local) * self.batch_size + row
     picked = shuffled_rows(seed, np.broadcast_to(cohort[slots], positions.shape), positions,
                            p.client_rows)
-    return (self._batch(p.train, picked),
-            sources.cohort_weights(p.client_tokens, cohort, self.sampling))
+    batch = sources.with_step_mask(self, self._batch(p.train, picked), seed, step, cohort,
+                                   clients)
+    return batch, sources.cohort_weights(p.client_tokens, cohort, self.sampling)
 
   def _eval_rows(self) -> np.ndarray:
     """[batches, eval_batch_size] held-out rows (-1: an empty row): all of them (None), else

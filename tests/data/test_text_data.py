@@ -11,6 +11,7 @@ import pytest
 
 from paxlike.data import fingerprint
 from paxlike.data import prepare
+from paxlike.data import sources
 from paxlike.data import token_build
 from paxlike.data import text_data
 from paxlike.data import token_store
@@ -103,6 +104,34 @@ def test_a_block_equals_the_same_slice_of_the_whole(tmp_path, partition):
     assert np.array_equal(block_weights, weights)
     for key in whole:
       assert np.array_equal(block[key], whole[key][clients, :, rows])
+
+
+def test_stragglers_mask_a_slots_later_steps_only(tmp_path):
+  """data.straggler_fraction: the same rows and weights, each straggler's later local steps
+  masked out (sources.straggler_steps), blocks still slices of the whole; off, no STEP_MASK."""
+  files = [write_jsonl(tmp_path / f'{i}.jsonl', [{'text': t} for t in texts_of('xyz ', 80, i)])
+           for i in range(4)]
+  kw = dict(files=files, seq_len=16, batch_size=3, clients_per_round=8, local_steps=4,
+            eval_fraction=0.1)
+  base, base_weights = TextData(**kw).round_batches(1, 3)
+  assert sources.STEP_MASK not in base
+  slow = TextData(**kw, straggler_fraction=0.6)
+  batch, weights = slow.round_batches(1, 3)
+  steps = sources.straggler_steps(1, 3, np.ones(8, bool), 4, 0.6)
+  assert 0 < np.sum(steps < 4) < 8
+  runs = np.arange(4)[None, :] < steps[:, None]
+  assert np.array_equal(weights, base_weights)
+  for key in ('inputs', 'targets', 'segment_ids', 'positions'):
+    assert np.array_equal(batch[key], base[key])
+  assert np.array_equal(batch['mask'], np.where(runs[..., None, None], base['mask'], 0))
+  assert np.array_equal(batch[sources.STEP_MASK], np.broadcast_to(runs[..., None], (8, 4, 3)))
+  block, _ = slow.round_batches(1, 3, clients=slice(2, 6), rows=slice(1, 3))
+  for key in batch:
+    assert np.array_equal(block[key], batch[key][2:6, :, 1:3])
+  with pytest.raises(UserError, match='TextData.straggler_fraction=0.5 needs local_steps >= 2'):
+    TextData(files=files, straggler_fraction=0.5)
+  with pytest.raises(UserError, match='TextData.straggler_fraction must be a number in'):
+    TextData(files=files, straggler_fraction=1.0, local_steps=2)
 
 
 def test_every_training_token_is_a_target_once_per_epoch(corpus):
