@@ -3,7 +3,8 @@ scripts/launch_local.sh: the same rows as one 8-device process, collective check
 survive kill -9, fail-fast when a peer dies, and SIGTERM saving one common step.
 
 Every process tree runs in its own session and is SIGKILLed as a group on timeout or at teardown:
-JAX's preemption notifier catches SIGTERM, so nothing softer is a hard limit.
+JAX's preemption notifier catches SIGTERM, so nothing softer is a hard limit. It also agrees the
+step at which every process stops, however the signal reached them.
 """
 
 from __future__ import annotations
@@ -233,11 +234,28 @@ def test_sigterm_to_the_launcher_saves_one_common_step_and_exits_0(jobs, tmp_pat
   wait_for(lambda: has_rows(job_dir) or job.proc.poll() is not None, 180, 'the first metrics row')
   job.proc.send_signal(signal.SIGTERM)  # The launcher only; it forwards to its processes.
   assert job.wait(timeout=90) == 0, job.stderr()[-3000:]
-  saved = [line for line in job.stderr().splitlines() if line.startswith('SIGTERM: saved step')]
+  saved = [line for line in job.stderr().splitlines() if line.startswith('preempted: saved step')]
   assert len(saved) == 1, job.stderr()[-3000:]
   step = int(saved[0].split()[3].rstrip(','))
   assert committed(job_dir, step)
   assert saved[0] in (job_dir / 'logs' / 'process_1.log').read_text()  # The same step there.
+
+
+def test_a_signal_to_one_process_stops_both_at_one_common_step(jobs, tmp_path):
+  # Process 1 alone is told (SIGINT, which takes SIGTERM's path through JAX's preemption
+  # notifier): if it stopped alone, its collective save would wait on process 0 forever.
+  job_dir = tmp_path / 'job'
+  job = jobs(launch_argv(job_dir, *LONG), tmp_path)
+  wait_for(lambda: has_rows(job_dir) or job.proc.poll() is not None, 180, 'the first metrics row')
+  victim = paxlike_pids(job_dir, process_id=1)
+  assert len(victim) == 1, job.stderr()[-2000:]
+  os.kill(victim[0], signal.SIGINT)
+  assert job.wait(timeout=120) == 0, job.stderr()[-3000:]
+  saved = [line for line in job.stderr().splitlines() if ': saved step' in line]
+  assert len(saved) == 1 and saved[0].startswith('preempted: saved step'), job.stderr()[-3000:]
+  step = int(saved[0].split()[3].rstrip(','))
+  assert committed(job_dir, step)
+  assert f'SIGINT: saved step {step}, exiting' in (job_dir / 'logs' / 'process_1.log').read_text()
 
 
 def test_federated_clients_axis_spread_over_two_processes(tmp_path):

@@ -166,7 +166,7 @@ def _run_steps(trainer: Trainer, checkpoints: Checkpoints, writer: RunWriter, st
       if save_now:
         _save(checkpoints, cfg.seed, step, state, sums, count)
       if stopping and step < cfg.num_steps:
-        status(f'{stop.received or "preempted"}: saved step {step}, exiting')
+        status(f'{stop.reason}: saved step {step}, exiting')
         break
     if pending:
       last_row = _finish(trainer, writer, state, *pending) or last_row
