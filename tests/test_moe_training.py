@@ -92,23 +92,19 @@ def one_device(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_the_8_device_expert_mesh_gives_the_1_device_rows(one_device, tmp_path):
-  run_cli(*SMALL, *EXPERT_MESH, f'--job_log_dir={tmp_path}', devices=8)
-  rows, want = metric_rows(tmp_path), metric_rows(one_device)
+def test_the_8_device_expert_mesh_gives_the_1_device_rows_and_a_killed_run_resumes_to_them(
+    one_device, tmp_path):
+  full = tmp_path / 'full'
+  run_cli(*SMALL, *EXPERT_MESH, f'--job_log_dir={full}', devices=8)
+  rows, want = metric_rows(full), metric_rows(one_device)
   assert len(rows) == 6 and 'eval_loss' in rows[2] and rows[0]['moe_dropped_fraction'] > 0
   assert 0.25 <= rows[-1]['moe_max_expert_load'] < 1  # 4 experts: a quarter is perfect balance.
   _assert_rows_close(rows, want)
-
-
-@pytest.mark.slow
-def test_a_killed_expert_mesh_run_resumes_to_the_same_rows(tmp_path):
-  full = tmp_path / 'full'
-  run_cli(*SMALL, *EXPERT_MESH, f'--job_log_dir={full}', devices=8)
   job = tmp_path / 'killed'
   committed = kill_after_first_checkpoint(*SMALL, *EXPERT_MESH, job_dir=job, devices=8)
   assert committed and max(committed) < 12
   run_cli(*SMALL, *EXPERT_MESH, f'--job_log_dir={job}', devices=8)
-  assert metric_rows(job) == metric_rows(full)
+  assert metric_rows(job) == rows
 
 
 def _one_line_exit_2(proc: subprocess.CompletedProcess, message: str) -> None:
