@@ -268,6 +268,26 @@ class TextFedAvg(_Federated):
 
 
 @register
+class TextDpFedAvg(TextFedAvg):
+  """DP-FedAvg on your own corpus: each author (`data.client_field`, a JSONL field) is a
+  client, the unit of privacy; each round every author joins with probability
+  clients_per_round / authors (Poisson sampling, which the accountant's amplification assumes);
+  updates are clipped adaptively from C = 0.5 and noised at z = 1, at δ = authors^-1.1
+  (`dp_epsilon` in metrics.jsonl; `--mode=print_config` prints the run's). A small ε needs
+  thousands of authors; `algorithm.aggregator.max_epsilon` refuses a run that would spend more.
+
+  python -m paxlike.main --exp=federated.TextDpFedAvg --job_log_dir=/tmp/textdp \\
+      --fdl_set=data.files='corpus/*.jsonl' --fdl_set=data.tokenizer=/tmp/tok/tokenizer.json \\
+      --fdl_set=data.client_field=author"""
+  REQUIRED = ('data.files', 'data.client_field')
+  DATA = dict(clients_per_round=16, local_steps=4, partition='field', sampling='poisson')
+  DP = dict(clip_norm=0.5, noise_multiplier=1.0)
+
+  def datasets(self):
+    return fdl.Config(TextData, seq_len=128, batch_size=8, **self.data_fields())
+
+
+@register
 class TextLoraFedAvg(TextFedAvg):
   """Federated LoRA: TextFedAvg's rounds over rank-8 adapters on the attention projections, the
   base frozen (broadcast once, never updated or uploaded; paxlike/federated/lora.py). The base

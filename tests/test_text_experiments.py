@@ -13,6 +13,7 @@ import pytest
 
 from paxlike.cli import config_io
 from paxlike.data import data_root
+from paxlike.data import token_build
 from tests.helpers import REPO, cli_env, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow
@@ -137,3 +138,28 @@ def test_fedavg_on_the_tokenized_corpus_by_speaker(corpus, tmp_path):
   rows = metric_rows(job)
   assert [r['step'] for r in rows] == [2, 4] and all(r['clients'] == 4 for r in rows)
   assert all(0 < r['loss'] < 10 for r in rows)
+
+
+def test_dp_fedavg_on_the_tokenized_corpus_draws_poisson_cohorts_of_speakers(corpus, tmp_path):
+  # The accountant's Poisson rate is the speakers' (q = clients_per_round / speakers); cohorts
+  # vary in size round to round; without data.client_field the run is refused before it starts.
+  args = ['--exp=federated.TextDpFedAvg', '--fdl_fiddler=tiny', f'--job_log_dir={tmp_path / "dp"}',
+          f'--fdl_set=data.files={corpus["root"]}/*.jsonl', '--fdl_set=data.seq_len=32',
+          f'--fdl_set=data.tokenizer={corpus["tokenizer"]}', '--fdl_set=data.batch_size=2',
+          '--fdl_set=data.local_steps=2', '--fdl_set=data.clients_per_round=4',
+          '--fdl_set=train.num_steps=4', '--fdl_set=train.log_every=1',
+          '--fdl_set=data.eval_fraction=0.05', '--fdl_set=data.num_eval_batches=1']
+  refused = run_cli(*args, env=env(corpus), check=False)
+  assert refused.returncode == 2 and 'needs --fdl_set=data.client_field=' in refused.stderr
+  assert not (tmp_path / 'dp').exists()
+  run_cli(*args, '--fdl_set=data.client_field=speaker', env=env(corpus))
+  rows = metric_rows(tmp_path / 'dp')
+  rows_in = [json.loads(line) for f in corpus['root'].glob('*.jsonl')
+             for line in f.read_text().splitlines()]
+  speakers = {r['speaker'] for r in rows_in  # Those with a training document (not held out).
+              if token_build.text_hash(r['text'], None) >= 0.05 * 2**64}
+  assert [r['step'] for r in rows] == [1, 2, 3, 4]
+  assert all(r['dp_poisson_rate'] == pytest.approx(4 / len(speakers)) for r in rows)
+  assert len({r['clients'] for r in rows}) > 1 and all(r['clients'] < 4 * 3 for r in rows)
+  epsilons = [r['dp_epsilon'] for r in rows]
+  assert 0 < epsilons[0] < epsilons[-1] and epsilons == sorted(epsilons)

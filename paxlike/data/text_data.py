@@ -111,7 +111,8 @@ class TextData:
   hash of its text falls in `eval_fraction`, so adding files never moves a document between
   splits. Partitions: 'pooled' (one stream; each cohort slot reads its own rows), 'file' (one
   client per file), 'field' (one client per value of `client_field`); cohorts are drawn by
-  `sampling` as in LmData, clients weighted by their training tokens. `straggler_fraction` as in
+  `sampling` as in LmData ('poisson' too, for DP's accounting, but not when pooled), clients
+  weighted by their training tokens. `straggler_fraction` as in
   LmData: a straggling slot runs only its first 1..local_steps-1 local steps.
 
   Batches: `inputs`, `targets`, `segment_ids`, `positions` (int32) and `mask` (float32), see
@@ -155,7 +156,10 @@ class TextData:
     sources.check_fields(
         self, ['seq_len', 'batch_size', 'clients_per_round', 'local_steps', 'eval_batch_size'],
         {'txt_document': text_files.TXT_DOCUMENTS, 'partition': PARTITIONS,
-         'sampling': sources.SAMPLINGS})
+         'sampling': sources.PADDED_SAMPLINGS})
+    if self.sampling == 'poisson' and self.partition == 'pooled':
+      raise UserError("TextData: sampling='poisson' draws clients, and partition='pooled' has "
+                      "none: use partition='file' or 'field'")
     globs = [self.files] if isinstance(self.files, str) else self.files
     if not isinstance(globs, (list, tuple)) or not globs or not all(
         isinstance(g, str) and g for g in globs):
@@ -233,21 +237,32 @@ class TextData:
     return packing.pack_rows(plan, rows, store.doc_start, store.tokens_at, self.seq_len + 1,
                              store.manifest['tokenizer']['pad_id'], store.doc_prompt)
 
+  @property
+  def num_slots(self) -> int:
+    """The cohort slots a round's batches lead with: clients_per_round, or under 'poisson'
+    sampling `sources.poisson_slots` of the clients."""
+    if self.partition == 'pooled':
+      return self.clients_per_round
+    return sources.cohort_slots(self.sampling, self.clients_per_round,
+                                len(self.packed.client_tokens))
+
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
-    """[clients_per_round, local_steps, batch_size, seq_len] batches (cohort slots `clients`
-    and batch rows `rows` of them) and the whole cohort's weights."""
+    """[num_slots, local_steps, batch_size, seq_len] batches (cohort slots `clients` and
+    batch rows `rows` of them) and the whole cohort's weights; a Poisson cohort's unused slots
+    hold client 0's rows with mask 0 (no local step runs) and weight 0."""
     p, k, steps = self.packed, self.clients_per_round, self.local_steps
     if self.partition == 'pooled':
       cohort = np.zeros(k, np.int64)
     else:
       cohort = sources.sample_cohort(seed, step, p.client_tokens, k, self.sampling)
-    slots = np.arange(k)[clients][:, None, None]
+    slots = np.arange(len(cohort))[clients][:, None, None]
     local = np.arange(steps)[None, :, None]
     row = np.arange(self.batch_size)[rows][None, None, :]
     rounds = step * k + slots if self.partition == 'pooled' else np.full_like(slots, step)
     positions = (rounds * steps + local) * self.batch_size + row
-    picked = shuffled_rows(seed, np.broadcast_to(cohort[slots], positions.shape), positions,
+    member = np.maximum(cohort, 0)[slots]
+    picked = shuffled_rows(seed, np.broadcast_to(member, positions.shape), positions,
                            p.client_rows)
     batch = sources.with_step_mask(self, self._batch(p.train, picked), seed, step, cohort,
                                    clients)

@@ -214,6 +214,36 @@ def test_file_partition_reads_each_clients_own_rows(tmp_path):
     dataclasses.replace(data, clients_per_round=4, sampling='uniform').round_batches(0, 1)
 
 
+def test_poisson_cohorts_pad_to_fixed_slots_that_train_nothing(tmp_path):
+  """sampling='poisson' (for DP's accounting): each round's joined clients (sources.poisson_
+  cohort) lead, each slot with its own client's rows; the padded slots run no step and weigh
+  nothing; a pooled corpus has no clients to draw."""
+  letters = 'abcdefghij'
+  files = [write_jsonl(tmp_path / f'{x}.jsonl', [{'text': x * (1 + i % 30)} for i in range(40)])
+           for x in letters]
+  data = TextData(files=files, seq_len=16, batch_size=2, partition='file', sampling='poisson',
+                  clients_per_round=3, local_steps=2, eval_fraction=0.2)
+  assert data.num_slots == sources.poisson_slots(10, 3)
+  for step in range(1, 6):
+    batch, weights = data.round_batches(4, step)
+    cohort = sources.poisson_cohort(4, step, 10, 3)
+    joined = cohort != sources.PADDED
+    assert batch['mask'].shape[:3] == (data.num_slots, 2, 2) and 0 < joined.sum() < len(cohort)
+    assert np.array_equal(weights, np.where(joined, data.packed.client_tokens[np.maximum(
+        cohort, 0)], 0).astype(np.float32))
+    assert np.array_equal(batch[sources.STEP_MASK], np.broadcast_to(joined[:, None, None],
+                                                                     (len(cohort), 2, 2)))
+    assert not batch['mask'][~joined].any()
+    for slot in np.flatnonzero(joined):
+      trained = set(batch['targets'][slot][batch['mask'][slot] == 1].tolist())
+      assert trained and trained <= {ord(letters[cohort[slot]]), ord('\n')}
+    block, _ = data.round_batches(4, step, clients=slice(2, 6), rows=slice(1, 2))
+    for key in batch:
+      assert np.array_equal(block[key], batch[key][2:6, :, 1:2])
+  with pytest.raises(UserError, match="sampling='poisson' draws clients, and partition='pooled'"):
+    TextData(files=files, sampling='poisson')
+
+
 def test_field_partition_and_its_per_client_eval_groups(tmp_path):
   rows = [{'text': x * (1 + i % 30), 'author': x.upper()} for i in range(300) for x in 'pqr']
   data = TextData(files=write_jsonl(tmp_path / 'r.jsonl', rows), seq_len=20, partition='field',
