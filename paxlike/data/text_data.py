@@ -112,8 +112,8 @@ class TextData:
   splits. Partitions: 'pooled' (one stream; each cohort slot reads its own rows), 'file' (one
   client per file), 'field' (one client per value of `client_field`); cohorts are drawn by
   `sampling` as in LmData ('poisson' too, for DP's accounting, but not when pooled), clients
-  weighted by their training tokens. `straggler_fraction` as in
-  LmData: a straggling slot runs only its first 1..local_steps-1 local steps.
+  weighted by their training tokens. `straggler_fraction` as in LmData: a straggling slot runs
+  only its first 1..local_steps-1 local steps.
 
   Batches: `inputs`, `targets`, `segment_ids`, `positions` (int32) and `mask` (float32), see
   packing.py. Each client's rows are read epoch after epoch, each epoch in a fresh order of
