@@ -19,7 +19,8 @@ from jax.experimental import multihost_utils
 
 def _preemption_service() -> bool:
   """Whether JAX's preemption notifier agrees the stop step (a multi-process run with it on)."""
-  return jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
+  return jax.process_count() > 1 and bool(
+      getattr(jax.config, 'jax_enable_preemption_service', True))
 
 
 class StopSignal:
