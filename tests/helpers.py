@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,3 +101,23 @@ def assert_verdict(got: tuple[str, list[str]], verdict: str, failed: str | None)
     assert reasons == []
   else:
     assert len(reasons) == 1 and failed in reasons[0]
+
+
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+  """The directory `name`, made by `make(path)` once per pytest run and shared by its xdist
+  workers (a module fixture runs once per worker, so two workers would each make it). The
+  first worker to ask makes it under a file lock; the others wait and reuse it. For fixtures
+  that tests only read (or copy before changing)."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = root.parent  # The run's directory, above every worker's own.
+  path = root / 'made_once' / name
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path.parent / f'{name}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    done = path.parent / f'{name}.done'
+    if not done.exists():  # Not made yet, or a worker's attempt failed: (re)make it.
+      shutil.rmtree(path, ignore_errors=True)
+      make(path)
+      done.touch()
+  return path

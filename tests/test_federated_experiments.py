@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, cli_env, metric_rows, run_cli
+from tests.helpers import REPO, cli_env, made_once, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -42,15 +42,9 @@ def cli_args(name: str) -> list[str]:
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
   """`trained(name)`: the job dir of one uninterrupted CI-sized run of `name` (run once)."""
-  jobs = {}
-
-  def run(name):
-    if name not in jobs:
-      jobs[name] = tmp_path_factory.mktemp(name)
-      run_cli(*cli_args(name), f'--job_log_dir={jobs[name]}')
-    return jobs[name]
-
-  return run
+  return lambda name: made_once(
+      tmp_path_factory, f'federated-{name}',
+      lambda job: run_cli(*cli_args(name), f'--job_log_dir={job}'))
 
 
 @pytest.mark.parametrize('name', list(EXPERIMENTS))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, cli_env, metric_rows, run_cli
+from tests.helpers import REPO, TINY, cli_env, made_once, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -154,9 +154,10 @@ def single8(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def two_processes(tmp_path_factory):
-  """The same run as 2 processes × 4 devices through launch_local.sh."""
-  job = tmp_path_factory.mktemp('two')
-  return job, launch(job)
+  """The same run as 2 processes × 4 devices through launch_local.sh, and its stderr."""
+  made = made_once(tmp_path_factory, 'two_processes', lambda d: (
+      d.mkdir(), (d / 'stderr').write_text(launch(d / 'job'))))
+  return made / 'job', (made / 'stderr').read_text()
 
 
 def test_two_processes_match_one_process_with_eight_devices(single8, two_processes):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, cli_env, metric_rows, run_cli, snapshot
+from tests.helpers import REPO, TINY, cli_env, made_once, metric_rows, run_cli, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -40,17 +40,15 @@ def max_logged_step(job: Path) -> int:
 
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory) -> Path:
-  job = tmp_path_factory.mktemp('long')
-  run_cli(*LONG, f'--job_log_dir={job}')
-  return job
+  return made_once(tmp_path_factory, 'reliability-long',
+                   lambda job: run_cli(*LONG, f'--job_log_dir={job}'))
 
 
 @pytest.fixture(scope='module')
 def tiny_job(tmp_path_factory) -> Path:
   """A finished 20-step run with checkpoints at 10 and 20 (copy it before changing it)."""
-  job = tmp_path_factory.mktemp('tiny')
-  run_cli(*TINY, f'--job_log_dir={job}')
-  return job
+  return made_once(tmp_path_factory, 'reliability-tiny',
+                   lambda job: run_cli(*TINY, f'--job_log_dir={job}'))
 
 
 @pytest.mark.parametrize('trial', range(3))
