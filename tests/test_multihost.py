@@ -75,6 +75,25 @@ def launch_argv(job_dir: Path, *args: str, exp_args=TINY) -> list:
   return ['bash', LAUNCH, 2, '--', *exp_args, f'--job_log_dir={job_dir}', *args]
 
 
+def training_launch(jobs, tmp_path: Path) -> tuple[Job, Path]:
+  """A 2-process launch of an endless run, once its first metrics row is written."""
+  job_dir = tmp_path / 'job'
+  job = jobs(launch_argv(job_dir, *LONG), tmp_path)
+  wait_for(lambda: has_rows(job_dir) or job.proc.poll() is not None, 180, 'the first metrics row')
+  return job, job_dir
+
+
+def process_1_pid(job: Job, job_dir: Path) -> int:
+  victim = paxlike_pids(job_dir, process_id=1)
+  assert len(victim) == 1, job.stderr()[-2000:]
+  return victim[0]
+
+
+def saved_step(line: str) -> int:
+  """N of a `...: saved step N, exiting` status line."""
+  return int(line.split('saved step ')[1].split(',')[0])
+
+
 def launch(job_dir: Path, *args: str, timeout: float = 240, exp_args=TINY) -> str:
   """An uninterrupted 2-process launch_local.sh run to completion (exit 0 asserted); its stderr."""
   out_dir = Path(f'{job_dir}.launch{time.monotonic_ns()}')
@@ -197,12 +216,8 @@ def test_kill_9_of_all_processes_then_restart_resumes_from_the_collective_checkp
 
 
 def test_killing_one_process_makes_the_launcher_fail_fast(jobs, tmp_path):
-  job_dir = tmp_path / 'job'
-  job = jobs(launch_argv(job_dir, *LONG), tmp_path)
-  wait_for(lambda: has_rows(job_dir) or job.proc.poll() is not None, 180, 'the first metrics row')
-  victim = paxlike_pids(job_dir, process_id=1)
-  assert len(victim) == 1, job.stderr()[-2000:]
-  os.kill(victim[0], signal.SIGKILL)
+  job, job_dir = training_launch(jobs, tmp_path)
+  os.kill(process_1_pid(job, job_dir), signal.SIGKILL)
   killed_at = time.monotonic()
   code = job.wait(timeout=120)
   elapsed = time.monotonic() - killed_at
@@ -230,31 +245,24 @@ def test_survivor_exits_on_its_own_within_the_heartbeat_timeout(jobs, tmp_path):
 
 
 def test_sigterm_to_the_launcher_saves_one_common_step_and_exits_0(jobs, tmp_path):
-  job_dir = tmp_path / 'job'
-  job = jobs(launch_argv(job_dir, *LONG), tmp_path)
-  wait_for(lambda: has_rows(job_dir) or job.proc.poll() is not None, 180, 'the first metrics row')
+  job, job_dir = training_launch(jobs, tmp_path)
   job.proc.send_signal(signal.SIGTERM)  # The launcher only; it forwards to its processes.
   assert job.wait(timeout=90) == 0, job.stderr()[-3000:]
   saved = [line for line in job.stderr().splitlines() if line.startswith('preempted: saved step')]
   assert len(saved) == 1, job.stderr()[-3000:]
-  step = int(saved[0].split()[3].rstrip(','))
-  assert committed(job_dir, step)
+  assert committed(job_dir, saved_step(saved[0]))
   assert saved[0] in (job_dir / 'logs' / 'process_1.log').read_text()  # The same step there.
 
 
 def test_a_signal_to_one_process_stops_both_at_one_common_step(jobs, tmp_path):
   # Process 1 alone is told (SIGINT, which takes SIGTERM's path through JAX's preemption
   # notifier): if it stopped alone, its collective save would wait on process 0 forever.
-  job_dir = tmp_path / 'job'
-  job = jobs(launch_argv(job_dir, *LONG), tmp_path)
-  wait_for(lambda: has_rows(job_dir) or job.proc.poll() is not None, 180, 'the first metrics row')
-  victim = paxlike_pids(job_dir, process_id=1)
-  assert len(victim) == 1, job.stderr()[-2000:]
-  os.kill(victim[0], signal.SIGINT)
+  job, job_dir = training_launch(jobs, tmp_path)
+  os.kill(process_1_pid(job, job_dir), signal.SIGINT)
   assert job.wait(timeout=120) == 0, job.stderr()[-3000:]
   saved = [line for line in job.stderr().splitlines() if ': saved step' in line]
   assert len(saved) == 1 and saved[0].startswith('preempted: saved step'), job.stderr()[-3000:]
-  step = int(saved[0].split()[3].rstrip(','))
+  step = saved_step(saved[0])
   assert committed(job_dir, step)
   assert f'SIGINT: saved step {step}, exiting' in (job_dir / 'logs' / 'process_1.log').read_text()
 
