@@ -240,9 +240,7 @@ class TextData:
   @property
   def num_slots(self) -> int:
     """The cohort slots a round's batches lead with: clients_per_round, or under 'poisson'
-    sampling `sources.poisson_slots` of the clients."""
-    if self.partition == 'pooled':
-      return self.clients_per_round
+    sampling (never pooled) `sources.poisson_slots` of the clients."""
     return sources.cohort_slots(self.sampling, self.clients_per_round,
                                 len(self.packed.client_tokens))
 
