@@ -8,9 +8,10 @@ Training FLOPs per token (forward + backward = 3 × forward):
   (d·head_dim·(2·n_heads + 2·n_kv_heads)) and the MLP ((3 if gated else 2)·d·d_ff), plus the
   output projection (d·vocab; the tied embedding when tied). The input embedding lookup,
   position embedding and norm scales cost no matmul FLOPs and are left out. A MoE layer's MLP
-  counts only the experts a token is routed to (experts_per_token × the expert MLP) plus its
-  router (d·E); capacity slack, dropped tokens and the dispatch/combine einsums are not
-  counted, so MFU is that of the active parameters, as is usual for MoE.
+  counts only the experts a token is routed to (experts_per_token × the expert MLP of width
+  moe_d_ff) plus its router (d·E), and a shared expert (Qwen2-MoE) with its gate when it has
+  one; capacity slack, dropped tokens and the dispatch/combine einsums are not counted, so MFU
+  is that of the active parameters, as is usual for MoE.
 - The attention term counts QKᵀ and AV: 2 matmuls × 2 FLOPs per multiply-add × n_heads·head_dim
   per attended key, per layer, × 3 for training. C is the mean number of keys a query attends:
   (T + 1)/2 for a causal mask over T tokens, fewer with a sliding window. (PaLM's 6N + 12·L·H·Q·T
@@ -36,9 +37,12 @@ def matmul_params(model: TransformerLM) -> int:
   head_dim = model.d_model // model.num_heads
   kv_heads = model.num_kv_heads or model.num_heads
   attn = model.d_model * head_dim * 2 * (model.num_heads + kv_heads)
-  mlp = (3 if model.gated_mlp else 2) * model.d_model * model.d_ff
+  per_width = (3 if model.gated_mlp else 2) * model.d_model
+  mlp = per_width * model.d_ff
   moe_layers = sum(map(model.is_moe_layer, range(model.num_layers)))
-  active_moe = model.experts_per_token * mlp + model.d_model * model.num_experts
+  shared = (per_width * model.moe_shared_d_ff + model.d_model) if model.moe_shared_d_ff else 0
+  active_moe = (model.experts_per_token * per_width * (model.moe_d_ff or model.d_ff)
+                + model.d_model * model.num_experts + shared)
   return (model.num_layers * attn + (model.num_layers - moe_layers) * mlp
           + moe_layers * active_moe + model.d_model * model.vocab_size)
 

@@ -17,7 +17,9 @@
 - a MoE layer's MLP instead keeps its router's float32 logits (E; with 'dots') and, with
   'none', its probabilities (E), the dispatch and combine masks (2·E·C per row, the per-row
   term that grows with T), the experts' input and output slots (2·d·S) and hidden (2·mlp·S),
-  S = E·C / T slots per token (C the capacity; E when dropless), and the combined output d.
+  S = E·C / T slots per token (C the capacity; E when dropless), and the combined output d,
+  mlp sized by moe_d_ff; a shared expert (moe_shared_d_ff) keeps what a dense MLP of its width
+  keeps.
 Elements are in the compute dtype. On a 'stage' mesh (a GPipe pipeline of p stages and m
 microbatches, paxlike.layers.pipeline) a device runs L/p layers for m + p − 1 iterations of
 one microbatch each, keeping each iteration's activations (the bubble's too), so the layer
@@ -92,8 +94,12 @@ def _mlp_bytes(model: TransformerLM, seq_len: int, mlp_in: float,
   slots = experts * moe.capacity(seq_len, experts, model.experts_per_token,
                                  model.capacity_factor)
   per_token = slots / seq_len
-  sparse = {'dots': experts * 4,
-            'rest': experts * 4 + (2 * slots + (2 * d + 2 * mlp_in) * per_token + d) * size}
+  expert_in = mlp_in * (model.moe_d_ff or model.d_ff) / model.d_ff
+  shared_in = mlp_in * model.moe_shared_d_ff / model.d_ff  # A dense MLP every token runs.
+  shared = {'dots': (shared_in + d) * size if shared_in else 0.0, 'rest': shared_in * size}
+  sparse = {'dots': experts * 4 + shared['dots'],
+            'rest': experts * 4 + shared['rest']
+                    + (2 * slots + (2 * d + 2 * expert_in) * per_token + d) * size}
   return dense, sparse
 
 

@@ -13,6 +13,13 @@ dropless: C = T, every expert could take the whole row (the expert matmuls then 
 times the active ones). Slots are handed out in priority order: every token's first choice
 (in row order) before any second choice, as GShard does.
 
+Routers: the gates are the router softmax's top-k probabilities (softmax over all E experts
+first, as Mixtral and Qwen-MoE compute it), renormalised to sum to 1 over the k choices when
+`renormalize` (Mixtral always; Qwen-MoE's `norm_topk_prob`); None renormalises when k > 1 and
+keeps the raw probability at k = 1 (Switch). `shared_d_ff` > 0 adds Qwen2-MoE's shared expert:
+a dense (gated) MLP of that width that every token runs, scaled by sigmoid(x · w_shared_gate),
+added to the routed experts' sum.
+
 Dispatch and combine are einsums over one-hot masks [B, T, E, C]; the experts' inputs
 [E, B, C, d] carry the logical axes ('expert', 'expert_batch', None, 'embed'), so on a mesh
 with an `expert` axis XLA turns the einsums into all-to-alls between the batch's shards and
@@ -38,7 +45,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from paxlike.layers.blocks import EMBED_ACT, MLP_ACTIVATIONS
+from paxlike.layers.blocks import EMBED_ACT, MLP_ACTIVATIONS, Mlp
 
 DType = Any
 
@@ -67,15 +74,16 @@ class Routing(NamedTuple):
   dropped: jax.Array  # int32: choices that found their expert full.
 
 
-def route(probs: jax.Array, k: int, slots: int, dtype: DType = jnp.float32) -> Routing:
+def route(probs: jax.Array, k: int, slots: int, dtype: DType = jnp.float32,
+          renormalize: bool | None = None) -> Routing:
   """Top-k routing of router probabilities `probs` [B, T, E] into `slots` per expert and row.
 
-  Gates are the chosen probabilities, renormalised to sum to 1 when k > 1 (with k = 1 the raw
-  probability, as in Switch, so the main loss still trains the router).
+  Gates are the chosen probabilities, renormalised to sum to 1 when `renormalize` (None: when
+  k > 1; with k = 1 the raw probability, as in Switch, so the main loss still trains the router).
   """
   num_experts = probs.shape[-1]
   gates, choices = jax.lax.top_k(probs, k)  # [B, T, k]
-  if k > 1:
+  if (k > 1) if renormalize is None else renormalize:
     gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
   picked = jax.nn.one_hot(choices, num_experts, dtype=jnp.int32)  # [B, T, k, E]
   batch, length = probs.shape[:2]
@@ -124,7 +132,8 @@ def check_experts(num_experts: int, k: int) -> None:
 
 class MoeMlp(nn.Module):
   """Drop-in for `blocks.Mlp` (x: [B, T, embed] -> [B, T, embed]) with `num_experts` experts,
-  each a gated (or plain) MLP of width `d_ff`; see the module docstring."""
+  each a gated (or plain) MLP of width `d_ff`; `renormalize` and `shared_d_ff` (a shared expert
+  under a sigmoid gate, params 'shared_expert' and 'shared_gate'): see the module docstring."""
 
   d_ff: int
   num_experts: int
@@ -136,6 +145,8 @@ class MoeMlp(nn.Module):
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
   activation: str = 'silu'
+  renormalize: bool | None = None
+  shared_d_ff: int = 0
 
   def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
     """An expert weight [E, in, out], initialised per expert with fan-in `in`."""
@@ -164,16 +175,27 @@ class MoeMlp(nn.Module):
     logits = jnp.einsum('btd,de->bte', x.astype(jnp.float32), router.astype(jnp.float32))
     probs = jax.nn.softmax(logits, axis=-1)
     slots = capacity(x.shape[1], self.num_experts, self.experts_per_token, self.capacity_factor)
-    routing = route(probs, self.experts_per_token, slots, self.dtype)
+    routing = route(probs, self.experts_per_token, slots, self.dtype, self.renormalize)
     x = jnp.asarray(x, self.dtype)
     expert_in = nn.with_logical_constraint(
         jnp.einsum('btec,btd->ebcd', routing.dispatch, x), SLOTS_BY_TOKEN)
     expert_out = self._experts(nn.with_logical_constraint(expert_in, EXPERT_IN))
     expert_out = nn.with_logical_constraint(expert_out, SLOTS_BY_TOKEN)
     y = jnp.einsum('btec,ebcd->btd', routing.combine, expert_out)
+    if self.shared_d_ff:
+      y = y + self._shared_expert(x)
     if not self.is_initializing():
       self._sow_stats(probs, logits, routing)
     return nn.with_logical_constraint(y, EMBED_ACT)
+
+  def _shared_expert(self, x: jax.Array) -> jax.Array:
+    """Qwen2-MoE's shared expert: sigmoid(x · w_gate) · MLP(x), every token, x [B, T, d]."""
+    init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ('embed', None))
+    gate = self.param('shared_gate', init, (x.shape[-1], 1), self.param_dtype)
+    scale = jax.nn.sigmoid(jnp.einsum('btd,do->bto', x, jnp.asarray(gate, self.dtype)))
+    mlp = Mlp(self.shared_d_ff, self.gated, self.dtype, self.param_dtype, self.activation,
+              name='shared_expert')
+    return scale * mlp(x)
 
   def _sow_stats(self, probs: jax.Array, logits: jax.Array, routing: Routing) -> None:
     balance, z = load_balance_loss(probs, routing.choices), z_loss(logits)

@@ -78,9 +78,12 @@ class TransformerLM(nn.Module):
   layer's MLP (layers moe_every - 1, 2·moe_every - 1, ...) a `moe.MoeMlp` of `num_experts`
   experts of width `d_ff`, each token routed to `experts_per_token` of them with
   `capacity_factor` (None or 0: dropless); `aux_loss_weight` and `router_z_loss_weight` weigh
-  the losses the layers sow into the 'moe' collection. Scanned with `moe_every` > 1, one scan
-  step is a `BlockGroup` of `moe_every` layers (params 'blocks/layer_{j}'), so num_layers must
-  be a multiple of moe_every.
+  the losses the layers sow into the 'moe' collection. `moe_d_ff` is each expert's width (None:
+  d_ff, which then sizes the dense layers only); `moe_renormalize` whether the top-k gates are
+  renormalised to sum to 1 (None: when experts_per_token > 1); `moe_shared_d_ff` > 0 adds a
+  shared expert of that width under a sigmoid gate (Qwen2-MoE). Scanned with `moe_every` > 1,
+  one scan step is a `BlockGroup` of `moe_every` layers (params 'blocks/layer_{j}'), so
+  num_layers must be a multiple of moe_every.
   """
 
   vocab_size: int = 256
@@ -117,6 +120,9 @@ class TransformerLM(nn.Module):
   capacity_factor: float | None = 1.25
   aux_loss_weight: float = 0.01
   router_z_loss_weight: float = 1e-3
+  moe_d_ff: int | None = None
+  moe_renormalize: bool | None = None
+  moe_shared_d_ff: int = 0
 
   def _check(self, seq_len: int) -> None:
     if self.d_model % self.num_heads:
@@ -152,6 +158,10 @@ class TransformerLM(nn.Module):
     if self.scan_layers and self.num_layers % self.moe_every:
       raise ValueError(f'scan_layers scans groups of moe_every={self.moe_every} layers: '
                        f'num_layers={self.num_layers} must be a multiple of it')
+    if self.moe_d_ff is not None and self.moe_d_ff < 1:
+      raise ValueError(f'moe_d_ff must be None (d_ff) or positive, got {self.moe_d_ff}')
+    if self.moe_shared_d_ff < 0:
+      raise ValueError(f'moe_shared_d_ff must be 0 (none) or positive, got {self.moe_shared_d_ff}')
     if self.capacity_factor is not None and self.capacity_factor < 0:
       raise ValueError(f'capacity_factor must be None, 0 (dropless) or positive, '
                        f'got {self.capacity_factor}')
@@ -185,9 +195,10 @@ class TransformerLM(nn.Module):
   def _moe_mlp(self, activation: str) -> moe.MoeMlp:
     """An unbound MoE MLP, for a block to adopt as 'mlp'."""
     return moe.MoeMlp(
-        self.d_ff, self.num_experts, self.experts_per_token, self.capacity_factor,
+        self.moe_d_ff or self.d_ff, self.num_experts, self.experts_per_token, self.capacity_factor,
         self.aux_loss_weight, self.router_z_loss_weight, self.gated_mlp, self.dtype,
-        self.param_dtype, activation, parent=None)
+        self.param_dtype, activation, renormalize=self.moe_renormalize,
+        shared_d_ff=self.moe_shared_d_ff, parent=None)
 
   def _block(self, name: str | None, is_moe: bool = False) -> DecoderBlock:
     """A layer (or, scanned, the stack). The unbound attention is adopted as 'attention', the
