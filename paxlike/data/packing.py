@@ -1,13 +1,14 @@
 """Packing whole documents into rows of `capacity` = seq_len + 1 tokens: pure numpy functions.
 
-A document is its tokens followed by EOS (SFT: prompt tokens, completion tokens, EOS). A row's
-inputs are row[:-1] and its targets row[1:]. Documents are never cut to fit a row: a document
-longer than a row is split into pieces of `capacity` tokens, consecutive pieces sharing one
-token (the last of one piece is the first of the next), so every token of a document but its
-first is a target exactly once per epoch. The pieces are packed into rows by best-fit
+A document is its tokens followed by EOS (SFT: prompt tokens, completion tokens, EOS; chat: the
+chat template's tokens, which end each turn themselves). A row's inputs are row[:-1] and its
+targets row[1:]. Documents are never cut to fit a row: a document longer than a row is split
+into pieces of `capacity` tokens, consecutive pieces sharing one token (the last of one piece
+is the first of the next), so every token of a document but its first is a target exactly once
+per epoch. The pieces are packed into rows by best-fit
 decreasing. Within a row, each piece is its own segment (segment ids 1, 2, ...; 0 = padding)
 with positions restarting at 0, and a target is masked when it lies in another segment than its
-input, in padding, or (SFT) in the prompt.
+input, in padding, (SFT) in the prompt, or (chat) outside the assistant's output.
 
 Positions restart per piece, not at the piece's offset in its document: RoPE attention depends
 only on relative positions, so nothing is lost inside a row, and positions stay below seq_len,
@@ -166,14 +167,16 @@ def _layout(plan: Plan, rows: np.ndarray) -> _Layout:
 
 def pack_rows(plan: Plan, rows: np.ndarray, doc_start: np.ndarray,
               tokens_at: Callable[[np.ndarray], np.ndarray], capacity: int, pad_id: int,
-              prompt_len: np.ndarray | None = None) -> Batch:
+              prompt_len: np.ndarray | None = None,
+              trained_at: Callable[[np.ndarray], np.ndarray] | None = None) -> Batch:
   """The batch of rows `rows` (int array of any shape S; -1 = an empty row) of `plan`: keys
   inputs, targets,
   segment_ids, positions (int32) and mask (float32), each S + [capacity - 1].
 
   `doc_start[d]` is document d's first token in the store and `tokens_at(index)` reads the
   store's tokens at int64 indices; `prompt_len[d]` (SFT) is the number of prompt tokens of
-  document d, whose targets are masked.
+  document d, whose targets are masked; `trained_at(index)` (chat data) says which tokens at
+  store indices are targets, every other target being masked.
   """
   shape, rows = np.shape(rows), np.asarray(rows, np.int64).ravel()
   lay = _layout(plan, rows)
@@ -181,7 +184,8 @@ def pack_rows(plan: Plan, rows: np.ndarray, doc_start: np.ndarray,
   offset = np.asarray(plan.offset[lay.pieces], np.int64)
   token = offset[lay.piece] + lay.within  # Index within the document.
   tokens = np.full((len(rows), capacity), pad_id, np.int32)
-  tokens[lay.r_, lay.col] = tokens_at(np.asarray(doc_start[doc], np.int64)[lay.piece] + token)
+  index = np.asarray(doc_start[doc], np.int64)[lay.piece] + token
+  tokens[lay.r_, lay.col] = tokens_at(index)
   seg = np.zeros((len(rows), capacity), np.int32)
   seg[lay.r_, lay.col] = lay.seg[lay.piece]
   positions = np.zeros((len(rows), capacity), np.int32)
@@ -189,6 +193,8 @@ def pack_rows(plan: Plan, rows: np.ndarray, doc_start: np.ndarray,
   scored = np.zeros((len(rows), capacity), bool)
   scored[lay.r_, lay.col] = (True if prompt_len is None else
                              token >= np.asarray(prompt_len[doc], np.int64)[lay.piece])
+  if trained_at is not None:
+    scored[lay.r_, lay.col] &= trained_at(index)
   mask = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0) & scored[:, 1:]
   out = {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:], 'segment_ids': seg[:, :-1],
          'positions': positions[:, :-1], 'mask': mask.astype(np.float32)}

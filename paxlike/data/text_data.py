@@ -106,7 +106,10 @@ class TextData:
   `files`: a glob or a list of globs of .txt / .jsonl / .jsonl.gz / .parquet files; JSONL and
   Parquet documents are each row's `text_field`, a .txt file is one document per file, per
   line or per paragraph (`txt_document`). SFT: with `prompt_field` set, each row is a prompt
-  + completion example and only the completion's tokens and its EOS are targets. `tokenizer`:
+  + completion example and only the completion's tokens and its EOS are targets. Chat: with
+  `messages_field` set, each row's messages are rendered with the chat template beside the
+  tokenizer (a Hugging Face tokenizer.json) and only the assistant's tokens are targets
+  (paxlike/tokenizers/chat_encoder.py). `tokenizer`:
   'bytes' or a tokenizer path (paxlike.tokenizers). A document is held out for eval when the
   hash of its text falls in `eval_fraction`, so adding files never moves a document between
   splits. Partitions: 'pooled' (one stream; each cohort slot reads its own rows), 'file' (one
@@ -147,6 +150,7 @@ class TextData:
   sampling: str = 'uniform'
   prompt_field: str | None = None
   completion_field: str = 'completion'
+  messages_field: str | None = None
   straggler_fraction: float = 0.0
   num_workers: int | None = None  # Store-build encoders (token_build.py); None: os.cpu_count().
 
@@ -168,11 +172,14 @@ class TextData:
       if not isinstance(getattr(self, name), str) or not getattr(self, name):
         raise UserError(f'TextData.{name} must be a non-empty string, got '
                         f'{getattr(self, name)!r}')
-    for name in ('prompt_field', 'client_field'):
+    for name in ('prompt_field', 'client_field', 'messages_field'):
       if getattr(self, name) is not None and not (isinstance(getattr(self, name), str)
                                                   and getattr(self, name)):
         raise UserError(f'TextData.{name} must be None or a field name, got '
                         f'{getattr(self, name)!r}')
+    if self.prompt_field is not None and self.messages_field is not None:
+      raise UserError('TextData: prompt_field and messages_field are two formats of SFT rows; '
+                      f'set one (got {self.prompt_field!r} and {self.messages_field!r})')
     if (self.partition == 'field') != (self.client_field is not None):
       raise UserError("TextData: partition='field' and client_field go together; got "
                       f'partition={self.partition!r}, client_field={self.client_field!r}')
@@ -195,7 +202,8 @@ class TextData:
     """What tokenization depends on (the store's key)."""
     return text_files.Fields(self.text_field, self.txt_document, self.prompt_field,
                              self.completion_field,
-                             self.client_field if self.partition == 'field' else None)
+                             self.client_field if self.partition == 'field' else None,
+                             self.messages_field)
 
   @functools.cached_property
   def loaded_tokenizer(self) -> Any:
@@ -211,8 +219,12 @@ class TextData:
   @functools.cached_property
   def store(self) -> token_store.Store:
     """The token store of the files (built the first time, by any run)."""
-    return token_store.open_or_build(text_files.expand(self.files), self.fields,
-                                     self.loaded_tokenizer, self.num_workers or os.cpu_count())
+    encoder = self.loaded_tokenizer
+    if self.messages_field is not None:
+      from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
+      encoder = load_chat_encoder(encoder)
+    return token_store.open_or_build(text_files.expand(self.files), self.fields, encoder,
+                                     self.num_workers or os.cpu_count())
 
   @functools.cached_property
   def packed(self) -> Packed:
@@ -235,7 +247,8 @@ class TextData:
   def _batch(self, plan: packing.Plan, rows: np.ndarray) -> sources.Batch:
     store = self.store
     return packing.pack_rows(plan, rows, store.doc_start, store.tokens_at, self.seq_len + 1,
-                             store.manifest['tokenizer']['pad_id'], store.doc_prompt)
+                             store.manifest['tokenizer']['pad_id'], store.doc_prompt,
+                             None if store.trained is None else store.trained_at)
 
   @property
   def num_slots(self) -> int:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
+from paxlike.data import chat_rows
 from paxlike.errors import RunFailure, UserError
 
 SUFFIXES = ('.txt', '.jsonl', '.jsonl.gz', '.parquet')
@@ -31,13 +32,15 @@ BLOCK_ROWS = 1024
 class Fields:
   """How files become documents: the JSONL/Parquet `text_field`; a `.txt` file is one document
   per file, per line or per paragraph (blank-line separated); with `prompt_field` set, a row is
-  an SFT example of `prompt_field` + `completion_field`; `client_field` names each row's client."""
+  an SFT example of `prompt_field` + `completion_field`; with `messages_field` set, a row is a
+  conversation (chat_rows.py); `client_field` names each row's client."""
 
   text_field: str = 'text'
   txt_document: str = 'file'
   prompt_field: str | None = None
   completion_field: str = 'completion'
   client_field: str | None = None
+  messages_field: str | None = None
 
   def needed(self) -> list[str]:
     """The row fields a document needs."""
@@ -45,14 +48,15 @@ class Fields:
 
   def needed_names(self) -> list[str]:
     """The names of the settings that name `needed()`'s fields."""
-    text = ['prompt_field', 'completion_field'] if self.prompt_field else ['text_field']
+    text = (['messages_field'] if self.messages_field else
+            ['prompt_field', 'completion_field'] if self.prompt_field else ['text_field'])
     return text + (['client_field'] if self.client_field else [])
 
 
 class Block(NamedTuple):
   """Consecutive documents of one file."""
 
-  texts: list[str]  # The texts (SFT: the completions).
+  texts: list[str]  # The texts (SFT: the completions; chat: the messages as JSON).
   prompts: list[str] | None  # SFT: the prompts.
   clients: list[str] | None  # The values of Fields.client_field.
 
@@ -116,6 +120,9 @@ def read(path: Path, fields: Fields, counts: Counts, options: str = 'data.'
   name = path.name
   if fields.prompt_field and name.endswith('.txt'):
     raise UserError(f'{path}: SFT data (data.prompt_field={fields.prompt_field!r}) needs '
+                    'JSONL or Parquet rows, not .txt')
+  if fields.messages_field and name.endswith('.txt'):
+    raise UserError(f'{path}: chat data (data.messages_field={fields.messages_field!r}) needs '
                     'JSONL or Parquet rows, not .txt')
   start = counts.bytes_done
   try:
@@ -243,7 +250,10 @@ class _Rows:
 
   def add(self, row: dict[str, Any], counts: Counts) -> None:
     f = self.fields
-    text = _text(row.get(f.completion_field if f.prompt_field else f.text_field), counts)
+    if f.messages_field:
+      text = chat_rows.conversation_text(row.get(f.messages_field))
+    else:
+      text = _text(row.get(f.completion_field if f.prompt_field else f.text_field), counts)
     prompt = _text(row.get(f.prompt_field), counts) if f.prompt_field else None
     client = row.get(f.client_field) if f.client_field else None
     if text is None or (f.prompt_field and prompt is None) or (

@@ -58,6 +58,7 @@ class Encoded:
   lengths: np.ndarray  # int64 [docs], EOS included.
   hashes: np.ndarray  # uint64 [docs]: doc_hash of each document's text (SFT: prompt \0 text).
   prompt_lengths: np.ndarray  # int32 [docs]: prompt tokens (0 without a prompt).
+  trained: np.ndarray | None = None  # bool [sum(lengths)]: chat data's assistant tokens.
 
 
 @dataclasses.dataclass
@@ -144,8 +145,8 @@ def encoded_chunks(files: dict[str, Path], fields: text_files.Fields,
 
 def _done(item: tuple[Chunk, np.ndarray, concurrent.futures.Future]) -> tuple[Chunk, Encoded]:
   meta, hashes, future = item
-  tokens, lengths, prompt_lengths = future.result()
-  return meta, Encoded(tokens, lengths, hashes, prompt_lengths)
+  tokens, lengths, prompt_lengths, trained = future.result()
+  return meta, Encoded(tokens, lengths, hashes, prompt_lengths, trained)
 
 
 def _without_text(chunk: Chunk) -> Chunk:

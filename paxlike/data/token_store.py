@@ -11,6 +11,8 @@ fingerprint, the reading fields (text_files.Fields) and FORMAT:
                                      eval_fraction * 2**64, so the split is stable when files
                                      are added and eval_fraction is not part of the key
   doc_prompt.bin  int32  [docs]      its prompt tokens (SFT), else 0
+  trained.bin     uint8  [tokens]    chat data only: 1 where a token is assistant output (a
+                                     target), 0 elsewhere (tokenizers/chat_encoder.py)
   manifest.json   written last
   derived/NAME/   arrays computed from the store (packing plans), cached the same way
 
@@ -39,6 +41,7 @@ from paxlike.errors import UserError
 FORMAT = 2  # 2: doc_hash.hashes (1 was blake2b, a call per document).
 TOKEN_DIR_ENV = 'PAXLIKE_TOKEN_DIR'
 MANIFEST = 'manifest.json'
+TRAINED = 'trained.bin'
 SHARD_TOKENS = 1 << 30  # A new shard starts (between chunks) once a shard holds this many.
 DOC_ARRAYS = {'doc_start': np.int64, 'doc_file': np.int32, 'doc_client': np.int32,
               'doc_hash': np.uint64, 'doc_prompt': np.int32}
@@ -55,9 +58,12 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def store_key(files: dict[str, Path], fields: text_files.Fields, tokenizer: Any) -> str:
   """sha256 of everything the store's contents depend on."""
+  fields_spec = dataclasses.asdict(fields)
+  if fields_spec.get('messages_field') is None:  # Stores made before chat data keep their key.
+    fields_spec.pop('messages_field', None)
   spec = {'format': FORMAT, 'files': fingerprint.digest(files),
           'tokenizer': [tokenizer.fingerprint, tokenizer.vocab_size, tokenizer.eos_id],
-          'fields': dataclasses.asdict(fields)}
+          'fields': fields_spec}
   return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
@@ -74,6 +80,7 @@ class Store:
   doc_client: np.ndarray
   doc_hash: np.ndarray
   doc_prompt: np.ndarray
+  trained: np.ndarray | None = None  # uint8 [tokens], chat data only (trained.bin).
 
   @classmethod
   def open(cls, path: Path) -> 'Store':
@@ -85,7 +92,10 @@ class Store:
     arrays = {name: np.memmap(path / f'{name}.bin', dtype, 'r',
                               shape=(docs + (name == 'doc_start'),))
               for name, dtype in DOC_ARRAYS.items()}
-    return cls(path, manifest, shards, np.concatenate([[0], np.cumsum(sizes)]), **arrays)
+    trained = (np.memmap(path / TRAINED, np.uint8, 'r', shape=(manifest['num_tokens'],))
+               if (path / TRAINED).is_file() else None)
+    return cls(path, manifest, shards, np.concatenate([[0], np.cumsum(sizes)]), **arrays,
+               trained=trained)
 
   @property
   def num_docs(self) -> int:
@@ -102,6 +112,11 @@ class Store:
       out[at] = self.shards[s][index[at] - self.shard_start[s]]
     return out
 
+  def trained_at(self, index: np.ndarray) -> np.ndarray:
+    """bool, shaped as `index`: whether the tokens at store positions `index` are assistant
+    output (chat data; a store without trained.bin has no such mask)."""
+    return np.asarray(self.trained[index], bool)
+
   def heldout(self, fraction: float) -> np.ndarray:
     """bool [docs]: the documents of the held-out split for `eval_fraction=fraction`."""
     return np.asarray(self.doc_hash) < np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
@@ -116,6 +131,7 @@ class Writer:
     self.docs['doc_start'].write(np.zeros(1, np.int64).tobytes())
     self.shards: list[int] = []
     self.shard = None
+    self.trained = None  # trained.bin, opened by the first chunk that has a mask.
     self.num_docs = self.num_tokens = 0
 
   def add(self, chunk: token_build.Encoded, files: np.ndarray, clients: np.ndarray) -> None:
@@ -126,6 +142,10 @@ class Writer:
       self.shard = open(self.directory / f'tokens-{len(self.shards):05d}.bin', 'wb')
       self.shards.append(0)
     self.shard.write(np.ascontiguousarray(chunk.tokens, self.dtype).data)
+    if chunk.trained is not None:
+      if self.trained is None:
+        self.trained = open(self.directory / TRAINED, 'wb')
+      self.trained.write(np.ascontiguousarray(chunk.trained, np.uint8).data)
     ends = self.num_tokens + np.cumsum(chunk.lengths, dtype=np.int64)
     for name, values in (('doc_start', ends), ('doc_file', files), ('doc_client', clients),
                          ('doc_hash', chunk.hashes), ('doc_prompt', chunk.prompt_lengths)):
@@ -136,7 +156,7 @@ class Writer:
 
   def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
     """Flushes every file to disk, then writes the manifest (what makes the store complete)."""
-    for f in [*self.docs.values(), *([self.shard] if self.shard else [])]:
+    for f in [*self.docs.values(), *(f for f in (self.shard, self.trained) if f)]:
       f.flush()
       os.fsync(f.fileno())
       f.close()

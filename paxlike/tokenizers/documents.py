@@ -42,16 +42,21 @@ def interleave(pieces: Pieces) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode_documents(tokenizer: Any, dtype: np.dtype, num_threads: int | None, texts: list[str],
-                     prompts: list[str] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(tokens, lengths, prompt_lengths): each text (after its prompt, when there are prompts)
-  tokenized, the library using `num_threads` (Tokenizer.encode_flat), then the tokenizer's EOS;
-  lengths count the EOS, prompt_lengths (int32) the prompt's tokens (0 without prompts)."""
+                     prompts: list[str] | None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+  """(tokens, lengths, prompt_lengths, trained): each text (after its prompt, when there are
+  prompts) tokenized, the library using `num_threads` (Tokenizer.encode_flat), then the
+  tokenizer's EOS; lengths count the EOS, prompt_lengths (int32) the prompt's tokens (0 without
+  prompts); trained is None. A ChatEncoder (chat_encoder.py) instead encodes each text as a
+  conversation (JSON messages), with `trained` marking its assistant tokens."""
+  if hasattr(tokenizer, 'encode_conversations'):
+    return tokenizer.encode_conversations(texts, dtype)
   pieces = [tokenizer.encode_flat(texts, num_threads)]
   if prompts is not None:
     pieces.insert(0, tokenizer.encode_flat(prompts, num_threads))
   tokens, lengths = join_documents(pieces, tokenizer.eos_id, dtype)
   prompt_lengths = pieces[0][1] if prompts is not None else np.zeros(len(texts))
-  return tokens, lengths, prompt_lengths.astype(np.int32)
+  return tokens, lengths, prompt_lengths.astype(np.int32), None
 
 
 _WORKER: dict[str, Any] = {}
@@ -63,7 +68,7 @@ def init_worker(tokenizer: Any, dtype: np.dtype, num_threads: int | None) -> Non
 
 
 def encode_in_worker(texts: list[str], prompts: list[str] | None
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
   """encode_documents with the worker's tokenizer (init_worker)."""
   return encode_documents(_WORKER['tokenizer'], _WORKER['dtype'], _WORKER['num_threads'], texts,
                           prompts)

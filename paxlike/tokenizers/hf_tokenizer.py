@@ -89,6 +89,7 @@ class HfTokenizer:
     self._data = read_tokenizer_file(Path(path))
     self.fingerprint = fingerprint(self._data)
     self._tok, file_pad_id = _parse(Path(path), self._data)
+    self._markup_tok: tokenizers.Tokenizer | None = None  # encode_markup's, made on first use.
     self._init_ids(Path(path), file_pad_id)
 
   def _init_ids(self, path: Path, file_pad_id: int | None) -> None:
@@ -121,8 +122,27 @@ class HfTokenizer:
     kept = decodable_ids(ids, self.pad_id, self.vocab_size)
     return self._tok.decode(kept, skip_special_tokens=False)
 
+  def encode_markup(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 ids, int64 [n, 2] character offsets) of `text` as transformers' tokenizer encodes
+    a rendered chat template (`add_special_tokens=False`): each special token's string (e.g.
+    <|im_start|>) is its one id, and no bos/eos is added. Not for documents, whose text may
+    spell a special token by chance (encode_batch keeps it text)."""
+    if self._markup_tok is None:
+      self._markup_tok, _ = _parse(Path(self.path), self._data)
+      self._markup_tok.encode_special_tokens = False
+    encoding = self._markup_tok.encode(text, add_special_tokens=False)
+    return int32_ids(encoding.ids), np.asarray(encoding.offsets, np.int64).reshape(-1, 2)
+
+  @property
+  def special_ids(self) -> frozenset[int]:
+    """The ids of the added tokens marked special (what transformers' skip_special_tokens
+    drops; a chat template's role and turn markers)."""
+    return frozenset(i for i, token in self._tok.get_added_tokens_decoder().items()
+                     if token.special)
+
   def __getstate__(self) -> dict[str, Any]:
-    return {k: v for k, v in self.__dict__.items() if k != '_tok'}
+    return {k: (None if k == '_markup_tok' else v) for k, v in self.__dict__.items()
+            if k != '_tok'}
 
   def __setstate__(self, state: dict[str, Any]) -> None:
     self.__dict__.update(state)

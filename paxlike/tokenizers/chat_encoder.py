@@ -1,0 +1,132 @@
+"""Conversations into token ids and an assistant mask, through a checkpoint's own tokenizer and
+chat template (the ids transformers' `apply_chat_template(..., tokenize=True)` gives).
+
+Which tokens are trained (the mask): with {% generation %} blocks in the template, the tokens of
+those blocks (transformers' `return_assistant_tokens_mask`). Otherwise each assistant message's
+tokens: what rendering messages[:i + 1] adds after rendering messages[:i] with the generation
+prompt (so the role header is context, not target), cut after the turn's last stop token (the
+template's end-of-turn, e.g. <|im_end|> / <|eot_id|> / <end_of_turn>, or eos). The end-of-turn
+is trained because it is what stops generation; the separator some templates write after it
+('\\n' in ChatML and Gemma) is not, since decoding stops before it. A template whose text of
+messages[:i] is not a prefix of the text of more messages (one that rewrites earlier turns) is
+refused: its turns cannot be told apart without generation blocks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Sequence
+
+import numpy as np
+
+from paxlike.errors import UserError
+from paxlike.tokenizers.chat_template import ChatTemplate, Span, load_chat_template
+from paxlike.tokenizers.hf_tokenizer import HfTokenizer
+
+PROBE = 'paxlike-probe-reply'  # A reply whose text is found again in the probe render.
+
+
+def load_chat_encoder(tokenizer: Any) -> 'ChatEncoder':
+  """The ChatEncoder of a loaded tokenizer and the chat template beside its file; a tokenizer
+  that is not a Hugging Face tokenizer.json is a UserError."""
+  if not isinstance(tokenizer, HfTokenizer):
+    raise UserError(f'chat data and --chat need a Hugging Face tokenizer.json with a chat '
+                    f'template beside it; the tokenizer is {tokenizer!r}')
+  return ChatEncoder(tokenizer, load_chat_template(tokenizer.path))
+
+
+class ChatEncoder:
+  """`tokenizer` with `template`. It stands in for the tokenizer where the token store is built:
+  the same ids, and a fingerprint of both (a changed template is another store)."""
+
+  kind = 'hf'
+
+  def __init__(self, tokenizer: HfTokenizer, template: ChatTemplate):
+    self.tokenizer, self.template = tokenizer, template
+    self.vocab_size, self.path = tokenizer.vocab_size, tokenizer.path
+    self.eos_id, self.bos_id, self.pad_id = tokenizer.eos_id, tokenizer.bos_id, tokenizer.pad_id
+    self.fingerprint = hashlib.sha256(
+        f'{tokenizer.fingerprint} {template.fingerprint}'.encode()).hexdigest()
+    self.end_of_turn_id = self._end_of_turn_id()
+    self.stop_ids = frozenset({self.eos_id} | ({self.end_of_turn_id} - {None}))
+
+  def _end_of_turn_id(self) -> int | None:
+    """The first special token the template writes after an assistant reply (None when it
+    writes none, or cannot render a one-turn exchange)."""
+    try:
+      text = self.template.render([{'role': 'user', 'content': 'Hi'},
+                                   {'role': 'assistant', 'content': PROBE}])
+    except UserError:
+      return None
+    at = text.rfind(PROBE)
+    if at < 0:
+      return None
+    ids, offsets = self.tokenizer.encode_markup(text)
+    special = self.tokenizer.special_ids
+    after = [int(i) for i in ids[offsets[:, 0] >= at + len(PROBE)] if int(i) in special]
+    return after[0] if after else None
+
+  def assistant_spans(self, messages: list[dict]) -> tuple[str, list[Span], bool]:
+    """The text of `messages`, the character spans of its assistant output, and whether they
+    are the template's own {% generation %} blocks (else one span per assistant message)."""
+    if self.template.has_generation_blocks:
+      return (*self.template.render_tracked(messages), True)
+    full = self.template.render(messages)
+    spans = []
+    for i, message in enumerate(messages):
+      if message.get('role') != 'assistant':
+        continue
+      head = self.template.render(messages[:i], add_generation_prompt=True)
+      upto = self.template.render(messages[:i + 1])
+      if not (upto.startswith(head) and full.startswith(upto)):
+        raise UserError(
+            f'chat template {self.template.path}: the text of messages[:{i}] with the generation '
+            f'prompt does not lead the text of messages[:{i + 1}] (the template rewrites earlier '
+            'turns), so the assistant tokens cannot be told apart; a template with '
+            '{% generation %} blocks marks them')
+      spans.append((len(head), len(upto)))
+    return full, spans, False
+
+  def encode_conversation(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 ids, bool trained) of `messages`: the ids of the template's text, and which
+    tokens are assistant output (see the module docstring)."""
+    text, spans, marked = self.assistant_spans(messages)
+    ids, offsets = self.tokenizer.encode_markup(text)
+    trained = np.zeros(len(ids), bool)
+    for start, end in spans:
+      inside = np.flatnonzero((offsets[:, 0] < end) & (offsets[:, 1] > start))
+      if not len(inside):
+        continue
+      first, last = int(inside[0]), int(inside[-1])
+      if not marked:
+        stops = [t for t in range(first, last + 1) if int(ids[t]) in self.stop_ids]
+        last = stops[-1] if stops else last
+      trained[first:last + 1] = True
+    return ids, trained
+
+  def encode_conversations(self, texts: Sequence[str], dtype: np.dtype
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens in `dtype`, int64 lengths, int32 prompt lengths (0), bool trained) of the
+    conversations `texts` (each a JSON list of messages) back to back, as the token store's
+    build takes a chunk. No EOS is appended: the template ends each turn itself."""
+    encoded = [self.encode_conversation(json.loads(text)) for text in texts]
+    lengths = np.fromiter((len(ids) for ids, _ in encoded), np.int64, len(encoded))
+    tokens = (np.concatenate([ids for ids, _ in encoded]) if encoded else np.zeros(0, np.int32))
+    trained = (np.concatenate([t for _, t in encoded]) if encoded else np.zeros(0, bool))
+    return (tokens.astype(dtype), lengths, np.zeros(len(encoded), np.int32), trained)
+
+  def prompt_ids(self, prompt: str) -> np.ndarray:
+    """The ids of `prompt` as one user turn followed by the generation prompt (`--chat`)."""
+    text = self.template.render([{'role': 'user', 'content': prompt}],
+                                add_generation_prompt=True)
+    return self.tokenizer.encode_markup(text)[0]
+
+  def reply_text(self, ids: Sequence[int]) -> str:
+    """The text of generated `ids`, cut before the first stop token."""
+    ids = [int(i) for i in ids]
+    stop = next((at for at, i in enumerate(ids) if i in self.stop_ids), len(ids))
+    return self.tokenizer.decode(ids[:stop])
+
+  def __repr__(self) -> str:
+    return f'ChatEncoder({self.tokenizer!r}, {self.template!r})'
