@@ -219,3 +219,22 @@ class SftLlama(FinetuneLlama):
     cfg = super().datasets()
     cfg.prompt_field, cfg.completion_field = 'prompt', 'completion'
     return cfg
+
+
+@register
+class ChatSftLlama(SftLlama):
+  """Chat fine-tuning with LoRA: JSONL rows of `messages` ([{"role": ..., "content": ...}, ...]),
+  rendered with the checkpoint's chat template (tokenizer_config.json or chat_template.jinja
+  beside its tokenizer.json), the loss on the assistant's tokens only.
+
+  python -m paxlike.main --exp=lm.ChatSftLlama --job_log_dir=/tmp/chat \\
+      --fdl_set=train.init_from=hf:/path/to/instruct --fdl_set=data.files='chat/*.jsonl'
+  python -m paxlike.main --exp=lm.ChatSftLlama --job_log_dir=/tmp/chat --mode=decode --chat \\
+      --fdl_set=train.init_from=hf:/path/to/instruct --fdl_set=data.files='chat/*.jsonl' \\
+      --prompt='What is RoPE?'
+  """
+
+  def datasets(self):
+    cfg = super().datasets()
+    cfg.prompt_field, cfg.messages_field = None, 'messages'
+    return cfg

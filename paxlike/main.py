@@ -61,6 +61,8 @@ flags.DEFINE_integer('top_k', 0, 'Decode: sample among the k likeliest tokens (0
 flags.DEFINE_float('top_p', 1.0, 'Decode: sample within the smallest set of probability p.')
 flags.DEFINE_float('temperature', 0.8, 'Decode: sampling temperature (0 = greedy).')
 flags.DEFINE_integer('decode_seed', 0, 'Decode: sampling seed.')
+flags.DEFINE_bool('chat', False, "Decode: each prompt is a user turn of the tokenizer's chat "
+                  'template (with its generation prompt); the reply stops at its end of turn.')
 flags.DEFINE_string('coordinator_address', None, 'Multi-process: host:port of process 0.')
 flags.DEFINE_integer('num_processes', None, 'Multi-process: number of processes.')
 flags.DEFINE_integer('process_id', None, 'Multi-process: this process, in [0, num_processes).')
@@ -252,7 +254,7 @@ def decode(task, sampling) -> None:
   directory = job_dir.existing(FLAGS.job_log_dir)
   trainer, _, state = restore.load_latest_state(task, directory, evaluator=False)
   print(decoded_text(task, trainer.program.mesh, restore.export_params(trainer, state), prompts,
-                     sampling))
+                     sampling, chat=FLAGS.chat))
 
 
 def main(argv: list[str]) -> None:

@@ -46,13 +46,16 @@ def read_prompts(prompts_file: str | None, prompt: str) -> list[str]:
 
 
 def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
-                 sampling: Sampling) -> str:
+                 sampling: Sampling, chat: bool = False) -> str:
   """Each prompt followed by its continuation, one block per prompt: sampled with a KV cache on
   the training mesh, in tokens of the data's tokenizer, stopping at its EOS (the byte
-  tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length)."""
+  tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length). With `chat`,
+  each prompt is a user turn of the tokenizer's chat template (chat_replies)."""
   from paxlike.decode import cache_len_for, generate_text  # pylint: disable=import-outside-toplevel
   from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
   tokenizer = getattr(task.data, 'loaded_tokenizer', None) or load_tokenizer('bytes')
+  if chat:
+    return chat_replies(task, mesh, params, tokenizer, prompts, sampling)
   longest = max(len(ids) for ids in tokenizer.encode_batch(prompts))
   cache_len = cache_len_for(task.model, longest, sampling.max_new_tokens)
   texts = generate_text(task.model, params, tokenizer, prompts,
@@ -61,3 +64,25 @@ def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
                         top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
                         cache_len=cache_len, mesh=mesh, rules=task.mesh.rules)
   return '\n\n'.join(prompt + text for prompt, text in zip(prompts, texts))
+
+
+def chat_replies(task: Task, mesh: Mesh, params: Any, tokenizer: Any, prompts: list[str],
+                 sampling: Sampling) -> str:
+  """`user: PROMPT` and `assistant: REPLY` for each prompt, blocks apart by a blank line: the
+  prompt rendered by the tokenizer's chat template as one user turn with the generation prompt,
+  the reply sampled until the template's end-of-turn token (or EOS, or --decode_length)."""
+  from paxlike.decode import cache_len_for, generate  # pylint: disable=import-outside-toplevel
+  from paxlike.decode.text import check_vocab  # pylint: disable=import-outside-toplevel
+  from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
+  encoder = load_chat_encoder(tokenizer)
+  check_vocab(task.model, tokenizer)
+  ids = [encoder.prompt_ids(prompt) for prompt in prompts]
+  stop = encoder.eos_id if encoder.end_of_turn_id is None else encoder.end_of_turn_id
+  rows = generate(task.model, params, ids, eos_id=stop, pad_id=tokenizer.pad_id,
+                  max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
+                  cache_len=cache_len_for(task.model, max(map(len, ids)),
+                                          sampling.max_new_tokens),
+                  mesh=mesh, rules=task.mesh.rules)
+  return '\n\n'.join(f'user: {prompt}\nassistant: {encoder.reply_text(row)}'
+                       for prompt, row in zip(prompts, rows))
