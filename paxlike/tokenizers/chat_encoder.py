@@ -7,15 +7,18 @@ tokens: what rendering messages[:i + 1] adds after rendering messages[:i] with t
 prompt (so the role header is context, not target), cut after the turn's last stop token (the
 template's end-of-turn, e.g. <|im_end|> / <|eot_id|> / <end_of_turn>, or eos). The end-of-turn
 is trained because it is what stops generation; the separator some templates write after it
-('\\n' in ChatML and Gemma) is not, since decoding stops before it. A template whose text of
-messages[:i] is not a prefix of the text of more messages (one that rewrites earlier turns) is
-refused: its turns cannot be told apart without generation blocks.
+('\\n' in ChatML and Gemma) is not, since decoding stops before it. (Where the generation
+prompt's text does not lead the reply's, the reply starts where its content does; see
+_reply_start.) A template whose text of messages[:i + 1] does not lead the text of the whole
+conversation (one that rewrites earlier turns) is refused: its turns cannot be told apart
+without generation blocks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -73,20 +76,31 @@ class ChatEncoder:
     if self.template.has_generation_blocks:
       return (*self.template.render_tracked(messages), True)
     full = self.template.render(messages)
-    spans = []
+    spans: list[Span] = []
     for i, message in enumerate(messages):
       if message.get('role') != 'assistant':
         continue
-      head = self.template.render(messages[:i], add_generation_prompt=True)
       upto = self.template.render(messages[:i + 1])
-      if not (upto.startswith(head) and full.startswith(upto)):
+      start = self._reply_start(messages, i, upto)
+      if not full.startswith(upto) or (spans and start < spans[-1][1]):
         raise UserError(
-            f'chat template {self.template.path}: the text of messages[:{i}] with the generation '
-            f'prompt does not lead the text of messages[:{i + 1}] (the template rewrites earlier '
-            'turns), so the assistant tokens cannot be told apart; a template with '
-            '{% generation %} blocks marks them')
-      spans.append((len(head), len(upto)))
+            f'chat template {self.template.path}: the text of messages[:{i + 1}] does not lead '
+            f'the text of the whole conversation (the template rewrites earlier turns), so the '
+            'assistant tokens cannot be told apart; a template with {% generation %} blocks '
+            'marks them')
+      spans.append((start, len(upto)))
     return full, spans, False
+
+  def _reply_start(self, messages: list[dict], i: int, upto: str) -> int:
+    """Where assistant message i begins in `upto`, the text of messages[:i + 1]: after the
+    text of messages[:i] with the generation prompt when that leads it, else (a template whose
+    prompt depends on what follows, as Mistral's places the system message by the last turn)
+    where `upto` first differs from the text with that message's content empty."""
+    head = self.template.render(messages[:i], add_generation_prompt=True)
+    if upto.startswith(head):
+      return len(head)
+    emptied = self.template.render([*messages[:i], {**messages[i], 'content': ''}])
+    return len(os.path.commonprefix([upto, emptied]))
 
   def encode_conversation(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(int32 ids, bool trained) of `messages`: the ids of the template's text, and which

@@ -1,5 +1,6 @@
 """Tokenizer directories with chat templates in the style of real checkpoints' (a ChatML/Qwen one,
-a Llama 3 one that writes bos_token, a Gemma one that refuses a system turn), for the chat tests.
+a Llama 3 one that writes bos_token, a Gemma one that refuses a system turn, a Mistral one whose
+prompt depends on the turns after it), for the chat tests.
 
 Each directory holds a tiny byte-level BPE tokenizer.json (every family's special tokens added,
 special) and a tokenizer_config.json naming its special tokens and holding its template."""
@@ -15,7 +16,7 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 SPECIALS = ['<pad>', '<|endoftext|>', '<|im_start|>', '<|im_end|>', '<|begin_of_text|>',
             '<|start_header_id|>', '<|end_header_id|>', '<|eot_id|>', '<bos>', '<eos>',
-            '<start_of_turn>', '<end_of_turn>']
+            '<start_of_turn>', '<end_of_turn>', '<s>', '</s>', '[INST]', '[/INST]']
 CORPUS = ['system user assistant model: what is two plus two? Four. Hello there, be brief.',
           'The answer is 42 and 7 plus 7 is 14; say hi to the user.'] * 20
 
@@ -54,6 +55,31 @@ GEMMA = (r"{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
          r"'<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}"
          r"{{'<start_of_turn>model\n'}}{% endif %}")
 
+# Mistral-v0.3-style: no generation prompt, the system message joined to the user turn only
+# when that turn is the last message (so a reply's text is not led by its prompt's).
+MISTRAL = r"""{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('Conversation roles must alternate user/assistant') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.last and system_message is defined %}
+            {{- '[INST] ' + system_message + '\n\n' + message['content'] + '[/INST]' }}
+        {%- else %}
+            {{- '[INST] ' + message['content'] + '[/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token }}
+    {%- endif %}
+{%- endfor %}
+"""
+
 # ChatML with {% generation %} blocks around the assistant's content and end of turn.
 CHATML_GENERATION = (r"{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
                      r"{% if message['role'] == 'assistant' %}{% generation %}"
@@ -66,8 +92,10 @@ FAMILIES = {
                         'bos_token': None}),
     'llama3': (LLAMA3, {'bos_token': '<|begin_of_text|>', 'eos_token': '<|eot_id|>'}),
     'gemma': (GEMMA, {'bos_token': '<bos>', 'eos_token': '<eos>', 'pad_token': '<pad>'}),
+    'mistral': (MISTRAL, {'bos_token': '<s>', 'eos_token': '</s>'}),
 }
-END_OF_TURN = {'chatml': '<|im_end|>', 'llama3': '<|eot_id|>', 'gemma': '<end_of_turn>'}
+END_OF_TURN = {'chatml': '<|im_end|>', 'llama3': '<|eot_id|>', 'gemma': '<end_of_turn>',
+               'mistral': '</s>'}
 
 
 def bpe_with_specials(bos_post_processor: bool = False) -> tokenizers.Tokenizer:

@@ -39,6 +39,8 @@ EXPECTED = {
               '<start_of_turn>model\nFour.<end_of_turn>\n'
               '<start_of_turn>user\nAnd 7 plus 7?<end_of_turn>\n'
               '<start_of_turn>model\n14<end_of_turn>\n'),
+    # The system message goes with a last user turn only: here there is none.
+    'mistral': '<s>[INST] What is two plus two?[/INST] Four.</s>[INST] And 7 plus 7?[/INST] 14</s>',
 }
 PROMPTED = {  # One user turn with the generation prompt (what --chat decodes from).
     'chatml': ('<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n'
@@ -46,7 +48,11 @@ PROMPTED = {  # One user turn with the generation prompt (what --chat decodes fr
     'llama3': ('<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>'
                '<|start_header_id|>assistant<|end_header_id|>\n\n'),
     'gemma': '<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n',
+    'mistral': '<s>[INST] Hi[/INST]',
 }
+# What each reply's trained tokens spell: its content (Mistral's: with the space before it,
+# which shares the content's first token) and its end of turn.
+REPLY_PREFIX = {'chatml': '', 'llama3': '', 'gemma': '', 'mistral': ' '}
 
 
 def talk_for(family: str) -> list[dict]:
@@ -75,7 +81,8 @@ def test_ids_are_transformers_ids_with_each_special_token_one_id(dirs, family):
   assert ids.tolist() == reference_ids(dirs[family], EXPECTED[family])
   eot = encoder.tokenizer._tok.token_to_id(END_OF_TURN[family])
   assert encoder.end_of_turn_id == eot
-  assert ids.tolist().count(eot) == len(talk_for(family))  # One id per turn's end marker.
+  turns = [m for m in talk_for(family) if family != 'mistral' or m['role'] == 'assistant']
+  assert ids.tolist().count(eot) == len(turns)  # One id per turn's end marker.
   plain = load_tokenizer(dirs[family]).encode_batch([EXPECTED[family]])[0]
   assert eot not in plain.tolist()  # Documents still spell special tokens as text.
 
@@ -95,11 +102,12 @@ def test_the_mask_is_each_assistant_reply_and_its_end_of_turn(dirs, family):
   encoder = load_chat_encoder(load_tokenizer(dirs[family]))
   ids, trained = encoder.encode_conversation(talk_for(family))
   eot = encoder.end_of_turn_id
-  want = []
-  for message in talk_for(family):
-    if message['role'] == 'assistant':
-      want += reference_ids(dirs[family], message['content']) + [eot]
-  assert ids[trained].tolist() == want
+  replies = [m['content'] for m in talk_for(family) if m['role'] == 'assistant']
+  assert encoder.tokenizer.decode(ids[trained].tolist()) == ''.join(
+      REPLY_PREFIX[family] + reply + END_OF_TURN[family] for reply in replies)
+  if not REPLY_PREFIX[family]:
+    want = [i for reply in replies for i in reference_ids(dirs[family], reply) + [eot]]
+    assert ids[trained].tolist() == want
   runs = np.flatnonzero(np.diff(np.concatenate([[0], trained.astype(int), [0]])))
   assert len(runs) == 2 * 2  # Two replies, each one contiguous run.
   assert all(ids[end - 1] == eot for end in runs[1::2])
@@ -160,7 +168,7 @@ def test_raise_exception_and_render_errors_are_one_line_naming_the_template(dirs
 def test_a_template_that_rewrites_earlier_turns_is_refused_without_generation_blocks(tmp_path):
   counting = '{{ messages | length }}' + CHATML  # Every turn changes the text's first line.
   path = write_chat_tokenizer(tmp_path, counting, FAMILIES['chatml'][1])
-  with pytest.raises(UserError, match=r'messages\[:1\] with the generation prompt does not lead'):
+  with pytest.raises(UserError, match=r'messages\[:2\] does not lead the text of the whole'):
     load_chat_encoder(load_tokenizer(path)).encode_conversation(NO_SYSTEM)
 
 
