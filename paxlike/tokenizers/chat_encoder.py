@@ -65,7 +65,7 @@ class ChatEncoder:
     at = text.rfind(PROBE)
     if at < 0:
       return None
-    ids, offsets = self.tokenizer.encode_markup(text)
+    [(ids, offsets)] = self.tokenizer.encode_markup([text])
     special = self.tokenizer.special_ids
     after = [int(i) for i in ids[offsets[:, 0] >= at + len(PROBE)] if int(i) in special]
     return after[0] if after else None
@@ -105,26 +105,39 @@ class ChatEncoder:
   def encode_conversation(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(int32 ids, bool trained) of `messages`: the ids of the template's text, and which
     tokens are assistant output (see the module docstring)."""
-    text, spans, marked = self.assistant_spans(messages)
-    ids, offsets = self.tokenizer.encode_markup(text)
+    return self.encode_batch([messages])[0]
+
+  def encode_batch(self, conversations: Sequence[list[dict]]
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """encode_conversation of each conversation, their texts encoded in one library call."""
+    rendered = [self.assistant_spans(messages) for messages in conversations]
+    encoded = self.tokenizer.encode_markup([text for text, _, _ in rendered])
+    return [(ids, self._trained(ids, offsets, spans, marked))
+            for (ids, offsets), (_, spans, marked) in zip(encoded, rendered)]
+
+  def _trained(self, ids: np.ndarray, offsets: np.ndarray, spans: list[Span],
+               marked: bool) -> np.ndarray:
+    """bool [len(ids)]: the tokens overlapping `spans`, each span's cut after its last stop
+    token unless the spans are the template's own generation blocks (`marked`)."""
     trained = np.zeros(len(ids), bool)
+    stops = np.isin(ids, list(self.stop_ids))
     for start, end in spans:
       inside = np.flatnonzero((offsets[:, 0] < end) & (offsets[:, 1] > start))
       if not len(inside):
         continue
       first, last = int(inside[0]), int(inside[-1])
-      if not marked:
-        stops = [t for t in range(first, last + 1) if int(ids[t]) in self.stop_ids]
-        last = stops[-1] if stops else last
+      stopped = np.flatnonzero(stops[first:last + 1])
+      if not marked and len(stopped):
+        last = first + int(stopped[-1])
       trained[first:last + 1] = True
-    return ids, trained
+    return trained
 
   def encode_conversations(self, texts: Sequence[str], dtype: np.dtype
                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(tokens in `dtype`, int64 lengths, int32 prompt lengths (0), bool trained) of the
     conversations `texts` (each a JSON list of messages) back to back, as the token store's
     build takes a chunk. No EOS is appended: the template ends each turn itself."""
-    encoded = [self.encode_conversation(json.loads(text)) for text in texts]
+    encoded = self.encode_batch([json.loads(text) for text in texts])
     lengths = np.fromiter((len(ids) for ids, _ in encoded), np.int64, len(encoded))
     tokens = (np.concatenate([ids for ids, _ in encoded]) if encoded else np.zeros(0, np.int32))
     trained = (np.concatenate([t for _, t in encoded]) if encoded else np.zeros(0, bool))
@@ -134,7 +147,7 @@ class ChatEncoder:
     """The ids of `prompt` as one user turn followed by the generation prompt (`--chat`)."""
     text = self.template.render([{'role': 'user', 'content': prompt}],
                                 add_generation_prompt=True)
-    return self.tokenizer.encode_markup(text)[0]
+    return self.tokenizer.encode_markup([text])[0][0]
 
   def reply_text(self, ids: Sequence[int]) -> str:
     """The text of generated `ids`, cut before the first stop token."""

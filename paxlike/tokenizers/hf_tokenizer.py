@@ -3,6 +3,7 @@ train --kind=bpe`), with the special tokens a sibling `tokenizer_config.json` na
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 from pathlib import Path
@@ -122,16 +123,18 @@ class HfTokenizer:
     kept = decodable_ids(ids, self.pad_id, self.vocab_size)
     return self._tok.decode(kept, skip_special_tokens=False)
 
-  def encode_markup(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-    """(int32 ids, int64 [n, 2] character offsets) of `text` as transformers' tokenizer encodes
-    a rendered chat template (`add_special_tokens=False`): each special token's string (e.g.
-    <|im_start|>) is its one id, and no bos/eos is added. Not for documents, whose text may
-    spell a special token by chance (encode_batch keeps it text)."""
+  def encode_markup(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(int32 ids, int64 [n, 2] character offsets) of each text as transformers' tokenizer
+    encodes a rendered chat template (`add_special_tokens=False`): each special token's string
+    (e.g. <|im_start|>) is its one id, and no bos/eos is added. Not for documents, whose text
+    may spell a special token by chance (encode_batch keeps it text)."""
     if self._markup_tok is None:
       self._markup_tok, _ = _parse(Path(self.path), self._data)
       self._markup_tok.encode_special_tokens = False
-    encoding = self._markup_tok.encode(text, add_special_tokens=False)
-    return int32_ids(encoding.ids), np.asarray(encoding.offsets, np.int64).reshape(-1, 2)
+    encodings = self._markup_tok.encode_batch(list(texts), add_special_tokens=False)
+    return [(int32_ids(e.ids), np.fromiter(itertools.chain.from_iterable(e.offsets), np.int64,
+                                          2 * len(e.offsets)).reshape(-1, 2))
+            for e in encodings]
 
   @property
   def special_ids(self) -> frozenset[int]:

@@ -1,6 +1,7 @@
 """TextData on chat rows (`data.messages_field`): conversations rendered with the tokenizer's chat
 template, the loss on the assistant's replies only; bad rows counted, bad settings refused."""
 
+import concurrent.futures
 import json
 import re
 
@@ -132,3 +133,31 @@ def test_another_template_is_another_store_and_plain_stores_have_no_mask(tmp_pat
   plain = TextData(files=write_rows(tmp_path / 't.jsonl', [{'text': f'doc {i}'} for i in range(20)]),
                    tokenizer=str(chatml), seq_len=16, eval_fraction=0.2).store
   assert plain.trained is None and not (plain.path / token_store.TRAINED).exists()
+
+
+def test_spawned_encoders_build_the_store_one_encoder_builds(tmp_path, chatml, monkeypatch):
+  """Above 16 MB and 3 workers the build encodes in spawned processes: the chat encoder (its
+  tokenizer and template) pickles into them and gives the same tokens and mask."""
+  from paxlike.data import text_files
+  from paxlike.data import token_build
+  files = write_rows(tmp_path / 'chat.jsonl', [{'messages': conversation(i)} for i in range(90)])
+  monkeypatch.setattr(token_build, 'CHUNK_DOCS', 30)
+  monkeypatch.setattr(text_files, 'BLOCK_ROWS', 30)
+  alone = chat_data(tmp_path, chatml, files, num_workers=1).store
+  (tmp_path / 'tokens').rename(tmp_path / 'alone')
+  monkeypatch.setattr(token_build, 'POOL_MIN_BYTES', 0)
+  monkeypatch.setattr(token_build, 'PROCESS_MIN_WORKERS', 2)
+  pools = []
+
+  class Recorded(concurrent.futures.ProcessPoolExecutor):
+    def __init__(self, *args, **kwargs):
+      pools.append(self)
+      super().__init__(*args, **kwargs)
+
+  monkeypatch.setattr(concurrent.futures, 'ProcessPoolExecutor', Recorded)
+  pooled = chat_data(tmp_path, chatml, files, num_workers=2).store
+  assert len(pools) == 1 and pooled.num_docs == 90
+  assert (pooled.path / 'tokens-00000.bin').read_bytes() == (
+      tmp_path / 'alone' / alone.path.name / 'tokens-00000.bin').read_bytes()
+  assert (pooled.path / token_store.TRAINED).read_bytes() == (
+      tmp_path / 'alone' / alone.path.name / token_store.TRAINED).read_bytes()
