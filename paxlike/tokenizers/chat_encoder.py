@@ -55,8 +55,9 @@ class ChatEncoder:
     self.stop_ids = frozenset({self.eos_id} | ({self.end_of_turn_id} - {None}))
 
   def _end_of_turn_id(self) -> int | None:
-    """The first special token the template writes after an assistant reply (None when it
-    writes none, or cannot render a one-turn exchange)."""
+    """The first added token (<|im_end|>, <|eot_id|>, <end_of_turn>, eos...) the template
+    writes after an assistant reply (None when it writes none, or cannot render a one-turn
+    exchange)."""
     try:
       text = self.template.render([{'role': 'user', 'content': 'Hi'},
                                    {'role': 'assistant', 'content': PROBE}])
@@ -66,8 +67,8 @@ class ChatEncoder:
     if at < 0:
       return None
     [(ids, offsets)] = self.tokenizer.encode_markup([text])
-    special = self.tokenizer.special_ids
-    after = [int(i) for i in ids[offsets[:, 0] >= at + len(PROBE)] if int(i) in special]
+    added = self.tokenizer.added_ids
+    after = [int(i) for i in ids[offsets[:, 0] >= at + len(PROBE)] if int(i) in added]
     return after[0] if after else None
 
   def assistant_spans(self, messages: list[dict]) -> tuple[str, list[Span], bool]:

@@ -6,7 +6,8 @@ rendered in Jinja's immutable sandbox with trim_blocks and lstrip_blocks, the lo
 extension, a `tojson` that does not escape HTML, `raise_exception(message)` and
 `strftime_now(format)`, and the variables `messages`, `tools` and `documents` (None),
 `add_generation_prompt` and the special tokens tokenizer_config.json names (bos_token, eos_token,
-...), as transformers' `apply_chat_template` does. `{% generation %}...{% endgeneration %}`
+...; special_tokens_map.json's for roles it leaves out), as transformers' `apply_chat_template`
+does. `{% generation %}...{% endgeneration %}`
 blocks render their body and record where it lies in the output (transformers' assistant mask).
 
 Any failure of a template (a syntax error, an unknown filter, a `raise_exception` call, an error
@@ -31,6 +32,7 @@ from paxlike.errors import UserError
 
 TEMPLATE_FILE = 'chat_template.jinja'
 CONFIG_FILE = 'tokenizer_config.json'
+SPECIAL_TOKENS_FILE = 'special_tokens_map.json'
 # The special tokens transformers' special_tokens_map puts into a template's variables.
 TOKEN_ROLES = ('bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token',
                'mask_token')
@@ -217,6 +219,9 @@ def load_chat_template(tokenizer_path: str | Path) -> ChatTemplate:
   config_path = directory / CONFIG_FILE
   config = _read_json(config_path) if config_path.is_file() else {}
   tokens = special_tokens(config)
+  mapping = directory / SPECIAL_TOKENS_FILE  # Roles tokenizer_config.json leaves unnamed.
+  if mapping.is_file():
+    tokens = {**special_tokens(_read_json(mapping)), **tokens}
   jinja_path = directory / TEMPLATE_FILE
   if jinja_path.is_file():
     try:

@@ -137,11 +137,10 @@ class HfTokenizer:
             for e in encodings]
 
   @property
-  def special_ids(self) -> frozenset[int]:
-    """The ids of the added tokens marked special (what transformers' skip_special_tokens
-    drops; a chat template's role and turn markers)."""
-    return frozenset(i for i, token in self._tok.get_added_tokens_decoder().items()
-                     if token.special)
+  def added_ids(self) -> frozenset[int]:
+    """The ids of the tokenizer's added tokens (special or not: a chat template's role and turn
+    markers are among them; encode_markup gives each its one id)."""
+    return frozenset(self._tok.get_added_tokens_decoder())
 
   def __getstate__(self) -> dict[str, Any]:
     return {k: (None if k == '_markup_tok' else v) for k, v in self.__dict__.items()

@@ -196,3 +196,26 @@ def test_store_chunks_join_conversations_without_eos_and_prompt_ids_end_in_the_h
   assert encoder.prompt_ids('Hi').tolist() == reference_ids(dirs['chatml'], PROMPTED['chatml'])
   reply = reference_ids(dirs['chatml'], 'Four.<|im_end|>\nmore')
   assert encoder.reply_text(reply) == 'Four.'
+
+
+def test_a_turn_marker_that_is_not_marked_special_is_still_one_id_and_ends_the_turn(tmp_path):
+  path = write_family(tmp_path, 'gemma')
+  data = json.loads(path.read_text())
+  for token in data['added_tokens']:
+    if token['content'] in ('<start_of_turn>', '<end_of_turn>'):
+      token['special'] = False  # As some checkpoints ship them.
+  path.write_text(json.dumps(data))
+  encoder = load_chat_encoder(load_tokenizer(path))
+  eot = encoder.tokenizer._tok.token_to_id('<end_of_turn>')
+  ids, trained = encoder.encode_conversation(NO_SYSTEM)
+  assert ids.tolist() == reference_ids(path, EXPECTED['gemma'])
+  assert encoder.end_of_turn_id == eot and ids[trained].tolist()[-1] == eot
+
+
+def test_special_tokens_map_names_the_tokens_tokenizer_config_leaves_out(tmp_path):
+  path = write_chat_tokenizer(tmp_path, FAMILIES['gemma'][0], {'eos_token': '<eos>'})
+  (tmp_path / 'special_tokens_map.json').write_text(json.dumps(
+      {'bos_token': {'content': '<bos>'}, 'eos_token': '<|endoftext|>'}))
+  template = load_chat_template(path)
+  assert template.special_tokens == {'bos_token': '<bos>', 'eos_token': '<eos>'}
+  assert template.render(NO_SYSTEM[:2]).startswith('<bos><start_of_turn>user\n')
