@@ -9,6 +9,10 @@
 
 Train one with `python -m paxlike.tokenizers train --files=GLOB --vocab_size=N
 --kind=sentencepiece|bpe --out=DIR` (paxlike/tokenizers/__main__.py).
+
+Chat: `chat_template.load_chat_template(path)` is the chat template beside a tokenizer, rendered
+as transformers renders it; `chat_encoder.load_chat_encoder(tok)` turns conversations into ids
+(special tokens one id each) and the mask of the assistant's tokens.
 """
 
 from __future__ import annotations
