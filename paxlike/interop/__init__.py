@@ -1,19 +1,28 @@
-"""Conversion of checkpoints between paxlike and other frameworks' formats."""
+"""Hugging Face checkpoints: one module per `model_type` (see `families`), one loading and one
+export path for all of them (`checkpoint`), and a job's export (`hf_export`)."""
 
-from paxlike.interop.hf_llama import (
+from paxlike.interop.checkpoint import (
     config_from_hf,
     config_to_hf,
     export_params,
     import_params,
     load_hf_checkpoint,
+    name_map,
+    read_safetensors,
     save_hf_checkpoint,
 )
+from paxlike.interop.families import FAMILIES, family_for_config, family_for_model
 
 __all__ = [
+    'FAMILIES',
     'config_from_hf',
     'config_to_hf',
     'export_params',
+    'family_for_config',
+    'family_for_model',
     'import_params',
     'load_hf_checkpoint',
+    'name_map',
+    'read_safetensors',
     'save_hf_checkpoint',
 ]

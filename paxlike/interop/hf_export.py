@@ -1,18 +1,26 @@
-"""A paxlike LM job's checkpoint as a Hugging Face Llama directory.
+"""A paxlike LM job's checkpoint as a Hugging Face directory of its family.
 
-python -m paxlike.interop.hf_llama --job_log_dir=DIR --out=HF_DIR [--step=N] (its __main__)
+python -m paxlike.interop.hf --job_log_dir=DIR --out=HF_DIR [--step=N] (also as .hf_llama)
 
 Writes config.json and model.safetensors (LoRA adapters merged into their kernels, the EMA of
 the params when the run kept one) and copies the tokenizer files the run's data used, so
-transformers' `LlamaForCausalLM.from_pretrained(HF_DIR)` and `AutoTokenizer` load it, and
-`train.init_from=hf:HF_DIR` starts a run from it.
+transformers' `AutoModelForCausalLM.from_pretrained(HF_DIR)` and `AutoTokenizer` load it, and
+`train.init_from=hf:HF_DIR` starts a run from it. The family is the source checkpoint's when
+the job dir holds `source/config.json` (a fine-tune's copy; its keys that do not change the
+computation, such as token ids, are carried over), else the first family the model matches.
+The directory is written beside `--out` under a temporary name and renamed into place when
+complete, so an export killed midway leaves no `--out` and a rerun starts clean.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -22,7 +30,7 @@ from absl import app, flags, logging
 from paxlike import registry
 from paxlike.cli import config_io
 from paxlike.errors import UserError
-from paxlike.interop import hf_llama
+from paxlike.interop import checkpoint, hf_fields
 from paxlike.layers import TransformerLM, lora
 
 # Beside a tokenizer.json, the files that name its special tokens (HF checkpoint layout).
@@ -42,7 +50,7 @@ def tokenizer_files(tokenizer: str) -> list[Path]:
 
 def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) -> str:
   """Writes the HF directory `out` from `job_dir`'s checkpoint (latest, or `step`); returns a
-  one-line summary. UserError for a job that is not a Llama-shaped LM or has no checkpoint."""
+  one-line summary. UserError for a job that is no LM of a known family or has no checkpoint."""
   from paxlike.trainer import restore  # The trainer's imports, only once a job is exported.
   job_dir, out = Path(job_dir).expanduser().absolute(), Path(out).expanduser().absolute()
   saved = job_dir / 'config.json'
@@ -51,7 +59,7 @@ def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) ->
   registry.import_all()
   task = config_io.build(config_io.load_file(saved, registry.trusted_modules()))
   if not isinstance(task.model, TransformerLM):
-    raise UserError(f'{job_dir} trained a {type(task.model).__name__}, not a Llama-shaped LM')
+    raise UserError(f'{job_dir} trained a {type(task.model).__name__}, not a TransformerLM')
   if out.exists() and any(out.iterdir()):
     raise UserError(f'--out {out} exists and is not empty')
   placed, found, state = restore.load_latest_state(task, job_dir, step, evaluator=False)
@@ -59,12 +67,43 @@ def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) ->
   model = task.model
   if model.lora_rank:
     params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
-  hf_llama.save_hf_checkpoint(params, model, out)
+  source = _source_config(job_dir)
   copied = tokenizer_files(getattr(task.data, 'tokenizer', 'bytes'))
-  for file in copied:
-    shutil.copy(file, out / file.name)
+  model_type = source.get('model_type')
+  checkpoint.family_for_model(model, model_type)  # Refused before anything is written.
+  carried = {k: v for k, v in source.items() if k in hf_fields.HARMLESS}
+  write_atomically(out, lambda tmp: _write(tmp, params, model, model_type, carried, copied))
   what = ', '.join(f.name for f in copied) or 'no tokenizer (byte-level data)'
-  return f'wrote {out}: config.json, model.safetensors (step {found}), {what}'
+  family = json.loads((out / 'config.json').read_text())['model_type']
+  return f'wrote {out}: {family} config.json, model.safetensors (step {found}), {what}'
+
+
+def _source_config(job_dir: Path) -> dict[str, Any]:
+  """The source checkpoint's config.json a fine-tune copied into the job dir ({} if none)."""
+  file = job_dir / 'source' / 'config.json'
+  return checkpoint.read_config(file.parent) if file.is_file() else {}
+
+
+def _write(tmp: Path, params: Any, model: TransformerLM, model_type: str | None,
+           carried: dict[str, Any], copied: list[Path]) -> None:
+  checkpoint.save_hf_checkpoint(params, model, tmp, model_type=model_type, carried=carried)
+  for file in copied:
+    shutil.copy(file, tmp / file.name)
+
+
+def write_atomically(out: Path, write: Any) -> None:
+  """Runs `write(tmp)` on a fresh directory beside `out`, then renames it to `out` (which must
+  be absent or empty); the temporary directory is removed if `write` fails."""
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f'.{out.name}.partial-'))
+  try:
+    write(tmp)
+    if out.is_dir() and not any(out.iterdir()):
+      out.rmdir()
+    os.rename(tmp, out)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
 
 
 def main(argv: list[str]) -> None:
@@ -74,7 +113,7 @@ def main(argv: list[str]) -> None:
   try:
     print(export_job(FLAGS.job_log_dir, FLAGS.out, FLAGS.step))
   except UserError as error:
-    print(f'paxlike.interop.hf_llama: error: {error}', file=sys.stderr)
+    print(f'paxlike.interop.hf: error: {error}', file=sys.stderr)
     sys.exit(2)
 
 
@@ -82,7 +121,7 @@ FLAGS = flags.FLAGS
 
 
 def run_cli() -> None:
-  """`python -m paxlike.interop.hf_llama` (flags defined here, not at import)."""
+  """`python -m paxlike.interop.hf` (and .hf_llama; flags defined here, not at import)."""
   flags.DEFINE_string('job_log_dir', None, 'The paxlike job to export.', required=True)
   flags.DEFINE_string('out', None, 'The Hugging Face directory to write.', required=True)
   flags.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).')

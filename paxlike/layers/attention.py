@@ -1,4 +1,5 @@
-"""Causal multi-head / grouped-query self-attention with rotary embeddings and optional QK-norm."""
+"""Causal multi-head / grouped-query self-attention with rotary embeddings, optional QK-norm,
+biases, sliding window (per layer, or per scanned step), custom softmax scale and soft-capping."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import attention_kernels, kv_cache, lora
+from paxlike.layers import attention_kernels, kv_cache, lora, rope
+from paxlike.layers.norms import rms_norm
+from paxlike.layers.rope import RopeScaling, apply_rope  # noqa: F401 (apply_rope: re-exported)
 
 DType = Any
 
@@ -17,31 +20,19 @@ HEADS_ACT = ('batch', 'length', 'heads', 'kv')
 KV_HEADS_ACT = ('batch', 'length', 'kv_heads', 'kv')
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
-  """Rotates features of x[B, T, N, H] by angles positions * base^(-2i/H).
-
-  `positions` is [T] (shared by the batch) or [B, T] (per row: packed documents, decoding).
-  Uses the "rotate half" layout: feature i is paired with feature i + H/2.
-  Computed in float32 and cast back to x.dtype.
-  """
-  half = x.shape[-1] // 2
-  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles = positions.astype(jnp.float32)[..., None] * freq  # [(B,) T, H/2]
-  sin = jnp.sin(angles)[..., None, :]  # [(B,) T, 1, H/2], broadcasts over heads
-  cos = jnp.cos(angles)[..., None, :]
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
-
-
 class CausalSelfAttention(nn.Module):
   """Causal self-attention; grouped-query when num_kv_heads < num_heads.
 
   Parameters: query [embed, heads, kv], key/value [embed, kv_heads, kv],
-  out [heads, kv, embed]; no biases. `sliding_window=W` lets each query see
-  itself and the W - 1 previous tokens. `qk_norm` RMS-normalises each query and
+  out [heads, kv, embed]; with `qkv_bias` also query_bias [heads, kv] and key_bias/value_bias
+  [kv_heads, kv], with `out_bias` out_bias [embed]. `sliding_window=W` lets each query of a
+  local layer (`is_local`, or the traced `local` flag of a scanned step) see itself and the
+  W - 1 previous tokens; a local layer uses `local_rope_base` (unscaled) when set, every other
+  layer `rope_base` with `rope_scaling`. `qk_norm` RMS-normalises each query and
   key head over its features (learned scale 'query_norm'/'key_norm', named
-  ('kv',)) before rope, as in Gemma 3 / Qwen 3. `implementation` names the attention
+  ('kv',); weight offset `norm_weight_offset`) before rope, as in Gemma 3 / Qwen 3. Scores are
+  scaled by `query_scale` (None: 1/sqrt(head_dim)) and soft-capped to
+  ±`attn_logit_softcap` (cap · tanh(s / cap)) when set. `implementation` names the attention
   kernel: 'auto' (cuDNN flash on NVIDIA GPUs, Pallas splash on TPU, XLA otherwise), 'xla',
   'cudnn' or 'splash'; see `attention_kernels.resolve`. Decoding with a KV cache always uses
   XLA's attention (one query per step). With `lora_rank` > 0, the projections named in
@@ -56,6 +47,14 @@ class CausalSelfAttention(nn.Module):
   sliding_window: int | None = None
   qk_norm: bool = False
   norm_eps: float = 1e-6
+  rope_scaling: RopeScaling | None = None
+  local_rope_base: float | None = None
+  is_local: bool = True
+  qkv_bias: bool = False
+  out_bias: bool = False
+  query_scale: float | None = None
+  attn_logit_softcap: float | None = None
+  norm_weight_offset: float = 0.0
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
   implementation: str = 'auto'
@@ -73,22 +72,52 @@ class CausalSelfAttention(nn.Module):
     kernel = self.param(name, nn.with_logical_partitioning(init, names), shape, self.param_dtype)
     return jnp.asarray(kernel, self.dtype)
 
-  def _head_norm(self, name: str) -> nn.RMSNorm:
+  def _head_norm(self, name: str) -> nn.Module:
     """RMSNorm over the last (head feature) axis, scale named ('kv',)."""
-    scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('kv',))
-    return nn.RMSNorm(epsilon=self.norm_eps, scale_init=scale_init, dtype=self.dtype,
-                      param_dtype=self.param_dtype, name=name)
+    return rms_norm(self.dtype, self.param_dtype, name, self.norm_eps, self.norm_weight_offset,
+                    'kv')
+
+  def _bias(self, name: str, y: jax.Array, names: tuple[str, ...]) -> jax.Array:
+    """y plus a zero-initialised bias `name` over its trailing axes."""
+    init = nn.with_logical_partitioning(nn.initializers.zeros, names)
+    return y + jnp.asarray(self.param(name, init, y.shape[2:], self.param_dtype), self.dtype)
+
+  def _rope(self, local: bool) -> tuple[float, RopeScaling | None]:
+    """(base, scaling) of a local (True) or global layer."""
+    if local and self.local_rope_base is not None:
+      return self.local_rope_base, None
+    return self.rope_base, self.rope_scaling
+
+  def _rope_tables(self, positions: jax.Array, local: jax.Array | None
+                   ) -> tuple[jax.Array, jax.Array]:
+    """cos, sin of this layer (`local`: a scanned step's traced flag picks them)."""
+    h = self.head_dim
+    if local is None or self.local_rope_base is None:
+      return rope.tables(positions, h, *self._rope(self.is_local if local is None else False))
+    local_tables = rope.tables(positions, h, *self._rope(True))
+    global_tables = rope.tables(positions, h, *self._rope(False))
+    return tuple(jnp.where(local, a, b) for a, b in zip(local_tables, global_tables))
+
+  def _window(self, local: jax.Array | None) -> int | jax.Array | None:
+    """This layer's window: static, or (a scanned step's `local`) a traced one, where a global
+    layer's is larger than any cache."""
+    if self.sliding_window is None:
+      return None
+    if local is None:
+      return self.sliding_window if self.is_local else None
+    return jnp.where(local, self.sliding_window, jnp.iinfo(jnp.int32).max)
 
   @nn.compact
   def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None,
                positions: jax.Array | None = None, decode: bool = False,
-               cache_len: int | None = None) -> jax.Array:
+               cache_len: int | None = None, local: jax.Array | None = None) -> jax.Array:
     """x: [B, T, embed] -> [B, T, embed].
 
     `segment_ids` int32[B, T] keep packed documents apart (0 is padding); `positions` [B, T]
     are the rope positions (default 0..T-1). `decode` attends over a 'cache' collection of
     `cache_len` slots (created on the first call): the T new keys and values are written at
-    the cache's index, which then advances by T (see `kv_cache`).
+    the cache's index, which then advances by T (see `kv_cache`). `local` (a scanned step's
+    traced bool) overrides `is_local`.
     """
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
@@ -106,33 +135,52 @@ class CausalSelfAttention(nn.Module):
     q = self._adapted('query', x, q, ('embed',), ('heads', 'kv'))
     k = self._adapted('key', x, k, ('embed',), ('kv_heads', 'kv'))
     v = self._adapted('value', x, v, ('embed',), ('kv_heads', 'kv'))
+    if self.qkv_bias:
+      q = self._bias('query_bias', q, ('heads', 'kv'))
+      k = self._bias('key_bias', k, ('kv_heads', 'kv'))
+      v = self._bias('value_bias', v, ('kv_heads', 'kv'))
     if self.qk_norm:
       q = self._head_norm('query_norm')(q)
       k = self._head_norm('key_norm')(k)
     if self.rope:
       positions = jnp.arange(x.shape[1]) if positions is None else positions
-      q = apply_rope(q, positions, self.rope_base)
-      k = apply_rope(k, positions, self.rope_base)
+      cos, sin = self._rope_tables(positions, local)
+      q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
     q = nn.with_logical_constraint(q, HEADS_ACT)
     k = nn.with_logical_constraint(k, KV_HEADS_ACT)
     v = nn.with_logical_constraint(v, KV_HEADS_ACT)
     if decode:
-      out = self._cached_attention(q, k, v, segment_ids, cache_len)
+      out = self._cached_attention(q, k, v, segment_ids, cache_len, self._window(local))
     else:
-      kernel = attention_kernels.resolve(
-          self.implementation, dtype=q.dtype, num_heads=n, num_kv_heads=n_kv, head_dim=h,
-          seq_len=x.shape[1], sliding_window=self.sliding_window,
-          segmented=segment_ids is not None)
-      out = attention_kernels.attend(q, k, v, kernel, self.sliding_window,
-                                     nn.logical_to_mesh_axes(HEADS_ACT),
-                                     nn.logical_to_mesh_axes(KV_HEADS_ACT),
-                                     segment_ids=segment_ids)
+      out = self._attention(q, k, v, segment_ids, local)
     out = nn.with_logical_constraint(out, HEADS_ACT)
     if decode:  # As a plain matmul: the einsum made XLA transpose `wo` at every decode step.
       y = out.reshape(*out.shape[:2], n * h) @ wo.reshape(n * h, d)
     else:
       y = jnp.einsum('btnh,nhd->btd', out, wo)
-    return self._adapted('out', out, y, ('heads', 'kv'), ('embed',))
+    y = self._adapted('out', out, y, ('heads', 'kv'), ('embed',))
+    return self._bias('out_bias', y, ('embed',)) if self.out_bias else y
+
+  def _attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                 segment_ids: jax.Array | None, local: jax.Array | None) -> jax.Array:
+    """The kernel's attention over the whole sequence; a scanned step's traced `local` picks
+    the windowed or the full call (each a static kernel) with `lax.cond`."""
+    n, n_kv, h = self.num_heads, self.num_kv_heads, self.head_dim
+
+    def run(window: int | None) -> jax.Array:
+      kernel = attention_kernels.resolve(
+          self.implementation, dtype=q.dtype, num_heads=n, num_kv_heads=n_kv, head_dim=h,
+          seq_len=q.shape[1], sliding_window=window, segmented=segment_ids is not None,
+          softcap=self.attn_logit_softcap)
+      return attention_kernels.attend(q, k, v, kernel, window,
+                                      nn.logical_to_mesh_axes(HEADS_ACT),
+                                      nn.logical_to_mesh_axes(KV_HEADS_ACT),
+                                      segment_ids=segment_ids, scale=self.query_scale,
+                                      softcap=self.attn_logit_softcap)
+
+    if local is None or self.sliding_window is None:
+      return run(self._window(None) if local is None else None)
+    return jax.lax.cond(local, lambda: run(self.sliding_window), lambda: run(None))
 
   def _adapted(self, name: str, x: jax.Array, y: jax.Array, in_names: tuple[str, ...],
                out_names: tuple[str, ...]) -> jax.Array:
@@ -145,7 +193,8 @@ class CausalSelfAttention(nn.Module):
                             self.lora_rank, self.lora_alpha, self.dtype, self.param_dtype)
 
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                        segment_ids: jax.Array | None, cache_len: int | None) -> jax.Array:
+                        segment_ids: jax.Array | None, cache_len: int | None,
+                        window: int | jax.Array | None) -> jax.Array:
     """Writes k, v (and their segment ids) into the cache at its index, then attends q over
     every cache slot its mask allows (T is the prompt once, then 1)."""
     b, t, n_kv, h = k.shape
@@ -165,5 +214,6 @@ class CausalSelfAttention(nn.Module):
           kv_cache.CACHE_AXES)
     segments.value = kv_cache.write(segments.value, segment_ids.astype(jnp.int32), start, axis=1)
     index.value = start + t
-    mask = kv_cache.decode_mask(segment_ids, segments.value, start, self.sliding_window)
-    return kv_cache.attend(q, keys.value, values.value, mask)
+    mask = kv_cache.decode_mask(segment_ids, segments.value, start, window)
+    return kv_cache.attend(q, keys.value, values.value, mask, self.query_scale,
+                           self.attn_logit_softcap)

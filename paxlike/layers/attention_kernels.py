@@ -8,7 +8,9 @@ head counts) compiles, Pallas splash attention on TPU when the sequence length s
 (`UserError`, exit 2), never a silent fallback.
 
 Every kernel computes the same causal (optionally sliding-window) grouped-query attention on
-q [B, T, N, H], k and v [B, T, K, H] with N a multiple of K, softmax scale 1/sqrt(H). With
+q [B, T, N, H], k and v [B, T, K, H] with N a multiple of K, softmax scale 1/sqrt(H) unless a
+`scale` is given; with `softcap` the scores are soft-capped (cap · tanh(s / cap), Gemma 2):
+splash does it in its kernel, XLA by a plain einsum attention, cuDNN cannot (refused). With
 `segment_ids` int32[B, T] (packed documents), a query sees only keys of its own segment: splash
 takes them as its `SegmentIds`; XLA and cuDNN take a boolean [B, 1, T, T] mask (cuDNN turns it
 into a bias), and-ed with the causal and window masks. Padding (segment 0) attends padding, so
@@ -37,7 +39,8 @@ def splash_block(seq_len: int) -> int | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _splash_kernel(seq_len: int, groups: int, window: int | None, interpret: bool) -> Any:
+def _splash_kernel(seq_len: int, groups: int, window: int | None, interpret: bool,
+                   softcap: float | None = None) -> Any:
   """A single-example MQA splash kernel: q [groups, T, H], k and v [T, H] -> [groups, T, H]."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only module.
   shape = (seq_len, seq_len)
@@ -48,11 +51,13 @@ def _splash_kernel(seq_len: int, groups: int, window: int | None, interpret: boo
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                             block_q_dq=block, block_kv_dq=block)
   return splash.make_splash_mqa_single_device(
-      splash.MultiHeadMask([head_mask] * groups), block_sizes=sizes, interpret=interpret)
+      splash.MultiHeadMask([head_mask] * groups), block_sizes=sizes, interpret=interpret,
+      attn_logits_soft_cap=softcap)
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None = None,
-                     interpret: bool = False, segment_ids: jax.Array | None = None) -> jax.Array:
+                     interpret: bool = False, segment_ids: jax.Array | None = None,
+                     scale: float | None = None, softcap: float | None = None) -> jax.Array:
   """Causal GQA attention with the Pallas splash kernel, unsharded (see `attend` for meshes).
 
   Each kv head serves its `N // K` query heads as one MQA kernel call, vmapped over batch and kv
@@ -63,8 +68,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: i
   kv = k.shape[2]
   if splash_block(t) is None:
     raise UserError(f"attention_impl='splash' needs a sequence length divisible by 128, got {t}")
-  kernel = _splash_kernel(t, n // kv, sliding_window, interpret)
-  scale = jnp.asarray(1 / np.sqrt(h), q.dtype)
+  kernel = _splash_kernel(t, n // kv, sliding_window, interpret, softcap)
+  scale = jnp.asarray(1 / np.sqrt(h) if scale is None else scale, q.dtype)
   grouped_q = (q * scale).transpose(0, 2, 1, 3).reshape(b, kv, n // kv, t, h)
   k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
   if segment_ids is None:
@@ -78,20 +83,22 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: i
 
 def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None,
                     q_spec: Any, kv_spec: Any, interpret: bool,
-                    segment_ids: jax.Array | None) -> jax.Array:
+                    segment_ids: jax.Array | None, scale: float | None = None,
+                    softcap: float | None = None) -> jax.Array:
   """`splash_attention` per shard under the current mesh (a Pallas call is not partitioned by
   XLA). Shards split batch and heads only; kv heads are repeated when they are sharded
   differently from the query heads, so each shard keeps whole GQA groups."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return splash_attention(q, k, v, sliding_window, interpret, segment_ids)
+    return splash_attention(q, k, v, sliding_window, interpret, segment_ids, scale, softcap)
   if q_spec[1] is not None:
     raise UserError("attention_impl='splash' cannot run with the sequence ('length') sharded")
   if tuple(kv_spec)[2:3] != tuple(q_spec)[2:3]:
     groups = q.shape[2] // k.shape[2]
     k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
     kv_spec = q_spec
-  fn = functools.partial(splash_attention, sliding_window=sliding_window, interpret=interpret)
+  fn = functools.partial(splash_attention, sliding_window=sliding_window, interpret=interpret,
+                         scale=scale, softcap=softcap)
   if segment_ids is None:
     return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
                          check_vma=False)(q, k, v)
@@ -128,9 +135,10 @@ def _say_once(message: str) -> None:
 
 
 def resolve(impl: str, *, dtype: Any, num_heads: int, num_kv_heads: int, head_dim: int,
-            seq_len: int, sliding_window: int | None = None, segmented: bool = False) -> str:
+            seq_len: int, sliding_window: int | None = None, segmented: bool = False,
+            softcap: float | None = None) -> str:
   """The kernel that runs for `impl` on this platform: 'xla', 'cudnn' or 'splash'
-  (`segmented`: with packed documents' segment ids).
+  (`segmented`: with packed documents' segment ids; `softcap`: soft-capped scores).
 
   Raises UserError for an unknown name, or a forced kernel this platform cannot run.
   """
@@ -146,8 +154,8 @@ def resolve(impl: str, *, dtype: Any, num_heads: int, num_kv_heads: int, head_di
                           f"attention_impl='splash' {why} (platform {platform})",
                           f'splash {why}')
   if impl == 'cudnn' or platform == 'gpu':
-    why = cudnn_refusal(jnp.dtype(dtype).name, num_heads, num_kv_heads, head_dim, sliding_window,
-                        segmented)
+    why = 'no logit soft-capping in cuDNN attention' if softcap is not None else cudnn_refusal(
+        jnp.dtype(dtype).name, num_heads, num_kv_heads, head_dim, sliding_window, segmented)
     return _kernel_or_xla(
         impl, 'cudnn', why,
         f"attention_impl='cudnn': cuDNN flash attention cannot run here: {why}",
@@ -176,12 +184,37 @@ def segment_mask(segment_ids: jax.Array | None) -> jax.Array | None:
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, kernel: str, sliding_window: int | None,
            q_spec: Any = None, kv_spec: Any = None, interpret: bool = False,
-           segment_ids: jax.Array | None = None) -> jax.Array:
+           segment_ids: jax.Array | None = None, scale: float | None = None,
+           softcap: float | None = None) -> jax.Array:
   """Causal GQA attention with a resolved `kernel`; specs place splash's shards on the mesh
   (`interpret`: splash in Pallas' interpreter, for tests off TPU); `segment_ids` [B, T] keep
-  packed documents apart."""
+  packed documents apart; `scale` and `softcap` as in the module docstring."""
   if kernel == 'splash':
-    return _sharded_splash(q, k, v, sliding_window, q_spec, kv_spec, interpret, segment_ids)
+    return _sharded_splash(q, k, v, sliding_window, q_spec, kv_spec, interpret, segment_ids,
+                           scale, softcap)
+  if softcap is not None:
+    return softcapped_attention(q, k, v, sliding_window, segment_ids, scale, softcap)
   window = None if sliding_window is None else (sliding_window - 1, 0)
   return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids), is_causal=True,
-                                      local_window_size=window, implementation=kernel)
+                                      local_window_size=window, implementation=kernel,
+                                      scale=scale)
+
+
+def softcapped_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None,
+                         segment_ids: jax.Array | None, scale: float | None,
+                         softcap: float) -> jax.Array:
+  """XLA's causal GQA attention with soft-capped scores (softmax in float32)."""
+  b, t, n, h = q.shape
+  kv = k.shape[2]
+  grouped = q.reshape(b, t, kv, n // kv, h)
+  scores = jnp.einsum('btkgh,bskh->bkgts', grouped, k, preferred_element_type=jnp.float32)
+  scores = scores * np.float32(h ** -0.5 if scale is None else scale)
+  scores = jnp.tanh(scores / softcap) * softcap
+  query, key = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
+  allowed = (key <= query) & (True if sliding_window is None else query - key < sliding_window)
+  mask = allowed[None, None, None]
+  if segment_ids is not None:
+    mask = mask & segment_mask(segment_ids)[:, :, None]
+  probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+  out = jnp.einsum('bkgts,bskh->btkgh', probs.astype(v.dtype), v)
+  return out.reshape(b, t, n, h)

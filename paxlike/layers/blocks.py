@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -10,21 +11,25 @@ import jax.numpy as jnp
 
 from paxlike.layers import lora
 from paxlike.layers.attention import CausalSelfAttention
+from paxlike.layers.norms import rms_norm
 
 DType = Any
 
 EMBED_ACT = ('batch', 'length', 'embed')
 MLP_ACT = ('batch', 'length', 'mlp')
-MLP_ACTIVATIONS = {'silu': nn.silu, 'gelu': nn.gelu}
+# 'gelu' is flax's default (the tanh approximation); 'gelu_tanh' says so, 'gelu_exact' is erf's.
+MLP_ACTIVATIONS = {'silu': nn.silu, 'gelu': nn.gelu,
+                   'gelu_tanh': functools.partial(nn.gelu, approximate=True),
+                   'gelu_exact': functools.partial(nn.gelu, approximate=False)}
 
 
 def make_norm(use_rmsnorm: bool, dtype: DType, param_dtype: DType, name: str,
-              eps: float = 1e-6) -> nn.Module:
-  """RMSNorm (scale only) or LayerNorm (scale and bias), params named ('embed',)."""
+              eps: float = 1e-6, offset: float = 0.0) -> nn.Module:
+  """RMSNorm (scale only, weight `offset`: see `norms`) or LayerNorm (scale and bias), params
+  named ('embed',)."""
   scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('embed',))
   if use_rmsnorm:
-    return nn.RMSNorm(epsilon=eps, scale_init=scale_init, dtype=dtype, param_dtype=param_dtype,
-                      name=name)
+    return rms_norm(dtype, param_dtype, name, eps, offset)
   bias_init = nn.with_logical_partitioning(nn.initializers.zeros, ('embed',))
   return nn.LayerNorm(epsilon=eps, scale_init=scale_init, bias_init=bias_init, dtype=dtype,
                       param_dtype=param_dtype, name=name)
@@ -75,7 +80,9 @@ class Mlp(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)).
+  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)); with `sandwich_norm`
+  (Gemma 2/3) each branch's output is normed too before the residual add ('post_attn_norm',
+  'post_mlp_norm'). Every norm's weight offset is `norm_weight_offset`.
 
   `mlp`, when given, is an unbound feed-forward block (e.g. `moe.MoeMlp`) adopted as 'mlp';
   None builds the dense `Mlp` from the fields.
@@ -94,20 +101,26 @@ class DecoderBlock(nn.Module):
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = ()
   mlp: nn.Module | None = None
+  sandwich_norm: bool = False
+  norm_weight_offset: float = 0.0
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool, decode: bool = False,
                cache_len: int | None = None, segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None) -> jax.Array:
+               positions: jax.Array | None = None, local: jax.Array | None = None) -> jax.Array:
     """x: [B, T, embed] -> [B, T, embed]; the rest goes to the attention."""
     norm = lambda name: make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, name,
-                                  self.norm_eps)
-    h = self.attention(norm('attn_norm')(x), segment_ids, positions, decode, cache_len)
+                                  self.norm_eps, self.norm_weight_offset)
+    h = self.attention(norm('attn_norm')(x), segment_ids, positions, decode, cache_len, local)
+    if self.sandwich_norm:
+      h = norm('post_attn_norm')(h)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     x = nn.with_logical_constraint(x + h, EMBED_ACT)
     mlp = self.mlp if self.mlp is not None else Mlp(
         self.d_ff, self.gated_mlp, self.dtype, self.param_dtype, self.mlp_activation,
         self.lora_rank, self.lora_alpha, self.lora_targets, name='mlp')
     h = mlp(norm('mlp_norm')(x))
+    if self.sandwich_norm:
+      h = norm('post_mlp_norm')(h)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return nn.with_logical_constraint(x + h, EMBED_ACT)

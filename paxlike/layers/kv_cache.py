@@ -28,8 +28,9 @@ def write(cache: jax.Array, new: jax.Array, index: jax.Array, axis: int) -> jax.
 
 
 def decode_mask(q_segments: jax.Array, k_segments: jax.Array, index: jax.Array,
-                sliding_window: int | None) -> jax.Array:
-  """bool [B, T, L]: which cache slots each of the T queries written at `index` sees."""
+                sliding_window: int | jax.Array | None) -> jax.Array:
+  """bool [B, T, L]: which cache slots each of the T queries written at `index` sees (the
+  window may be traced: a scanned step's layer picks its own)."""
   t, cache_len = q_segments.shape[1], k_segments.shape[1]
   q_slot = index + jnp.arange(t)[:, None]
   k_slot = jnp.arange(cache_len)[None, :]
@@ -40,14 +41,19 @@ def decode_mask(q_segments: jax.Array, k_segments: jax.Array, index: jax.Array,
   return same & allowed[None]
 
 
-def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
+           scale: float | None = None, softcap: float | None = None) -> jax.Array:
   """Grouped-query attention of q [B, T, N, H] over the cache's keys and values [B, K, L, H]
-  where `mask` [B, T, L] allows; softmax in float32, scale 1/sqrt(H). -> [B, T, N, H]."""
+  where `mask` [B, T, L] allows; softmax in float32, scores times `scale` (None: 1/sqrt(H)),
+  soft-capped to ±`softcap` when set. -> [B, T, N, H]."""
   b, t, n, h = q.shape
   kv = keys.shape[1]
   grouped = q.reshape(b, t, kv, n // kv, h)
   scores = jnp.einsum('btkgh,bklh->bkgtl', grouped, keys, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask[:, None, None], scores / np.sqrt(h), jnp.finfo(jnp.float32).min)
+  scores = scores * np.float32(h ** -0.5 if scale is None else scale)
+  if softcap is not None:
+    scores = jnp.tanh(scores / softcap) * softcap
+  scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
   # In the dot's own output order, then moved: with T = 1 the move is free, where asking the
   # dot for [B, T, K, G, H] made XLA transpose the output projection's weight every step.

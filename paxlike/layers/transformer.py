@@ -9,9 +9,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import attention_kernels, lora, moe, pipeline
+from paxlike.layers import attention_kernels, lm_features, lora, moe, pipeline
 from paxlike.layers.attention import CausalSelfAttention
 from paxlike.layers.blocks import EMBED_ACT, MLP_ACT, MLP_ACTIVATIONS, DecoderBlock, Mlp, make_norm
+from paxlike.layers.rope import RopeScaling
 from paxlike.layers.stacking import stack_layers, unstack_layers
 
 DType = Any
@@ -29,10 +30,12 @@ REMAT_POLICIES = {
 
 
 def _scan_step(block: DecoderBlock, x: jax.Array, segment_ids: jax.Array | None,
-               positions: jax.Array | None, deterministic: bool, decode: bool,
+               positions: jax.Array | None, local: jax.Array | None = None, *,
+               deterministic: bool, decode: bool,
                cache_len: int | None) -> tuple[jax.Array, None]:
-  """One layer as an `nn.scan` body: the residual stream is the carry."""
-  return block(x, deterministic, decode, cache_len, segment_ids, positions), None
+  """One layer as an `nn.scan` body: the residual stream is the carry; `local` is the step's
+  slice of the scanned local/global flags (None when every layer is alike)."""
+  return block(x, deterministic, decode, cache_len, segment_ids, positions, local), None
 
 
 class BlockGroup(nn.Module):
@@ -43,9 +46,10 @@ class BlockGroup(nn.Module):
 
   def __call__(self, x: jax.Array, deterministic: bool, decode: bool = False,
                cache_len: int | None = None, segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None) -> jax.Array:
-    for block in self.layer:
-      x = block(x, deterministic, decode, cache_len, segment_ids, positions)
+               positions: jax.Array | None = None, local: jax.Array | None = None) -> jax.Array:
+    for j, block in enumerate(self.layer):
+      x = block(x, deterministic, decode, cache_len, segment_ids, positions,
+                None if local is None else local[j])
     return x
 
 
@@ -59,8 +63,17 @@ class TransformerLM(nn.Module):
   lets each token attend to itself and the W - 1 previous tokens.
   `mlp_activation` is 'silu' or 'gelu'; None means 'silu' when `gated_mlp`
   (SwiGLU) and 'gelu' otherwise, so `gated_mlp=True, mlp_activation='gelu'`
-  is GeGLU. `qk_norm` RMS-normalises query and key heads. `norm_eps` is the
-  epsilon of every norm.
+  is GeGLU ('gelu_tanh' and 'gelu_exact' name the approximation). `qk_norm`
+  RMS-normalises query and key heads. `norm_eps` is the epsilon of every norm.
+
+  Model-family features (see `lm_features` and paxlike/interop): `head_dim` (None:
+  d_model // num_heads); `qkv_bias`, `out_bias`; `rope_scaling` (a `rope.RopeScaling`);
+  `global_every=k` with a sliding window makes every k-th layer (k-1, 2k-1, ...) global and
+  the rest local (Gemma 2: 2, Gemma 3: 6; 0: every layer local), local layers using
+  `local_rope_base` (unscaled) when set; `norm_weight_offset` (Gemma: 1, norms scale by 1 + w);
+  `sandwich_norm` (norms after attention and MLP too); `scale_embeddings` (× sqrt(d_model));
+  `query_scale` (softmax scale, None: 1/sqrt(head_dim)); `attn_logit_softcap` and
+  `final_logit_softcap` (cap · tanh(x / cap) on attention scores and on the logits).
 
   Efficiency: `dtype` is the compute dtype (params stay `param_dtype`; logits
   are always float32). `scan_layers` runs the layers as one `nn.scan`: params
@@ -105,6 +118,18 @@ class TransformerLM(nn.Module):
   mlp_activation: str | None = None
   qk_norm: bool = False
   norm_eps: float = 1e-6
+  head_dim: int | None = None
+  qkv_bias: bool = False
+  out_bias: bool = False
+  rope_scaling: RopeScaling | None = None
+  local_rope_base: float | None = None
+  global_every: int = 0
+  norm_weight_offset: float = 0.0
+  sandwich_norm: bool = False
+  scale_embeddings: bool = False
+  query_scale: float | None = None
+  attn_logit_softcap: float | None = None
+  final_logit_softcap: float | None = None
   scan_layers: bool = False
   remat_policy: str = 'none'
   attention_impl: str = 'auto'  # 'auto', 'xla', 'cudnn' or 'splash': see attention_kernels.
@@ -125,10 +150,11 @@ class TransformerLM(nn.Module):
   moe_shared_d_ff: int = 0
 
   def _check(self, seq_len: int) -> None:
-    if self.d_model % self.num_heads:
+    if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(f'd_model={self.d_model} is not a multiple of num_heads={self.num_heads}')
-    if self.rope and (self.d_model // self.num_heads) % 2:
-      raise ValueError(f'rope needs an even head dim, got {self.d_model // self.num_heads}')
+    if self.rope and self.head_size() % 2:
+      raise ValueError(f'rope needs an even head dim, got {self.head_size()}')
+    lm_features.check(self)
     if not self.rope and seq_len > self.max_len:
       raise ValueError(f'sequence length {seq_len} exceeds max_len={self.max_len}')
     if self.mlp_activation not in (None, *MLP_ACTIVATIONS):
@@ -177,6 +203,17 @@ class TransformerLM(nn.Module):
     if self.num_experts or self.dropout_rate:
       raise ValueError("a 'stage' mesh axis cannot pipeline MoE layers or dropout yet: set "
                        'model.num_experts=0 and model.dropout_rate=0')
+    if lm_features.mixed_layers(self):
+      raise ValueError("a 'stage' mesh axis cannot pipeline local and global layers yet: set "
+                       'model.global_every=0')
+
+  def head_size(self) -> int:
+    """Features per attention head."""
+    return self.head_dim or self.d_model // self.num_heads
+
+  def is_local_layer(self, layer: int) -> bool:
+    """Whether layer `layer` (0-based) attends within `sliding_window` (see `global_every`)."""
+    return lm_features.is_local_layer(self, layer)
 
   def is_moe_layer(self, layer: int) -> bool:
     """Whether layer `layer` (0-based) has a MoE MLP."""
@@ -189,8 +226,9 @@ class TransformerLM(nn.Module):
     return attention_kernels.resolve(
         self.attention_impl, dtype=self.dtype, num_heads=self.num_heads,
         num_kv_heads=self.num_kv_heads or self.num_heads,
-        head_dim=self.d_model // self.num_heads, seq_len=seq_len,
-        sliding_window=self.sliding_window, segmented=segmented)
+        head_dim=self.head_size(), seq_len=seq_len,
+        sliding_window=self.sliding_window, segmented=segmented,
+        softcap=self.attn_logit_softcap)
 
   def _moe_mlp(self, activation: str) -> moe.MoeMlp:
     """An unbound MoE MLP, for a block to adopt as 'mlp'."""
@@ -200,13 +238,15 @@ class TransformerLM(nn.Module):
         self.param_dtype, activation, renormalize=self.moe_renormalize,
         shared_d_ff=self.moe_shared_d_ff, parent=None)
 
-  def _block(self, name: str | None, is_moe: bool = False) -> DecoderBlock:
+  def _block(self, name: str | None, is_moe: bool = False, is_local: bool = True
+             ) -> DecoderBlock:
     """A layer (or, scanned, the stack). The unbound attention is adopted as 'attention', the
-    unbound MoE MLP (`is_moe`) as 'mlp'; `name=None` leaves it unbound too."""
+    unbound MoE MLP (`is_moe`) as 'mlp'; `name=None` leaves it unbound too. `is_local`: the
+    layer's kind (a scanned stack of mixed kinds gets its flags as scanned inputs)."""
     attention = CausalSelfAttention(
         num_heads=self.num_heads,
         num_kv_heads=self.num_kv_heads or self.num_heads,
-        head_dim=self.d_model // self.num_heads,
+        head_dim=self.head_size(),
         rope=self.rope,
         rope_base=self.rope_base,
         sliding_window=self.sliding_window,
@@ -218,6 +258,7 @@ class TransformerLM(nn.Module):
         lora_rank=self.lora_rank,
         lora_alpha=self.lora_alpha,
         lora_targets=tuple(t for t in self.lora_targets if t in lora.ATTENTION_TARGETS),
+        **lm_features.attention_fields(self, is_local),
         parent=None,
     )
     block_cls = DecoderBlock
@@ -239,6 +280,8 @@ class TransformerLM(nn.Module):
         lora_alpha=self.lora_alpha,
         lora_targets=tuple(t for t in self.lora_targets if t in lora.MLP_TARGETS),
         mlp=self._moe_mlp(activation) if is_moe else None,
+        sandwich_norm=self.sandwich_norm,
+        norm_weight_offset=self.norm_weight_offset,
         **({'parent': None} if name is None else {'name': name}),
     )
 
@@ -251,25 +294,27 @@ class TransformerLM(nn.Module):
       return self._pipelined(x, segment_ids, positions)
     if not self.scan_layers:
       for i in range(self.num_layers):
-        block = self._block(f'block_{i}', self.is_moe_layer(i))
+        block = self._block(f'block_{i}', self.is_moe_layer(i), self.is_local_layer(i))
         x = block(x, deterministic, decode, cache_len, segment_ids, positions)
       return x
     group = self.moe_every if self.num_experts else 1
+    flags = lm_features.scanned_local_flags(self, group)  # None: every layer alike.
     scan = nn.scan(
         functools.partial(_scan_step, deterministic=deterministic, decode=decode,
                           cache_len=cache_len),
         variable_axes={'params': 0, 'cache': 0, moe.COLLECTION: 0},
         split_rngs={'params': True, 'dropout': True},
-        in_axes=(nn.broadcast, nn.broadcast),
+        in_axes=(nn.broadcast, nn.broadcast) + ((0,) if flags is not None else ()),
         length=self.num_layers // group,
         metadata_params={nn.PARTITION_NAME: 'layers'},
     )
+    uniform = self.is_local_layer(0)  # The kind of every layer when they are alike.
     if group == 1:
-      body = self._block('blocks', self.num_experts > 0)
+      body = self._block('blocks', self.num_experts > 0, uniform)
     else:
-      body = BlockGroup(tuple(self._block(None, self.is_moe_layer(j)) for j in range(group)),
-                        name='blocks')
-    x, _ = scan(body, x, segment_ids, positions)
+      body = BlockGroup(tuple(self._block(None, self.is_moe_layer(j), uniform)
+                              for j in range(group)), name='blocks')
+    x, _ = scan(body, x, segment_ids, positions, *(() if flags is None else (flags,)))
     return x
 
   def _pipelined(self, x: jax.Array, segment_ids: jax.Array | None,
@@ -311,6 +356,8 @@ class TransformerLM(nn.Module):
         name='embed',
     )
     x = embed(tokens)
+    if self.scale_embeddings:  # Gemma: × sqrt(d_model), rounded to the compute dtype.
+      x = x * jnp.asarray(self.d_model**0.5, self.dtype)
     if not self.rope:
       pos_init = nn.with_logical_partitioning(embed_init, (None, 'embed'))
       pos = self.param('pos_embed', pos_init, (self.max_len, self.d_model), self.param_dtype)
@@ -319,7 +366,8 @@ class TransformerLM(nn.Module):
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, EMBED_ACT)
     x = self._layers(x, deterministic, decode, cache_len, segment_ids, positions)
-    x = make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, 'final_norm', self.norm_eps)(x)
+    x = make_norm(self.use_rmsnorm, self.dtype, self.param_dtype, 'final_norm', self.norm_eps,
+                  self.norm_weight_offset)(x)
     if self.tied_embeddings:
       logits = embed.attend(x)
     else:
@@ -332,4 +380,7 @@ class TransformerLM(nn.Module):
           param_dtype=self.param_dtype,
           name='lm_head',
       )(x)
-    return nn.with_logical_constraint(logits.astype(jnp.float32), VOCAB_ACT)
+    logits = logits.astype(jnp.float32)
+    if self.final_logit_softcap is not None:
+      logits = jnp.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
+    return nn.with_logical_constraint(logits, VOCAB_ACT)

@@ -27,7 +27,7 @@ from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from paxlike.errors import UserError
-from paxlike.interop import hf_llama
+from paxlike.interop import checkpoint
 
 RECORD = 'init_source.json'  # In the job dir: where the run's params came from.
 LORA_FIELDS = ('lora_rank', 'lora_alpha', 'lora_targets')  # The run's own, never the source's.
@@ -76,14 +76,14 @@ def init_source_tokenizer(init_from: str | None) -> str | None:
 
 
 def model_overrides_from(init_from: str) -> dict[str, Any]:
-  """The model fields the source fixes: an HF config.json's (as `hf_llama.config_from_hf`), or
+  """The model fields the source fixes: an HF config.json's (as `checkpoint.config_from_hf`), or
   the fields the other job's config.json sets on its model (its LoRA fields left out)."""
   source = parse(init_from)
   if source.kind == 'hf':
     config = source.path / 'config.json'
     if not config.is_file():
       raise UserError(f'train.init_from={init_from!r}: no config.json in {source.path}')
-    return dict(hf_llama.config_from_hf(json.loads(config.read_text())).__arguments__)
+    return dict(checkpoint.config_from_hf(json.loads(config.read_text())).__arguments__)
   model = _job_config(source).model
   return {k: v for k, v in model.__arguments__.items() if k not in LORA_FIELDS}
 
@@ -134,15 +134,16 @@ def _put(value: np.ndarray, spec: jax.ShapeDtypeStruct, sharding: Any = None) ->
 
 def _load_hf(source: Source, want: dict[str, Any], adapters: set[str], model: Any
              ) -> dict[str, jax.Array]:
-  header = hf_llama.safetensors_header(source.path)
-  hf_llama.check_shapes({name: shape for name, (shape, _) in header.items()}, model)
+  header = checkpoint.safetensors_header(source.path)
+  tensors = checkpoint.name_map(model, checkpoint.read_config(source.path).get('model_type'))
+  checkpoint.check_shapes({name: shape for name, (shape, _) in header.items()}, model, tensors)
   scanned = bool(getattr(model, 'scan_layers', False))
   names = {'/'.join(_scanned_path(path) if scanned else path)
-           for path, _, _ in hf_llama.name_map(model).values()}
+           for t in tensors.values() for path in t.paths}
   _check_coverage(source, names, want, adapters)
   placed: dict[str, jax.Array] = {}
   layers: dict[str, dict[int, jax.Array]] = {}  # Scanned: each layer placed, stacked when whole.
-  for path, value in hf_llama.read_params(header, model):
+  for path, value in checkpoint.read_params(header, model, tensors):
     if not scanned or not path[0].startswith('block_'):
       placed['/'.join(path)] = _put(value, want['/'.join(path)])
       continue

@@ -1,7 +1,0 @@
-"""python -m paxlike.interop.hf_llama --job_log_dir=DIR --out=HF_DIR [--step=N]: export a job's
-checkpoint as a Hugging Face Llama directory (paxlike.interop.hf_export)."""
-
-from paxlike.interop import hf_export
-
-if __name__ == '__main__':
-  hf_export.run_cli()
