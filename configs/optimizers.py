@@ -6,16 +6,21 @@ import optax
 from paxlike.trainer import optim
 
 
-def warmup_cosine(peak: float, total_steps: int, warmup_steps: int | None = None) -> fdl.Config:
-  """Linear warmup (default: a tenth of the run, at most 50 steps), then cosine to peak/10."""
-  warmup_steps = min(50, max(1, total_steps // 10)) if warmup_steps is None else warmup_steps
-  return fdl.Config(optax.warmup_cosine_decay_schedule, init_value=0.0, peak_value=peak,
-                    warmup_steps=warmup_steps, decay_steps=total_steps, end_value=peak / 10)
+def warmup_cosine(peak: float, total_steps: int | None = None,
+                  warmup_steps: int | None = None) -> fdl.Config:
+  """Linear warmup (default: a tenth of the run, at most 50 steps), then cosine to peak/10 at
+  `total_steps`; None (the presets' choice) makes it follow `train.num_steps`, overrides too."""
+  cfg = fdl.Config(optim.warmup_cosine, peak_value=peak)
+  if total_steps is not None:
+    cfg.decay_steps = total_steps
+  if warmup_steps is not None:
+    cfg.warmup_steps = warmup_steps
+  return cfg
 
 
-def adamw(peak: float = 3e-3, total_steps: int = 1000, warmup_steps: int | None = None,
+def adamw(peak: float = 3e-3, total_steps: int | None = None, warmup_steps: int | None = None,
           weight_decay: float = 0.1) -> fdl.Config:
-  """AdamW on a warmup-cosine schedule, clipped at global norm 1."""
+  """AdamW on a warmup-cosine schedule (see `warmup_cosine`), clipped at global norm 1."""
   return fdl.Config(optim.adamw, learning_rate=warmup_cosine(peak, total_steps, warmup_steps),
                     weight_decay=weight_decay)
 

@@ -25,5 +25,5 @@ def task(model: fdl.Config, algorithm: fdl.Partial, optimizer: fdl.Config, num_s
 def centralized_task(model: fdl.Config, num_steps: int, peak_lr: float = 3e-3,
                      **train) -> fdl.Config[Task]:
   """Centralized training with AdamW on a warmup-cosine schedule, data-parallel mesh."""
-  return task(model, fdl.Partial(centralized), optimizers.adamw(peak_lr, num_steps), num_steps,
+  return task(model, fdl.Partial(centralized), optimizers.adamw(peak_lr), num_steps,
               **train)

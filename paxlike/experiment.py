@@ -84,6 +84,7 @@ class Task:
   data: DataSource
   mesh: MeshConfig = MeshConfig()
   train: TrainConfig = TrainConfig()
+  experiment: str | None = None  # The registered key the CLI built this config from.
 
   def __post_init__(self):
     family = family_of(self.model)
@@ -133,5 +134,8 @@ class Experiment(abc.ABC):
   def config(self) -> fdl.Config[Task]:
     """The full task config: `task()` with `data=datasets()`."""
     cfg = self.task()
+    if not isinstance(cfg, fdl.Config):
+      raise UserError(f'{type(self).__name__}.task() must return a fdl.Config of '
+                      f'paxlike.experiment.Task, got a {type(cfg).__name__}')
     cfg.data = self.datasets()
     return cfg

@@ -8,19 +8,16 @@ Exit codes: 0 success, 2 usage or config error, 1 runtime failure; errors are on
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Callable
 
 from absl import app, flags, logging
 
 from paxlike import registry
-from paxlike.cli import config_io
-from paxlike.trainer import job_dir
+from paxlike.cli import config_io, run_config
+from paxlike.trainer import job_dir, job_source
 from paxlike.errors import RunFailure, UserError
 
 MODES = ('train', 'eval', 'decode', 'print_config')
@@ -73,74 +70,29 @@ flags.DEFINE_integer('heartbeat_timeout', 60, 'Multi-process: seconds after whic
 FLAGS = flags.FLAGS
 
 
-def resolve_fiddler(name: str):
-  """A fiddler: a function of configs.fiddlers (a bare name), of `configs`, or of a module the
-  user allowed (`--allow_import`), named `module.function`."""
-  module_name, _, fn_name = name.rpartition('.')
-  module_name = module_name or 'configs.fiddlers'
-  allowed = ('configs', *FLAGS.allow_import)
-  if not any(module_name == a or module_name.startswith(a + '.') for a in allowed):
-    raise UserError(f'--fdl_fiddler={name}: module {module_name} is not allowed; see --allow_import')
-  try:
-    fn = getattr(importlib.import_module(module_name), fn_name)
-  except (ImportError, AttributeError):
-    raise UserError(f'--fdl_fiddler={name}: no such fiddler') from None
-  if not inspect.isfunction(fn) or config_io.refusal(fn, FLAGS.allow_import):
-    raise UserError(f'--fdl_fiddler={name}: not a fiddler function of {module_name}')
-  return fn
-
-
 def task_config():
-  """The config to run: --fdl_config or --exp, then fiddlers, then --fdl_set overrides."""
-  registry.check_own_packages()
-  if FLAGS.fdl_config:
-    cfg = config_io.load_file(FLAGS.fdl_config, FLAGS.allow_import)
-  else:
-    if FLAGS.exp is None:
-      raise UserError('--exp is required (or --fdl_config); use --list to see the experiments')
-    registry.import_all()
-    cfg = registry.get(FLAGS.exp)().config()
-  for name in FLAGS.fdl_fiddler:
-    resolve_fiddler(name)(cfg)
-  config_io.apply_overrides(cfg, FLAGS.fdl_set)
-  fill_from_init_source(cfg)
-  if not FLAGS.fdl_config:
-    check_required(cfg, FLAGS.exp, getattr(registry.get(FLAGS.exp), 'REQUIRED', ()))
-  return cfg
+  """The config to run (see `run_config`): the job dir's saved config when it has one, else
+  --fdl_config or --exp; then fiddlers, then --fdl_set overrides."""
+  return run_config.run_config(
+      FLAGS.job_log_dir, FLAGS.exp, FLAGS.fdl_config, FLAGS.fdl_fiddler, FLAGS.fdl_set,
+      FLAGS.allow_import, FLAGS.allow_config_change, fill_from_source=fill_from_init_source)
 
 
 def fill_from_init_source(cfg) -> None:
   """With `train.init_from`, the model fields and the data's tokenizer that the config leaves
   unset come from the source (an HF dir's config.json and tokenizer, another job's config). A
-  resumed fine-tune whose source is gone takes them from its own saved config instead."""
+  job dir's saved config is complete already, so a resumed fine-tune never reads its source."""
   init_from = getattr(cfg.train, 'init_from', None)
   if not init_from:
     return
   from paxlike.trainer import init_from as source
-  saved = Path(FLAGS.job_log_dir or '').expanduser() / 'config.json'
-  try:
-    model = source.model_overrides_from(init_from)
-    tokenizer = source.init_source_tokenizer(init_from)
-  except UserError:
-    if not (FLAGS.job_log_dir and saved.is_file()):
-      raise
-    old = config_io.load_file(saved, [*FLAGS.allow_import, *registry.trusted_modules()])
-    model, tokenizer = dict(old.model.__arguments__), getattr(old.data, 'tokenizer', None)
+  model = source.model_overrides_from(init_from)
+  tokenizer = source.init_source_tokenizer(init_from)
   for name, value in model.items():
     if name not in cfg.model.__arguments__:
       setattr(cfg.model, name, value)
   if tokenizer and hasattr(cfg.data, 'tokenizer') and 'tokenizer' not in cfg.data.__arguments__:
     cfg.data.tokenizer = tokenizer
-
-
-def check_required(cfg, exp: str, required: tuple[str, ...]) -> None:
-  """UserError naming the first of an experiment's REQUIRED fields that is unset or empty."""
-  for path in required:
-    value = cfg
-    for part in path.split('.'):
-      value = getattr(value, part, None)
-    if value in (None, '', ()):
-      raise UserError(f'{exp} needs --fdl_set={path}=... (see its docstring: --list)')
 
 
 def use_local_settings() -> None:
@@ -218,6 +170,10 @@ def train(cfg, task) -> None:
 
     def on_start() -> None:  # Restored: say which attention kernel runs, record config, data.
       print(notes.replace('# ', ''), end='', file=sys.stderr)
+      copied = job_source.localize(directory, cfg)  # The saved config names the copies.
+      if copied:
+        print(f'copied {", ".join(copied)} into {directory / job_source.SOURCE_DIR}',
+              file=sys.stderr)
       job_dir.record_config(directory, cfg, notes)
       fingerprint.record(directory, data)
 
@@ -263,11 +219,14 @@ def main(argv: list[str]) -> None:
 
 def run_reporting_errors(run_fn: Callable[[list[str]], None], argv: list[str], prog: str) -> None:
   """`run_fn(argv)` with absl's INFO logs off unless asked; a UserError exits 2 and a RunFailure
-  1, each as one line on stderr prefixed by `prog`."""
+  1, each as one line on stderr prefixed by `prog`; stdout closed by its reader exits 0 quietly."""
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   try:
     run_fn(argv)
+    sys.stdout.flush()  # Here, so a closed pipe is caught below and not at exit.
+  except BrokenPipeError:  # `--list | head -1`: the reader has what it wanted.
+    os._exit(0)
   except UserError as error:
     exit_with(2, f'{prog}: error: {error}')
   except RunFailure as error:

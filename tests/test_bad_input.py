@@ -55,7 +55,6 @@ def assert_one_line_error(code: int, stderr: str, message: str) -> None:
 CASES = {
     'unknown exp': (['--exp=lm.StdlibTyni'], "unknown experiment 'lm.StdlibTyni'; did you mean"),
     'empty exp': (['--exp='], '--exp is empty'),
-    'no exp': ([], '--exp is required'),
     'exp with a path': (['--exp=../../etc/passwd'], "unknown experiment '../../etc/passwd'"),
     'unknown field': ([*TINY, '--fdl_set=model.num_layerz=2'], 'model.num_layerz: no such field'),
     'wrong type': ([*TINY, '--fdl_set=train.num_steps=abc'], 'expected a int'),
@@ -81,6 +80,13 @@ def test_user_error_leaves_the_job_dir_alone(job, paxlike_main, name):
   before = snapshot(job)
   assert_one_line_error(*paxlike_main(*args, f'--job_log_dir={job}'), message)
   assert snapshot(job) == before
+
+
+def test_no_exp_beside_a_job_dir_without_a_saved_config(tmp_path, paxlike_main):
+  assert_one_line_error(*paxlike_main(f'--job_log_dir={tmp_path}'),
+                        f'--job_log_dir {tmp_path} holds no config.json (train first), so '
+                        '--exp is required')
+  assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow

@@ -47,7 +47,9 @@ def sft_args(root, job, steps):
           '--fdl_set=train.checkpoint_every=2', '--fdl_set=train.eval_every=2']
 
 
-def test_sft_takes_the_checkpoints_shape_and_tokenizer_and_resumes_without_it(source, tmp_path):
+def test_sft_takes_the_checkpoints_shape_and_tokenizer_and_outlives_its_source(source, tmp_path):
+  """The job copies what it needs of its source at step 0; with the source deleted, resume,
+  decode and export take only --job_log_dir (the README's commands after the first)."""
   root = tmp_path / 'src'
   shutil.copytree(source, root)
   job = tmp_path / 'job'
@@ -56,13 +58,23 @@ def test_sft_takes_the_checkpoints_shape_and_tokenizer_and_resumes_without_it(so
   text = (job / 'config.txt').read_text()
   for name, value in MODEL.items():
     assert f'model.{name} = {value!r}' in text
-  assert f"data.tokenizer = '{root}/hf/tokenizer.json'" in text
+  assert f"data.tokenizer = '{job}/source/tokenizer.json'" in text
+  for name in ('tokenizer.json', 'config.json'):
+    assert (job / 'source' / name).read_bytes() == (root / 'hf' / name).read_bytes()
   record = json.loads((job / 'init_source.json').read_text())
   assert record['kind'] == 'hf' and set(record['files']) >= {'model.safetensors', 'config.json'}
-  for name in ('model.safetensors', 'config.json'):  # The weights are gone, the tokenizer kept:
-    (root / 'hf' / name).unlink()  # the resume needs only the job's own state.
-  run_cli(*sft_args(root, job, 6), env=env)
+  shutil.rmtree(root / 'hf')  # Weights, config and tokenizer: the source is gone.
+  run_cli(f'--job_log_dir={job}', '--fdl_set=train.num_steps=6', env=env)
   assert [r['step'] for r in metric_rows(job)] == [2, 4, 6]
+  decoded = run_cli(f'--job_log_dir={job}', '--mode=decode', '--prompt=Q: 3 plus 3?',
+                    '--decode_length=4', '--temperature=0', env=env)
+  assert decoded.stdout.startswith('Q: 3 plus 3?'), decoded.stdout
+  out = tmp_path / 'hf_out'
+  exported = subprocess.run([sys.executable, '-m', 'paxlike.interop.hf_llama',
+                             f'--job_log_dir={job}', f'--out={out}'], cwd=REPO, env=env,
+                            capture_output=True, text=True)
+  assert exported.returncode == 0, exported.stderr[-2000:]
+  assert (out / 'tokenizer.json').read_bytes() == (job / 'source' / 'tokenizer.json').read_bytes()
 
 
 def test_a_source_of_another_shape_is_one_line_exit_2_and_writes_nothing(source, tmp_path):

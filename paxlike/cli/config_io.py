@@ -7,6 +7,7 @@ config file cannot run arbitrary code.
 from __future__ import annotations
 
 import ast
+import copy
 import importlib
 import json
 from pathlib import Path
@@ -21,6 +22,7 @@ from fiddle import daglish
 from fiddle.experimental import serialization
 
 from paxlike.errors import UserError
+from paxlike.trainer import optim
 
 ALLOWED_MODULES = ('builtins', 'fiddle', 'paxlike', 'experiments', 'configs', 'flax', 'optax',
                    'jax', 'numpy', 'ml_dtypes')
@@ -103,10 +105,29 @@ def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
     setattr(parent, last.name, tuple(value) if isinstance(value, list) else value)
 
 
+def with_run_lengths(cfg: fdl.Buildable) -> fdl.Buildable:
+  """A copy of `cfg` in which each schedule that leaves its length unset (the presets do; see
+  `optim.RUN_LENGTH_ARGS`) runs for `train.num_steps`, so an override of the steps moves the
+  decay with it. The saved config.json keeps them unset; builds and config.txt use this."""
+  num_steps = getattr(getattr(cfg, 'train', None), 'num_steps', None)
+  if num_steps is None:
+    return cfg
+  cfg = copy.deepcopy(cfg)
+  for value, _ in daglish.iterate(cfg):
+    if isinstance(value, fdl.Buildable):
+      arg = optim.RUN_LENGTH_ARGS.get(fdl.get_callable(value))
+      if arg and arg not in value.__arguments__:
+        setattr(value, arg, num_steps)
+  return cfg
+
+
 def build(cfg: fdl.Buildable) -> Any:
-  """`fdl.build`, turning config errors into one-line UserErrors."""
+  """`fdl.build` of `with_run_lengths(cfg)`, turning config errors into one-line UserErrors.
+  The train settings are checked first: the run lengths derive from them."""
   try:
-    return fdl.build(cfg)
+    if isinstance(getattr(cfg, 'train', None), fdl.Buildable):
+      fdl.build(cfg.train)
+    return fdl.build(with_run_lengths(cfg))
   except UserError as error:
     raise UserError(error.args[0]) from None
   except (TypeError, ValueError) as error:
@@ -118,8 +139,10 @@ def to_json(cfg: fdl.Buildable) -> str:
 
 
 def to_text(cfg: fdl.Buildable) -> str:
-  """`path = value` per set field; `path.<fn>` names what each sub-config builds."""
-  return ''.join(f'{path.lstrip(".") or "<root>"} = {value}\n' for path, value in flatten(cfg).items())
+  """`path = value` per set field (run lengths filled in: `with_run_lengths`); `path.<fn>` names
+  what each sub-config builds."""
+  return ''.join(f'{path.lstrip(".") or "<root>"} = {value}\n'
+                 for path, value in flatten(with_run_lengths(cfg)).items())
 
 
 def is_allowed(module: str, allow: Iterable[str] = ()) -> bool:

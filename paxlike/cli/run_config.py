@@ -1,0 +1,131 @@
+"""The task config a command runs: the job dir's own, else the experiment's, then the flags.
+
+A job dir that holds a `config.json` is the unit every later command works on: resume, eval,
+decode and export start from that saved config, and the fiddlers and `--fdl_set` overrides given
+now apply on top of it (a change to the model or the data is still refused by the trainer unless
+`--allow_config_change`). `--exp`, when given beside such a job dir, is a check: it must name the
+experiment the job was started from.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import fiddle as fdl
+
+from paxlike import registry
+from paxlike.cli import config_io
+from paxlike.errors import UserError
+
+FIDDLER_PACKAGES = ('configs',)
+
+
+def fiddler_named(name: str, allow_import: Iterable[str] = ()) -> Callable[[fdl.Buildable], None]:
+  """A fiddler: a function of configs.fiddlers (a bare name), of `configs`, or of a module the
+  user allowed (`--allow_import`), named `module.function`."""
+  module_name, _, fn_name = name.rpartition('.')
+  module_name = module_name or 'configs.fiddlers'
+  allowed = (*FIDDLER_PACKAGES, *allow_import)
+  if not any(module_name == a or module_name.startswith(a + '.') for a in allowed):
+    raise UserError(f'--fdl_fiddler={name}: module {module_name} is not allowed; see --allow_import')
+  try:
+    fn = getattr(importlib.import_module(module_name), fn_name)
+  except (ImportError, AttributeError):
+    raise UserError(f'--fdl_fiddler={name}: no such fiddler') from None
+  if not inspect.isfunction(fn) or config_io.refusal(fn, allow_import):
+    raise UserError(f'--fdl_fiddler={name}: not a fiddler function of {module_name}')
+  return fn
+
+
+def experiment_config(exp: str) -> fdl.Config:
+  """The registered experiment `exp`'s task config, its key recorded in `experiment`; a
+  UserError (not a traceback) when the experiment's `config()` fails or returns no task config."""
+  registry.import_all()
+  cls = registry.get(exp)
+  key = registry.key_of(cls)
+  try:
+    cfg = cls().config()
+  except UserError:
+    raise
+  except Exception as error:  # The user's own experiment code: name it, one line.
+    raise UserError(f'experiment {key}: building its config failed: '
+                    f'{type(error).__name__}: {error}') from None
+  if not isinstance(cfg, fdl.Config) or not hasattr(cfg, 'train'):
+    raise UserError(f'experiment {key}: task() must return a fdl.Config of '
+                    f'paxlike.experiment.Task, got {type(cfg).__name__}')
+  cfg.experiment = key
+  return cfg
+
+
+def saved_config_file(job_log_dir: str | None) -> Path | None:
+  """`job_log_dir`/config.json when the job dir has one."""
+  if not job_log_dir:
+    return None
+  path = Path(job_log_dir).expanduser().absolute() / 'config.json'
+  return path if path.is_file() else None
+
+
+def _base(job_log_dir: str | None, exp: str | None, fdl_config: str | None,
+          allow_import: Sequence[str], allow_change: bool) -> tuple[fdl.Config, bool]:
+  """(the config before fiddlers and overrides, whether it is the job dir's saved one)."""
+  if fdl_config:
+    return config_io.load_file(fdl_config, allow_import), False
+  saved = saved_config_file(job_log_dir)
+  if saved is None:
+    if exp is None:
+      where = f'--job_log_dir {job_log_dir} holds no config.json (train first), so ' if (
+          job_log_dir) else ''
+      raise UserError(f'{where}--exp is required (or --fdl_config); use --list to see the '
+                      'experiments')
+    return experiment_config(exp), False
+  if exp is not None:  # Imported first: the saved config may name the experiment's module.
+    registry.import_all()
+    registry.get(exp)
+  try:
+    cfg = config_io.load_file(saved, [*allow_import, *registry.trusted_modules()])
+  except config_io.StaleConfig:
+    if exp is None:
+      raise
+    return experiment_config(exp), False  # The trainer refuses it unless allowed.
+  if exp is None:
+    return cfg, True
+  key, was = registry.key_of(registry.get(exp)), getattr(cfg, 'experiment', None)
+  if was and key != was:
+    if allow_change:
+      return experiment_config(exp), False
+    raise UserError(f'{saved.parent} holds a run of {was}, not {key}; drop --exp to continue '
+                    'it, use another --job_log_dir, or pass --allow_config_change')
+  return cfg, True
+
+
+def run_config(job_log_dir: str | None, exp: str | None, fdl_config: str | None = None,
+               fiddlers: Sequence[str] = (), overrides: Sequence[str] = (),
+               allow_import: Sequence[str] = (), allow_change: bool = False,
+               fill_from_source: Callable[[fdl.Config], None] | None = None) -> fdl.Config:
+  """The config to run (see the module docstring), then `fiddlers`, then `overrides`.
+
+  `fill_from_source(cfg)` completes a new run's config from its `train.init_from` (a job dir's
+  saved config is complete already)."""
+  registry.check_own_packages()
+  cfg, saved = _base(job_log_dir, exp, fdl_config, allow_import, allow_change)
+  for name in fiddlers:
+    fiddler_named(name, allow_import)(cfg)
+  config_io.apply_overrides(cfg, overrides)
+  if not saved and fill_from_source is not None:
+    fill_from_source(cfg)
+  if not saved and not fdl_config:
+    check_required(cfg, exp, getattr(registry.get(exp), 'REQUIRED', ()))
+  return cfg
+
+
+def check_required(cfg: fdl.Config, exp: str, required: tuple[str, ...]) -> None:
+  """UserError naming the first of an experiment's REQUIRED fields that is unset or empty."""
+  for path in required:
+    value = cfg
+    for part in path.split('.'):
+      value = getattr(value, part, None)
+    if value in (None, '', ()):
+      raise UserError(f'{exp} needs --fdl_set={path}=... (see its docstring: --list)')

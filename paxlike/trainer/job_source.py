@@ -1,0 +1,71 @@
+"""What a job needs of files outside it, copied into `DIR/source/` when it starts.
+
+A fine-tune reads its source (`train.init_from='hf:DIR'`) for the weights at step 0 only; the
+tokenizer, its chat template and the source's `config.json` are needed for as long as the job
+lives (resume, eval, decode, export). So at its first start a job copies them into its own
+`source/` folder and its saved config names the copies: deleting or moving the source, or the
+tokenizer file a run was given, leaves the job dir whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import fiddle as fdl
+
+SOURCE_DIR = 'source'
+# An HF checkpoint dir's files besides its weights that a job may need later.
+HF_FILES = ('config.json', 'generation_config.json')
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model')
+# Beside a tokenizer file: its special tokens and chat template (HF checkpoint layout).
+TOKENIZER_SIDECARS = ('tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja',
+                      'chat_template.json')
+
+
+def tokenizer_files(tokenizer: str) -> list[Path]:
+  """The files of the data's `tokenizer` ('bytes': none; a file: it and its sidecars; a
+  directory: its tokenizer files and sidecars)."""
+  if tokenizer == 'bytes':
+    return []
+  path = Path(tokenizer).expanduser()
+  folder, names = (path, TOKENIZER_FILES) if path.is_dir() else (path.parent, (path.name,))
+  return [folder / n for n in (*names, *TOKENIZER_SIDECARS) if (folder / n).is_file()]
+
+
+def hf_source_dir(init_from: str | None) -> Path | None:
+  """The directory of an `'hf:DIR'` init source, else None."""
+  if not init_from or not init_from.startswith('hf:'):
+    return None
+  return Path(init_from.removeprefix('hf:')).expanduser().absolute()
+
+
+def _copy_into(files: list[Path], folder: Path) -> None:
+  """Copies each file into `folder` under its own name, each made whole before it appears."""
+  folder.mkdir(exist_ok=True)
+  for file in files:
+    tmp = folder / f'.{file.name}.tmp'
+    shutil.copyfile(file, tmp)
+    os.replace(tmp, folder / file.name)
+
+
+def localize(job_dir: Path, cfg: fdl.Config) -> list[str]:
+  """Copies into `job_dir/source/` the tokenizer files `cfg.data.tokenizer` names and an HF
+  init source's config files, and points `cfg.data.tokenizer` at the copy; returns the names
+  copied. A tokenizer already inside the job dir (a resumed run) is left as it is."""
+  folder = job_dir / SOURCE_DIR
+  tokenizer = getattr(getattr(cfg, 'data', None), 'tokenizer', None)
+  copied: list[Path] = []
+  if isinstance(tokenizer, str) and tokenizer != 'bytes':
+    path = Path(tokenizer).expanduser().absolute()
+    if not path.is_relative_to(job_dir.absolute()) and path.exists():
+      copied += tokenizer_files(str(path))
+      cfg.data.tokenizer = str(folder if path.is_dir() else folder / path.name)
+  source = hf_source_dir(getattr(cfg.train, 'init_from', None))
+  if source is not None and source.is_dir():
+    copied += [source / n for n in HF_FILES if (source / n).is_file()]
+  unique = list({file.name: file for file in copied}.values())
+  if unique:
+    _copy_into(unique, folder)
+  return [file.name for file in unique]
