@@ -8,8 +8,9 @@ shared loading and export paths (`paxlike.interop.checkpoint`) use nothing else.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Collection, Mapping, NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
 from paxlike.layers import TransformerLM
@@ -59,7 +60,10 @@ def fused(paths: tuple[Path, ...], sizes: tuple[int, ...],
     return tuple(part.to_pax(piece)[0] for part, piece in zip(parts, np.split(w, bounds)))
 
   def to_hf(*values: np.ndarray) -> np.ndarray:
-    return np.concatenate([part.to_hf(v) for part, v in zip(parts, values)], axis=0)
+    pieces = [part.to_hf(v) for part, v in zip(parts, values)]
+    # jnp for shapes traced by jax.eval_shape (the checks), numpy for real exports.
+    xp = np if all(isinstance(p, np.ndarray) for p in pieces) else jnp
+    return xp.concatenate(pieces, axis=0)
 
   return Tensor(paths, to_pax, to_hf)
 
@@ -70,7 +74,9 @@ class Family(NamedTuple):
   `model_fields(hf)`: TransformerLM fields from a config.json dict (UserError naming any field
   whose value it cannot honour); `hf_config(model)`: the config.json to export; `tensor_names
   (model)`: the checkpoint's tensors; `mismatches(model)`: why `model` cannot be exported as
-  this family (empty: it can)."""
+  this family (empty: it can); `import_names(model, have)`, when given: the tensors of a
+  checkpoint holding tensors named `have`, for a family whose checkpoints come in more than one
+  layout (e.g. experts per expert or fused; `tensor_names` is the one export writes)."""
 
   model_type: str
   architecture: str
@@ -78,3 +84,4 @@ class Family(NamedTuple):
   hf_config: Callable[[TransformerLM], dict[str, Any]]
   tensor_names: Callable[[TransformerLM], NameMap]
   mismatches: Callable[[TransformerLM], list[str]]
+  import_names: Callable[[TransformerLM, Collection[str]], NameMap] | None = None

@@ -117,3 +117,21 @@ def unsupported(model: TransformerLM, allowed: Iterable[str],
   out = [f'{k}={v!r}' for k, v in used.items() if k not in set(allowed)]
   out += [f'{k}={getattr(model, k)!r}' for k, v in required.items() if getattr(model, k) != v]
   return out
+
+
+def layer_types(model: TransformerLM) -> list[str]:
+  """transformers 5's `layer_types` of `model` ('sliding_attention' for its local layers)."""
+  return ['sliding_attention' if model.sliding_window is not None and model.is_local_layer(i)
+          else 'full_attention' for i in range(model.num_layers)]
+
+
+def check_layer_types(hf: Mapping[str, Any], model_fields: Mapping[str, Any]) -> None:
+  """UserError unless a config's `layer_types` (when present) is the pattern `model_fields`
+  make (every `global_every`-th layer full, the rest sliding when there is a window)."""
+  if hf.get('layer_types') is None:
+    return
+  model = TransformerLM(**{k: v for k, v in model_fields.items() if k in (
+      'num_layers', 'sliding_window', 'global_every', 'local_rope_base')})
+  if list(hf['layer_types']) != layer_types(model):
+    raise UserError(f'config.json layer_types={hf["layer_types"]!r} is not the pattern paxlike '
+                    f'builds ({layer_types(model)})')
