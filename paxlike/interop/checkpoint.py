@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Collection, Iterator, Mapping
 
 import fiddle as fdl
 import jax
@@ -31,9 +31,14 @@ Header = Mapping[str, tuple[tuple[int, ...], Path]]  # HF name -> (shape, file).
 TIED = 'lm_head.weight'
 
 
-def name_map(model: TransformerLM, model_type: str | None = None) -> NameMap:
-  """Every HF tensor of `model`'s checkpoint (as `model_type`, else the family it matches)."""
-  return family_for_model(model, model_type).tensor_names(model)
+def name_map(model: TransformerLM, model_type: str | None = None,
+             have: Collection[str] | None = None) -> NameMap:
+  """Every HF tensor of `model`'s checkpoint (as `model_type`, else the family it matches): of
+  the checkpoint holding tensors `have` when given (its layout), else the one export writes."""
+  family = family_for_model(model, model_type)
+  if have is not None and family.import_names is not None:
+    return family.import_names(model, have)
+  return family.tensor_names(model)
 
 
 def _get(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
@@ -70,7 +75,11 @@ def config_to_hf(model: TransformerLM, model_type: str | None = None) -> dict[st
 def _param(tree: Mapping[str, Any], t: Tensor, path: tuple[str, ...]) -> Any:
   """The value `t` holds of the param at `path`: the whole param, or its row `t.row`."""
   value = _get(tree, path)
-  return value if t.row is None else value[t.row]
+  if t.row is None:
+    return value
+  if isinstance(value, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(value.shape[1:], value.dtype)
+  return value[t.row]
 
 
 def _rows(names: NameMap) -> dict[tuple[str, ...], int]:
@@ -132,7 +141,7 @@ def import_params(tensors: Mapping[str, np.ndarray], model: TransformerLM,
                   model_type: str | None = None) -> dict[str, Any]:
   """HF tensors -> the paxlike param tree of `model` (host numpy arrays in `model.param_dtype`);
   UserError unless every tensor is there with its shape and nothing else."""
-  names = name_map(model, model_type)
+  names = name_map(model, model_type, tensors.keys())
   check_shapes({k: v.shape for k, v in tensors.items()}, model, names)
   if model.tied_embeddings and TIED in tensors:
     _check_tied(tensors[TIED], tensors['model.embed_tokens.weight'])
@@ -141,7 +150,9 @@ def import_params(tensors: Mapping[str, np.ndarray], model: TransformerLM,
            for path, value in zip(t.paths, t.to_pax(np.asarray(tensors[name]))))
   for path, value in _assembled(pairs, names):
     _set(params, path, np.ascontiguousarray(value, dtype=dtype))
-  return stack_layers(params, model.num_layers) if model.scan_layers else params
+  if not model.scan_layers:
+    return params
+  return stack_layers(params, model.num_layers, model.moe_every if model.num_experts else 1)
 
 
 def export_params(params: Mapping[str, Any], model: TransformerLM, dtype: Any = None,

@@ -135,30 +135,39 @@ def _put(value: np.ndarray, spec: jax.ShapeDtypeStruct, sharding: Any = None) ->
 def _load_hf(source: Source, want: dict[str, Any], adapters: set[str], model: Any
              ) -> dict[str, jax.Array]:
   header = checkpoint.safetensors_header(source.path)
-  tensors = checkpoint.name_map(model, checkpoint.read_config(source.path).get('model_type'))
+  tensors = checkpoint.name_map(model, checkpoint.read_config(source.path).get('model_type'),
+                               header.keys())
   checkpoint.check_shapes({name: shape for name, (shape, _) in header.items()}, model, tensors)
   scanned = bool(getattr(model, 'scan_layers', False))
-  names = {'/'.join(_scanned_path(path) if scanned else path)
+  group = model.moe_every if getattr(model, 'num_experts', 0) else 1
+  names = {'/'.join(_scanned_path(path, group) if scanned else path)
            for t in tensors.values() for path in t.paths}
   _check_coverage(source, names, want, adapters)
   placed: dict[str, jax.Array] = {}
   layers: dict[str, dict[int, jax.Array]] = {}  # Scanned: each layer placed, stacked when whole.
+  steps = model.num_layers // group
   for path, value in checkpoint.read_params(header, model, tensors):
     if not scanned or not path[0].startswith('block_'):
       placed['/'.join(path)] = _put(value, want['/'.join(path)])
       continue
-    name, spec = '/'.join(_scanned_path(path)), want['/'.join(_scanned_path(path))]
+    name = '/'.join(_scanned_path(path, group))
+    spec = want[name]
     layer_sharding = NamedSharding(spec.sharding.mesh, P(*spec.sharding.spec[1:]))
-    layers.setdefault(name, {})[int(path[0][6:])] = _put(value, spec, layer_sharding)
-    if len(layers[name]) == model.num_layers:
+    layers.setdefault(name, {})[int(path[0][6:]) // group] = _put(value, spec, layer_sharding)
+    if len(layers[name]) == steps:
       parts = layers.pop(name)
-      placed[name] = _stack(tuple(parts[i] for i in range(model.num_layers)), spec.sharding)
+      placed[name] = _stack(tuple(parts[i] for i in range(steps)), spec.sharding)
   return placed
 
 
-def _scanned_path(path: tuple[str, ...]) -> tuple[str, ...]:
-  """block_{i}/... -> blocks/... (a scanned model's stacked layers)."""
-  return ('blocks', *path[1:]) if path[0].startswith('block_') else path
+def _scanned_path(path: tuple[str, ...], group: int = 1) -> tuple[str, ...]:
+  """block_{i}/... -> blocks/... (a scanned model's stacked layers); with `group` > 1 (a MoE
+  model's moe_every) blocks/layer_{i % group}/..."""
+  if not path[0].startswith('block_'):
+    return path
+  if group == 1:
+    return ('blocks', *path[1:])
+  return ('blocks', f'layer_{int(path[0][6:]) % group}', *path[1:])
 
 
 def _stack(parts: tuple[jax.Array, ...], sharding: Any) -> jax.Array:
