@@ -17,7 +17,7 @@ from paxlike.interop.rope_config import read_rope, rope_config
 from paxlike.layers import TransformerLM
 
 KNOWN = {'qkv_bias', 'shared_expert_intermediate_size', *moe_family.QWEN_KEYS}
-ALLOWED = {'mlp_activation', 'head_dim', 'rope_scaling', 'qkv_bias'}
+ALLOWED = {'mlp_activation', 'rope_scaling', 'qkv_bias'}  # head_dim is d / heads there.
 
 
 def model_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -26,6 +26,11 @@ def model_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
   if isinstance(shared, bool) or not isinstance(shared, int) or shared < 1:
     raise UserError(f'config.json shared_expert_intermediate_size={shared!r} is not a positive '
                     'integer')
+  d, heads = hf['hidden_size'], hf['num_attention_heads']
+  if hf.get('head_dim') not in (None, d // heads):
+    raise UserError(f'config.json head_dim={hf["head_dim"]!r} is not supported for model_type '
+                    f"'qwen2_moe' (its attention uses hidden_size / num_attention_heads = "
+                    f'{d // heads})')
   base, scaling = read_rope(hf)
   return {**hf_fields.dense_fields(hf), 'rope_base': base, 'rope_scaling': scaling,
           'qkv_bias': bool(hf.get('qkv_bias', True)), 'out_bias': False,

@@ -8,6 +8,7 @@ import json
 import re
 
 import fiddle as fdl
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +21,7 @@ from paxlike.decode import generate
 from paxlike.errors import UserError
 from paxlike.interop import checkpoint
 from paxlike.interop.families import family_for_model
-from paxlike.layers import moe
+from paxlike.layers import lora, moe
 from paxlike.trainer import init_from
 from tests.decode.test_generate import recompute_greedy
 from tests.helpers import run_script
@@ -42,6 +43,9 @@ CONFIGS = {
     'qwen2_moe': {**BASE, **QWEN, 'model_type': 'qwen2_moe', 'norm_topk_prob': False,
                   'qkv_bias': True, 'shared_expert_intermediate_size': 36,
                   'layer_types': ['full_attention'] * 2},
+    # A window of 5 tokens, beyond which the 12 positions of TOKENS reach.
+    'mixtral_window': {**BASE, 'model_type': 'mixtral', 'intermediate_size': 24,
+                       'num_local_experts': 4, 'sliding_window': 5, 'router_jitter_noise': 0.0},
     # Layer 0 dense (intermediate_size), layer 1 MoE; 3 of 4 experts per token, raw weights.
     'qwen3_moe_step2': {**BASE, **QWEN, 'model_type': 'qwen3_moe', 'decoder_sparse_step': 2,
                         'num_experts_per_tok': 3, 'norm_topk_prob': False,
@@ -143,6 +147,28 @@ def test_the_streamed_import_of_init_from_places_the_same_params(tmp_path, name,
   assert all(np.asarray(placed[k]).tobytes() == v.tobytes() for k, v in want.items())
 
 
+def test_a_lora_fine_tune_exports_merged_and_reimports_to_its_logits(tmp_path):
+  """Adapters on the attention of an imported Mixtral (LoRA stays off the experts): merged on
+  export, the reimported checkpoint computes what the adapted model does."""
+  cfg = hf_config('mixtral', 'v5')
+  model_cfg, base = checkpoint.load_hf_checkpoint(write(tmp_path, ref.random_checkpoint(cfg), cfg))
+  model = fdl.build(model_cfg).clone(lora_rank=2, lora_targets=('query', 'value'))
+  fresh = traverse_util.flatten_dict(nn.unbox(model.init(jax.random.key(0), jnp.asarray(TOKENS)))
+                                     ['params'])
+  weights = traverse_util.flatten_dict(base)
+  # The checkpoint's weights; adapters of the init with B moved off zero (a trained adapter).
+  params = traverse_util.unflatten_dict({
+      path: weights[path] if path in weights else x + 0.3 * ('lora_b' in path[-1])
+      for path, x in fresh.items()})
+  want = np.asarray(model.apply({'params': params}, jnp.asarray(TOKENS)))
+  merged = lora.merge_lora(params, model)
+  checkpoint.save_hf_checkpoint(merged, model.clone(lora_rank=0), tmp_path / 'out')
+  again_cfg, again = checkpoint.load_hf_checkpoint(tmp_path / 'out')
+  got = np.asarray(fdl.build(again_cfg).apply({'params': again}, jnp.asarray(TOKENS)))
+  base_logits = logits_and_dropped(model_cfg, base)[0]
+  assert max_relative_error(got, want) < 1e-5 and max_relative_error(base_logits, want) > 1e-3
+
+
 @pytest.mark.parametrize('name', ['mixtral', 'qwen2_moe', 'qwen3_moe'])
 def test_greedy_kv_cache_decode_equals_full_recompute(tmp_path, name):
   cfg = hf_config(name, 'v4')
@@ -166,6 +192,7 @@ def test_greedy_kv_cache_decode_equals_full_recompute(tmp_path, name):
     ('qwen2_moe', {'shared_expert_intermediate_size': 0}, 'shared_expert_intermediate_size=0'),
     ('qwen2_moe', {'layer_types': ['sliding_attention', 'full_attention']}, 'sliding_attention'),
     ('qwen2_moe', {'num_experts': None}, 'num_experts=None'),
+    ('qwen2_moe', {'head_dim': 16}, 'head_dim=16 is not supported'),
 ])
 def test_what_is_not_honoured_is_refused_by_name(name, changes, message):
   with pytest.raises(UserError, match=re.escape(message)):
