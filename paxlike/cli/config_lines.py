@@ -26,6 +26,15 @@ def packing_line(data: Any) -> str:
   if packed is None:
     return ''
   meta = packed.meta
-  return (f"# packing efficiency: {meta['packing_efficiency']:.4f} train, "
+  line = (f"# packing efficiency: {meta['packing_efficiency']:.4f} train, "
           f"{meta['eval_packing_efficiency']:.4f} eval ({meta['train_documents']:,} and "
           f"{meta['eval_documents']:,} documents)\n")
+  if meta.get('targetless_pieces'):
+    line += (f"# {meta['targetless_pieces']:,} pieces of {meta['documents_with_targetless_pieces']:,}"
+             f" training documents hold no target (prompt or non-assistant tokens only) and are "
+             f"left out: those documents are longer than data.seq_len, so their targets see only "
+             f"the last tokens before them\n")
+  if meta.get('targetless_documents'):
+    line += (f"# {meta['targetless_documents']:,} training documents have no target token at "
+             "all and are left out\n")
+  return line

@@ -19,6 +19,7 @@ import fiddle as fdl
 from paxlike import registry
 from paxlike.cli import config_io
 from paxlike.errors import UserError
+from paxlike.trainer import job_source
 
 FIDDLER_PACKAGES = ('configs',)
 
@@ -114,6 +115,8 @@ def run_config(job_log_dir: str | None, exp: str | None, fdl_config: str | None 
   for name in fiddlers:
     fiddler_named(name, allow_import)(cfg)
   config_io.apply_overrides(cfg, overrides)
+  if saved:
+    job_source.same_as_copy(Path(job_log_dir).expanduser(), cfg)
   if not saved and fill_from_source is not None:
     fill_from_source(cfg)
   if not saved and not fdl_config:

@@ -103,10 +103,19 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
   return row
 
 
-def make_plan(lengths: np.ndarray, docs: np.ndarray, capacity: int) -> Plan:
-  """The packing of documents `docs` (indices into `lengths`, tokens per document)."""
+PieceFilter = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+def make_plan(lengths: np.ndarray, docs: np.ndarray, capacity: int,
+              has_target: PieceFilter | None = None) -> Plan:
+  """The packing of documents `docs` (indices into `lengths`, tokens per document).
+  `has_target(doc, offset, length)` (SFT, chat) says which pieces hold a scored target; the
+  others would only cost compute (a piece attends to itself alone), so they are left out."""
   docs = np.asarray(docs, np.int64)
   piece_doc, offset, length = split_documents(np.asarray(lengths)[docs], capacity)
+  if has_target is not None:
+    keep = np.asarray(has_target(docs[piece_doc], offset, length), bool)
+    piece_doc, offset, length = piece_doc[keep], offset[keep], length[keep]
   row = best_fit_decreasing(length, capacity)
   rank = np.empty(len(length), np.int64)  # Within a row, pieces in the order they were placed.
   rank[np.argsort(-length, kind='stable')] = np.arange(len(length))

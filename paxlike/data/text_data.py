@@ -43,10 +43,15 @@ def make_packed(store: token_store.Store, capacity: int, partition: str,
   ids, counts = np.unique(owner[train_docs], return_counts=True)
   by_client = np.split(train_docs[np.argsort(owner[train_docs], kind='stable')],
                        np.cumsum(counts)[:-1])
-  plans = [packing.make_plan(lengths, docs, capacity) for docs in by_client]
+  has_target = target_filter(store)
+  plans = [packing.make_plan(lengths, docs, capacity, has_target) for docs in by_client]
   train, client_rows = (packing.concat_plans(plans) if plans else
-                        (packing.make_plan(lengths, train_docs, capacity), np.zeros(1, np.int64)))
-  evals = packing.make_plan(lengths, np.flatnonzero(heldout), capacity)
+                        (packing.make_plan(lengths, train_docs, capacity, has_target),
+                         np.zeros(1, np.int64)))
+  evals = packing.make_plan(lengths, np.flatnonzero(heldout), capacity, has_target)
+  piece_doc, offset, length = packing.split_documents(lengths[train_docs], capacity)
+  kept = (np.ones(len(piece_doc), bool) if has_target is None else
+          np.asarray(has_target(train_docs[piece_doc], offset, length), bool))
   arrays = {**{f'train_{k}': getattr(train, k) for k in PLAN_ARRAYS},
             **{f'eval_{k}': getattr(evals, k) for k in PLAN_ARRAYS},
             'client_rows': client_rows, 'client_ids': ids.astype(np.int64),
@@ -54,8 +59,25 @@ def make_packed(store: token_store.Store, capacity: int, partition: str,
   meta = {'packing_efficiency': packing.efficiency(train, capacity),
           'eval_packing_efficiency': packing.efficiency(evals, capacity),
           'train_documents': len(train_docs), 'eval_documents': int(heldout.sum()),
-          'eval_tokens': int(lengths[heldout].sum())}
+          'eval_tokens': int(lengths[heldout].sum()),
+          'targetless_pieces': int((~kept).sum()),
+          'documents_with_targetless_pieces': len(np.unique(piece_doc[~kept])),
+          'targetless_documents': len(train_docs) - len(np.unique(piece_doc[kept]))}
   return arrays, meta
+
+
+def target_filter(store: token_store.Store) -> packing.PieceFilter | None:
+  """Which pieces (doc, offset, length) hold a scored target: one past the prompt (SFT) or an
+  assistant token (chat); None for plain text, where every piece of two tokens does."""
+  start = np.asarray(store.doc_start, np.int64)
+  if store.trained is not None:  # Chat: count the assistant tokens among each piece's targets.
+    scored = np.concatenate([[0], np.cumsum(store.trained, dtype=np.int64)])
+    return lambda doc, offset, length: (
+        scored[start[doc] + offset + length] - scored[start[doc] + offset + 1] > 0)
+  prompt = np.asarray(store.doc_prompt, np.int64)
+  if not prompt.any():
+    return None
+  return lambda doc, offset, length: (length >= 2) & (offset + length - 1 >= prompt[doc])
 
 
 def epoch_seed(seed: int, client: int, epoch: int) -> int:
@@ -230,7 +252,7 @@ class TextData:
   def packed(self) -> Packed:
     """The packing plan (computed once per store, seq_len, partition and eval_fraction)."""
     capacity, store = self.seq_len + 1, self.store
-    name = f'plan-seq{self.seq_len}-{self.partition}-eval{self.eval_fraction:.9g}'
+    name = f'plan2-seq{self.seq_len}-{self.partition}-eval{self.eval_fraction:.9g}'
     arrays, meta = token_store.derived(
         store, name, lambda: make_packed(store, capacity, self.partition, self.eval_fraction))
     plan = lambda split: packing.Plan(*(arrays[f'{split}_{k}'] for k in PLAN_ARRAYS))

@@ -13,7 +13,7 @@ fingerprint, the reading fields (text_files.Fields) and FORMAT:
   doc_prompt.bin  int32  [docs]      its prompt tokens (SFT), else 0
   trained.bin     uint8  [tokens]    chat data only: 1 where a token is assistant output (a
                                      target), 0 elsewhere (tokenizers/chat_encoder.py)
-  manifest.json   written last
+  manifest.json   written last; it records each file's size and CRC-32 (store_check.py)
   derived/NAME/   arrays computed from the store (packing plans), cached the same way
 
 A build writes into a temporary directory and `os.replace`s it into place under an exclusive
@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,10 @@ import numpy as np
 
 from paxlike.data import fingerprint
 from paxlike.data import prepare
+from paxlike.data import store_check
 from paxlike.data import text_files
 from paxlike.data import token_build
-from paxlike.errors import UserError
+from paxlike.errors import RunFailure, UserError
 
 FORMAT = 2  # 2: doc_hash.hashes (1 was blake2b, a call per document).
 TOKEN_DIR_ENV = 'PAXLIKE_TOKEN_DIR'
@@ -84,8 +86,16 @@ class Store:
 
   @classmethod
   def open(cls, path: Path) -> 'Store':
+    """The store at `path`; DamagedStore when a file is missing, cut short or changed."""
     manifest = json.loads((path / MANIFEST).read_text())
     dtype, docs = np.dtype(manifest['token_dtype']), manifest['num_docs']
+    sizes = store_check.expected_sizes(
+        manifest, {name: np.dtype(t).itemsize for name, t in DOC_ARRAYS.items()})
+    if (path / TRAINED).is_file() or TRAINED in manifest.get('checksums', {}):
+      sizes[TRAINED] = manifest['num_tokens']
+    problem = store_check.damage(path, sizes, manifest.get('checksums'))
+    if problem:
+      raise DamagedStore(problem)
     sizes = manifest['shards']
     shards = tuple(np.memmap(path / f'tokens-{i:05d}.bin', dtype, 'r', shape=(n,))
                    for i, n in enumerate(sizes))
@@ -122,13 +132,18 @@ class Store:
     return np.asarray(self.doc_hash) < np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
 
 
+class DamagedStore(Exception):
+  """A store whose files are not what its build wrote (see store_check)."""
+
+
 class Writer:
   """Appends encoded chunks to a store directory; `finish` writes the manifest last."""
 
   def __init__(self, directory: Path, dtype: np.dtype, shard_tokens: int = SHARD_TOKENS):
     self.directory, self.dtype, self.shard_tokens = directory, np.dtype(dtype), shard_tokens
     self.docs = {name: open(directory / f'{name}.bin', 'wb') for name in DOC_ARRAYS}
-    self.docs['doc_start'].write(np.zeros(1, np.int64).tobytes())
+    self.checksums = store_check.Checksums()
+    self._write(self.docs['doc_start'], np.zeros(1, np.int64))
     self.shards: list[int] = []
     self.shard = None
     self.trained = None  # trained.bin, opened by the first chunk that has a mask.
@@ -141,18 +156,23 @@ class Writer:
         self.shard.close()
       self.shard = open(self.directory / f'tokens-{len(self.shards):05d}.bin', 'wb')
       self.shards.append(0)
-    self.shard.write(np.ascontiguousarray(chunk.tokens, self.dtype).data)
+    self._write(self.shard, np.ascontiguousarray(chunk.tokens, self.dtype))
     if chunk.trained is not None:
       if self.trained is None:
         self.trained = open(self.directory / TRAINED, 'wb')
-      self.trained.write(np.ascontiguousarray(chunk.trained, np.uint8).data)
+      self._write(self.trained, np.ascontiguousarray(chunk.trained, np.uint8))
     ends = self.num_tokens + np.cumsum(chunk.lengths, dtype=np.int64)
     for name, values in (('doc_start', ends), ('doc_file', files), ('doc_client', clients),
                          ('doc_hash', chunk.hashes), ('doc_prompt', chunk.prompt_lengths)):
-      self.docs[name].write(np.ascontiguousarray(values, DOC_ARRAYS[name]).data)
+      self._write(self.docs[name], np.ascontiguousarray(values, DOC_ARRAYS[name]))
     self.shards[-1] += len(chunk.tokens)
     self.num_docs += len(chunk.lengths)
     self.num_tokens += len(chunk.tokens)
+
+  def _write(self, file: Any, values: np.ndarray) -> None:
+    """Appends `values`' bytes to `file`, and to its running checksum."""
+    file.write(values.data)
+    self.checksums.add(Path(file.name).name, values.data)
 
   def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
     """Flushes every file to disk, then writes the manifest (what makes the store complete)."""
@@ -162,7 +182,7 @@ class Writer:
       f.close()
     manifest = {**manifest, 'format': FORMAT, 'num_docs': self.num_docs,
                 'num_tokens': self.num_tokens, 'token_dtype': self.dtype.name,
-                'shards': self.shards}
+                'shards': self.shards, 'checksums': self.checksums.record()}
     _write_json(self.directory / MANIFEST, manifest)
     return manifest
 
@@ -202,14 +222,46 @@ def open_or_build(files: dict[str, Path], fields: text_files.Fields, tokenizer: 
                   num_workers: int) -> Store:
   """The store of `files` read with `fields` and tokenized by `tokenizer`: opened if complete,
   else built (by `num_workers` processes, see token_build.py) first. The corpus is only hashed
-  when the store exists."""
+  when the store exists. A store damaged on disk (store_check: a file cut short or changed) is
+  rebuilt, with a warning; UserError when the token dir cannot be used."""
   key = store_key(files, fields, tokenizer)
-  final = token_dir() / key[:32]
+  final = _usable_token_dir() / key[:32]
+  lock = final.parent / f'.{final.name}.lock'
+
+  def write(tmp: Path) -> None:
+    build(tmp, files, fields, tokenizer, num_workers, key)
+
   if not _complete(final, key):
-    def write(tmp: Path) -> None:
-      build(tmp, files, fields, tokenizer, num_workers, key)
-    _replace_atomically(final, token_dir() / f'.{final.name}.lock', key, write)
-  return Store.open(final)
+    _replace_atomically(final, lock, key, write)
+  try:
+    return Store.open(final)
+  except DamagedStore as error:
+    print(f'warning: token store {final} is damaged ({error}); rebuilding it from data.files',
+          file=sys.stderr)
+  with prepare._locked(lock):  # pylint: disable=protected-access
+    if final.exists():  # Moved aside first: a later build removes the .tmp- leftovers.
+      aside = final.parent / f'.tmp-{final.name}-damaged-{os.getpid()}'
+      os.replace(final, aside)
+      shutil.rmtree(aside, ignore_errors=True)
+  _replace_atomically(final, lock, key, write)
+  try:
+    return Store.open(final)
+  except DamagedStore as error:
+    raise RunFailure(f'token store {final} is damaged right after its build ({error}); check '
+                     f'the disk, or set ${TOKEN_DIR_ENV} to another directory') from None
+
+
+def _usable_token_dir() -> Path:
+  """`token_dir()`, created if needed; UserError naming it when it cannot be used."""
+  path = token_dir()
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as error:
+    raise UserError(f'token store dir {path} (${TOKEN_DIR_ENV}) cannot be created '
+                    f'({error.strerror})') from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise UserError(f'token store dir {path} (${TOKEN_DIR_ENV}) is not writable')
+  return path
 
 
 def build(directory: Path, files: dict[str, Path], fields: text_files.Fields, tokenizer: Any,

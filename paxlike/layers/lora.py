@@ -12,6 +12,7 @@ same logits) and `lora_mask(params)` marks the adapter leaves, for training only
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -41,7 +42,12 @@ def adapter(module: nn.Module, name: str, x: jax.Array, in_shape: tuple[int, ...
             out_names: tuple[str | None, ...], rank: int, alpha: float, dtype: Any,
             param_dtype: Any) -> jax.Array:
   """(alpha / rank) * (x @ A) @ B for x [..., *in_shape] -> [..., *out_shape], declaring
-  `<name>_lora_a` and `<name>_lora_b` in `module` (call it inside its compact method)."""
+  `<name>_lora_a` and `<name>_lora_b` in `module` (call it inside its compact method).
+  ValueError when `rank` exceeds the projection's smaller side (a rank past it adds nothing)."""
+  fan_in, fan_out = math.prod(in_shape), math.prod(out_shape)
+  if rank > min(fan_in, fan_out):
+    raise ValueError(f'lora_rank={rank} is larger than the {name} projection it adapts '
+                     f'({fan_in} -> {fan_out}); use at most {min(fan_in, fan_out)}')
   in_axes = tuple(range(len(in_shape)))
   a_init = nn.initializers.lecun_normal(in_axis=in_axes, out_axis=-1)
   a = module.param(f'{name}_lora_a', nn.with_logical_partitioning(a_init, (*in_names, RANK_AXIS)),

@@ -69,3 +69,16 @@ def localize(job_dir: Path, cfg: fdl.Config) -> list[str]:
   if unique:
     _copy_into(unique, folder)
   return [file.name for file in unique]
+
+
+def same_as_copy(job_dir: Path, cfg: fdl.Config) -> None:
+  """Points `cfg.data.tokenizer` back at the job's copy when it names (again, as the command
+  that started the job did) a file outside the job dir whose bytes equal the copy's: rerunning
+  the first command resumes. A tokenizer that differs is left, for the trainer to refuse."""
+  tokenizer = getattr(getattr(cfg, 'data', None), 'tokenizer', None)
+  if not isinstance(tokenizer, str) or tokenizer == 'bytes':
+    return
+  path = Path(tokenizer).expanduser().absolute()
+  copy = job_dir.absolute() / SOURCE_DIR / path.name
+  if path.is_file() and copy.is_file() and path.read_bytes() == copy.read_bytes():
+    cfg.data.tokenizer = str(copy)

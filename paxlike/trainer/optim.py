@@ -13,13 +13,14 @@ ScalarOrSchedule = float | optax.Schedule
 def warmup_cosine(peak_value: float, decay_steps: int | None = None,
                   warmup_steps: int | None = None, end_fraction: float = 0.1) -> optax.Schedule:
   """Linear warmup from 0 to `peak_value`, then cosine to `end_fraction * peak_value` at
-  `decay_steps` (then flat). `warmup_steps` None: a tenth of `decay_steps`, at most 50. A config
-  that leaves `decay_steps` unset gets `train.num_steps` (`with_run_lengths`)."""
+  `decay_steps` (then flat). `warmup_steps` None: a tenth of `decay_steps`, at most 50 (none
+  for a 1-step run). A config that leaves `decay_steps` unset gets `train.num_steps`
+  (`config_io.with_run_lengths`)."""
   if decay_steps is None:
     raise ValueError('warmup_cosine needs decay_steps (a task config fills it from '
                      'train.num_steps)')
-  if warmup_steps is None:
-    warmup_steps = min(50, max(1, decay_steps // 10))
+  if warmup_steps is None:  # Shorter than the run, so a 1-step run trains at the peak.
+    warmup_steps = min(50, max(1, decay_steps // 10), decay_steps - 1)
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=peak_value, warmup_steps=warmup_steps,
       decay_steps=decay_steps, end_value=peak_value * end_fraction)
