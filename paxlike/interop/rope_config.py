@@ -42,11 +42,12 @@ def _rope_dict(hf: Mapping[str, Any], layer_type: str | None) -> tuple[str, dict
     elif any(isinstance(v, Mapping) for v in params.values()):
       raise UserError(f'config.json rope_parameters has per-layer entries '
                       f'{sorted(params)} this family does not use')
-    top = hf.get('rope_theta')
+    # A top-level rope_theta (older readers' key) is the global layers' base.
+    top = hf.get('rope_theta') if layer_type in (None, 'full_attention') else None
     if top is not None and 'rope_theta' in params and float(top) != float(params['rope_theta']):
       raise UserError(f'config.json has rope_theta={top} and {where}.rope_theta='
                       f'{params["rope_theta"]}: they disagree')
-    return where, {'rope_theta': top, **params}
+    return where, {'rope_theta': top, **params}  # rope_parameters' own theta wins.
   return 'rope_scaling', {**(hf.get('rope_scaling') or {}), 'rope_theta': hf.get('rope_theta')}
 
 
