@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from paxlike.layers import lora
 from paxlike.layers.blocks import EMBED_ACT, MLP_ACTIVATIONS, Mlp
 
 DType = Any
@@ -133,7 +134,10 @@ def check_experts(num_experts: int, k: int) -> None:
 class MoeMlp(nn.Module):
   """Drop-in for `blocks.Mlp` (x: [B, T, embed] -> [B, T, embed]) with `num_experts` experts,
   each a gated (or plain) MLP of width `d_ff`; `renormalize` and `shared_d_ff` (a shared expert
-  under a sigmoid gate, params 'shared_expert' and 'shared_gate'): see the module docstring."""
+  under a sigmoid gate, params 'shared_expert' and 'shared_gate'): see the module docstring.
+  LoRA (`lora_rank` > 0): each expert kernel named in `lora_targets` gets adapters of its own
+  beside it, `<name>_lora_a` [E, in, r] and `<name>_lora_b` [E, r, out] (`lora.merge_lora`
+  folds them in per expert); the shared expert's kernels get a dense MLP's adapters."""
 
   d_ff: int
   num_experts: int
@@ -147,6 +151,9 @@ class MoeMlp(nn.Module):
   activation: str = 'silu'
   renormalize: bool | None = None
   shared_d_ff: int = 0
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = ()
 
   def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
     """An expert weight [E, in, out], initialised per expert with fan-in `in`."""
@@ -154,16 +161,35 @@ class MoeMlp(nn.Module):
     kernel = self.param(name, nn.with_logical_partitioning(init, names), shape, self.param_dtype)
     return jnp.asarray(kernel, self.dtype)
 
+  def _project(self, name: str, x: jax.Array, width: int, names: tuple[str, str]) -> jax.Array:
+    """x [E, B, C, in] through every expert's kernel `name` [E, in, width], plus its LoRA
+    adapters `<name>_lora_a` [E, in, r] and `<name>_lora_b` [E, r, width] when targeted."""
+    shape = (self.num_experts, x.shape[-1], width)
+    y = jnp.einsum('ebci,eio->ebco', x, self._kernel(name, shape, ('expert', *names)))
+    if not self.lora_rank or name not in self.lora_targets:
+      return y
+    if self.lora_rank > min(shape[1:]):
+      raise ValueError(f'lora_rank={self.lora_rank} is larger than the expert {name} projection '
+                       f'it adapts ({shape[1]} -> {shape[2]}); use at most {min(shape[1:])}')
+    rank = self.lora_rank
+    a = self.param(f'{name}_lora_a', nn.with_logical_partitioning(
+        nn.initializers.lecun_normal(batch_axis=(0,)), ('expert', names[0], lora.RANK_AXIS)),
+        (shape[0], shape[1], rank), self.param_dtype)
+    b = self.param(f'{name}_lora_b', nn.with_logical_partitioning(
+        nn.initializers.zeros, ('expert', lora.RANK_AXIS, names[1])),
+        (shape[0], rank, width), self.param_dtype)
+    low = jnp.einsum('ebci,eir->ebcr', x, jnp.asarray(a, self.dtype))
+    scale = jnp.asarray(self.lora_alpha / rank, self.dtype)
+    return y + jnp.einsum('ebcr,ero->ebco', low, jnp.asarray(b, self.dtype)) * scale
+
   def _experts(self, x: jax.Array) -> jax.Array:
     """Every expert's MLP on its slots: x [E, B, C, d] -> [E, B, C, d]."""
-    num, d, f = self.num_experts, x.shape[-1], self.d_ff
     act = MLP_ACTIVATIONS[self.activation]
-    up = lambda name: jnp.einsum('ebcd,edf->ebcf', x,
-                                 self._kernel(name, (num, d, f), ('expert', 'embed', 'mlp')))
+    up = lambda name: self._project(name, x, self.d_ff, ('embed', 'mlp'))
     h = act(up('wi_gate')) * up('wi_up') if self.gated else act(up('wi'))
     h = nn.with_logical_constraint(h, EXPERT_HIDDEN)
-    wo = self._kernel('wo', (num, f, d), ('expert', 'mlp', 'embed'))
-    return nn.with_logical_constraint(jnp.einsum('ebcf,efd->ebcd', h, wo), EXPERT_IN)
+    return nn.with_logical_constraint(self._project('wo', h, x.shape[-1], ('mlp', 'embed')),
+                                      EXPERT_IN)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -194,7 +220,7 @@ class MoeMlp(nn.Module):
     gate = self.param('shared_gate', init, (x.shape[-1], 1), self.param_dtype)
     scale = jax.nn.sigmoid(jnp.einsum('btd,do->bto', x, jnp.asarray(gate, self.dtype)))
     mlp = Mlp(self.shared_d_ff, self.gated, self.dtype, self.param_dtype, self.activation,
-              name='shared_expert')
+              self.lora_rank, self.lora_alpha, self.lora_targets, name='shared_expert')
     return scale * mlp(x)
 
   def _sow_stats(self, probs: jax.Array, logits: jax.Array, routing: Routing) -> None:

@@ -85,7 +85,8 @@ class TransformerLM(nn.Module):
 
   LoRA: `lora_rank` > 0 adds adapters `<kernel>_lora_a` / `<kernel>_lora_b` beside each kernel
   named in `lora_targets` (any of 'query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wi',
-  'wo'), scaled by `lora_alpha / lora_rank`; `lora.merge_lora` folds them in.
+  'wo'), scaled by `lora_alpha / lora_rank`; `lora.merge_lora` folds them in. In a MoE layer
+  each expert gets adapters of its own on the targeted MLP kernels.
 
   Mixture of experts (`paxlike.layers.moe`): `num_experts` > 0 makes every `moe_every`-th
   layer's MLP (layers moe_every - 1, 2·moe_every - 1, ...) a `moe.MoeMlp` of `num_experts`
@@ -191,9 +192,6 @@ class TransformerLM(nn.Module):
     if self.capacity_factor is not None and self.capacity_factor < 0:
       raise ValueError(f'capacity_factor must be None, 0 (dropless) or positive, '
                        f'got {self.capacity_factor}')
-    if self.lora_rank and any(t in lora.MLP_TARGETS for t in self.lora_targets):
-      raise ValueError('LoRA adapters on MoE experts are not built: keep lora_targets to '
-                       'attention kernels when num_experts > 0')
 
   def _check_pipelined(self) -> None:
     """ValueErrors for fields a stage mesh cannot pipeline (the trainer checks the batch)."""
@@ -236,7 +234,8 @@ class TransformerLM(nn.Module):
         self.moe_d_ff or self.d_ff, self.num_experts, self.experts_per_token, self.capacity_factor,
         self.aux_loss_weight, self.router_z_loss_weight, self.gated_mlp, self.dtype,
         self.param_dtype, activation, renormalize=self.moe_renormalize,
-        shared_d_ff=self.moe_shared_d_ff, parent=None)
+        shared_d_ff=self.moe_shared_d_ff, lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
+        lora_targets=tuple(t for t in self.lora_targets if t in lora.MLP_TARGETS), parent=None)
 
   def _block(self, name: str | None, is_moe: bool = False, is_local: bool = True
              ) -> DecoderBlock:

@@ -217,7 +217,7 @@ def test_scanned_moe_model_equals_the_unrolled_one(every, remat):
     (dict(moe_every=3, scan_layers=True), 'num_layers=4 must be a multiple of it'),
     (dict(moe_every=0), 'moe_every=0 must be between 1 and num_layers=4'),
     (dict(capacity_factor=-1.0), 'capacity_factor must be None, 0'),
-    (dict(lora_rank=2, lora_targets=('wo',)), 'LoRA adapters on MoE experts'),
+    (dict(lora_rank=40, lora_targets=('wo',)), 'lora_rank=40 is larger than the expert wo'),
 ])
 def test_bad_moe_model_fields_are_refused(fields, message):
   with pytest.raises(ValueError, match=message):

@@ -11,7 +11,7 @@ import pytest
 from flax import traverse_util
 
 from paxlike.families import lm_flops
-from paxlike.layers import TransformerLM, moe, stack_layers
+from paxlike.layers import TransformerLM, lora, moe, stack_layers
 from tests.interop import moe_reference as ref
 
 D, F, E = 16, 8, 4
@@ -132,3 +132,38 @@ def test_scanned_model_with_a_shared_expert_equals_the_unrolled_one():
 def test_bad_expert_widths_are_refused(fields, message):
   with pytest.raises(ValueError, match=message):
     TransformerLM(**{**TINY, **fields}).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))
+
+
+LORA = dict(lora_rank=2, lora_alpha=4.0, lora_targets=('query', 'wi_gate', 'wi_up', 'wo'))
+
+
+def test_lora_on_the_experts_adapts_each_expert_and_merges_into_its_kernel():
+  """Every expert (and the shared expert) gets its own adapters: the model starts equal to its
+  base (B = 0), and with B moved the merged plain model computes what the adapted one does,
+  each expert's kernel W_e + (alpha / r) A_e B_e (numpy, per expert)."""
+  model = TransformerLM(**{**TINY, **LORA})
+  tokens = jax.random.randint(jax.random.key(0), (2, 10), 0, 64)
+  params = nn.unbox(model.init(jax.random.key(1), tokens))['params']
+  mlp = params['block_1']['mlp']
+  assert mlp['wi_gate_lora_a'].shape == (4, 32, 2) and mlp['wo_lora_b'].shape == (4, 2, 32)
+  assert 'wi_up_lora_a' in mlp['shared_expert']
+  base = lora.merge_lora(params, model)
+  plain = model.clone(lora_rank=0)
+  np.testing.assert_allclose(model.apply({'params': params}, tokens),
+                             plain.apply({'params': base}, tokens), rtol=1e-6, atol=1e-6)
+  moved = jax.tree_util.tree_map_with_path(
+      lambda path, x: x + 0.2 if 'lora_b' in jax.tree_util.keystr(path) else x, params)
+  merged = lora.merge_lora(moved, model)
+  got = plain.apply({'params': merged}, tokens)
+  want = model.apply({'params': moved}, tokens)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert np.abs(np.asarray(want) - np.asarray(plain.apply({'params': base}, tokens))).max() > 1e-3
+  m = moved['block_1']['mlp']
+  for e in range(4):
+    expect = np.asarray(m['wo'][e]) + 2.0 * np.asarray(m['wo_lora_a'][e]) @ np.asarray(
+        m['wo_lora_b'][e])
+    np.testing.assert_allclose(merged['block_1']['mlp']['wo'][e], expect, rtol=1e-5, atol=1e-6)
+  # Scanned: the same adapters stacked, the same logits.
+  scanned = model.clone(scan_layers=True)
+  np.testing.assert_allclose(scanned.apply({'params': stack_layers(moved, 4, 2)}, tokens), want,
+                             rtol=1e-5, atol=1e-5)
