@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from jax.sharding import Mesh
 
 from paxlike.errors import UserError
@@ -45,25 +47,61 @@ def read_prompts(prompts_file: str | None, prompt: str) -> list[str]:
   return prompts
 
 
+def fit_context(ids: list[np.ndarray], max_len: int, max_new_tokens: int
+                ) -> tuple[list[np.ndarray], int, list[str]]:
+  """(prompts, new tokens, notes) that fit the `max_len` positions the model attends: a prompt
+  longer than max_len - 1 tokens keeps its last max_len - 1, and the new tokens stop where the
+  longest prompt plus them fill the context (the last new token takes no slot). The notes say
+  what was cut, for stderr."""
+  keep, notes = max_len - 1, []
+  cut = [i for i, prompt in enumerate(ids) if len(prompt) > keep]
+  if cut:
+    notes.append(f'{len(cut)} prompt(s) are longer than the model attends (max_len={max_len}) '
+                 f'and keep their last {keep} tokens (prompt {cut[0]} had {len(ids[cut[0]])})')
+  ids = [prompt[-keep:] for prompt in ids]
+  longest = max(len(prompt) for prompt in ids)
+  room = max_len + 1 - longest
+  if max_new_tokens > room:
+    notes.append(f'--decode_length={max_new_tokens} is past what the model attends '
+                 f'(max_len={max_len}, longest prompt {longest} tokens): decoding {room} tokens')
+  return ids, min(max_new_tokens, room), notes
+
+
+def _fitted(task: Task, ids: list[np.ndarray], sampling: Sampling
+            ) -> tuple[list[np.ndarray], dict[str, Any]]:
+  """The prompts cut to the model's context and `generate`'s sampling options (notes printed)."""
+  from paxlike.decode import cache_len_for  # pylint: disable=import-outside-toplevel
+  ids, new_tokens, notes = fit_context(ids, task.model.max_len, sampling.max_new_tokens)
+  for note in notes:
+    print(f'note: {note}', file=sys.stderr)
+  return ids, dict(max_new_tokens=new_tokens, temperature=sampling.temperature,
+                   top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
+                   cache_len=cache_len_for(task.model, max(map(len, ids)), new_tokens))
+
+
 def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
                  sampling: Sampling, chat: bool = False) -> str:
   """Each prompt followed by its continuation, one block per prompt: sampled with a KV cache on
   the training mesh, in tokens of the data's tokenizer, stopping at its EOS (the byte
-  tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length). With `chat`,
-  each prompt is a user turn of the tokenizer's chat template (chat_replies)."""
-  from paxlike.decode import cache_len_for, generate_text  # pylint: disable=import-outside-toplevel
+  tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length), within the
+  positions the model attends (`fit_context`). With `chat`, each prompt is a user turn of the
+  tokenizer's chat template (chat_replies)."""
+  from paxlike.decode import generate  # pylint: disable=import-outside-toplevel
+  from paxlike.decode.text import check_vocab  # pylint: disable=import-outside-toplevel
   from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
   tokenizer = getattr(task.data, 'loaded_tokenizer', None) or load_tokenizer('bytes')
   if chat:
     return chat_replies(task, mesh, params, tokenizer, prompts, sampling)
-  longest = max(len(ids) for ids in tokenizer.encode_batch(prompts))
-  cache_len = cache_len_for(task.model, longest, sampling.max_new_tokens)
-  texts = generate_text(task.model, params, tokenizer, prompts,
-                        stop_at_eos=tokenizer.kind != 'bytes',
-                        max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                        top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
-                        cache_len=cache_len, mesh=mesh, rules=task.mesh.rules)
-  return '\n\n'.join(prompt + text for prompt, text in zip(prompts, texts))
+  check_vocab(task.model, tokenizer)
+  if any(not prompt for prompt in prompts):
+    raise UserError('a prompt is empty')
+  ids, options = _fitted(task, tokenizer.encode_batch(prompts), sampling)
+  eos_id = tokenizer.eos_id if tokenizer.kind != 'bytes' else None
+  rows = generate(task.model, params, ids, eos_id=eos_id, pad_id=getattr(tokenizer, 'pad_id', 0),
+                  mesh=mesh, rules=task.mesh.rules, **options)
+  strip = lambda row: row[:-1] if eos_id is not None and len(row) and row[-1] == eos_id else row
+  return '\n\n'.join(prompt + tokenizer.decode(strip(row).tolist())
+                       for prompt, row in zip(prompts, rows))
 
 
 def chat_replies(task: Task, mesh: Mesh, params: Any, tokenizer: Any, prompts: list[str],
@@ -71,18 +109,14 @@ def chat_replies(task: Task, mesh: Mesh, params: Any, tokenizer: Any, prompts: l
   """`user: PROMPT` and `assistant: REPLY` for each prompt, blocks apart by a blank line: the
   prompt rendered by the tokenizer's chat template as one user turn with the generation prompt,
   the reply sampled until the template's end-of-turn token (or EOS, or --decode_length)."""
-  from paxlike.decode import cache_len_for, generate  # pylint: disable=import-outside-toplevel
+  from paxlike.decode import generate  # pylint: disable=import-outside-toplevel
   from paxlike.decode.text import check_vocab  # pylint: disable=import-outside-toplevel
   from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
   encoder = load_chat_encoder(tokenizer)
   check_vocab(task.model, tokenizer)
-  ids = [encoder.prompt_ids(prompt) for prompt in prompts]
+  ids, options = _fitted(task, [encoder.prompt_ids(prompt) for prompt in prompts], sampling)
   stop = encoder.eos_id if encoder.end_of_turn_id is None else encoder.end_of_turn_id
-  rows = generate(task.model, params, ids, eos_id=stop, pad_id=tokenizer.pad_id,
-                  max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
-                  cache_len=cache_len_for(task.model, max(map(len, ids)),
-                                          sampling.max_new_tokens),
-                  mesh=mesh, rules=task.mesh.rules)
+  rows = generate(task.model, params, ids, eos_id=stop, pad_id=tokenizer.pad_id, mesh=mesh,
+                  rules=task.mesh.rules, **options)
   return '\n\n'.join(f'user: {prompt}\nassistant: {encoder.reply_text(row)}'
                        for prompt, row in zip(prompts, rows))

@@ -39,6 +39,9 @@ def test_resume_eval_and_decode_take_only_the_job_dir(tmp_path):
   decoded = run_cli(f'--job_log_dir={job}', '--mode=decode', '--decode_length=5',
                     '--temperature=0', '--prompt=def ', env=env)
   assert decoded.stdout.startswith('def ')
+  endless = run_cli(f'--job_log_dir={job}', '--mode=decode', '--decode_length=10000000',
+                    '--temperature=0', '--prompt=def ')
+  assert 'note: --decode_length=10000000 is past what the model attends (max_len=' in endless.stderr
   for proc in (evaluated, decoded):
     assert not {'jit(train_step)', 'jit(_mean_metrics)'} & compiled(proc.stderr)
   assert 'jit(step)' not in compiled(decoded.stderr)  # Nor the evaluator's step.
