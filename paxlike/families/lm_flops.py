@@ -14,7 +14,9 @@ Training FLOPs per token (forward + backward = 3 × forward):
   is that of the active parameters, as is usual for MoE.
 - The attention term counts QKᵀ and AV: 2 matmuls × 2 FLOPs per multiply-add × n_heads·head_dim
   per attended key, per layer, × 3 for training. C is the mean number of keys a query attends:
-  (T + 1)/2 for a causal mask over T tokens, fewer with a sliding window. (PaLM's 6N + 12·L·H·Q·T
+  (T + 1)/2 for a causal mask over T tokens, fewer with a sliding window (averaged over the
+  layers when only the local ones have it, `mean_attended_keys`). head_dim is the model's
+  (`head_size()`, which may differ from d/n_heads); biases are not counted. (PaLM's 6N + 12·L·H·Q·T
   counts the masked half too; this counts only what a causal kernel has to compute.)
 Elementwise work (norms, softmax, rope, activations) is not counted, as is usual for MFU.
 """
@@ -32,9 +34,15 @@ def attended_keys(seq_len: int, sliding_window: int | None = None) -> float:
   return total / seq_len
 
 
+def mean_attended_keys(model: TransformerLM, seq_len: int) -> float:
+  """`attended_keys` averaged over the layers (local layers windowed, global ones not)."""
+  return sum(attended_keys(seq_len, model.sliding_window if model.is_local_layer(i) else None)
+             for i in range(model.num_layers)) / model.num_layers
+
+
 def matmul_params(model: TransformerLM) -> int:
   """N in the formula: parameters used in matmuls (layers and output projection)."""
-  head_dim = model.d_model // model.num_heads
+  head_dim = model.head_size()
   kv_heads = model.num_kv_heads or model.num_heads
   attn = model.d_model * head_dim * 2 * (model.num_heads + kv_heads)
   per_width = (3 if model.gated_mlp else 2) * model.d_model
@@ -52,6 +60,6 @@ def flops_per_token(model: TransformerLM, seq_len: int) -> float:
   if not isinstance(model, TransformerLM):
     raise TypeError(f'flops_per_token needs a TransformerLM, got {type(model).__name__}; '
                     'use train_flops_per_example for other models')
-  context = attended_keys(seq_len, model.sliding_window)
-  attn_width = model.num_heads * (model.d_model // model.num_heads)
+  context = mean_attended_keys(model, seq_len)
+  attn_width = model.num_heads * model.head_size()
   return 6.0 * matmul_params(model) + 12.0 * model.num_layers * attn_width * context

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 from paxlike.trainer import partitioning
 from paxlike.errors import UserError
-from paxlike.families.lm_flops import attended_keys
+from paxlike.families.lm_flops import mean_attended_keys
 from paxlike.layers import TransformerLM, moe
 
 Task = Any  # paxlike.experiment.Task (which imports the families: named, not imported, here).
@@ -115,14 +115,14 @@ def activation_bytes_per_token(model: TransformerLM, seq_len: int, kernel: str,
   """Bytes the backward pass keeps per token, on one of `model_ways` tensor-parallel shards of
   a stage of a `stages`-stage pipeline of `microbatches` (see the module docstring)."""
   d, f, layers = model.d_model, model.d_ff, model.num_layers
-  head_dim = d // model.num_heads
+  head_dim = model.head_size()
   heads = model.num_heads / model_ways
   q_width = heads * head_dim
   kv_width = (model.num_kv_heads or model.num_heads) / model_ways * head_dim
   mlp_in = (2 if model.gated_mlp else 1) * f / model_ways
   size = jnp.dtype(model.dtype).itemsize
   shared_dots = (d + q_width + 2 * kv_width + d) * size
-  attention = (heads * attended_keys(seq_len, model.sliding_window) * size
+  attention = (heads * mean_attended_keys(model, seq_len) * size
                if kernel == 'xla' else heads * 4)
   shared_rest = (2 * d + q_width + d) * size + attention
   total, recompute = 0.0, 0.0
