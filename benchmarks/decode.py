@@ -1,6 +1,7 @@
 """Tokens/s and time to first token of the KV-cache decoder and of the full-recompute reference.
 
     python benchmarks/decode.py [--new_tokens 256] [--prompt_len 32] [--repeats 3] [--quick]
+    python benchmarks/decode.py --family gemma2   (or all: every dense family)
 
 Models: `lm.StdlibTiny`'s (configs/models.py lm_tiny; its rope lets the cache outgrow max_len
 128) and a 4-layer d256 Llama (vocab 256, d_ff 688, max_len 288), random float32 weights, at
@@ -11,6 +12,12 @@ token does not depend on the position (the window is always full size), so it is
 `--reference_tokens` tokens. `same_tokens` says whether both made the same greedy tokens over
 the reference's tokens. Medians (and the best) over repeats; the first (compiling) call is not
 timed. tokens/s counts every new token of the batch over the whole time, prefill included.
+
+`--family NAME` instead times batch-1 greedy KV-cache decoding of that Hugging Face family's
+model (`paxlike.interop`, built from a config.json of the Llama's size: 4 layers, d 256, 4
+heads, 2 kv heads, d_ff 688, vocab 256, with the family's own features: biases, q/k norms,
+windows of 64, Gemma's norms and soft-caps) beside the plain Llama of that size, the same
+prompts and new tokens, interleaved repeats; `ratio` is the family's tokens/s over the Llama's.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--batches', default='1,8')
   parser.add_argument('--quick', action='store_true', help='a few tokens, one repeat (tests)')
+  parser.add_argument('--family', default=None,
+                      help='an HF model_type (or all): its batch-1 decoding beside the Llama')
   args = parser.parse_args(argv)
   if args.quick:
     args.new_tokens, args.prompt_len, args.reference_tokens, args.repeats = 8, 8, 2, 1
@@ -140,14 +149,70 @@ def run_model(name: str, model, args: argparse.Namespace) -> dict:
   return result
 
 
+# Per family: the config.json keys beyond the shared size that give its features.
+FAMILY_CONFIGS = {
+    'llama': {}, 'mistral': {'sliding_window': 64}, 'qwen2': {},
+    'qwen3': {'head_dim': 64}, 'phi3': {'sliding_window': 64},
+    'gemma2': {'hidden_activation': 'gelu_pytorch_tanh', 'sliding_window': 64,
+               'query_pre_attn_scalar': 64, 'attn_logit_softcapping': 50.0,
+               'final_logit_softcapping': 30.0},
+    'gemma3_text': {'hidden_activation': 'gelu_pytorch_tanh', 'sliding_window': 64,
+                    'query_pre_attn_scalar': 64, 'sliding_window_pattern': 2,
+                    'rope_local_base_freq': 10_000.0},
+}
+
+
+def family_model(name: str):
+  """The TransformerLM of family `name` at the Llama's size."""
+  import fiddle as fdl
+  from paxlike import interop
+  hf = dict(model_type=name, vocab_size=256, hidden_size=256, intermediate_size=688,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=288, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            **FAMILY_CONFIGS[name])
+  return fdl.build(interop.config_from_hf(hf))
+
+
+def run_families(names: list[str], args: argparse.Namespace) -> dict:
+  """Batch-1 KV-cache tokens/s of each family beside the Llama's (interleaved repeats)."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  prompts = [np.random.default_rng(0).integers(1, 256, args.prompt_len).astype(np.int32)]
+  cache_len = max(288, args.prompt_len + args.new_tokens - 1)
+  runs = {}
+  for name in ['llama', *[n for n in names if n != 'llama']]:
+    model = family_model(name)
+    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))['params']
+    runs[name] = lambda m=model, p=params: kv_cache(m, p, prompts, args.new_tokens, cache_len)
+    runs[name]()  # Compiles.
+  rates = {name: [] for name in runs}
+  for _ in range(args.repeats):
+    for name, run in runs.items():
+      tokens, _, total = run()
+      rates[name].append(tokens.size / total)
+  llama = statistics.median(rates['llama'])
+  return {name: {'tokens_per_sec': round(statistics.median(r), 1),
+                 'llama_tokens_per_sec': round(llama, 1),
+                 'ratio': round(statistics.median(r) / llama, 3)}
+          for name, r in rates.items() if name in names}
+
+
 def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
   import jax
   out = {'benchmark': 'decode', 'quick': args.quick, 'platform': jax.devices()[0].platform,
          'new_tokens': args.new_tokens, 'prompt_len': args.prompt_len,
          'reference_tokens': args.reference_tokens, 'repeats': args.repeats}
-  for name, model in models().items():
-    out[name] = run_model(name, model, args)
+  if args.family:
+    names = list(FAMILY_CONFIGS) if args.family == 'all' else [args.family]
+    if any(n not in FAMILY_CONFIGS for n in names):
+      raise SystemExit(f'--family must be all or one of {", ".join(FAMILY_CONFIGS)}')
+    out['families'] = run_families(names, args)
+  else:
+    for name, model in models().items():
+      out[name] = run_model(name, model, args)
   common.emit(out)
 
 

@@ -21,3 +21,13 @@ def test_decode_benchmark_quick_times_both_decoders_and_they_agree():
       for side in ('kv_cache', 'reference'):
         assert row[side]['tokens_per_sec'] > 0 and row[side]['ttft_ms'] > 0
     assert out[name]['batch_2_over_batch_1'] > 0
+
+
+def test_decode_benchmark_times_a_family_beside_the_llama():
+  proc = subprocess.run([sys.executable, 'benchmarks/decode.py', '--quick', '--family',
+                         'gemma3_text'], cwd=REPO, capture_output=True, text=True, timeout=600,
+                        env=cli_env(1))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  row = json.loads(proc.stdout)['families']['gemma3_text']
+  assert row['tokens_per_sec'] > 0 and row['llama_tokens_per_sec'] > 0
+  assert abs(row['ratio'] - row['tokens_per_sec'] / row['llama_tokens_per_sec']) < 0.01
