@@ -176,10 +176,12 @@ def test_restore_refuses_a_checkpoint_from_another_data_position(tiny_job, tmp_p
 
 def test_restore_onto_other_meshes(tiny_job, tmp_path):
   saved = tmp_path / 'saved'
-  run_cli(*TINY, '--fdl_fiddler=cpu8', '--fdl_set=train.num_steps=10', f'--job_log_dir={saved}',
-          devices=8)
-  for name, devices, mesh in (('8x1', 8, ['--fdl_fiddler=cpu8', '--fdl_set=mesh.ici=(8, 1)']),
-                              ('1', 1, [])):
+  # Stopped at 10 of the 20 steps `tiny_job` ran: its schedule is the 20-step one.
+  run_cli(*TINY, '--fdl_fiddler=cpu8', '--fdl_set=train.num_steps=10',
+          '--fdl_set=optimizer.learning_rate.decay_steps=20', f'--job_log_dir={saved}', devices=8)
+  # The job's saved 4x2 mesh is the base of the resume; each run sets the mesh it has.
+  for name, devices, mesh in (('8x1', 8, ['--fdl_set=mesh.ici=(8, 1)']),
+                              ('1', 1, ['--fdl_set=mesh.ici=(-1, 1)'])):
     job = tmp_path / name
     shutil.copytree(saved, job)
     proc = run_cli(*TINY, *mesh, f'--job_log_dir={job}', devices=devices)

@@ -19,7 +19,7 @@ import fiddle as fdl
 from paxlike import registry
 from paxlike.cli import config_io
 from paxlike.errors import UserError
-from paxlike.trainer import job_source
+from paxlike.trainer import job_dir, job_source
 
 FIDDLER_PACKAGES = ('configs',)
 
@@ -86,7 +86,8 @@ def _base(job_log_dir: str | None, exp: str | None, fdl_config: str | None,
     registry.import_all()
     registry.get(exp)
   try:
-    cfg = config_io.load_file(saved, [*allow_import, *registry.trusted_modules()])
+    cfg = config_io.from_json(job_dir.saved_text(saved), str(saved),
+                              [*allow_import, *registry.trusted_modules()])
   except config_io.StaleConfig:
     if exp is None:
       raise

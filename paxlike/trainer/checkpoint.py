@@ -11,6 +11,7 @@ clear error instead of a silent reshape.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import logging
 import os
@@ -59,7 +60,8 @@ class Checkpoints:
     # every process runs Orbax's cross-process barriers in the same order as its steps.
     self._saver = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='checkpoint')
                    if jax.process_count() == 1 else None)
-    self._started: concurrent.futures.Future | None = None  # The save the thread is starting.
+    # The step whose save the thread is starting, and its future.
+    self._started: tuple[int, concurrent.futures.Future] | None = None
     self._unconfirmed: list[int] = []  # Steps whose saves started but may not have committed.
     self._failed: RunFailure | None = None  # The last failed save (close skips Orbax's then).
 
@@ -127,27 +129,32 @@ class Checkpoints:
                               meta=ocp.args.JsonSave(meta))
     self._unconfirmed.append(step)
     if self._saver is None:
-      self._reporting_failure(self._manager.save, step, args=args, force=True)
+      self._reporting_failure(self._manager.save, step, args=args, force=True, failed_step=step)
     else:
-      self._started = self._saver.submit(self._manager.save, step, args=args, force=True)
+      self._started = step, self._saver.submit(self._manager.save, step, args=args, force=True)
 
   def _check_started(self) -> None:
     """Waits for the save thread's current start, raising its error if it failed."""
     started, self._started = self._started, None
     if started is not None:
-      self._reporting_failure(started.result)
+      step, future = started
+      self._reporting_failure(future.result, failed_step=step)
     self._reporting_failure(self._manager.check_for_errors)  # A finished save that failed.
 
-  def _reporting_failure(self, fn, *args, **kwargs) -> Any:
+  def _reporting_failure(self, fn, *args, failed_step: int | None = None, **kwargs) -> Any:
     """`fn(*args, **kwargs)`, its error (Orbax's or tensorstore's) made a one-line RunFailure
-    about the oldest unconfirmed save."""
+    about `failed_step`, else (a background commit's error) the oldest save that did not commit
+    once the saves in flight have finished: the first failure is the one reported."""
     try:
       return fn(*args, **kwargs)
     except Exception as error:  # Orbax and tensorstore raise many kinds for failed writes.
       directory = Path(self._manager.directory)
+      with contextlib.suppress(Exception):  # The saves in flight, so `committed` is final.
+        self._manager.wait_until_finished()
       committed = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-      failed = next((s for s in self._unconfirmed if s not in committed),
-                    self._unconfirmed[-1] if self._unconfirmed else None)
+      failed = failed_step if failed_step is not None else next(
+          (s for s in self._unconfirmed if s not in committed),
+          self._unconfirmed[-1] if self._unconfirmed else None)
       self._unconfirmed = [s for s in self._unconfirmed if failed is not None and s > failed]
       self._failed = RunFailure(_failure_message(error, directory, failed, committed))
       raise self._failed from error

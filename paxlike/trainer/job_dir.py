@@ -60,6 +60,18 @@ def _write_atomic(path: Path, text: str) -> None:
   os.replace(tmp, path)
 
 
+def saved_text(saved: Path) -> str:
+  """The text of a job dir's config.json; UserError when it is not JSON (a torn write)."""
+  text = saved.read_text()
+  try:
+    json.loads(text)
+  except json.JSONDecodeError as error:
+    raise UserError(f'{saved} is damaged ({error.msg} at line {error.lineno}), perhaps cut short '
+                    'by a crash; check config.txt against this run and remove config.json to '
+                    'continue') from None
+  return text
+
+
 def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool,
             allow_import: Iterable[str] = ()) -> Path:
   """Creates or reuses the job dir, refusing one that holds a run of a different config.
@@ -71,13 +83,7 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool,
   check_layout(path)
   saved = path / 'config.json'
   if saved.exists():
-    text = saved.read_text()
-    try:
-      json.loads(text)
-    except json.JSONDecodeError as error:
-      raise UserError(f'{saved} is damaged ({error.msg} at line {error.lineno}), perhaps cut short '
-                      'by a crash; check config.txt against this run and remove config.json to '
-                      'continue') from None
+    text = saved_text(saved)
     try:
       old = config_io.from_json(text, str(saved), allow_import)
     except config_io.StaleConfig as error:  # Saved by an older paxlike: nothing to compare.

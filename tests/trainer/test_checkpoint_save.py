@@ -112,3 +112,27 @@ def test_a_full_disk_is_one_line_naming_the_failed_and_the_intact_step(tmp_path,
                                  '(the disk is full); step 1 is the last intact checkpoint')
   finally:
     checkpoints.close()
+
+
+def test_of_two_failed_async_saves_the_first_is_the_one_reported(tmp_path, monkeypatch):
+  """Failures surface at a later call; the step they name is the first that failed."""
+  checkpoints = Checkpoints(tmp_path / 'checkpoints', max_to_keep=5)
+  real_save = ocp.CheckpointManager.save
+
+  def failing(self, step, *args, **kwargs):
+    if step in (2, 3):
+      raise OSError(f'write of step {step} failed')
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', failing)
+  try:
+    checkpoints.save(1, _state(), {'step': 1})
+    checkpoints.save(2, _state(), {'step': 2})
+    with pytest.raises(RunFailure) as failed:
+      checkpoints.save(3, _state(), {'step': 3})  # Step 2's failure, found before step 3 starts.
+      checkpoints.wait()
+    assert str(failed.value).startswith('checkpoint step 2 could not be saved')
+    assert 'write of step 2 failed' in str(failed.value)
+    assert 'step 1 is the last intact checkpoint' in str(failed.value)
+  finally:
+    checkpoints.close()
