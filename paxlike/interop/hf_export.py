@@ -32,21 +32,7 @@ from paxlike.cli import config_io
 from paxlike.errors import UserError
 from paxlike.interop import checkpoint, hf_fields
 from paxlike.layers import TransformerLM, lora
-
-# Beside a tokenizer.json, the files that name its special tokens (HF checkpoint layout).
-TOKENIZER_SIDECARS = ('tokenizer_config.json', 'special_tokens_map.json')
-
-
-def tokenizer_files(tokenizer: str) -> list[Path]:
-  """The files to copy for the data's `tokenizer` ('bytes': none; a file: it and its
-  sidecars; a directory: its tokenizer files)."""
-  if tokenizer == 'bytes':
-    return []
-  path = Path(tokenizer).expanduser()
-  folder, names = (path, ('tokenizer.json', 'tokenizer.model')) if path.is_dir() else (
-      path.parent, (path.name,))
-  return [folder / n for n in (*names, *TOKENIZER_SIDECARS) if (folder / n).is_file()]
-
+from paxlike.trainer import job_source
 
 def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) -> str:
   """Writes the HF directory `out` from `job_dir`'s checkpoint (latest, or `step`); returns a
@@ -68,7 +54,7 @@ def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) ->
   if model.lora_rank:
     params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
   source = _source_config(job_dir)
-  copied = tokenizer_files(getattr(task.data, 'tokenizer', 'bytes'))
+  copied = job_source.tokenizer_files(getattr(task.data, 'tokenizer', 'bytes'))
   model_type = source.get('model_type')
   checkpoint.family_for_model(model, model_type)  # Refused before anything is written.
   carried = {k: v for k, v in source.items() if k in hf_fields.HARMLESS}
