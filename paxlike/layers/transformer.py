@@ -9,7 +9,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import attention_kernels, lm_features, lora, moe, pipeline
+from paxlike.layers import attention_kernels, lm_checks, lm_features, lora, moe, pipeline
+from paxlike.layers.lm_checks import REMAT_POLICIES
 from paxlike.layers.attention import CausalSelfAttention
 from paxlike.layers.blocks import EMBED_ACT, MLP_ACT, MLP_ACTIVATIONS, DecoderBlock, Mlp, make_norm
 from paxlike.layers.rope import RopeScaling
@@ -20,15 +21,6 @@ DType = Any
 VOCAB_ACT = ('batch', 'length', 'vocab')
 __all__ = ['EMBED_ACT', 'MLP_ACT', 'MLP_ACTIVATIONS', 'REMAT_POLICIES', 'BlockGroup',
            'DecoderBlock', 'Mlp', 'TransformerLM', 'make_norm', 'stack_layers', 'unstack_layers']
-# 'dots' saves matmul outputs without batch dims (the projections, not the [T, T] attention
-# scores), so the backward pass recomputes only the cheap elementwise ops and attention.
-REMAT_POLICIES = {
-    'none': None,
-    'full': jax.checkpoint_policies.nothing_saveable,
-    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
 def _scan_step(block: DecoderBlock, x: jax.Array, segment_ids: jax.Array | None,
                positions: jax.Array | None, local: jax.Array | None = None, *,
                deterministic: bool, decode: bool,
@@ -149,61 +141,6 @@ class TransformerLM(nn.Module):
   moe_d_ff: int | None = None
   moe_renormalize: bool | None = None
   moe_shared_d_ff: int = 0
-
-  def _check(self, seq_len: int) -> None:
-    if self.head_dim is None and self.d_model % self.num_heads:
-      raise ValueError(f'd_model={self.d_model} is not a multiple of num_heads={self.num_heads}')
-    if self.rope and self.head_size() % 2:
-      raise ValueError(f'rope needs an even head dim, got {self.head_size()}')
-    lm_features.check(self)
-    if not self.rope and seq_len > self.max_len:
-      raise ValueError(f'sequence length {seq_len} exceeds max_len={self.max_len}')
-    if self.mlp_activation not in (None, *MLP_ACTIVATIONS):
-      raise ValueError(f'mlp_activation must be one of {sorted(MLP_ACTIVATIONS)} or None, '
-                       f'got {self.mlp_activation!r}')
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f'remat_policy must be one of {list(REMAT_POLICIES)}, '
-                       f'got {self.remat_policy!r}')
-    if jnp.dtype(self.dtype) == jnp.float16 and jax.devices()[0].platform == 'cpu':
-      raise ValueError('dtype float16 cannot run on CPU (XLA:CPU has no float16 matmul); '
-                       'use bfloat16 or float32')
-    lora.check_targets(self.lora_targets, self.lora_rank, self.gated_mlp)
-    if self.attention_impl not in attention_kernels.IMPLS:
-      raise ValueError(f'attention_impl must be one of {", ".join(attention_kernels.IMPLS)}, '
-                       f'got {self.attention_impl!r}')
-    if self.num_experts:
-      self._check_moe()
-    if pipeline.stage_count(jax.sharding.get_abstract_mesh()) > 1:
-      self._check_pipelined()
-
-  def _check_moe(self) -> None:
-    """ValueErrors for MoE fields that cannot run (see `moe.check_experts` for the mesh)."""
-    moe.check_experts(self.num_experts, self.experts_per_token)
-    if not isinstance(self.moe_every, int) or not 1 <= self.moe_every <= self.num_layers:
-      raise ValueError(f'moe_every={self.moe_every} must be between 1 and '
-                       f'num_layers={self.num_layers}')
-    if self.scan_layers and self.num_layers % self.moe_every:
-      raise ValueError(f'scan_layers scans groups of moe_every={self.moe_every} layers: '
-                       f'num_layers={self.num_layers} must be a multiple of it')
-    if self.moe_d_ff is not None and self.moe_d_ff < 1:
-      raise ValueError(f'moe_d_ff must be None (d_ff) or positive, got {self.moe_d_ff}')
-    if self.moe_shared_d_ff < 0:
-      raise ValueError(f'moe_shared_d_ff must be 0 (none) or positive, got {self.moe_shared_d_ff}')
-    if self.capacity_factor is not None and self.capacity_factor < 0:
-      raise ValueError(f'capacity_factor must be None, 0 (dropless) or positive, '
-                       f'got {self.capacity_factor}')
-
-  def _check_pipelined(self) -> None:
-    """ValueErrors for fields a stage mesh cannot pipeline (the trainer checks the batch)."""
-    if not self.scan_layers:
-      raise ValueError("a 'stage' mesh axis pipelines the scanned stack: set "
-                       'model.scan_layers=True')
-    if self.num_experts or self.dropout_rate:
-      raise ValueError("a 'stage' mesh axis cannot pipeline MoE layers or dropout yet: set "
-                       'model.num_experts=0 and model.dropout_rate=0')
-    if lm_features.mixed_layers(self):
-      raise ValueError("a 'stage' mesh axis cannot pipeline local and global layers yet: set "
-                       'model.global_every=0')
 
   def head_size(self) -> int:
     """Features per attention head."""
@@ -341,7 +278,7 @@ class TransformerLM(nn.Module):
     `decode=True` runs on a mutable 'cache' collection (see `CausalSelfAttention`), created on
     the first call with `cache_len` slots (default `max_len`); then `positions` are required.
     """
-    self._check(tokens.shape[1])
+    lm_checks.check_model(self, tokens.shape[1])
     if decode and positions is None:
       raise ValueError('decode=True needs the positions of the new tokens')
     cache_len = (cache_len or self.max_len) if decode else None
