@@ -1,0 +1,83 @@
+"""`lm.DpoTiny` through the CLI on a preference set with a learnable signal: DPO raises the
+reward margin and the held-out reward accuracy from the tie at step 0; 8 data-parallel devices
+(one pair per device) log what one device logs; kill -9 and a rerun give the uninterrupted rows;
+pair data without a preference loss is one line, exit 2."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from tests.helpers import cli_env, kill_after_first_checkpoint, metric_rows, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope='module')
+def pairs(tmp_path_factory):
+  """Pairs whose chosen completion is a lowercase word and whose rejected one is the same word
+  in capitals: one feature (the case) separates them, and held-out words are new."""
+  root = tmp_path_factory.mktemp('pairs')
+  rng = random.Random(0)
+  with open(root / 'pairs.jsonl', 'w') as f:
+    for i in range(400):
+      word = ''.join(rng.choice('abcdefghijklmnopqrstuvwxyz') for _ in range(rng.randint(4, 9)))
+      f.write(json.dumps({'prompt': f'word {i}: ', 'chosen': word,
+                          'rejected': word.upper()}) + '\n')
+  return root
+
+
+def dpo_args(pairs, *extra: str) -> list[str]:
+  return ['--exp=lm.DpoTiny', '--fdl_fiddler=tiny', f'--fdl_set=data.files={pairs}/pairs.jsonl',
+          '--fdl_set=data.seq_len=32', '--fdl_set=data.batch_size=8',
+          '--fdl_set=data.eval_batch_size=8', '--fdl_set=data.num_eval_batches=2',
+          '--fdl_set=data.eval_fraction=0.1', '--fdl_set=train.checkpoint_every=4',
+          '--fdl_set=loss.beta=0.5', *extra]
+
+
+def env(pairs, devices: int = 1):
+  return cli_env(devices, PAXLIKE_TOKEN_DIR=str(pairs / 'tokens'))
+
+
+@pytest.fixture(scope='module')
+def whole(pairs, tmp_path_factory):
+  job = tmp_path_factory.mktemp('whole')
+  run_cli(*dpo_args(pairs), f'--job_log_dir={job}', env=env(pairs))
+  return job
+
+
+def test_dpo_raises_the_margin_and_the_held_out_reward_accuracy(whole):
+  rows = metric_rows(whole)
+  assert [r['step'] for r in rows] == [5, 10, 15, 20]
+  first, last = rows[0], rows[-1]
+  assert last['rewards/margins'] > first['rewards/margins'] > 0
+  assert last['loss'] < first['loss'] < np.log(2)
+  assert last['rewards/accuracies'] > 0.8
+  evals = [r for r in rows if 'eval_loss' in r]
+  assert evals[-1]['eval_rewards/accuracies'] > 0.8
+  assert evals[-1]['eval_rewards/margins'] > evals[0]['eval_rewards/margins']
+  assert 'preference pairs (text): ' in (whole / 'config.txt').read_text()
+
+
+def test_eight_devices_log_what_one_does(pairs, whole, tmp_path):
+  run_cli(*dpo_args(pairs), f'--job_log_dir={tmp_path}', env=env(pairs, devices=8))
+  for one, eight in zip(metric_rows(whole), metric_rows(tmp_path), strict=True):
+    assert one.keys() == eight.keys()
+    for key, value in one.items():
+      assert eight[key] == pytest.approx(value, rel=2e-3, abs=2e-4), key
+
+
+def test_kill_9_then_rerun_gives_the_uninterrupted_rows(pairs, whole, tmp_path, monkeypatch):
+  monkeypatch.setenv('PAXLIKE_TOKEN_DIR', str(pairs / 'tokens'))
+  steps = kill_after_first_checkpoint(*dpo_args(pairs), job_dir=tmp_path)
+  assert steps and steps[-1] < 20
+  run_cli(*dpo_args(pairs), f'--job_log_dir={tmp_path}', env=env(pairs))
+  assert metric_rows(tmp_path) == metric_rows(whole)
+
+
+def test_pair_data_without_a_preference_loss_is_exit_2(pairs, tmp_path):
+  proc = run_cli(*dpo_args(pairs), '--fdl_set=loss=None', f'--job_log_dir={tmp_path}',
+                 env=env(pairs), check=False)
+  assert proc.returncode == 2
+  assert 'train with a preference loss' in proc.stderr.strip().splitlines()[-1]
