@@ -5,9 +5,12 @@ import fiddle as fdl
 
 from configs import models, sizes, tasks
 from paxlike.data import LmData, TextData, data_root
+from paxlike.data import preference_synth
+from paxlike.data.preference_data import PreferenceData
 from paxlike.layers import TransformerLM
 from paxlike.experiment import Experiment
 from paxlike.registry import register
+from paxlike.trainer.preference_loss import PreferenceLoss
 
 
 @register
@@ -238,3 +241,59 @@ class ChatSftLlama(SftLlama):
     cfg = super().datasets()
     cfg.prompt_field, cfg.messages_field = None, 'messages'
     return cfg
+
+
+@register
+class DpoTiny(Experiment):
+  """DPO on CPU with nothing to download: LoRA (rank 8, attention) on the 2-layer byte LM, on
+  4,000 pairs made from the standard library's source (paxlike/data/preference_synth.py:
+  chosen = a module's next line, rejected = that line with its words shuffled).
+
+  python -m paxlike.main --exp=lm.StdlibTiny --job_log_dir=/tmp/paxlike/stdlib_tiny
+  python -m paxlike.main --exp=lm.DpoTiny --job_log_dir=/tmp/paxlike/dpo_tiny \\
+      --fdl_set=train.init_from=job:/tmp/paxlike/stdlib_tiny
+  Without init_from the base is the untrained model (the reference is then that random base).
+  `--fdl_set=loss.kind=simpo` (or ipo, orpo; loss.beta, loss.gamma, loss.label_smoothing)
+  trains a variant. Rows log rewards/chosen, rewards/rejected, rewards/margins,
+  rewards/accuracies, logps/chosen and logps/rejected, and the same on held-out pairs (eval_).
+  """
+
+  STEPS, PEAK_LR = 300, 2e-3
+
+  def task(self):
+    model = models.lm_tiny()
+    model.lora_rank, model.lora_targets = 8, ('query', 'key', 'value', 'out')
+    cfg = tasks.centralized_task(model, num_steps=self.STEPS, peak_lr=self.PEAK_LR,
+                                 log_every=10, eval_every=50, checkpoint_every=100)
+    cfg.loss = fdl.Config(PreferenceLoss, kind='dpo', beta=0.1)
+    return cfg
+
+  def datasets(self):
+    return fdl.Config(PreferenceData, files=str(preference_synth.stdlib_pairs_file()),
+                      tokenizer='bytes', seq_len=128, batch_size=16, eval_batch_size=16,
+                      num_eval_batches=8)
+
+
+@register
+class DpoLlama(FinetuneLlama):
+  """DPO of a Hugging Face checkpoint with LoRA (rank 16 on the attention and MLP projections;
+  the reference is the checkpoint itself, the adapters off): JSONL rows of `prompt`, `chosen`,
+  `rejected` strings, or chat pairs (`chosen`/`rejected` message lists, rendered with the
+  checkpoint's chat template; README "Preference tuning (DPO)").
+
+  python -m paxlike.main --exp=lm.DpoLlama --job_log_dir=/tmp/dpo \\
+      --fdl_set=train.init_from=hf:/path/to/llama --fdl_set=data.files='pairs/*.jsonl'
+  """
+
+  STEPS, PEAK_LR, SEQ, BATCH = 1000, 5e-5, 1024, 8
+
+  def task(self):
+    cfg = super().task()
+    cfg.model.lora_rank = 16
+    cfg.model.lora_targets = ('query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wo')
+    cfg.loss = fdl.Config(PreferenceLoss, kind='dpo', beta=0.1)
+    return cfg
+
+  def datasets(self):
+    return fdl.Config(PreferenceData, seq_len=self.SEQ, batch_size=self.BATCH,
+                      eval_batch_size=self.BATCH)

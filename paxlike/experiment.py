@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import fiddle as fdl
 import flax.linen as nn
@@ -25,7 +25,7 @@ import optax
 from paxlike.trainer.algorithm import Algorithm, AlgorithmBuilder
 from paxlike.errors import UserError
 from paxlike.families import family_of
-from paxlike.trainer.losses import model_loss_fn
+from paxlike.trainer.preference import task_loss_fn
 from paxlike.trainer.partitioning import MeshConfig
 
 if TYPE_CHECKING:  # paxlike.data imports tfds; the annotation needs only the protocol.
@@ -85,6 +85,9 @@ class Task:
   mesh: MeshConfig = MeshConfig()
   train: TrainConfig = TrainConfig()
   experiment: str | None = None  # The registered key the CLI built this config from.
+  # A preference loss (paxlike.trainer.preference_loss.PreferenceLoss) for pair data; None: the
+  # model's own loss (paxlike.trainer.preference.task_loss_fn).
+  loss: Any = None
 
   def __post_init__(self):
     family = family_of(self.model)
@@ -100,7 +103,7 @@ class Task:
     that only evaluate)."""
     if self.algorithm is None:
       return None
-    return self.algorithm(model_loss_fn(self.model), self.optimizer)
+    return self.algorithm(task_loss_fn(self.model, self.loss, self.data), self.optimizer)
 
 
 def check_fixed_cohort(algorithm: Algorithm, data: DataSource) -> None:

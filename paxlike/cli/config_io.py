@@ -187,8 +187,8 @@ BUILDING_BLOCKS = ('paxlike.layers', 'paxlike.federated', 'paxlike.trainer.centr
 # a job dir saved then still resumes (its config.json is read with the new names).
 MOVED_MODULES = {f'paxlike.{name}': f'paxlike.trainer.{name}'
                  for name in ('centralized', 'optim', 'partitioning', 'algorithm')}
-CLASSES_ONLY = ('paxlike.data', 'flax.linen', 'fiddle._src.config', 'fiddle._src.partial',
-                'fiddle._src.tagging')
+CLASSES_ONLY = ('paxlike.data', 'paxlike.trainer.preference_loss', 'flax.linen',
+                'fiddle._src.config', 'fiddle._src.partial', 'fiddle._src.tagging')
 BUILTINS = ('dict', 'tuple', 'list', 'set', 'frozenset', 'slice', 'int', 'float', 'bool',
             'str', 'complex', 'bytes', 'range')
 

@@ -21,7 +21,9 @@ def model_summary(task: Task) -> str:
 
 def packing_line(data: Any) -> str:
   """'# packing efficiency: ...' (the non-pad fraction of the training targets) for packed
-  data, else ''."""
+  data (preference pairs: their counts, `pairs_line`), else ''."""
+  if callable(getattr(data, 'pairs_line', None)):
+    return data.pairs_line()
   packed = getattr(data, 'packed', None)
   if packed is None:
     return ''

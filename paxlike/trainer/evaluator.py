@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 
 from paxlike.data.sources import ClientEval
 from paxlike.experiment import Task
-from paxlike.trainer import evaluation, partitioning
+from paxlike.trainer import evaluation, partitioning, preference
 from paxlike.trainer.centralized import TrainableMask
 from paxlike.trainer.program import Program, placed_spec
 from paxlike.trainer.train_state import TrainState, ema_params
@@ -69,9 +69,12 @@ def build_evaluator(task: Task, program: Program) -> Evaluator:
   client_eval = data.client_eval()
   eval_batch = program.eval_batch_spec  # Read once, by `place`.
   sharding = partitioning.eval_batch_sharding(mesh)
-  step = evaluation.eval_step(task.model, data.item,
-                              client_eval.num_groups if client_eval else 1,
-                              program.algorithm.ensemble)
+  if task.loss is not None:  # Pair data: the preference loss and rewards on held-out pairs.
+    step = preference.eval_step(task.model, task.loss)
+  else:
+    step = evaluation.eval_step(task.model, data.item,
+                                client_eval.num_groups if client_eval else 1,
+                                program.algorithm.ensemble)
   with jax.set_mesh(mesh), nn.logical_axis_rules(program.rules):
     compiled = jax.jit(step).lower(
         program.abstract_state.alg, jax.tree.map(lambda x: placed_spec(x, sharding), eval_batch),

@@ -21,7 +21,7 @@ import numpy as np
 from paxlike.data.prefetch import Prefetcher
 from paxlike.errors import RunFailure
 from paxlike.experiment import Task
-from paxlike.trainer import checkpoint, init_from, partitioning
+from paxlike.trainer import checkpoint, init_from, partitioning, preference_loss
 from paxlike.trainer.build import Trainer
 from paxlike.trainer.checkpoint import Checkpoints, Fallback
 from paxlike.trainer.preemption import StopSignal
@@ -31,7 +31,7 @@ from paxlike.trainer.train_state import FINITE, TrainState, with_hyperparams
 
 
 # Logged as the mean over the steps since the previous row (a step's own value is noisy).
-MEAN_METRICS = ('loss', 'accuracy')
+MEAN_METRICS = ('loss', 'accuracy', *preference_loss.METRICS)
 
 
 @jax.jit

@@ -24,6 +24,7 @@ from paxlike.layers import pipeline
 from paxlike.trainer import losses, partitioning
 from paxlike.trainer.algorithm import Algorithm
 from paxlike.trainer.centralized import TrainableMask, centralized
+from paxlike.trainer.preference import task_loss_fn
 from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
                                          init_state, train_step)
 
@@ -140,7 +141,7 @@ def place(task: Task) -> Program:
   sample = eval_batch['inputs']
   partitioning.check_divisible(mesh, getattr(data, 'num_slots', data.clients_per_round),
                               data.batch_size, len(sample))
-  loss_fn = losses.model_loss_fn(_pipelined_model(task, mesh, data.batch_size))
+  loss_fn = task_loss_fn(_pipelined_model(task, mesh, data.batch_size), task.loss, data)
   trainable = trainable_mask(task)
   algorithm = build_algorithm(task, loss_fn, trainable)
   rules = partitioning.rules_for_mesh(task.mesh.rules, mesh)
