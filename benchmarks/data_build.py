@@ -1,10 +1,22 @@
-"""The `build` section of benchmarks/data_pipeline.py: the token store's build against the
-tokenizer library's own batch encode of the same documents, in the same run and the same
-process count. Not a benchmark itself (running it prints nothing).
+"""The token store's costs: its build against the tokenizer library's own batch encode (the
+`build` section of benchmarks/data_pipeline.py), and the data start-up of a run whose store
+exists (run directly).
 
-For each tokenizer kind (a SentencePiece BPE `tokenizer.model` and a Hugging Face byte-level
-BPE `tokenizer.json`, vocab 2000 each, trained on Tiny Shakespeare), over the same files (a
-document per non-blank line):
+    python benchmarks/data_build.py [--quick] [--corpus_mb 1024] [--repeats 5]
+
+Start-up (this file run directly; one JSON line): a corpus of `corpus_mb` MB of text in 16
+files whose store exists (written through token_store.Writer under the key TextData looks
+for, after the one full hash a build makes), then `repeats` fresh processes each timing
+`TextData(files=...).store` (imports not counted): `startup_s`, the median, with the bytes
+the start read (`startup_read_mb`, /proc/self/io rchar: the corpus, the store's manifest and
+anything else) and whether it opened a corpus file; `verify_s` and `verify_read_mb` the same
+under --verify_data ($PAXLIKE_VERIFY_DATA=1), which re-reads every corpus file. The corpus is
+in the page cache (written just before); its files' times are set an hour back, as a corpus
+at rest has them, and it is first hashed file_hashes.RACY_NS after it was written. `--quick`: 4 MB, one repeat (for the test suite).
+
+Build (`build_rates`): for each tokenizer kind (a SentencePiece BPE `tokenizer.model` and a
+Hugging Face byte-level BPE `tokenizer.json`, vocab 2000 each, trained on Tiny Shakespeare),
+over the same files (a document per non-blank line):
 - `library`: the library's batch encode of every line, already in memory (reading is not
   counted), BATCH lines per call (SentencePiece `encode(list, out_type=int)`, and
   `library_numpy`: its arrays, `return_type='numpy'`; Hugging Face `encode_batch`,
@@ -25,28 +37,24 @@ the best library run in one process ('1'; HF's `library_ids` alone: 'ids'), the 
 over repeats of each repeat's overheads (a repeat's runs are back to back, so load drifting
 between repeats falls on both sides of each ratio). `cpu_s`: this process's CPU seconds (all
 its threads) in the in-process runs, which other load moves less than wall time;
-`cpu_overhead` against the library's.
-
-Instructions, which no load moves (valgrind --tool=callgrind, one copy, the store built in this
-thread against the library's encode less a run that only loads): the build executed 19% more
-than SentencePiece's encode (half of it np.fromiter turning its lists of ints into an array),
-10% more than HF's encode_batch_fast and 13% fewer than its encode_batch; before the per-document
-work went (blake2b, an array per document), 56% and 48% more. Two encoder threads (each
-calling the library on one core) change when this work runs, not how much of it there is.
+`cpu_overhead` against the library's. Measured numbers: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks import common
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
 
 BATCH = 1 << 16  # Lines per library call.
 
@@ -205,3 +213,99 @@ def build_rates(args, files: str, lines: list[str], tokenizers: dict[str, Path])
     common.log(f'build {kind}: overhead {out[kind]["overhead_median"]} (medians), '
                f'{out[kind]["overhead_best"]} (best repeats)')
   return out
+
+
+START_FILES = 16  # The start-up corpus's files.
+
+
+def write_corpus(directory: Path, megabytes: float) -> str:
+  """A glob of START_FILES .txt files of random lowercase lines, `megabytes` MB in all, their
+  times an hour back (a corpus at rest)."""
+  import numpy as np
+  directory.mkdir(parents=True)
+  rng, size = np.random.default_rng(0), int(megabytes * 2**20) // START_FILES
+  old = time.time() - 3600
+  for i in range(START_FILES):
+    text = rng.integers(ord('a'), ord('z') + 1, size, dtype=np.uint8)
+    text[79::80] = ord('\n')
+    path = directory / f'part{i:03d}.txt'
+    path.write_bytes(text.tobytes())
+    os.utime(path, (old, old))
+  return str(directory / '*.txt')
+
+
+def startup_child(files: str) -> dict[str, Any]:
+  """(In a fresh process) seconds and bytes read of TextData's start on `files`' existing store,
+  and whether it opened a corpus file."""
+  from paxlike.data import TextData, text_files
+  corpus = {str(p) for p in text_files.expand(files).values()}
+  opened = []
+  sys.addaudithook(lambda event, args: opened.append(1) if event == 'open' and isinstance(
+      args[0], (str, Path)) and str(args[0]) in corpus else None)
+  data = TextData(files=files, txt_document='file')
+  read_before, start = read_bytes(), time.perf_counter()
+  store = data.store
+  seconds = time.perf_counter() - start
+  return {'seconds': seconds, 'read_mb': (read_bytes() - read_before) / 2**20,
+          'opened_corpus': bool(opened), 'store': str(store.path)}
+
+
+def read_bytes() -> int:
+  """The bytes this process has read so far (/proc/self/io rchar, page cache included)."""
+  for line in Path('/proc/self/io').read_text().splitlines():
+    if line.startswith('rchar:'):
+      return int(line.split()[1])
+  raise RuntimeError('no rchar in /proc/self/io')
+
+
+def startup(args) -> dict[str, Any]:
+  """The start-up figure (see the module docstring) in `args.tmp`."""
+  from benchmarks import data_pipeline
+  from paxlike.data import file_hashes, token_store
+  files = write_corpus(Path(args.tmp) / 'corpus', args.corpus_mb)
+  time.sleep(file_hashes.RACY_NS / 1e9)  # Hashed in a later timestamp tick than written.
+  tokens = str(Path(args.tmp) / 'tokens')
+  os.environ[token_store.TOKEN_DIR_ENV] = tokens
+  start = time.perf_counter()
+  data_pipeline.synthetic_store(files, 100_000)
+  first_s = time.perf_counter() - start
+  env = common.child_env(1, **{token_store.TOKEN_DIR_ENV: tokens})
+  runs: dict[str, list[dict]] = {'startup': [], 'verify': []}
+
+  def child(name: str, extra: dict[str, str]) -> float:
+    runs[name].append(common.run_child([__file__, '--startup_child', files], {**env, **extra}))
+    return runs[name][-1]['seconds']
+
+  common.alternate({'startup': lambda: child('startup', {}),
+                    'verify': lambda: child('verify', {token_store.VERIFY_ENV: '1'})},
+                   args.repeats)
+  out = {'benchmark': 'data_startup', 'quick': args.quick, **common.machine(),
+         'corpus_mb': args.corpus_mb, 'files': START_FILES, 'repeats': args.repeats,
+         'first_open_s': round(first_s, 3), 'goal_s': 1.0}
+  for name, rows in runs.items():
+    out[f'{name}_s'] = round(common.median([r['seconds'] for r in rows]), 4)
+    out[f'{name}_read_mb'] = round(common.median([r['read_mb'] for r in rows]), 3)
+    out[f'{name}_opened_corpus'] = any(r['opened_corpus'] for r in rows)
+  out['same_store'] = len({r['store'] for rows in runs.values() for r in rows}) == 1
+  return out
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description='The data start-up with an existing store.')
+  parser.add_argument('--quick', action='store_true', help='a 4 MB corpus, one repeat')
+  parser.add_argument('--corpus_mb', type=float, default=None, help='corpus size (1024)')
+  parser.add_argument('--repeats', type=int, default=None, help='fresh processes each (5)')
+  parser.add_argument('--startup_child', metavar='FILES', help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.startup_child:
+    common.emit(startup_child(args.startup_child))
+    return
+  args.corpus_mb = args.corpus_mb or (4 if args.quick else 1024)
+  args.repeats = args.repeats or (1 if args.quick else 5)
+  with tempfile.TemporaryDirectory() as tmp:
+    args.tmp = tmp
+    common.emit(startup(args))
+
+
+if __name__ == '__main__':
+  main()

@@ -34,6 +34,8 @@ flags.DEFINE_multi_string('fdl_fiddler', [], 'A fiddler from configs/fiddlers.py
                           'dotted name) applied to the config before the overrides.')
 flags.DEFINE_multi_string('allow_import', [], 'Extra module allowed in --fdl_config/--fdl_fiddler.')
 flags.DEFINE_string('data_dir', None, 'Data root (else $PAXLIKE_DATA_DIR, else ../shared/data).')
+flags.DEFINE_bool('verify_data', False, 'Hash every corpus file and check the token store '
+                  'again, instead of trusting their recorded size and times.')
 flags.DEFINE_bool('allow_config_change', False, 'Resume a job dir whose saved config differs.')
 flags.DEFINE_string('compilation_cache_dir', None, 'Persistent XLA compilation cache, so a rerun '
                     'skips compiling (default: ~/.cache/paxlike/jax; empty: off).')
@@ -96,9 +98,12 @@ def fill_from_init_source(cfg) -> None:
 
 
 def use_local_settings() -> None:
-  """The data root and the compilation cache, from the flags (before any data or compile)."""
+  """The data root, --verify_data and the compilation cache, from the flags (before any data
+  or compile)."""
   if FLAGS.data_dir:
     os.environ['PAXLIKE_DATA_DIR'] = FLAGS.data_dir
+  if FLAGS.verify_data:  # Read by paxlike.data.token_store in this process and its children.
+    os.environ['PAXLIKE_VERIFY_DATA'] = '1'
   from paxlike.trainer import compile_cache
   compile_cache.configure(compile_cache.default_dir() if FLAGS.compilation_cache_dir is None
                           else FLAGS.compilation_cache_dir)

@@ -3,8 +3,9 @@
 A prepared tfds dataset lives under a directory named by its source's fingerprint, so a changed
 corpus is prepared afresh instead of read stale from the cache. The fingerprint hashes every
 source file's name (relative to its dataset) and content: the same files copied elsewhere keep
-it, and touching a file without changing it does not matter. Hashing the bundled corpora takes
-well under a second (the standard library: ~11 MB), and is memoized per file state in a process.
+it, and touching a file without changing it does not matter. `digest` reads the files (memoized
+per file state in a process): the bundled corpora are small. A user's corpus is hashed for its
+token store through file_hashes.py, which reads a file only when its stat changed.
 A job dir records the fingerprint of the data it trained on; a resume on changed data is refused.
 """
 
@@ -23,20 +24,33 @@ from paxlike.errors import UserError
 FILE = 'data_fingerprint.json'
 
 
-@functools.lru_cache(maxsize=4096)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-  del size, mtime_ns  # Only key the cache: a rewritten file changes at least one of them.
+def file_sha256(path: Path) -> str:
+  """The sha256 of the content of the file at `path` (reads all of it)."""
   with open(path, 'rb') as f:
     return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
-def digest(files: Mapping[str, Path]) -> str:
-  """sha256 over the sorted (name, content sha256) pairs of `files` (name -> path)."""
+@functools.lru_cache(maxsize=4096)
+def _memoized_sha256(path: str, size: int, mtime_ns: int) -> str:
+  del size, mtime_ns  # Only key the cache: a rewritten file changes at least one of them.
+  return file_sha256(Path(path))
+
+
+def combined(hashes: Mapping[str, str]) -> str:
+  """sha256 over the sorted (name, content sha256) pairs of `hashes` (name -> sha256)."""
   h = hashlib.sha256()
-  for name in sorted(files):
-    stat = os.stat(files[name])
-    h.update(f'{name}\0{_file_sha256(str(files[name]), stat.st_size, stat.st_mtime_ns)}\n'.encode())
+  for name in sorted(hashes):
+    h.update(f'{name}\0{hashes[name]}\n'.encode())
   return h.hexdigest()
+
+
+def digest(files: Mapping[str, Path]) -> str:
+  """`combined` of the content sha256 of `files` (name -> path), each file read."""
+  hashes = {}
+  for name, path in files.items():
+    stat = os.stat(path)
+    hashes[name] = _memoized_sha256(str(path), stat.st_size, stat.st_mtime_ns)
+  return combined(hashes)
 
 
 def mismatch(job_dir: Path, current: dict[str, Any] | None) -> str | None:

@@ -23,6 +23,11 @@ import numpy as np
 
 Batch = dict[str, np.ndarray]
 
+# The version of what a cached packing plan holds (token_store.derived names the cache with
+# it): bump it when make_plan, split_documents, best_fit_decreasing, concat_plans or TextData's
+# make_packed change the plan they compute, so no run is served a plan of older code.
+PLAN_VERSION = 2
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:

@@ -252,9 +252,10 @@ class TextData:
   def packed(self) -> Packed:
     """The packing plan (computed once per store, seq_len, partition and eval_fraction)."""
     capacity, store = self.seq_len + 1, self.store
-    name = f'plan2-seq{self.seq_len}-{self.partition}-eval{self.eval_fraction:.9g}'
+    name = f'plan-seq{self.seq_len}-{self.partition}-eval{self.eval_fraction:.9g}'
     arrays, meta = token_store.derived(
-        store, name, lambda: make_packed(store, capacity, self.partition, self.eval_fraction))
+        store, name, packing.PLAN_VERSION,
+        lambda: make_packed(store, capacity, self.partition, self.eval_fraction))
     plan = lambda split: packing.Plan(*(arrays[f'{split}_{k}'] for k in PLAN_ARRAYS))
     packed = Packed(plan('train'), arrays['client_rows'], arrays['client_tokens'],
                     arrays['client_ids'], plan('eval'), meta)

@@ -11,18 +11,14 @@ Python work per document.
 `num_workers` encoders run beside the main thread, at most two chunks in flight each (memory
 stays bounded), and results come back in corpus order. Each encoder calls the library with
 cores // num_workers threads (encoder_threads). The encoders are threads: both libraries encode
-without the GIL, but turn their ids into Python lists under it on the calling thread, and a
-second encoder encodes while the first converts. On 2 quiet cores (SentencePiece, 262k lines,
-medians of 9 alternating runs against the library's own encode of the lines in memory), one
-encoder with the library on 2 threads added 16%, and two encoders on 1 thread each added 5%.
-Overlap only hides work in a core's idle time. With other load on the machine, the overhead
-approaches the build's extra CPU: +9-24% (flattening the lists, hashing, reading;
-docs/benchmarks.md). With PROCESS_MIN_WORKERS workers or more and a corpus of at least
-POOL_MIN_BYTES, the encoders are spawned processes (a forked child of a process running JAX's
-threads may deadlock), which also convert in parallel, after a start-up of a second or more
-(each imports the tokenizers and the parent's main module); on 2 cores (51 MB of lines)
-processes built 8% slower than threads, and no machine with more cores was at hand to place
-the crossover by measurement.
+without the GIL, but turn their ids into Python lists under it on the calling thread, so a
+second encoder encodes while the first converts; overlap hides that work only in a core's idle
+time. With PROCESS_MIN_WORKERS workers or more and a corpus of at least POOL_MIN_BYTES, the
+encoders are spawned processes (a forked child of a process running JAX's threads may
+deadlock), which also convert in parallel, after a start-up of a second or more (each imports
+the tokenizers and the parent's main module). On 2 cores threads built faster than processes;
+PROCESS_MIN_WORKERS = 3 is not placed by a measurement on more cores. Measurements:
+docs/benchmarks.md (benchmarks/data_pipeline.py, `build`).
 """
 
 import collections

@@ -1,7 +1,9 @@
 """The token store: a corpus tokenized once into memory-mapped files that every run reuses.
 
 `<token_dir()>/<key>/`, where the key hashes the files' names and contents, the tokenizer's
-fingerprint, the reading fields (text_files.Fields) and FORMAT:
+fingerprint, the reading fields (text_files.Fields) and FORMAT; the files' content hashes come
+from the token dir's file_hashes.json while their stat is unchanged (file_hashes.py), so a
+start on an existing store reads no corpus byte:
   tokens-00000.bin ...  token ids (uint16 when the vocab fits, else uint32): the documents back
                         to back, each followed by EOS (SFT: prompt, completion, EOS)
   doc_start.bin   int64  [docs + 1]  each document's first token in the store, then the end
@@ -14,7 +16,8 @@ fingerprint, the reading fields (text_files.Fields) and FORMAT:
   trained.bin     uint8  [tokens]    chat data only: 1 where a token is assistant output (a
                                      target), 0 elsewhere (tokenizers/chat_encoder.py)
   manifest.json   written last; it records each file's size and CRC-32 (store_check.py)
-  derived/NAME/   arrays computed from the store (packing plans), cached the same way
+  derived/NAME.vN/  arrays computed from the store (packing plans) by version N of their code,
+                  cached the same way
 
 A build writes into a temporary directory and `os.replace`s it into place under an exclusive
 lock, so concurrent runs build once; a directory without its manifest (a killed build) is never
@@ -25,7 +28,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,15 +35,17 @@ from typing import Any
 
 import numpy as np
 
+from paxlike.data import atomic_dirs
+from paxlike.data import file_hashes
 from paxlike.data import fingerprint
-from paxlike.data import prepare
 from paxlike.data import store_check
 from paxlike.data import text_files
 from paxlike.data import token_build
 from paxlike.errors import RunFailure, UserError
 
-FORMAT = 2  # 2: doc_hash.hashes (1 was blake2b, a call per document).
+FORMAT = 2  # The files' layout and doc_hash's hash: a store of another format is rebuilt.
 TOKEN_DIR_ENV = 'PAXLIKE_TOKEN_DIR'
+VERIFY_ENV = 'PAXLIKE_VERIFY_DATA'
 MANIFEST = 'manifest.json'
 TRAINED = 'trained.bin'
 SHARD_TOKENS = 1 << 30  # A new shard starts (between chunks) once a shard holds this many.
@@ -58,12 +62,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
   return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
-def store_key(files: dict[str, Path], fields: text_files.Fields, tokenizer: Any) -> str:
-  """sha256 of everything the store's contents depend on."""
+def store_key(files: dict[str, Path], fields: text_files.Fields, tokenizer: Any,
+              verify: bool = False) -> str:
+  """sha256 of everything the store's contents depend on. The files' content hashes come from
+  the token dir's index while their stat is unchanged; `verify`: every file is read again."""
+  hashes = file_hashes.content_hashes(files, token_dir() / file_hashes.INDEX, verify)
   fields_spec = dataclasses.asdict(fields)
   if fields_spec.get('messages_field') is None:  # Stores made before chat data keep their key.
     fields_spec.pop('messages_field', None)
-  spec = {'format': FORMAT, 'files': fingerprint.digest(files),
+  spec = {'format': FORMAT, 'files': fingerprint.combined(hashes),
           'tokenizer': [tokenizer.fingerprint, tokenizer.vocab_size, tokenizer.eos_id],
           'fields': fields_spec}
   return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
@@ -183,17 +190,13 @@ class Writer:
     manifest = {**manifest, 'format': FORMAT, 'num_docs': self.num_docs,
                 'num_tokens': self.num_tokens, 'token_dtype': self.dtype.name,
                 'shards': self.shards, 'checksums': self.checksums.record()}
-    _write_json(self.directory / MANIFEST, manifest)
+    atomic_dirs.write_json(self.directory / MANIFEST, manifest)
     return manifest
 
 
-def _write_json(path: Path, value: Any) -> None:
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(json.dumps(value, indent=1) + '\n')
-  os.replace(tmp, path)
-
-
 def _complete(path: Path, key: str) -> bool:
+  """Whether `path` holds a store of `key` in this FORMAT, whole (its manifest is written
+  last)."""
   try:
     manifest = json.loads((path / MANIFEST).read_text())
   except (OSError, ValueError):
@@ -201,49 +204,41 @@ def _complete(path: Path, key: str) -> bool:
   return manifest.get('key') == key and manifest.get('format') == FORMAT
 
 
-def _replace_atomically(final: Path, lock: Path, key: str | None,
-                        write: Callable[[Path], None]) -> None:
-  """Unless `final` is complete, `write(tmp)` into a fresh temporary directory beside it and
-  move that into place, holding `lock`; leftovers of killed writers are removed first."""
-  with prepare._locked(lock):  # pylint: disable=protected-access (the data package's flock)
-    if (_complete(final, key) if key else (final / MANIFEST).is_file()):
-      return
-    for stale in final.parent.glob(f'.tmp-{final.name}-*'):
-      shutil.rmtree(stale, ignore_errors=True)
-    tmp = final.parent / f'.tmp-{final.name}-{os.getpid()}'
-    tmp.mkdir(parents=True)
-    write(tmp)
-    if final.exists():  # Torn: no manifest, or another key's (a hash prefix clash).
-      shutil.rmtree(final)
-    os.replace(tmp, final)
+def verify_requested() -> bool:
+  """Whether --verify_data ($PAXLIKE_VERIFY_DATA=1) asks to read the corpus and the store again
+  instead of trusting their recorded stat."""
+  return os.environ.get(VERIFY_ENV, '') not in ('', '0')
 
 
 def open_or_build(files: dict[str, Path], fields: text_files.Fields, tokenizer: Any,
-                  num_workers: int) -> Store:
+                  num_workers: int, verify: bool | None = None) -> Store:
   """The store of `files` read with `fields` and tokenized by `tokenizer`: opened if complete,
-  else built (by `num_workers` processes, see token_build.py) first. The corpus is only hashed
-  when the store exists. A store damaged on disk (store_check: a file cut short or changed) is
-  rebuilt, with a warning; UserError when the token dir cannot be used."""
-  key = store_key(files, fields, tokenizer)
-  final = _usable_token_dir() / key[:32]
+  else built (by `num_workers` encoders, see token_build.py) first. A file is read only to be
+  hashed when its stat changed since it was last hashed, and to be tokenized when its store
+  is built. `verify` (None: `verify_requested()`): every file is hashed again and the store's
+  checksums are read again. A store damaged on disk (store_check: a file cut short or changed)
+  is rebuilt, with a warning; UserError when the token dir cannot be used."""
+  verify = verify_requested() if verify is None else verify
+  directory = _usable_token_dir()
+  key = store_key(files, fields, tokenizer, verify)
+  final = directory / key[:32]
   lock = final.parent / f'.{final.name}.lock'
 
   def write(tmp: Path) -> None:
     build(tmp, files, fields, tokenizer, num_workers, key)
 
-  if not _complete(final, key):
-    _replace_atomically(final, lock, key, write)
+  is_complete = lambda path: _complete(path, key)
+  if not is_complete(final):
+    atomic_dirs.replace_atomically(final, lock, is_complete, write)
+  elif verify:  # Its files' checksums are read again (store_check.damage).
+    (final / store_check.VERIFIED).unlink(missing_ok=True)
   try:
     return Store.open(final)
   except DamagedStore as error:
     print(f'warning: token store {final} is damaged ({error}); rebuilding it from data.files',
           file=sys.stderr)
-  with prepare._locked(lock):  # pylint: disable=protected-access
-    if final.exists():  # Moved aside first: a later build removes the .tmp- leftovers.
-      aside = final.parent / f'.tmp-{final.name}-damaged-{os.getpid()}'
-      os.replace(final, aside)
-      shutil.rmtree(aside, ignore_errors=True)
-  _replace_atomically(final, lock, key, write)
+  atomic_dirs.remove(final, lock)
+  atomic_dirs.replace_atomically(final, lock, is_complete, write)
   try:
     return Store.open(final)
   except DamagedStore as error:
@@ -280,7 +275,7 @@ def build(directory: Path, files: dict[str, Path], fields: text_files.Fields, to
     raise UserError(f'data.files: the {len(files)} files hold no documents'
                     + (f' ({summary})' if (summary := counts.summary(fields)) else ''))
   progress.done(writer.num_docs, writer.num_tokens, counts.summary(fields))
-  _write_json(directory / 'clients.json', list(clients))
+  atomic_dirs.write_json(directory / 'clients.json', list(clients))
   return writer.finish({**base_manifest(key, files, fields, tokenizer),
                         'counts': {'missing': counts.missing, 'empty': counts.empty,
                                    'replaced': counts.replaced}})
@@ -301,17 +296,21 @@ def client_names(store: Store) -> list[str]:
   return json.loads((store.path / 'clients.json').read_text())
 
 
-def derived(store: Store, name: str, make: Callable[[], tuple[dict[str, np.ndarray], dict]]
+def derived(store: Store, name: str, version: int,
+            make: Callable[[], tuple[dict[str, np.ndarray], dict]]
             ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-  """Arrays and metadata `make()` computes from `store`, cached in `store.path/derived/name`
-  (made once, atomically, under the store's lock), then memory-mapped."""
-  final = store.path / 'derived' / name
+  """Arrays and metadata `make()` computes from `store`, cached in `store.path/derived/
+  name.v<version>` (made once, atomically, under the store's lock), then memory-mapped.
+  `version` names the code that makes them (e.g. packing.PLAN_VERSION): a new one is not
+  served what an older version cached."""
+  final = store.path / 'derived' / f'{name}.v{version}'
   if not (final / MANIFEST).is_file():
     def write(tmp: Path) -> None:
       arrays, meta = make()
       for key, value in arrays.items():
         np.save(tmp / f'{key}.npy', value)
-      _write_json(tmp / MANIFEST, meta)
-    _replace_atomically(final, store.path.parent / f'.{store.path.name}.lock', None, write)
+      atomic_dirs.write_json(tmp / MANIFEST, meta)
+    atomic_dirs.replace_atomically(final, store.path.parent / f'.{store.path.name}.lock',
+                                   lambda path: (path / MANIFEST).is_file(), write)
   arrays = {p.stem: np.load(p, mmap_mode='r') for p in sorted(final.glob('*.npy'))}
   return arrays, json.loads((final / MANIFEST).read_text())

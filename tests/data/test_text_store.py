@@ -13,6 +13,9 @@ import time
 import numpy as np
 import pytest
 
+from paxlike.data import TextData
+from paxlike.data import packing
+from paxlike.data import text_data
 from paxlike.data import text_files
 from paxlike.data import token_build
 from paxlike.data import token_store
@@ -252,15 +255,37 @@ def test_derived_arrays_are_cached_once_and_a_failed_make_leaves_nothing(tmp_pat
     raise RuntimeError('killed')
 
   with pytest.raises(RuntimeError):
-    token_store.derived(store, 'plan', failing)
-  assert not (store.path / 'derived/plan').exists()
+    token_store.derived(store, 'plan', 1, failing)
+  assert not list((store.path / 'derived').glob('plan*'))
 
   def make():
     calls.append(1)
     return {'x': np.arange(5)}, {'n': 5}
 
-  arrays, meta = token_store.derived(store, 'plan', make)
-  again, _ = token_store.derived(store, 'plan', make)
+  arrays, meta = token_store.derived(store, 'plan', 1, make)
+  again, _ = token_store.derived(store, 'plan', 1, make)
   assert len(calls) == 2 and meta == {'n': 5} and isinstance(again['x'], np.memmap)
   assert np.array_equal(again['x'], np.arange(5))
   assert not list((store.path / 'derived').glob('.tmp-*'))
+
+
+def test_a_new_version_of_derived_code_is_not_served_the_old_arrays(tmp_path):
+  _, path = corpus(tmp_path)
+  store = token_store.open_or_build(text_files.expand(str(path)), F(), BytesTokenizer(), 1)
+  old, _ = token_store.derived(store, 'plan', 1, lambda: ({'x': np.arange(3)}, {'v': 1}))
+  new, meta = token_store.derived(store, 'plan', 2, lambda: ({'x': np.arange(4)}, {'v': 2}))
+  assert meta == {'v': 2} and np.array_equal(new['x'], np.arange(4))
+  kept, meta = token_store.derived(store, 'plan', 1, lambda: pytest.fail('made again'))
+  assert meta == {'v': 1} and np.array_equal(kept['x'], np.arange(3))
+
+
+def test_textdata_computes_its_plan_again_under_a_bumped_plan_version(tmp_path, monkeypatch):
+  _, path = corpus(tmp_path, n=200)
+  plans = []
+  made = text_data.make_packed
+  monkeypatch.setattr(text_data, 'make_packed', lambda *a: plans.append(1) or made(*a))
+  packed = lambda: TextData(files=str(path), seq_len=32, eval_fraction=0.1).packed
+  first = packed()
+  assert packed().meta == first.meta and len(plans) == 1  # Made once, then cached.
+  monkeypatch.setattr(packing, 'PLAN_VERSION', packing.PLAN_VERSION + 1)
+  assert packed().meta == first.meta and len(plans) == 2

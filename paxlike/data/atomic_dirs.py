@@ -1,0 +1,49 @@
+"""Directories that are whole or absent (a token store, what is derived from it): each is
+written into a fresh temporary directory beside its place and moved there under a lock, so
+concurrent writers write it once and a killed writer leaves only a `.tmp-` leftover, which the
+next writer removes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from paxlike.data import prepare
+
+
+def write_json(path: Path, value: Any) -> None:
+  """`value` as JSON at `path`, replaced whole."""
+  tmp = path.with_name(path.name + '.tmp')
+  tmp.write_text(json.dumps(value, indent=1) + '\n')
+  os.replace(tmp, path)
+
+
+def replace_atomically(final: Path, lock: Path, is_complete: Callable[[Path], bool],
+                       write: Callable[[Path], None]) -> None:
+  """Unless `is_complete(final)`, `write(tmp)` into a fresh temporary directory beside `final`
+  and move that into place, holding `lock`; leftovers of killed writers are removed first."""
+  with prepare._locked(lock):  # pylint: disable=protected-access (the data package's flock)
+    if is_complete(final):
+      return
+    for stale in final.parent.glob(f'.tmp-{final.name}-*'):
+      shutil.rmtree(stale, ignore_errors=True)
+    tmp = final.parent / f'.tmp-{final.name}-{os.getpid()}'
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if final.exists():  # Torn, or another key's (a hash prefix clash).
+      shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def remove(final: Path, lock: Path) -> None:
+  """Removes `final`, holding `lock`: moved aside first, so that a removal cut short leaves a
+  `.tmp-` leftover, never a part of `final`."""
+  with prepare._locked(lock):  # pylint: disable=protected-access
+    if final.exists():
+      aside = final.parent / f'.tmp-{final.name}-removed-{os.getpid()}'
+      os.replace(final, aside)
+      shutil.rmtree(aside, ignore_errors=True)
