@@ -62,7 +62,7 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   alg_state = jax.device_get(state.alg)
   # With LoRA (program.trainable) the trainer's own algorithm: the adapters trained, the base
   # frozen (paxlike/federated/lora.py); else the task's, as it declares itself.
-  make = cohort_algorithm(task.built_algorithm if setup.program.trainable is None
+  make = cohort_algorithm(setup.task.built_algorithm if setup.program.trainable is None
                           else setup.program.algorithm)
   one = jax.eval_shape(make(1).init, alg_state.params)
   client_state = jax.tree.map(lambda x, o: jnp.shape(x) != o.shape, alg_state, one)

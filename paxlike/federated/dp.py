@@ -11,8 +11,9 @@ A round, over the clients axis with the federated primitives:
    contribution is bounded by C whatever its size, which is what bounds the sensitivity).
    A slot of weight 0 is padding (a Poisson cohort's unused slot): it takes no part in the
    clipped sum, the noise or the unclipped count; n is `expected_clients` (a Poisson cohort's
-   qN, set by the accountant from the data) or, unset, the round's slots. A straggler the
-   algorithm drops (weight 0, see stragglers.py) is left out in the same way; n is unchanged.
+   qN, which privacy.cohort_bound sets from the data where the run's algorithm is built) or,
+   unset, the round's slots. A straggler the algorithm drops (weight 0, see stragglers.py) is
+   left out in the same way; n is unchanged.
 
 Adaptive clipping (`target_quantile` = γ set): the clients also report bᵢ = 1[‖Δᵢ‖ ≤ C]. The
 server releases b̄ = (Σ(bᵢ − ½) + N(0, σ_b²)) / n + ½, the noised fraction of unclipped

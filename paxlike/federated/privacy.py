@@ -6,7 +6,8 @@ the population of `num_clients` clients. How the cohort is drawn decides the acc
 
 - 'poisson': each client joins with probability q = clients_per_round / num_clients, what
   the data sources' 'poisson' sampling does (add/remove-one-client adjacency; RDP or PLD; the
-  aggregator divides by the expected cohort qN, which the accountant sets);
+  aggregator divides by the expected cohort qN, which `cohort_bound` gives it where the run's
+  algorithm is built);
 - 'without_replacement': exactly clients_per_round distinct clients, what the data sources'
   'uniform' sampling does (replace-one-client adjacency, num_clients public: the clipped sum
   then has sensitivity 2C, so the accountant sees z/2; RDP only, Wang et al. 2019);
@@ -126,9 +127,7 @@ def population(task) -> int:
 
 def accountant(task) -> Accountant | None:
   """The task's accountant (None without DP). Raises UserError for a sampling that has no
-  client-level guarantee or bad accounting settings. Under Poisson sampling it also sets the
-  aggregator's `expected_clients` to the expected cohort qN = clients_per_round (see
-  `bind_expected_cohort`)."""
+  client-level guarantee or bad accounting settings. A query: it changes nothing."""
   aggregator = aggregator_of(task.built_algorithm)
   if aggregator is None:
     return None
@@ -137,23 +136,45 @@ def accountant(task) -> Accountant | None:
     raise UserError(f'differential privacy needs uniform, Poisson or fixed cohorts, not '
                     f'data.sampling={data.sampling!r}')
   num_clients = population(task)
-  if data.sampling == 'poisson':
-    bind_expected_cohort(aggregator, data.clients_per_round)
+  expected_cohort(aggregator, data)  # Checks a configured divisor against the data's.
   aggregator.update_noise_multiplier(data.clients_per_round)  # Checks adaptive's noise split.
   delta = aggregator.delta if aggregator.delta is not None else num_clients**-1.1
   return Accountant(aggregator, DATA_SAMPLING[data.sampling], data.clients_per_round,
                     num_clients, delta)
 
 
-def bind_expected_cohort(aggregator: DpAggregator, expected: int) -> None:
-  """Sets `aggregator.expected_clients` (unset) to a Poisson cohort's `expected` size, once:
-  the aggregator is built before the data it will meet, and its padded rounds' slots are not
-  the cohort. A different value set in the config is a UserError."""
-  if aggregator.expected_clients is None:
-    object.__setattr__(aggregator, 'expected_clients', expected)  # Frozen: set once, here.
-  elif aggregator.expected_clients != expected:
+def expected_cohort(aggregator: DpAggregator, data) -> float | None:
+  """What `aggregator` divides the noised sum by in rounds of `data`: a Poisson cohort's
+  expected size qN = data.clients_per_round (its padded slots are not the cohort), else the
+  configured `expected_clients` (None: the round's slots). UserError when a value set in the
+  config differs from the Poisson cohort's."""
+  if data.sampling != 'poisson':
+    return aggregator.expected_clients
+  expected = data.clients_per_round
+  if aggregator.expected_clients not in (None, expected):
     raise UserError(f'dp expected_clients={aggregator.expected_clients:g} but a Poisson cohort '
                     f'expects data.clients_per_round={expected}: leave it unset')
+  return expected
+
+
+def cohort_bound(task):
+  """`task` with its DP aggregator's divisor set to `expected_cohort` of its data, so the
+  algorithm built from it (the compiled round, the export) divides by the cohort it will
+  meet; `task` itself when that is already so (or without DP). The aggregator is built with
+  the algorithm's config, before the data it will meet, so this is where the two meet."""
+  aggregator = aggregator_of(task.built_algorithm)
+  if aggregator is None:
+    return task
+  expected = expected_cohort(aggregator, task.data)
+  if aggregator.expected_clients == expected:
+    return task
+  builder = task.algorithm
+  if not (isinstance(builder, functools.partial)
+          and builder.keywords.get('aggregator') is aggregator):
+    raise UserError(f'dp under Poisson sampling divides by the expected cohort: set the '
+                    f"aggregator's expected_clients={expected} (data.clients_per_round)")
+  bound = dataclasses.replace(aggregator, expected_clients=expected)
+  return dataclasses.replace(task, algorithm=functools.partial(builder, aggregator=bound))
 
 
 def checked_accountant(task) -> Accountant | None:

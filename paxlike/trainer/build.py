@@ -34,8 +34,10 @@ class Trainer:
 
 def setup(task: Task, *, train_step: bool = True, evaluator: bool = True) -> Trainer:
   """Places `task` on its mesh and compiles its init, its train step and row reporters
-  (`train_step`) and its eval step (`evaluator`). A run over its privacy budget is refused
-  first."""
+  (`train_step`) and its eval step (`evaluator`), all from `task` with its DP aggregator's
+  divisor bound to the data's cohort (privacy.cohort_bound; `Trainer.task`). A run over its
+  privacy budget is refused first."""
+  task = privacy.cohort_bound(task)
   accountant = privacy.checked_accountant(task)
   program = place(task)
   return Trainer(task=task, program=program,

@@ -56,8 +56,9 @@ def test_epsilon_is_dp_accountings_poisson_gaussian():
   assert 'poisson sampling (q = 0.25) of 100 expected of 400 clients' in acc.describe(100)
   assert privacy.round_metrics(acc, 3) == {'dp_epsilon': acc.epsilon(3), 'dp_delta': 1e-5,
                                            'dp_poisson_rate': 0.25}
-  # The accountant sets the aggregator's divisor to qN, on the instance every build uses.
-  rebuilt = task.algorithm(loss_fn, optax.sgd(0.1))
+  # The divisor qN is given where the run's algorithm is built, not by the accountant.
+  assert privacy.aggregator_of(task.built_algorithm).expected_clients is None
+  rebuilt = privacy.cohort_bound(task).algorithm(loss_fn, optax.sgd(0.1))
   assert privacy.aggregator_of(rebuilt).expected_clients == K
 
 
