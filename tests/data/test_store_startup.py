@@ -4,6 +4,7 @@ hashed again, and --verify_data ($PAXLIKE_VERIFY_DATA) reads everything again.""
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -18,6 +19,7 @@ from paxlike.data import store_check
 from paxlike.data import text_files
 from paxlike.data import token_store
 from paxlike.tokenizers import BytesTokenizer
+from tests.helpers import REPO, cli_env
 
 F = text_files.Fields
 WATCHED: set[str] = set()  # Corpus paths whose opens OPENED records (one hook per process).
@@ -189,3 +191,15 @@ def test_the_verify_data_flag_asks_every_process_for_a_full_check(monkeypatch):
   finally:
     main.FLAGS.unparse_flags()
   assert token_store.verify_requested() and os.environ[token_store.VERIFY_ENV] == '1'
+
+
+@pytest.mark.slow
+def test_the_startup_benchmark_sees_a_plain_start_read_no_corpus_and_a_verify_read_it_all():
+  proc = subprocess.run([sys.executable, 'benchmarks/data_build.py', '--quick'], cwd=REPO,
+                        text=True, capture_output=True, timeout=300, env=cli_env(1))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out['benchmark'] == 'data_startup' and out['same_store'] and out['corpus_mb'] == 4
+  assert not out['startup_opened_corpus'] and out['startup_read_mb'] < 0.1 * out['corpus_mb']
+  assert out['verify_opened_corpus'] and out['verify_read_mb'] >= out['corpus_mb']
+  assert {'startup_s', 'verify_s', 'goal_s'} <= set(out)  # Printed; timings never compared.
