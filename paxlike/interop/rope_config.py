@@ -47,8 +47,21 @@ def _rope_dict(hf: Mapping[str, Any], layer_type: str | None) -> tuple[str, dict
     if top is not None and 'rope_theta' in params and float(top) != float(params['rope_theta']):
       raise UserError(f'config.json has rope_theta={top} and {where}.rope_theta='
                       f'{params["rope_theta"]}: they disagree')
+    _check_agrees(hf.get('rope_scaling') if layer_type in (None, 'full_attention') else None,
+                  params, where)
     return where, {'rope_theta': top, **params}  # rope_parameters' own theta wins.
   return 'rope_scaling', {**(hf.get('rope_scaling') or {}), 'rope_theta': hf.get('rope_theta')}
+
+
+def _check_agrees(old: Mapping[str, Any] | None, params: Mapping[str, Any], where: str) -> None:
+  """UserError when a config holds both layouts and its transformers-4 `rope_scaling` says
+  another kind or factor than `params` (which transformers 5 would read)."""
+  if not old:
+    return
+  kind = lambda d: d.get('rope_type', d.get('type', 'default'))
+  if kind(old) != kind(params) or old.get('factor') != params.get('factor'):
+    raise UserError(f'config.json has rope_scaling={dict(old)} and {where} of rope_type '
+                    f'{kind(params)!r}, factor {params.get("factor")}: they disagree')
 
 
 def _float(value: Any, name: str, where: str) -> float:
@@ -140,6 +153,8 @@ def rope_dict(base: float, scaling: RopeScaling | None) -> dict[str, Any]:
 
 
 def rope_config(base: float, scaling: RopeScaling | None) -> dict[str, Any]:
-  """config.json's RoPE keys for one RoPE: `rope_parameters` (transformers 5) and a top-level
-  `rope_theta` (what older readers take the base from)."""
-  return {'rope_theta': base, 'rope_parameters': rope_dict(base, scaling)}
+  """config.json's RoPE keys for one RoPE: `rope_parameters` (transformers 5) and the
+  top-level `rope_theta` and `rope_scaling` transformers 4 reads (the same values)."""
+  params = rope_dict(base, scaling)
+  old = {k: v for k, v in params.items() if k != 'rope_theta'} if scaling else None
+  return {'rope_theta': base, 'rope_scaling': old, 'rope_parameters': params}
