@@ -15,8 +15,11 @@ import fiddle as fdl
 from configs import federated as fed
 from configs import models, optimizers, tasks
 from paxlike.data import ImageData, LmData, TextData, data_root
+from paxlike.data import preference_synth
+from paxlike.data.preference_data import PreferenceData
 from paxlike.experiment import Experiment
 from paxlike.registry import register
+from paxlike.trainer.preference_loss import PreferenceLoss
 
 ROUNDS = 100
 EVERY = dict(log_every=10, eval_every=25, checkpoint_every=25)
@@ -298,3 +301,26 @@ class TextLoraFedAvg(TextFedAvg):
       --fdl_set=train.init_from=job:/tmp/textfedavg"""
   MODEL_FIELDS = {'vocab_size': None, 'lora_rank': 8,
                   'lora_targets': ('query', 'key', 'value', 'out')}
+
+
+@register
+class DpoLoraFedAvg(TextLoraFedAvg):
+  """Federated preference tuning: FedAvg of DPO clients over TextLoraFedAvg's adapters (rank 8,
+  attention), the base frozen and never uploaded; each client's reference is the base, its
+  adapters off, so no client holds a second copy of the model. Each client is a preference
+  file (`data.partition=file`) or a value of a row field (`data.partition=field
+  data.client_field=NAME`); by default the stdlib pairs of lm.DpoTiny, a client per module.
+
+  python -m paxlike.main --exp=federated.DpoLoraFedAvg --job_log_dir=/tmp/dpofed \\
+      --fdl_set=train.init_from=job:/tmp/paxlike/stdlib_tiny
+  """
+
+  def task(self):
+    cfg = super().task()
+    cfg.loss = fdl.Config(PreferenceLoss, kind='dpo', beta=0.1)
+    return cfg
+
+  def datasets(self):
+    fields = {'partition': 'field', 'client_field': 'module', **self.data_fields()}
+    return fdl.Config(PreferenceData, files=str(preference_synth.stdlib_pairs_file()),
+                      tokenizer='bytes', seq_len=128, batch_size=8, **fields)

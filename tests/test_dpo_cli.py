@@ -1,7 +1,8 @@
 """`lm.DpoTiny` through the CLI on a preference set with a learnable signal: DPO raises the
 reward margin and the held-out reward accuracy from the tie at step 0; 8 data-parallel devices
 (one pair per device) log what one device logs; kill -9 and a rerun give the uninterrupted rows;
-pair data without a preference loss is one line, exit 2."""
+federated DPO (FedAvg of DPO clients over LoRA adapters, a client per file) learns the same
+preference; pair data without a preference loss is one line, exit 2."""
 
 import json
 import random
@@ -20,11 +21,14 @@ def pairs(tmp_path_factory):
   in capitals: one feature (the case) separates them, and held-out words are new."""
   root = tmp_path_factory.mktemp('pairs')
   rng = random.Random(0)
-  with open(root / 'pairs.jsonl', 'w') as f:
-    for i in range(400):
-      word = ''.join(rng.choice('abcdefghijklmnopqrstuvwxyz') for _ in range(rng.randint(4, 9)))
-      f.write(json.dumps({'prompt': f'word {i}: ', 'chosen': word,
-                          'rejected': word.upper()}) + '\n')
+  rows = []
+  for i in range(400):
+    word = ''.join(rng.choice('abcdefghijklmnopqrstuvwxyz') for _ in range(rng.randint(4, 9)))
+    rows.append(json.dumps({'prompt': f'word {i}: ', 'chosen': word, 'rejected': word.upper()}))
+  (root / 'pairs.jsonl').write_text('\n'.join(rows) + '\n')
+  (root / 'clients').mkdir()
+  for client in range(4):  # The same pairs as four clients' files.
+    (root / 'clients' / f'c{client}.jsonl').write_text('\n'.join(rows[client::4]) + '\n')
   return root
 
 
@@ -74,6 +78,20 @@ def test_kill_9_then_rerun_gives_the_uninterrupted_rows(pairs, whole, tmp_path, 
   assert steps and steps[-1] < 20
   run_cli(*dpo_args(pairs), f'--job_log_dir={tmp_path}', env=env(pairs))
   assert metric_rows(tmp_path) == metric_rows(whole)
+
+
+def test_federated_dpo_over_lora_adapters_learns_the_preference(pairs, tmp_path):
+  run_cli('--exp=federated.DpoLoraFedAvg', '--fdl_fiddler=tiny', f'--job_log_dir={tmp_path}',
+          f'--fdl_set=data.files={pairs}/clients/*.jsonl', '--fdl_set=data.partition=file',
+          '--fdl_set=data.client_field=None', '--fdl_set=data.clients_per_round=2',
+          '--fdl_set=data.local_steps=2', '--fdl_set=data.seq_len=32',
+          '--fdl_set=data.batch_size=4', '--fdl_set=data.eval_batch_size=8',
+          '--fdl_set=data.num_eval_batches=2', '--fdl_set=data.eval_fraction=0.1',
+          '--fdl_set=train.num_steps=10', '--fdl_set=loss.beta=0.5', env=env(pairs))
+  rows = metric_rows(tmp_path)
+  assert [r['step'] for r in rows] == [5, 10] and rows[-1]['clients'] == 2
+  assert rows[-1]['rewards/margins'] > rows[0]['rewards/margins'] > 0
+  assert rows[-1]['eval_rewards/accuracies'] > 0.75
 
 
 def test_pair_data_without_a_preference_loss_is_exit_2(pairs, tmp_path):

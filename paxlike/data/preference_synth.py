@@ -18,7 +18,7 @@ from pathlib import Path
 from paxlike.data import stdlib
 from paxlike.data import token_store
 
-FORMAT = 1
+FORMAT = 2  # 2: each pair names its module (`module`), a client of the federated experiment.
 CONTEXT_LINES = 3
 PROMPT_CHARS = 64  # A prompt keeps the last this many characters of its lines.
 MIN_WORDS = 3
@@ -38,10 +38,10 @@ def shuffled_words(line: str, rng: random.Random) -> str | None:
   return line[:len(line) - len(body)] + ' '.join(order)
 
 
-def module_pairs(text: str, rng: random.Random) -> list[dict[str, str]]:
+def module_pairs(text: str, rng: random.Random, module: str = '') -> list[dict[str, str]]:
   """The pairs of one module's source: every line of at most MAX_LINE characters that is not a
   comment and that shuffled_words can corrupt, after the last PROMPT_CHARS characters of the
-  CONTEXT_LINES lines before it as the prompt."""
+  CONTEXT_LINES lines before it as the prompt; each pair names `module`."""
   lines = text.split('\n')
   pairs = []
   for at in range(CONTEXT_LINES, len(lines)):
@@ -51,7 +51,7 @@ def module_pairs(text: str, rng: random.Random) -> list[dict[str, str]]:
     rejected = shuffled_words(line, rng)
     if rejected is not None:
       prompt = ('\n'.join(lines[at - CONTEXT_LINES:at]) + '\n')[-PROMPT_CHARS:]
-      pairs.append({'prompt': prompt, 'chosen': line, 'rejected': rejected})
+      pairs.append({'prompt': prompt, 'chosen': line, 'rejected': rejected, 'module': module})
   return pairs
 
 
@@ -62,7 +62,7 @@ def stdlib_pairs(num_pairs: int, seed: int = 0) -> list[dict[str, str]]:
   per_module = num_pairs // 50 + 1
   for name in stdlib.stdlib_files(root):
     text = (root / name).read_text(encoding='utf-8', errors='replace')
-    found = module_pairs(text, rng)
+    found = module_pairs(text, rng, name)
     pairs += rng.sample(found, min(per_module, len(found)))
     if len(pairs) >= num_pairs:
       break
