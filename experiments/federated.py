@@ -322,5 +322,5 @@ class DpoLoraFedAvg(TextLoraFedAvg):
 
   def datasets(self):
     fields = {'partition': 'field', 'client_field': 'module', **self.data_fields()}
-    return fdl.Config(PreferenceData, files=str(preference_synth.stdlib_pairs_file()),
+    return fdl.Config(PreferenceData, files=preference_synth.STDLIB_PAIRS,
                       tokenizer='bytes', seq_len=128, batch_size=8, **fields)

@@ -269,7 +269,7 @@ class DpoTiny(Experiment):
     return cfg
 
   def datasets(self):
-    return fdl.Config(PreferenceData, files=str(preference_synth.stdlib_pairs_file()),
+    return fdl.Config(PreferenceData, files=preference_synth.STDLIB_PAIRS,
                       tokenizer='bytes', seq_len=128, batch_size=16, eval_batch_size=16,
                       num_eval_batches=8)
 

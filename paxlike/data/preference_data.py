@@ -15,6 +15,7 @@ import numpy as np
 
 from paxlike.data import packing
 from paxlike.data import preference_rows
+from paxlike.data import preference_synth
 from paxlike.data.preference_plan import PLAN_VERSION, make_pair_plan
 from paxlike.data import sources
 from paxlike.data import text_files
@@ -39,7 +40,7 @@ class PreferenceData:
   client per file; 'field': per `client_field` value), for federated preference tuning.
   """
 
-  files: str | Sequence[str] = ()
+  files: str | Sequence[str] = ()  # Globs, or preference_synth.STDLIB_PAIRS.
   tokenizer: str = 'bytes'
   seq_len: int = 512
   batch_size: int = 8  # Pairs per local step.
@@ -107,7 +108,9 @@ class PreferenceData:
   @functools.cached_property
   def documents(self) -> tuple[dict[str, Path], dict[str, Any]]:
     """The pair documents (preference_rows.pair_files) and their counts."""
-    return preference_rows.pair_files(text_files.expand(self.files), self.pair_fields)
+    globs = [self.files] if isinstance(self.files, str) else list(self.files)
+    return preference_rows.pair_files(text_files.expand(preference_synth.with_synthetic(globs)),
+                                      self.pair_fields)
 
   @functools.cached_property
   def store(self) -> token_store.Store:

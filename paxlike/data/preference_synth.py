@@ -18,6 +18,9 @@ from pathlib import Path
 from paxlike.data import stdlib
 from paxlike.data import token_store
 
+# `PreferenceData.files` may name this set so: the file is made on first use (a config stays free
+# of side effects and of this machine's paths).
+STDLIB_PAIRS = 'synthetic:stdlib_pairs'
 FORMAT = 2  # 2: each pair names its module (`module`), a client of the federated experiment.
 CONTEXT_LINES = 3
 PROMPT_CHARS = 64  # A prompt keeps the last this many characters of its lines.
@@ -67,6 +70,11 @@ def stdlib_pairs(num_pairs: int, seed: int = 0) -> list[dict[str, str]]:
     if len(pairs) >= num_pairs:
       break
   return pairs[:num_pairs]
+
+
+def with_synthetic(globs: list[str]) -> list[str]:
+  """`globs` with STDLIB_PAIRS replaced by the path of `stdlib_pairs_file()`."""
+  return [str(stdlib_pairs_file()) if g == STDLIB_PAIRS else g for g in globs]
 
 
 def stdlib_pairs_file(num_pairs: int = 4000) -> Path:
