@@ -252,7 +252,11 @@ class DpoTiny(Experiment):
   python -m paxlike.main --exp=lm.StdlibTiny --job_log_dir=/tmp/paxlike/stdlib_tiny
   python -m paxlike.main --exp=lm.DpoTiny --job_log_dir=/tmp/paxlike/dpo_tiny \\
       --fdl_set=train.init_from=job:/tmp/paxlike/stdlib_tiny
-  Without init_from the base is the untrained model (the reference is then that random base).
+  Seen from StdlibTiny's step 600 (2 busy CPU cores, ~5 minutes): held-out reward accuracy
+  0.93 at step 50 and 0.94 at step 300 (margin 1.26 -> 3.48); both implicit rewards fall
+  (chosen -5.4, rejected -8.9 at step 300): DPO lowers the chosen line's likelihood below the
+  reference's too, the rejected one's faster. Without init_from the base is the untrained
+  model (the reference is then that random base).
   `--fdl_set=loss.kind=simpo` (or ipo, orpo; loss.beta, loss.gamma, loss.label_smoothing)
   trains a variant. Rows log rewards/chosen, rewards/rejected, rewards/margins,
   rewards/accuracies, logps/chosen and logps/rejected, and the same on held-out pairs (eval_).
