@@ -79,7 +79,8 @@ def trainer_seconds_per_step(s: Any, warmup: int, steps: int) -> float:
   import flax.linen as nn
   import jax
   import numpy as np
-  from paxlike.trainer import build, loop, partitioning
+  from paxlike.core import partitioning
+  from paxlike.trainer import build, loop
   from paxlike.data.prefetch import Prefetcher
   state = s.program.init(jax.random.key(s.task.train.seed))
   rules = partitioning.rules_for_mesh(s.task.mesh.rules, s.program.mesh)

@@ -45,7 +45,8 @@ def side(model, trainable, batch, steps: int):
   import jax.numpy as jnp
   import optax
   from paxlike.trainer import losses
-  from paxlike.trainer.centralized import centralized, split_params
+  from paxlike.core.trainable import split_params
+  from paxlike.trainer.centralized import centralized
   params = nn.meta.unbox(model.init(jax.random.key(0), batch['inputs'][0, 0, :1])['params'])
   alg = centralized(losses.model_loss_fn(model), optax.adamw(1e-3), trainable=trainable)
   state = {'s': alg.init(params)}

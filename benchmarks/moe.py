@@ -65,7 +65,8 @@ def side(model, mesh_cfg, batch):
   import jax
   import optax
   from paxlike.families import lm_flops
-  from paxlike.trainer import losses, partitioning
+  from paxlike.core import partitioning
+  from paxlike.trainer import losses
   from paxlike.trainer.centralized import centralized
   mesh = partitioning.make_mesh(mesh_cfg)
   alg = centralized(losses.model_loss_fn(model), optax.adamw(1e-3))
@@ -98,7 +99,7 @@ def side(model, mesh_cfg, batch):
 def child(args: argparse.Namespace) -> None:
   import jax
   import numpy as np
-  from paxlike.trainer.partitioning import MeshConfig
+  from paxlike.core.partitioning import MeshConfig
   sizes = dict(item.split('=') for item in args.mesh.split(','))
   mesh_cfg = MeshConfig(ici=tuple(int(v) for v in sizes.values()), axes=tuple(sizes))
   sparse, dense, seq, batch = models(args)

@@ -55,7 +55,8 @@ def measure(args: argparse.Namespace) -> dict:
 
   from paxlike import registry
   from paxlike.cli import config_io
-  from paxlike.trainer import build, loop, partitioning, throughput
+  from paxlike.core import partitioning
+  from paxlike.trainer import build, loop, throughput
 
   registry.import_all()
   cfg = registry.get(args.exp)().config()

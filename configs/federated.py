@@ -11,14 +11,14 @@ import fiddle as fdl
 
 from configs import optimizers
 from paxlike import federated
-from paxlike.trainer import optim
+from paxlike.core import optim
 from paxlike.federated import scaffold as scaffold_lib
 from paxlike.federated.dp import DpAggregator
 
 
 def fed_avg(server_learning_rate: float = 1.0, weighting: str = 'num_examples') -> fdl.Partial:
   """FedAvg; server SGD at lr 1 is plain weighted model averaging. `weighting`: how clients
-  count (paxlike.trainer.algorithm.WEIGHTINGS)."""
+  count (paxlike.core.algorithm.WEIGHTINGS)."""
   return fdl.Partial(federated.fed_avg, server_optimizer=optimizers.sgd(server_learning_rate),
                      weighting=weighting)
 

@@ -4,7 +4,7 @@ import fiddle as fdl
 
 from configs import meshes, sizes
 from paxlike.families import family_of
-from paxlike.trainer.partitioning import MeshConfig
+from paxlike.core.partitioning import MeshConfig
 
 
 def tiny(cfg: fdl.Config) -> None:

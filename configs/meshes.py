@@ -2,7 +2,7 @@
 
 import fiddle as fdl
 
-from paxlike.trainer.partitioning import MeshConfig
+from paxlike.core.partitioning import MeshConfig
 
 
 def data_parallel() -> fdl.Config[MeshConfig]:

@@ -1,9 +1,9 @@
-"""Optimizer presets as Fiddle configs (optax underneath, see paxlike/trainer/optim.py)."""
+"""Optimizer presets as Fiddle configs (optax underneath, see paxlike/core/optim.py)."""
 
 import fiddle as fdl
 import optax
 
-from paxlike.trainer import optim
+from paxlike.core import optim
 
 
 def warmup_cosine(peak: float, total_steps: int | None = None,

@@ -34,7 +34,7 @@ import fiddle as fdl
 
 from configs import meshes, models
 from paxlike.layers import TransformerLM
-from paxlike.trainer.partitioning import MeshConfig
+from paxlike.core.partitioning import MeshConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,11 +22,11 @@ import fiddle as fdl
 import flax.linen as nn
 import optax
 
-from paxlike.trainer.algorithm import Algorithm, AlgorithmBuilder
+from paxlike.core.algorithm import Algorithm, AlgorithmBuilder
 from paxlike.errors import UserError
 from paxlike.families import family_of
 from paxlike.trainer.preference import task_loss_fn
-from paxlike.trainer.partitioning import MeshConfig
+from paxlike.core.partitioning import MeshConfig
 
 if TYPE_CHECKING:  # paxlike.data imports tfds; the annotation needs only the protocol.
   from paxlike.data import DataSource

@@ -175,7 +175,7 @@ def test_corrupt_config_json_passed_back_in(job, paxlike_main, tmp_path):
   assert_one_line_error(*paxlike_main(f'--fdl_config={cut}', f'--job_log_dir={tmp_path / "j"}'),
                         'is not valid JSON')
   evil = tmp_path / 'evil.json'
-  evil.write_text((job / 'config.json').read_text().replace('"paxlike.trainer.optim"', '"subprocess"'))
+  evil.write_text((job / 'config.json').read_text().replace('"paxlike.core.optim"', '"subprocess"'))
   assert_one_line_error(*paxlike_main(f'--fdl_config={evil}', f'--job_log_dir={tmp_path / "j"}'),
                         "imports 'subprocess', which is not allowed")
 

@@ -126,7 +126,8 @@ SHARDING_SCRIPT = textwrap.dedent('''
     import numpy as np
     from paxlike import registry
     from paxlike.cli import config_io
-    from paxlike.trainer import loop, losses, partitioning
+    from paxlike.core import partitioning
+    from paxlike.trainer import loop, losses
     registry.import_all()
     cfg = registry.get('federated.ShakespeareDiLoCo')().config()
     config_io.apply_overrides(cfg, ['model.num_layers=1', 'mesh.ici=(4, 2)',

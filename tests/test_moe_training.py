@@ -21,7 +21,7 @@ from paxlike.families import lm_memory
 from paxlike.interop import hf_llama
 from paxlike.layers import TransformerLM, moe
 from paxlike.trainer import losses
-from paxlike.trainer.partitioning import MeshConfig
+from paxlike.core.partitioning import MeshConfig
 from tests.helpers import (REPO, cli_env, kill_after_first_checkpoint, metric_rows, run_cli,
                            run_script)
 
@@ -205,8 +205,9 @@ SHARDED_SCRIPT = '''
 import json, re
 import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
 from paxlike.layers import TransformerLM
-from paxlike.trainer import losses, partitioning
-from paxlike.trainer.partitioning import MeshConfig
+from paxlike.core import partitioning
+from paxlike.trainer import losses
+from paxlike.core.partitioning import MeshConfig
 model = TransformerLM(vocab_size=64, num_layers=2, d_model=32, num_heads=2, d_ff=32, max_len=16,
                       num_experts=4, experts_per_token=2, capacity_factor=1.0, scan_layers=True)
 tokens = np.random.default_rng(0).integers(0, 64, (8, 17))

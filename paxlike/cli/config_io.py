@@ -22,7 +22,7 @@ from fiddle import daglish
 from fiddle.experimental import serialization
 
 from paxlike.errors import UserError
-from paxlike.trainer import optim
+from paxlike.core import optim
 
 ALLOWED_MODULES = ('builtins', 'fiddle', 'paxlike', 'experiments', 'configs', 'flax', 'optax',
                    'jax', 'numpy', 'ml_dtypes')
@@ -180,13 +180,19 @@ def _pyrefs(node: Any) -> Iterable[tuple[str, str]]:
 # name the builtin containers and the dtypes. Nothing else: not `numpy.load` or `builtins.open`,
 # though their modules are importable for dtypes and containers.
 BUILDING_BLOCKS = ('paxlike.layers', 'paxlike.federated', 'paxlike.trainer.centralized',
-                   'paxlike.trainer.optim', 'paxlike.experiment', 'paxlike.trainer.partitioning',
-                   'paxlike.trainer.algorithm', 'experiments', 'configs', 'optax', 'jax.nn',
+                   'paxlike.core.optim', 'paxlike.experiment', 'paxlike.core.partitioning',
+                   'paxlike.core.algorithm', 'experiments', 'configs', 'optax', 'jax.nn',
                    'jax._src.nn')
-# Building blocks that moved into packages, under the names configs saved before the move use:
-# a job dir saved then still resumes (its config.json is read with the new names).
-MOVED_MODULES = {f'paxlike.{name}': f'paxlike.trainer.{name}'
-                 for name in ('centralized', 'optim', 'partitioning', 'algorithm')}
+# Building blocks that moved, under the names configs saved before each move use: a job dir
+# saved then still resumes (its config.json is read with the new names). First into the trainer
+# package (paxlike.optim -> paxlike.trainer.optim), then the contracts into the leaf package
+# paxlike.core (paxlike.trainer.optim -> paxlike.core.optim).
+MOVED_MODULES = {
+    'paxlike.centralized': 'paxlike.trainer.centralized',
+    **{f'{package}.{name}': f'paxlike.core.{name}'
+       for package in ('paxlike', 'paxlike.trainer')
+       for name in ('optim', 'partitioning', 'algorithm')},
+}
 CLASSES_ONLY = ('paxlike.data', 'paxlike.trainer.preference_loss', 'flax.linen',
                 'fiddle._src.config', 'fiddle._src.partial', 'fiddle._src.tagging')
 BUILTINS = ('dict', 'tuple', 'list', 'set', 'frozenset', 'slice', 'int', 'float', 'bool',

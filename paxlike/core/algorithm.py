@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paxlike.data.sources import STEP_MASK
+from paxlike.core.batch import STEP_MASK
+from paxlike.core.loss import LossFn
 from paxlike.errors import UserError
-from paxlike.trainer.losses import LossFn
 
 
 class FixedCohort(NamedTuple):

@@ -8,6 +8,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from paxlike.core.batch import STEP_MASK  # Which local steps each slot runs (see there).
 from paxlike.errors import RunFailure, UserError
 
 Batch = dict[str, np.ndarray]  # Exactly the keys 'inputs', 'targets', 'mask'.
@@ -23,11 +24,6 @@ Item = Literal['tokens', 'examples']  # What a batch's mask counts: LM tokens, o
 # Distinct streams so that the cohort of a round does not depend on batch shapes, and turning
 # stragglers on changes neither the cohort nor the examples.
 COHORT_STREAM, EXAMPLE_STREAM, STRAGGLER_STREAM = 0, 1, 2
-# The batch key that says which local steps each slot runs: float32 [slots, local_steps,
-# batch_size] (every row of a step alike), 1 where the slot runs the step. Present only where
-# some slot may run fewer than all (a Poisson cohort's padded slots run none, a straggler
-# `straggler_fraction` its first few), so that without them the batches are what they were.
-STEP_MASK = 'step_mask'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from paxlike.trainer import partitioning
+from paxlike.core import partitioning
 from paxlike.decode.sampling import Sampling, sample
 from paxlike.errors import UserError
 from paxlike.layers import kv_cache, lora

@@ -16,7 +16,7 @@ from paxlike.errors import UserError
 
 if TYPE_CHECKING:  # paxlike.data imports tfds; the annotations need only these names.
   from paxlike.data.sources import Item
-  from paxlike.trainer.losses import LossFn
+  from paxlike.core.loss import LossFn
 
 # apply(params, inputs) -> logits: one model of an ensemble.
 Apply = Callable[[Any, jax.Array], jax.Array]

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from paxlike.federated.ensemble import mixture_log_probs
 from paxlike.families.base import Family, check_item, mask_items
 from paxlike.families.shapes import gradient_flops, param_count, train_flops_per_example
-from paxlike.trainer.losses import LossFn
+from paxlike.core.loss import LossFn
 
 
 def step_flops(model: nn.Module, loss_fn: LossFn, boxed_params: Any, batches: dict,

@@ -18,7 +18,7 @@ from paxlike.families.base import Family, check_item, mask_items
 from paxlike.families.lm_flops import flops_per_token
 from paxlike.families.shapes import param_count
 from paxlike.layers import TransformerLM
-from paxlike.trainer.losses import LossFn
+from paxlike.core.loss import LossFn
 
 
 def step_flops(model: TransformerLM, loss_fn: LossFn, boxed_params: Any, batches: dict,

@@ -40,7 +40,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.trainer import partitioning
+from paxlike.core import partitioning
 from paxlike.errors import UserError
 from paxlike.families.lm_flops import mean_attended_keys
 from paxlike.layers import TransformerLM, moe

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from paxlike.trainer import throughput
-from paxlike.trainer.losses import LossFn
+from paxlike.core.loss import LossFn
 
 
 def abstract_params(model: nn.Module, seq_len: int = 8, sample: Any = None) -> Any:

@@ -1,8 +1,8 @@
 """Federated learning for paxlike: FAX-style primitives (see primitives.py) and the algorithms
 built on them (FedAvg/FedOpt/DiLoCo in algorithms.py, PAPA in papa.py, BTM in btm.py), each an
-`Algorithm` (paxlike/trainer/algorithm.py)."""
+`Algorithm` (paxlike/core/algorithm.py)."""
 
-from paxlike.trainer.algorithm import Algorithm, AlgorithmConfigError
+from paxlike.core.algorithm import Algorithm, AlgorithmConfigError
 from paxlike.federated.algorithms import (PseudoGradientState, diloco, fed_adagrad, fed_adam,
                                           fed_avg, fed_yogi, pseudo_gradient)
 from paxlike.federated.btm import BtmState, btm

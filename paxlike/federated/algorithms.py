@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paxlike.trainer import optim
-from paxlike.trainer.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
+from paxlike.core import optim
+from paxlike.core.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
                                check_weighting, client_weights, cohort_size)
 from paxlike.federated import server_optim, stragglers
 from paxlike.federated.chunking import resolve_client_chunk
@@ -28,7 +28,7 @@ from paxlike.federated.options import check_prox_mu, drop_stragglers_of
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program, federated_sum,
                                           federated_weighted_mean)
-from paxlike.trainer.losses import LossFn
+from paxlike.core.loss import LossFn
 
 ClientUpdate = Callable[[Any, Any, Any, jax.Array], tuple[Any, Any, dict[str, jax.Array]]]
 
@@ -186,7 +186,7 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
   across rounds (replica i always takes cohort slot i); without, every round starts them fresh.
   `client_chunk`: clients trained at a time (`federated_map(chunk=)`; >= the cohort: all at
   once; None: chosen per platform, see chunking.py).
-  `weighting`: how clients are weighted in the mean (paxlike.trainer.algorithm.WEIGHTINGS).
+  `weighting`: how clients are weighted in the mean (paxlike.core.algorithm.WEIGHTINGS).
   `aggregator`: how client updates become the pseudo-gradient (None: their weighted mean; a
   `dp.DpAggregator`: clipped, noised). `prox_mu`: FedProx's proximal weight (0: none).
   `drop_stragglers`: weight 0 for a straggler's partial work (None: unless prox_mu > 0)."""

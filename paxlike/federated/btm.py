@@ -28,14 +28,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paxlike.trainer import optim
-from paxlike.trainer.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
+from paxlike.core import optim
+from paxlike.core.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
                                check_weighting, client_weights, cohort_size)
 from paxlike.federated.algorithms import client_update, cohort_metrics, placed_init, round_metrics
 from paxlike.federated.chunking import resolve_client_chunk
 from paxlike.federated.options import check_prox_mu, refuse_options
 from paxlike.federated.primitives import federated_map, federated_program, federated_weighted_mean
-from paxlike.trainer.losses import LossFn
+from paxlike.core.loss import LossFn
 
 
 class BtmState(NamedTuple):
@@ -105,7 +105,7 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
   centrally on the pooled cohort for the first `seed_steps` rounds. Needs cohort size =
   num_experts, slot k → domain k. Each later round trains every expert for the batches' local
   steps, then merges. `weighting`: what a round adds to each domain's count
-  (paxlike.trainer.algorithm.WEIGHTINGS). The round options (federated/options.py): `client_chunk`,
+  (paxlike.core.algorithm.WEIGHTINGS). The round options (federated/options.py): `client_chunk`,
   experts trained at a time; `prox_mu`, every local run (seed and expert) proximal to its
   start of round; no `aggregator` (experts are merged by their weights, not aggregated)."""
   check_btm_args(num_experts, merge_weights, seed_steps)

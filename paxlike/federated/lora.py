@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import optax
 
-from paxlike.trainer.algorithm import Algorithm
-from paxlike.trainer.centralized import TrainableMask, merge_params, split_params
-from paxlike.trainer.losses import LossFn
+from paxlike.core.algorithm import Algorithm
+from paxlike.core.trainable import TrainableMask, merge_params, split_params
+from paxlike.core.loss import LossFn
 
 # base params (None: none yet, for init and the algorithm's declarations) -> the algorithm over
 # the adapters whose loss merges them with that base.

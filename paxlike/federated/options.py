@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paxlike.trainer.algorithm import AlgorithmConfigError
+from paxlike.core.algorithm import AlgorithmConfigError
 
 
 def check_prox_mu(prox_mu: float) -> float:

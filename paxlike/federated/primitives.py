@@ -33,7 +33,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from paxlike.trainer.partitioning import CLIENTS_AXIS
+from paxlike.core.partitioning import CLIENTS_AXIS
 
 PyTree = Any
 F = TypeVar('F', bound=Callable[..., Any])

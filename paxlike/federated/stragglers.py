@@ -28,9 +28,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from paxlike.data.sources import STEP_MASK
+from paxlike.core.batch import STEP_MASK
 from paxlike.federated.primitives import federated_sum, federated_weighted_sums
-from paxlike.trainer.algorithm import step_runs
+from paxlike.core.algorithm import step_runs
 
 
 def split_steps(batches: Any) -> tuple[Any, jax.Array | None]:

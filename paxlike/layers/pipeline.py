@@ -28,7 +28,7 @@ Params = Any
 # layer_fn(params of one layer, x [b, ...], extra rows of the same b examples) -> x [b, ...]
 LayerFn = Callable[[Params, jax.Array, Any], jax.Array]
 AnyMesh = jax.sharding.Mesh | jax.sharding.AbstractMesh
-# The mesh axes a batch is split over (as paxlike.trainer.partitioning.BATCH_AXES: 'expert' is
+# The mesh axes a batch is split over (as paxlike.core.partitioning.BATCH_AXES: 'expert' is
 # data parallel outside MoE layers).
 BATCH_AXES = ('data', 'fsdp', 'expert')
 

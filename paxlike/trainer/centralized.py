@@ -11,46 +11,21 @@ gradient of the frozen ones) and the optimizer state is kept for them alone.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import traverse_util
 
-from paxlike.trainer import optim
-from paxlike.trainer.algorithm import Algorithm, AlgorithmConfigError, cohort_size
-from paxlike.trainer import losses
-from paxlike.trainer.losses import LossFn
-
-
-# params -> a tree of bools shaped like them: True on the leaves that are trained.
-TrainableMask = Callable[[Any], Any]
+from paxlike.core import optim
+from paxlike.core.algorithm import Algorithm, AlgorithmConfigError, cohort_size
+from paxlike.core.loss import LossFn, value_and_mean_grad
+from paxlike.core.trainable import TrainableMask, merge_params, split_params
 
 
 class CentralizedState(NamedTuple):
   params: Any
   opt_state: optax.OptState  # Of the trainable params only (all of them without a mask).
-
-
-def split_params(params: Any, trainable: TrainableMask | None) -> tuple[Any, Any]:
-  """(trainable, frozen): two nested dicts holding the leaves of `params` that `trainable`
-  marks True and the rest; without a mask, (params, None)."""
-  if trainable is None:
-    return params, None
-  flat = traverse_util.flatten_dict(params)
-  mask = traverse_util.flatten_dict(trainable(params))
-  pick = lambda keep: traverse_util.unflatten_dict({k: v for k, v in flat.items()
-                                                    if bool(mask[k]) == keep})
-  return pick(True), pick(False)
-
-
-def merge_params(trainable: Any, frozen: Any) -> Any:
-  """The params `split_params` split into (trainable, frozen)."""
-  if frozen is None:
-    return trainable
-  return traverse_util.unflatten_dict({**traverse_util.flatten_dict(frozen),
-                                       **traverse_util.flatten_dict(trainable)})
 
 
 def centralized(loss_fn: LossFn, optimizer: optax.GradientTransformation,
@@ -72,7 +47,7 @@ def centralized(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 
     params, frozen = split_params(state.params, trainable)
     # A masked-mean loss is differentiated as sums and divided after: one all-reduce per step.
-    grad_fn = losses.value_and_mean_grad(loss_fn, lambda p: merge_params(p, frozen))
+    grad_fn = value_and_mean_grad(loss_fn, lambda p: merge_params(p, frozen))
 
     def accumulate(total, inputs):
       batch, key = inputs

@@ -14,8 +14,9 @@ from jax.sharding import Mesh
 
 from paxlike.data.sources import ClientEval
 from paxlike.experiment import Task
-from paxlike.trainer import evaluation, partitioning, preference
-from paxlike.trainer.centralized import TrainableMask
+from paxlike.core import partitioning
+from paxlike.trainer import evaluation, preference
+from paxlike.core.trainable import TrainableMask
 from paxlike.trainer.program import Program, placed_spec
 from paxlike.trainer.train_state import TrainState, ema_params
 

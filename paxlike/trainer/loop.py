@@ -21,7 +21,8 @@ import numpy as np
 from paxlike.data.prefetch import Prefetcher
 from paxlike.errors import RunFailure
 from paxlike.experiment import Task
-from paxlike.trainer import checkpoint, init_from, partitioning, preference_loss
+from paxlike.core import partitioning
+from paxlike.trainer import checkpoint, init_from, preference_loss
 from paxlike.trainer.build import Trainer
 from paxlike.trainer.checkpoint import Checkpoints, Fallback
 from paxlike.trainer.preemption import StopSignal

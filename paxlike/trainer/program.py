@@ -21,9 +21,11 @@ from jax.sharding import Mesh
 from paxlike.errors import UserError
 from paxlike.experiment import Task
 from paxlike.layers import pipeline
-from paxlike.trainer import losses, partitioning
-from paxlike.trainer.algorithm import Algorithm
-from paxlike.trainer.centralized import TrainableMask, centralized
+from paxlike.core import partitioning
+from paxlike.trainer import losses
+from paxlike.core.algorithm import Algorithm
+from paxlike.core.trainable import TrainableMask
+from paxlike.trainer.centralized import centralized
 from paxlike.trainer.preference import task_loss_fn
 from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
                                          init_state, train_step)

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paxlike.trainer import partitioning
-from paxlike.trainer.algorithm import Algorithm
-from paxlike.trainer.centralized import TrainableMask, merge_params, split_params
+from paxlike.core import partitioning
+from paxlike.core.algorithm import Algorithm
+from paxlike.core.trainable import TrainableMask, merge_params, split_params
 
 
 class TrainState(NamedTuple):

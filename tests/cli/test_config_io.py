@@ -62,17 +62,25 @@ def test_json_round_trip_rebuilds_the_same_config(cfg):
   assert config_io.build(loaded).model == config_io.build(cfg).model
 
 
-def test_a_config_saved_before_the_trainer_package_names_the_old_modules_and_loads(cfg):
+@pytest.mark.parametrize('moves', [
+    # Saved before the trainer package: the modules at the package root.
+    {'paxlike.core.optim': 'paxlike.optim', 'paxlike.trainer.centralized': 'paxlike.centralized',
+     'paxlike.core.partitioning': 'paxlike.partitioning'},
+    # Saved before the leaf package of contracts: the optimizer presets and mesh in the trainer.
+    {'paxlike.core.optim': 'paxlike.trainer.optim',
+     'paxlike.core.partitioning': 'paxlike.trainer.partitioning'},
+])
+def test_a_config_saved_before_a_move_names_the_old_modules_and_loads(cfg, moves):
   text = config_io.to_json(cfg)
   old = text
-  for name in ('optim', 'centralized', 'partitioning'):
-    old = old.replace(f'"paxlike.trainer.{name}"', f'"paxlike.{name}"')
-  assert old != text and '"paxlike.optim"' in old
+  for new_name, old_name in moves.items():
+    assert f'"{new_name}"' in old, new_name
+    old = old.replace(f'"{new_name}"', f'"{old_name}"')
   assert config_io.from_json(old, 'old.json') == cfg
 
 
 def test_loading_refuses_modules_off_the_allow_list(cfg):
-  text = config_io.to_json(cfg).replace('"paxlike.trainer.optim"', '"os"')
+  text = config_io.to_json(cfg).replace('"paxlike.core.optim"', '"os"')
   with pytest.raises(UserError, match="imports 'os', which is not allowed"):
     config_io.from_json(text, 'evil.json')
 
@@ -91,11 +99,11 @@ def _renamed(text: str, module: str, name: str, new_name: str) -> str:
 
 
 def test_a_config_naming_a_removed_function_is_a_stale_config(cfg):
-  text = _renamed(config_io.to_json(cfg), 'paxlike.trainer.optim', 'adamw', 'matched_adamw')
-  with pytest.raises(config_io.StaleConfig, match=r'names paxlike\.trainer\.optim\.matched_adamw, which '
+  text = _renamed(config_io.to_json(cfg), 'paxlike.core.optim', 'adamw', 'matched_adamw')
+  with pytest.raises(config_io.StaleConfig, match=r'names paxlike\.core\.optim\.matched_adamw, which '
                      'this version of paxlike does not have'):
     config_io.from_json(text, 'old.json')
-  gone_module = config_io.to_json(cfg).replace('"paxlike.trainer.optim"', '"paxlike.configs_v0"')
+  gone_module = config_io.to_json(cfg).replace('"paxlike.core.optim"', '"paxlike.configs_v0"')
   with pytest.raises(config_io.StaleConfig, match=r'paxlike\.configs_v0\.adamw'):
     config_io.from_json(gone_module, 'old.json')
 
@@ -103,7 +111,7 @@ def test_a_config_naming_a_removed_function_is_a_stale_config(cfg):
 def test_a_job_dir_saved_by_an_older_paxlike_resumes_only_when_allowed(cfg, tmp_path, capsys):
   job_dir.record_config(tmp_path, cfg)
   saved = tmp_path / 'config.json'
-  saved.write_text(_renamed(saved.read_text(), 'paxlike.trainer.optim', 'adamw', 'matched_adamw'))
+  saved.write_text(_renamed(saved.read_text(), 'paxlike.core.optim', 'adamw', 'matched_adamw'))
   with pytest.raises(UserError, match='matched_adamw.*pass --allow_config_change to continue'):
     job_dir.prepare(str(tmp_path), cfg, allow_change=False)
   assert job_dir.prepare(str(tmp_path), cfg, allow_change=True) == tmp_path

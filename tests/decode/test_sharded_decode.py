@@ -7,10 +7,10 @@ from tests.helpers import run_script
 
 SCRIPT = textwrap.dedent("""
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
-    from paxlike.trainer import partitioning
+    from paxlike.core import partitioning
     from paxlike.decode import engine, generate
     from paxlike.layers import TransformerLM, stack_layers
-    from paxlike.trainer.partitioning import MeshConfig
+    from paxlike.core.partitioning import MeshConfig
     assert jax.device_count() == 8
     cfg = MeshConfig(ici=(2, 4), axes=('fsdp', 'model'))
     mesh = partitioning.make_mesh(cfg)

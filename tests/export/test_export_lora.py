@@ -13,7 +13,7 @@ import pytest
 
 from paxlike.export import run
 from paxlike.layers.lora import lora_mask
-from paxlike.trainer.centralized import split_params
+from paxlike.core.trainable import split_params
 from tests.export.test_export_experiments import exported_rounds_match_training
 from tests.federated.lora_task import lora_config
 

@@ -15,7 +15,7 @@ from paxlike.cli import config_io
 from paxlike.errors import UserError
 from paxlike.families import family_of, lm
 from paxlike.layers import MlpClassifier, TransformerLM
-from paxlike.trainer.partitioning import MeshConfig
+from paxlike.core.partitioning import MeshConfig
 
 MODEL = TransformerLM(vocab_size=256, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_len=64)
 FAMILY = lm.FAMILY

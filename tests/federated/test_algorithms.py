@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from paxlike.trainer import optim
+from paxlike.core import optim
 from paxlike.errors import UserError
 from paxlike.federated import (diloco, fed_adagrad, fed_adam, fed_avg, fed_yogi,
                                pseudo_gradient)

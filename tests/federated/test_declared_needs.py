@@ -16,7 +16,7 @@ import pytest
 from paxlike import registry
 from paxlike.cli import config_io
 from paxlike.federated import privacy
-from paxlike.trainer.algorithm import Algorithm, AlgorithmConfigError, FixedCohort
+from paxlike.core.algorithm import Algorithm, AlgorithmConfigError, FixedCohort
 from paxlike.errors import UserError
 from paxlike.export.__main__ import cohort_algorithm
 from paxlike.federated import btm, fed_adagrad, fed_avg, fed_yogi, papa, pseudo_gradient

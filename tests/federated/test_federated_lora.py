@@ -29,7 +29,7 @@ from paxlike.federated.lora import frozen_base
 from paxlike.layers import TransformerLM
 from paxlike.layers.lora import lora_mask
 from paxlike.trainer import build, loop, losses, program, restore
-from paxlike.trainer.centralized import merge_params, split_params
+from paxlike.core.trainable import merge_params, split_params
 from tests.federated.lora_task import lora_setup, restored_state
 
 MODEL = TransformerLM(vocab_size=64, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=16,

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from paxlike.trainer import optim
+from paxlike.core import optim
 from paxlike.federated.ensemble import ensemble_log_probs
 from paxlike.federated import AlgorithmConfigError, btm, papa
 

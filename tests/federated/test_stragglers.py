@@ -20,7 +20,7 @@ from paxlike.federated import diloco, fed_avg
 from paxlike.federated.dp import DpAggregator
 from paxlike.federated.papa import papa
 from paxlike.federated.scaffold import scaffold
-from paxlike.trainer.algorithm import AlgorithmConfigError
+from paxlike.core.algorithm import AlgorithmConfigError
 from paxlike.trainer.centralized import centralized
 from tests.federated.test_algorithms import D, _params, _run
 from tests.helpers import REPO, cli_env, metric_rows, run_cli

@@ -222,8 +222,9 @@ TRAIN_SCRIPT = """
 import json, sys
 import flax.linen as nn, fiddle as fdl, jax, numpy as np, optax
 from paxlike.interop import checkpoint
-from paxlike.trainer import losses, partitioning
-from paxlike.trainer.partitioning import MeshConfig
+from paxlike.core import partitioning
+from paxlike.trainer import losses
+from paxlike.core.partitioning import MeshConfig
 cfg, host_params = checkpoint.load_hf_checkpoint(sys.argv[1], scan_layers=True)
 model = fdl.build(cfg)
 tokens = np.random.default_rng(0).integers(0, 61, (8, 13))

@@ -8,9 +8,10 @@ from tests.helpers import run_script
 SCRIPT = textwrap.dedent("""
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from paxlike.trainer import losses, partitioning
+    from paxlike.core import partitioning
+    from paxlike.trainer import losses
     from paxlike.layers import TransformerLM, lora
-    from paxlike.trainer.partitioning import MeshConfig
+    from paxlike.core.partitioning import MeshConfig
     # The rank axis is replicated; partitioning.DEFAULT_RULES may not name it yet.
     rules = partitioning.DEFAULT_RULES
     if 'lora_rank' not in dict(rules):

@@ -7,11 +7,12 @@ from tests.helpers import run_script
 SCRIPT = textwrap.dedent("""
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from paxlike.trainer import losses, partitioning
+    from paxlike.core import partitioning
+    from paxlike.trainer import losses
     from paxlike.errors import UserError
     from paxlike.layers import TransformerLM
     from paxlike.layers.transformer import stack_layers
-    from paxlike.trainer.partitioning import MeshConfig
+    from paxlike.core.partitioning import MeshConfig
     assert jax.device_count() == 8
     base = TransformerLM(vocab_size=128, num_layers=2, d_model=64, num_heads=8, num_kv_heads=4,
                          d_ff=128, tied_embeddings=False, qk_norm=True)

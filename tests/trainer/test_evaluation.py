@@ -75,7 +75,7 @@ def test_classifier_ensemble_is_the_prior_weighted_mixture():
 
 def test_a_block_that_does_not_match_the_process_block_is_refused():
   from jax.sharding import NamedSharding, PartitionSpec as P
-  from paxlike.trainer import partitioning
+  from paxlike.core import partitioning
   sharding = NamedSharding(jax.make_mesh((1,), ('data',)), P('data'))
   with pytest.raises(ValueError, match='does not match the process block'):
     partitioning.block_to_global(np.zeros((8, 3)), sharding, (slice(0, 4),), (8,))

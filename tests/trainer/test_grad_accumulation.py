@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from paxlike.trainer import losses
-from paxlike.trainer.algorithm import AlgorithmConfigError
+from paxlike.core.algorithm import AlgorithmConfigError
 from paxlike.trainer.centralized import centralized
 from paxlike.layers import TransformerLM
 

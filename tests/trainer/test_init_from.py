@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 
 from paxlike.cli import config_io
 from paxlike.trainer import build, init_from, loop, losses
-from paxlike.trainer.centralized import split_params
+from paxlike.core.trainable import split_params
 from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.errors import RunFailure, UserError
 from paxlike.interop import hf_llama

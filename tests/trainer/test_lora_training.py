@@ -13,7 +13,8 @@ import pytest
 from flax import traverse_util
 
 from paxlike.trainer import build, loop, losses
-from paxlike.trainer.centralized import centralized, merge_params, split_params
+from paxlike.core.trainable import merge_params, split_params
+from paxlike.trainer.centralized import centralized
 from paxlike.layers import TransformerLM
 from paxlike.layers.lora import lora_mask
 from tests.helpers import run_script

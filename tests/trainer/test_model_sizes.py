@@ -13,7 +13,7 @@ from configs import models
 from configs.sizes import SIZES, use_size
 from paxlike.errors import UserError
 from paxlike.families import lm_flops, shapes
-from paxlike.trainer import partitioning
+from paxlike.core import partitioning
 from paxlike.layers import CnnClassifier, TransformerLM
 
 # Published counts: TinyLlama-1.1B has 1,100,048,384 parameters, Llama-3-8B 8,030,261,248.

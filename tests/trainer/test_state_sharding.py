@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from paxlike.trainer import partitioning
+from paxlike.core import partitioning
 from tests.helpers import run_script
 
 
