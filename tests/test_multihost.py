@@ -202,8 +202,9 @@ def test_kill_9_of_all_processes_then_restart_resumes_from_the_collective_checkp
     two_processes, jobs, tmp_path):
   expected, _ = two_processes
   job_dir = tmp_path / 'job'
-  # The same run made endless (its schedule does not depend on num_steps): it cannot end first.
-  job = jobs(launch_argv(job_dir, '--fdl_set=train.num_steps=100000'), tmp_path)
+  # The same run made endless (its schedule kept the 20-step one): it cannot end first.
+  job = jobs(launch_argv(job_dir, '--fdl_set=train.num_steps=100000',
+                         '--fdl_set=optimizer.learning_rate.decay_steps=20'), tmp_path)
   wait_for(lambda: committed(job_dir, 10) or job.proc.poll() is not None, 180, 'checkpoint 10')
   job.kill()  # SIGKILL to the launcher and both processes at once.
   assert job.proc.returncode == -signal.SIGKILL, job.stderr()[-2000:]

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from tests.helpers import REPO, TINY, cli_env, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,8 @@ def test_same_run_twice_gives_identical_metrics(tiny_run, tmp_path):
 
 def test_stop_and_restart_continues_from_the_checkpoint(tiny_run, tmp_path):
   job, _ = tiny_run
-  run_cli(*TINY, f'--job_log_dir={tmp_path}', '--fdl_set=train.num_steps=10')
+  run_cli(*TINY, f'--job_log_dir={tmp_path}', '--fdl_set=train.num_steps=10',
+          '--fdl_set=optimizer.learning_rate.decay_steps=20')  # The schedule of the 20 steps.
   proc = run_cli(*TINY, f'--job_log_dir={tmp_path}')
   assert 'resumed from checkpoint step 10' in proc.stderr
   assert metric_rows(tmp_path) == metric_rows(job)
@@ -92,7 +93,7 @@ MESH_SCRIPT = textwrap.dedent('''
     import json, sys
     import jax
     from paxlike import registry
-    from paxlike.cli import config_io
+    from paxlike.config import config_io
     from paxlike.trainer import build, loop
     registry.import_all()
     results = {}
