@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
   import jax
   from paxlike import registry
   from paxlike.trainer import build, checkpoint, loop
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   from paxlike.trainer.checkpoint import Checkpoints
 
   registry.import_all()

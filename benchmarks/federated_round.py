@@ -102,7 +102,7 @@ class SyntheticLm:
 def build_task(args: argparse.Namespace, cohort: int) -> tuple[Any, str]:
   """The task for one cohort, and 'real' or 'synthetic' for the data it ended up with."""
   from paxlike import registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   registry.import_all()
   cfg = registry.get(args.exp)().config()
   clients_axis = math.gcd(args.devices, cohort)

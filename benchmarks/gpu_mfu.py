@@ -65,7 +65,7 @@ def task_of(exp: str, fiddlers: list[str], overrides: list[str]) -> Any:
   """The built task of a registered experiment, after fiddlers and PATH=VALUE overrides."""
   from configs import fiddlers as fiddler_lib
   from paxlike import registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   registry.import_all()
   cfg = registry.get(exp)().config()
   for name in fiddlers:

@@ -54,7 +54,7 @@ def measure(args: argparse.Namespace) -> dict:
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   from paxlike import registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   from paxlike.core import partitioning
   from paxlike.trainer import build, loop, throughput
 

@@ -76,7 +76,7 @@ def first_step(args: argparse.Namespace) -> dict[str, float]:
   with phase(spans, 'import', start=T0):
     import jax
     from paxlike import registry
-    from paxlike.cli import config_io
+    from paxlike.config import config_io
     from paxlike.trainer import build, loop
     registry.import_all()
   with phase(spans, 'init'):

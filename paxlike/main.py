@@ -16,7 +16,8 @@ from typing import Callable
 from absl import app, flags, logging
 
 from paxlike import registry
-from paxlike.cli import config_io, run_config
+from paxlike.cli import run_config
+from paxlike.config import config_io
 from paxlike.trainer import job_dir, job_source
 from paxlike.errors import RunFailure, UserError
 
@@ -208,14 +209,16 @@ def evaluate(task) -> None:
 
 def decode(task, sampling) -> None:
   """Prints each prompt and its continuation, sampled from --job_log_dir's latest checkpoint
-  (its EMA if kept; no train or eval step is compiled)."""
+  (its params alone, or its EMA if kept; no optimizer state, no train or eval step), and the
+  time to the first token on stderr."""
+  import time  # pylint: disable=import-outside-toplevel
+  started = time.monotonic()
   from paxlike.cli.decode_text import decoded_text, read_prompts
   from paxlike.trainer import restore
   prompts = read_prompts(FLAGS.prompts_file, FLAGS.prompt)
   directory = job_dir.existing(FLAGS.job_log_dir)
-  trainer, _, state = restore.load_latest_state(task, directory, evaluator=False)
-  print(decoded_text(task, trainer.program.mesh, restore.export_params(trainer, state), prompts,
-                     sampling, chat=FLAGS.chat))
+  mesh, params = restore.load_latest_params(task, directory)
+  print(decoded_text(task, mesh, params, prompts, sampling, chat=FLAGS.chat, started=started))
 
 
 def main(argv: list[str]) -> None:

@@ -73,7 +73,7 @@ def plan(name: str, overrides: list[str]) -> Plan:
   import flax.linen as nn
   import jax
   from paxlike import registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   registry.import_all()
   cfg = registry.get(name)().config()
   config_io.apply_overrides(cfg, overrides)

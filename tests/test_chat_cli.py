@@ -48,7 +48,7 @@ def chat_args(root, job, steps=2):
 
 def test_chat_sft_trains_on_replies_and_decodes_a_chat_turn(tmp_path):
   from paxlike import registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   root, job = write_source(tmp_path), tmp_path / 'job'
   env = cli_env(PAXLIKE_TOKEN_DIR=str(tmp_path / 'tokens'))
   run_cli(*chat_args(root, job), env=env)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.interop import load_hf_checkpoint
 from paxlike.layers import lora
 from paxlike.trainer import restore

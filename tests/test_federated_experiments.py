@@ -125,7 +125,7 @@ SHARDING_SCRIPT = textwrap.dedent('''
     import jax
     import numpy as np
     from paxlike import registry
-    from paxlike.cli import config_io
+    from paxlike.config import config_io
     from paxlike.core import partitioning
     from paxlike.trainer import loop, losses
     registry.import_all()

@@ -102,7 +102,7 @@ def test_sft_without_a_source_says_what_it_needs(tmp_path):
 
 def test_export_merges_lora_and_reimports_to_identical_logits(source, tmp_path):
   from paxlike import registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   from paxlike.trainer import restore
   from paxlike.layers import lora
   job, out = tmp_path / 'job', tmp_path / 'exported'

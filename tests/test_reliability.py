@@ -159,7 +159,7 @@ def test_restore_checks_shapes_against_the_model(tiny_job, tmp_path):
 def test_restore_refuses_a_checkpoint_from_another_data_position(tiny_job, tmp_path):
   """Checkpoints of seed 0 under a config.json that says seed 7 (say, copied from another job):
   the config check passes, the checkpoint's own data position does not."""
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   job = tmp_path / 'job'
   shutil.copytree(tiny_job, job)
   cfg = config_io.load_file(job / 'config.json')

@@ -79,7 +79,7 @@ def test_outer_sgd_overrides_give_fedavgs_server():
   """The page's outer SGD (lr 1, no momentum, no Nesterov) by the reproduction's overrides on
   ShakespeareDiLoCo: each update is minus the pseudo-gradient, so the server takes the
   replicas' mean."""
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   cfg = _diloco_config('federated.ShakespeareDiLoCo')
   config_io.apply_overrides(cfg, ['algorithm.outer_optimizer.learning_rate=1.0',
                                   'algorithm.outer_optimizer.momentum=None',
@@ -90,7 +90,7 @@ def test_outer_sgd_overrides_give_fedavgs_server():
 
 
 def test_outer_adam_experiment_is_shakespeare_diloco_with_optax_adam():
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   ours = _diloco_config(diloco.ADAM)
   base = _diloco_config(diloco.DILOCO)
   differ = {line.split(':')[0] for line in config_io.differences(base, ours)}

@@ -71,7 +71,7 @@ def test_overrides_set_each_methods_own_server_rate():
 def test_the_experiments_change_only_the_server_optimizer(name, fn):
   import experiments.federated  # noqa: F401  (registers DigitsFedAvg)
   from paxlike import federated, registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   ours = registry.get(f'{fedopt.MODULE}.{name}')().config()
   base = registry.get('federated.DigitsFedAvg')().config()
   assert fdl.get_callable(ours.algorithm) is getattr(federated, fn)

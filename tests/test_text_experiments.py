@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.data import data_root
 from paxlike.data import token_build
 from tests.helpers import REPO, cli_env, metric_rows, run_cli

@@ -6,7 +6,7 @@ import fiddle as fdl
 
 from configs import fiddlers
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.trainer import build
 from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.experiment import Task

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 import fiddle as fdl
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.errors import UserError
 from paxlike.trainer import job_dir, job_source
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from absl import app, flags
 
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike import main as cli
 
 flags.DEFINE_string('out', None, 'New (or empty) directory for plan.json and the programs.')

@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.errors import UserError
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.errors import UserError
 from paxlike.interop import checkpoint, hf_fields
 from paxlike.layers import TransformerLM, lora

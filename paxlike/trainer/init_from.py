@@ -89,7 +89,7 @@ def model_overrides_from(init_from: str) -> dict[str, Any]:
 
 
 def _job_config(source: Source) -> fdl.Buildable:
-  from paxlike.cli import config_io  # pylint: disable=import-outside-toplevel (imports experiments)
+  from paxlike.config import config_io  # pylint: disable=import-outside-toplevel (imports experiments)
   return config_io.load_file(source.path / 'config.json')
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator
 
 import fiddle as fdl
 
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.errors import UserError
 
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.federated import ensemble
 
 POSTERIOR_WINDOWS = 32  # Held-out windows of a domain that estimate its posterior weights.

@@ -4,7 +4,7 @@ import re
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.trainer import job_dir
 from paxlike.errors import UserError
 

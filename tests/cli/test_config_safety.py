@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.errors import UserError
 from tests.test_bad_input import assert_one_line_error, paxlike_main  # noqa: F401 (fixture)
 

@@ -10,7 +10,8 @@ import sys
 import fiddle as fdl
 import pytest
 
-from paxlike.cli import config_io, run_config
+from paxlike.cli import run_config
+from paxlike.config import config_io
 from paxlike.errors import UserError
 from tests.helpers import REPO, cli_env, metric_rows, run_cli
 

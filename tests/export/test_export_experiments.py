@@ -17,7 +17,7 @@ import pytest
 
 from configs import federated as fed
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.trainer import build, loop
 from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.export import run, trees

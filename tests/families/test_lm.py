@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.errors import UserError
 from paxlike.families import family_of, lm
 from paxlike.layers import MlpClassifier, TransformerLM

@@ -11,7 +11,7 @@ import fiddle as fdl
 import numpy as np
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.trainer import build
 from paxlike.trainer.checkpoint import Checkpoints
 

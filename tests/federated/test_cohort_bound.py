@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.errors import UserError
 from paxlike.federated import privacy
 from paxlike.trainer import build

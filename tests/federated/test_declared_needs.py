@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.federated import privacy
 from paxlike.core.algorithm import Algorithm, AlgorithmConfigError, FixedCohort
 from paxlike.errors import UserError

@@ -207,7 +207,7 @@ def test_lora_rounds_from_a_pretrained_fedavg_job_keep_its_params_as_the_base(
   """TextFedAvg (no adapters) trains a base; TextLoraFedAvg starts from it (`train.init_from=
   job:DIR`): after its rounds the base is bitwise the pretrained params."""
   from tests.federated.lora_task import lora_config  # pylint: disable=import-outside-toplevel
-  from paxlike.cli import config_io  # pylint: disable=import-outside-toplevel
+  from paxlike.config import config_io  # pylint: disable=import-outside-toplevel
   cfg = lora_config(tmp_path_factory.mktemp('corpus_base'))
   config_io.apply_overrides(cfg, ['model.lora_rank=0', 'train.num_steps=2'])
   pretrain = build.setup(config_io.build(cfg))

@@ -348,7 +348,7 @@ def test_the_trainer_starts_papa_members_from_their_own_inits():
   per member; the soup is their mean."""
   from configs import federated as fed
   from experiments.federated import DigitsFedAvg
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   from paxlike.trainer import build, loop
   cfg = DigitsFedAvg().config()
   cfg.algorithm = fed.papa(population=5)

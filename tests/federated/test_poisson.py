@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.data import ImageData
 from paxlike.data import sources
 from paxlike.errors import RunFailure, UserError

@@ -8,7 +8,7 @@ import dp_accounting
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.federated import privacy
 from paxlike.errors import UserError
 

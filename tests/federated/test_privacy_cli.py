@@ -7,7 +7,7 @@ import math
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.federated import privacy
 from tests.helpers import metric_rows, run_cli
 

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.trainer import losses
 from paxlike.errors import UserError
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.trainer import build, init_from, loop, losses
 from paxlike.core.trainable import split_params
 from paxlike.trainer.checkpoint import Checkpoints

@@ -8,7 +8,7 @@ import pytest
 
 from configs import fiddlers
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.trainer import build, loop
 from tests.helpers import metric_rows
 

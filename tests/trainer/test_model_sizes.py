@@ -115,7 +115,7 @@ LLAMAS = {'lm.Llama125M': '125m', 'lm.Llama350M': '350m', 'lm.Llama1B': '1b', 'l
 
 def _llama_task(key: str):
   from paxlike import registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   registry.import_all()
   return config_io.build(registry.get(key)().config())
 
@@ -191,7 +191,7 @@ def test_the_pod_pipeline_size_splits_the_layers_over_stages_and_the_rest_over_f
   16 ways (fsdp × model) and the final norm 4."""
   from configs import fiddlers
   from paxlike import registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   from paxlike.families import lm_memory
   registry.import_all()
   config = registry.get('lm.Llama8B')().config()

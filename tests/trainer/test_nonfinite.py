@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.trainer import build, loop, train_state
 from paxlike.trainer.checkpoint import Checkpoints
 from tests.helpers import metric_rows, run_cli

@@ -5,7 +5,7 @@ without care the checkpoint's old value would silently win."""
 import pytest
 
 from paxlike import registry
-from paxlike.cli import config_io
+from paxlike.config import config_io
 from paxlike.trainer import build, loop
 from tests.helpers import metric_rows
 

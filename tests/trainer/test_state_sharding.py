@@ -34,7 +34,7 @@ def test_adam_moments_have_the_param_shardings_on_a_model_parallel_mesh():
       import jax
       from configs import fiddlers
       from paxlike import registry
-      from paxlike.cli import config_io
+      from paxlike.config import config_io
       from paxlike.trainer import build
       registry.import_all()
       cfg = registry.get('lm.StdlibTiny')().config()

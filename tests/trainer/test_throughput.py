@@ -37,7 +37,7 @@ def test_step_flops_match_a_matmul_count():
 def test_lm_step_flops_count_every_client_and_local_step():
   from paxlike import registry
   from paxlike.families import lm_flops
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   from paxlike.trainer import build
   registry.import_all()
   cfg = registry.get('federated.ShakespeareFedAvg')().config()
@@ -54,7 +54,7 @@ def test_classifier_step_flops_count_every_client_and_local_step():
   """An MLP's training FLOPs from its shapes: forward 2·in·out per layer, backward the weight
   gradients (2·in·out) and the input gradients of every layer but the first."""
   from paxlike import registry
-  from paxlike.cli import config_io
+  from paxlike.config import config_io
   from paxlike.trainer import build
   registry.import_all()
   cfg = registry.get('federated.DigitsFedAvg')().config()
