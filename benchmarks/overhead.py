@@ -56,7 +56,8 @@ def measure(args: argparse.Namespace) -> dict:
   from paxlike import registry
   from paxlike.config import config_io
   from paxlike.core import partitioning
-  from paxlike.trainer import build, loop, throughput
+  from paxlike.families.shapes import step_flops_per_device
+  from paxlike.trainer import build, loop
 
   registry.import_all()
   cfg = registry.get(args.exp)().config()
@@ -127,8 +128,8 @@ def measure(args: argparse.Namespace) -> dict:
       'ratio_best': max(values['paxlike']) / max(values['baseline']),
       'spread': {k: round(common.spread(v), 3) for k, v in values.items()},
       # Where a gap would come from: extra work or extra collectives in the compiled step.
-      'flops_per_device': {'paxlike': throughput.step_flops_per_device(s.step),
-                           'baseline': throughput.step_flops_per_device(baseline_step)},
+      'flops_per_device': {'paxlike': step_flops_per_device(s.step),
+                           'baseline': step_flops_per_device(baseline_step)},
       'all_reduces': {'paxlike': all_reduces(s.step), 'baseline': all_reduces(baseline_step)},
   }
 

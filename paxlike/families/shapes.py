@@ -8,7 +8,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.trainer import throughput
 from paxlike.core.loss import LossFn
 
 
@@ -44,4 +43,13 @@ def gradient_flops(loss_fn: LossFn, params: Any, batch: dict) -> float | None:
   """XLA's FLOP count of one loss-and-gradient evaluation on `batch`, on one device."""
   rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   grad_fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
-  return throughput.step_flops_per_device(grad_fn.lower(params, batch, rng).compile())
+  return step_flops_per_device(grad_fn.lower(params, batch, rng).compile())
+
+
+def step_flops_per_device(compiled: Any) -> float | None:
+  """FLOPs of one step on one device (XLA's cost analysis of the partitioned program)."""
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else {}
+  flops = (analysis or {}).get('flops')
+  return float(flops) if flops and flops > 0 else None

@@ -1,8 +1,7 @@
-"""Throughput and model FLOPs utilisation from the compiled step's XLA cost analysis."""
+"""Throughput and model FLOPs utilisation, from the family's FLOPs of one step
+(paxlike.families) and the chip's peak."""
 
 from __future__ import annotations
-
-from typing import Any
 
 # Dense bf16 peak FLOP/s per chip, by a substring of `jax.Device.device_kind` (first match wins).
 PEAK_FLOPS_PER_SEC: tuple[tuple[str, float], ...] = (
@@ -24,15 +23,6 @@ def peak_flops_per_sec(device_kind: str) -> float | None:
   if 'cpu' in kind:
     return None
   return next((peak for key, peak in PEAK_FLOPS_PER_SEC if key in kind), None)
-
-
-def step_flops_per_device(compiled: Any) -> float | None:
-  """FLOPs of one step on one device (XLA's cost analysis of the partitioned program)."""
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):
-    analysis = analysis[0] if analysis else {}
-  flops = (analysis or {}).get('flops')
-  return float(flops) if flops and flops > 0 else None
 
 
 def throughput_metrics(steps_per_sec: float, items_per_step: int, item_name: str,

@@ -1,5 +1,3 @@
-import jax
-import jax.numpy as jnp
 import pytest
 
 from paxlike.trainer import throughput
@@ -24,13 +22,6 @@ def test_no_mfu_without_a_known_peak():
                                         ('NVIDIA H200', 989e12)])
 def test_peak_table(kind, peak):
   assert throughput.peak_flops_per_sec(kind) == peak
-
-
-def test_step_flops_match_a_matmul_count():
-  a = jnp.ones((64, 128), jnp.float32)
-  b = jnp.ones((128, 32), jnp.float32)
-  compiled = jax.jit(jnp.matmul).lower(a, b).compile()
-  assert throughput.step_flops_per_device(compiled) == pytest.approx(2 * 64 * 128 * 32, rel=0.05)
 
 
 @pytest.mark.slow  # Compiles a federated train step.
