@@ -153,7 +153,7 @@ def print_config(cfg, task) -> None:
   """The config as text, the model's size, FLOPs and memory lines, and a DP run's budget."""
   from paxlike.cli.config_lines import model_summary
   from paxlike.families import family_of
-  from paxlike.federated import privacy
+  from paxlike.trainer import privacy
   print(config_io.to_text(cfg) + model_summary(task) + family_of(task.model).memory_summary(task),
         end='')
   accountant = privacy.accountant(task)

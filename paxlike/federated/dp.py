@@ -51,7 +51,7 @@ class DpAggregator:
 
   `noise_multiplier` z is relative to the clip norm under add/remove-one-client adjacency. The
   accounting fields (`delta`: default 1/num_clients^1.1; `max_epsilon`: a run that would spend
-  more is refused at start; `accountant`: 'rdp' or 'pld') are read by paxlike.federated.privacy.
+  more is refused at start; `accountant`: 'rdp' or 'pld') are read by paxlike.trainer.privacy.
   """
 
   clip_norm: float = 1.0

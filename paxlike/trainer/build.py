@@ -12,7 +12,7 @@ import dataclasses
 from typing import Callable
 
 from paxlike.experiment import Task
-from paxlike.federated import privacy
+from paxlike.trainer import privacy
 from paxlike.trainer.evaluator import Evaluator, build_evaluator
 from paxlike.trainer.program import Program, compile_train_step, place
 from paxlike.trainer.reporters import Reporters, build_reporters

@@ -8,7 +8,7 @@ import dataclasses
 from paxlike.data.sources import Item
 from paxlike.experiment import Task
 from paxlike.families import family_of
-from paxlike.federated import privacy
+from paxlike.trainer import privacy
 from paxlike.trainer import throughput
 from paxlike.trainer.program import Program
 

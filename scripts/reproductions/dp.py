@@ -1,7 +1,7 @@
 """dp: DP-FedAvg's accountant and the cost of its noise (McMahan et al. 2018; Andrew et al. 2021).
 
 Three checks, each through paxlike's own code:
-1. the accountant (paxlike.federated.privacy, on dp_accounting) against the paper's Table 1;
+1. the accountant (paxlike.trainer.privacy, on dp_accounting) against the paper's Table 1;
    and every DP training row's `dp_epsilon` against that accountant;
 2. at a fixed noise multiplier z, the accuracy the noise costs (noised run vs the same run at
    z = 0) shrinks as the cohort grows: the noise on the mean update is z·C / cohort;
@@ -31,8 +31,8 @@ TOLERANCE = 0.01  # The paper prints two decimals.
 
 def paper_accountant(rounds: Sequence[int], pld: bool) -> list[list[Any]]:
   """Rows (rounds, paper ε, ours Poisson RDP, [ours Poisson PLD], ours uniform RDP) in the
-  Table 1 setting, from paxlike.federated.privacy."""
-  from paxlike.federated import privacy
+  Table 1 setting, from paxlike.trainer.privacy."""
+  from paxlike.trainer import privacy
   k, c, z = PAPER_TABLE1['population'], PAPER_TABLE1['cohort'], PAPER_TABLE1['noise']
   delta = k**-1.1
   poisson = privacy.round_event(z, 'poisson', c, k)
@@ -55,7 +55,7 @@ def accountant_matches(ours: dict[int, float], paper: dict[int, float],
 def rows_epsilon_error(rows: Sequence[dict], cohort: int) -> float:
   """The largest gap between a DP run's logged `dp_epsilon` and the accountant's ε for its
   setting (uniform cohorts, i.e. sampled without replacement, at the experiment's z and δ)."""
-  from paxlike.federated import privacy
+  from paxlike.trainer import privacy
   event = privacy.round_event(NOISE, 'without_replacement', cohort, POPULATION)
   return max(abs(row['dp_epsilon'] - privacy.epsilon(event, row['step'], DELTA, 'rdp'))
              for row in rows if 'dp_epsilon' in row)

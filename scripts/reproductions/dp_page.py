@@ -31,7 +31,7 @@ Theirs: Table 1 is pure accounting (no training). The cohort and clipping studie
 1.35M-parameter LSTM on Reddit / Stack Overflow with hundreds to thousands of users per round
 for thousands of rounds.
 
-Ours: the accountant is `paxlike.federated.privacy` (dp_accounting's RDP and PLD accountants),
+Ours: the accountant is `paxlike.trainer.privacy` (dp_accounting's RDP and PLD accountants),
 called with Table 1's numbers. Training is `federated.DigitsDpFedAvg` through the CLI
 (`python -m paxlike.main --exp=federated.DigitsDpFedAvg --fdl_set=...`): scikit-learn digits
 split into {POPULATION} clients of 3–4 images (Dirichlet α = 0.3 label skew), a 32-unit MLP

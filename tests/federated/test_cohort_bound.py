@@ -9,7 +9,7 @@ import pytest
 from paxlike import registry
 from paxlike.config import config_io
 from paxlike.errors import UserError
-from paxlike.federated import privacy
+from paxlike.trainer import privacy
 from paxlike.trainer import build
 
 K = 100  # DigitsDpFedAvg's data.clients_per_round: the expected Poisson cohort.

@@ -15,7 +15,7 @@ import pytest
 
 from paxlike import registry
 from paxlike.config import config_io
-from paxlike.federated import privacy
+from paxlike.trainer import privacy
 from paxlike.core.algorithm import Algorithm, AlgorithmConfigError, FixedCohort
 from paxlike.errors import UserError
 from paxlike.export.__main__ import cohort_algorithm

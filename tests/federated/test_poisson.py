@@ -19,7 +19,8 @@ from paxlike.data import ImageData
 from paxlike.data import sources
 from paxlike.errors import RunFailure, UserError
 from paxlike.experiment import check_fixed_cohort
-from paxlike.federated import diloco, fed_avg, federated_program, privacy
+from paxlike.federated import diloco, fed_avg, federated_program
+from paxlike.trainer import privacy
 from paxlike.federated.scaffold import scaffold
 from paxlike.federated.dp import DpAggregator
 from tests.federated.test_algorithms import _batches, _close, _params, _run, loss_fn

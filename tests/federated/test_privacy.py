@@ -9,7 +9,7 @@ import pytest
 
 from paxlike import registry
 from paxlike.config import config_io
-from paxlike.federated import privacy
+from paxlike.trainer import privacy
 from paxlike.errors import UserError
 
 

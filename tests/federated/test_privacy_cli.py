@@ -8,7 +8,7 @@ import pytest
 
 from paxlike import registry
 from paxlike.config import config_io
-from paxlike.federated import privacy
+from paxlike.trainer import privacy
 from tests.helpers import metric_rows, run_cli
 
 pytestmark = pytest.mark.slow
