@@ -1,5 +1,7 @@
 """Hugging Face checkpoints: one module per `model_type` (see `families`), one loading and one
-export path for all of them (`checkpoint`), and a job's export (`hf_export`)."""
+export path for all of them (`checkpoint`). A job's export is the command
+`python -m paxlike.interop.hf` (`hf`; `hf_llama` its old name), which runs
+`paxlike.cli.hf_export`: it restores the job through the trainer, which sits above this package."""
 
 from paxlike.interop.checkpoint import (
     config_from_hf,

@@ -2,7 +2,7 @@
 original name, kept as an alias of `python -m paxlike.interop.hf` (every family, as itself).
 Importing it gives the shared checkpoint functions under their old names."""
 
-from paxlike.interop import hf_export
+from paxlike.cli import hf_export
 from paxlike.interop.checkpoint import (  # noqa: F401 (the old import path's names)
     check_shapes,
     config_from_hf,

@@ -15,7 +15,8 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from paxlike import interop
 from paxlike.errors import UserError
-from paxlike.interop import checkpoint, hf_export
+from paxlike.cli import hf_export
+from paxlike.interop import checkpoint
 from paxlike.layers import TransformerLM, lora
 from tests.interop import checkpoints, reference
 
