@@ -95,15 +95,15 @@ def kv_cache(model, params, prompts, new_tokens: int, cache_len: int):
   import jax
   import numpy as np
   from paxlike.decode import engine
-  options = engine.Options(new_tokens, cache_len)
-  run = engine.decoder(model, options)
-  tokens, lengths = engine.left_pad(prompts, 0)
+  cache_size, width = engine.shapes_for(max(map(len, prompts)), new_tokens, cache_len)
+  run = engine.decoder(model, engine.Options(cache_size))
+  tokens, lengths = engine.left_pad(prompts, 0, width)
   live = np.ones(len(prompts), bool)
   start = time.perf_counter()
   state = run.prefill(params, tokens, lengths, live, jax.random.key(0))
   jax.block_until_ready(state.out)
   ttft = time.perf_counter() - start
-  out = np.asarray(engine.finish(run, options, params, state, tokens.shape[1]).out)
+  out = np.asarray(run.loop(params, state, np.int32(new_tokens)).out)[:, :new_tokens]
   return out, ttft, time.perf_counter() - start
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,10 @@ from jax.sharding import Mesh
 
 from paxlike.errors import UserError
 from paxlike.experiment import Task
+
+# Prompts decoded together: a --prompts_file of more goes in batches of this many (the last
+# padded with idle rows), all through one compiled prefill and loop.
+BATCH_SIZE = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,35 +72,47 @@ def fit_context(ids: list[np.ndarray], max_len: int, max_new_tokens: int
   return ids, min(max_new_tokens, room), notes
 
 
-def _fitted(task: Task, ids: list[np.ndarray], sampling: Sampling
+def first_token_reporter(started: float | None):
+  """A callback printing `time to first token: S s` on stderr, counted from `started`
+  (time.monotonic()); None without a start."""
+  if started is None:
+    return None
+  return lambda: print(f'time to first token: {time.monotonic() - started:.2f} s',
+                       file=sys.stderr, flush=True)
+
+
+def _fitted(task: Task, ids: list[np.ndarray], sampling: Sampling, started: float | None = None
             ) -> tuple[list[np.ndarray], dict[str, Any]]:
-  """The prompts cut to the model's context and `generate`'s sampling options (notes printed)."""
+  """The prompts cut to the model's context and `generate`'s options: sampling, batches of
+  BATCH_SIZE, the first token's time reported from `started` (notes printed)."""
   from paxlike.decode import cache_len_for  # pylint: disable=import-outside-toplevel
   ids, new_tokens, notes = fit_context(ids, task.model.max_len, sampling.max_new_tokens)
   for note in notes:
     print(f'note: {note}', file=sys.stderr)
   return ids, dict(max_new_tokens=new_tokens, temperature=sampling.temperature,
                    top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
-                   cache_len=cache_len_for(task.model, max(map(len, ids)), new_tokens))
+                   cache_len=cache_len_for(task.model, max(map(len, ids)), new_tokens),
+                   batch_size=BATCH_SIZE, on_first_token=first_token_reporter(started))
 
 
 def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
-                 sampling: Sampling, chat: bool = False) -> str:
+                 sampling: Sampling, chat: bool = False, started: float | None = None) -> str:
   """Each prompt followed by its continuation, one block per prompt: sampled with a KV cache on
   the training mesh, in tokens of the data's tokenizer, stopping at its EOS (the byte
   tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length), within the
   positions the model attends (`fit_context`). With `chat`, each prompt is a user turn of the
-  tokenizer's chat template (chat_replies)."""
+  tokenizer's chat template (chat_replies). With `started` (time.monotonic()), the time from
+  it to the first token is printed on stderr."""
   from paxlike.decode import generate  # pylint: disable=import-outside-toplevel
   from paxlike.decode.text import check_vocab  # pylint: disable=import-outside-toplevel
   from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
   tokenizer = getattr(task.data, 'loaded_tokenizer', None) or load_tokenizer('bytes')
   if chat:
-    return chat_replies(task, mesh, params, tokenizer, prompts, sampling)
+    return chat_replies(task, mesh, params, tokenizer, prompts, sampling, started)
   check_vocab(task.model, tokenizer)
   if any(not prompt for prompt in prompts):
     raise UserError('a prompt is empty')
-  ids, options = _fitted(task, tokenizer.encode_batch(prompts), sampling)
+  ids, options = _fitted(task, tokenizer.encode_batch(prompts), sampling, started)
   eos_id = tokenizer.eos_id if tokenizer.kind != 'bytes' else None
   rows = generate(task.model, params, ids, eos_id=eos_id, pad_id=getattr(tokenizer, 'pad_id', 0),
                   mesh=mesh, rules=task.mesh.rules, **options)
@@ -105,7 +122,7 @@ def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
 
 
 def chat_replies(task: Task, mesh: Mesh, params: Any, tokenizer: Any, prompts: list[str],
-                 sampling: Sampling) -> str:
+                 sampling: Sampling, started: float | None = None) -> str:
   """`user: PROMPT` and `assistant: REPLY` for each prompt, blocks apart by a blank line: the
   prompt rendered by the tokenizer's chat template as one user turn with the generation prompt,
   the reply sampled until the template's end-of-turn token (or EOS, or --decode_length)."""
@@ -114,7 +131,8 @@ def chat_replies(task: Task, mesh: Mesh, params: Any, tokenizer: Any, prompts: l
   from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
   encoder = load_chat_encoder(tokenizer)
   check_vocab(task.model, tokenizer)
-  ids, options = _fitted(task, [encoder.prompt_ids(prompt) for prompt in prompts], sampling)
+  ids, options = _fitted(task, [encoder.prompt_ids(prompt) for prompt in prompts], sampling,
+                         started)
   stop = encoder.eos_id if encoder.end_of_turn_id is None else encoder.end_of_turn_id
   rows = generate(task.model, params, ids, eos_id=stop, pad_id=tokenizer.pad_id, mesh=mesh,
                   rules=task.mesh.rules, **options)

@@ -4,8 +4,11 @@ Prompts are left-padded to a common length P, so every row's next token lands in
 slot. The prefill writes cache slots [0, P) (the padding with segment id 0, which real tokens
 never attend) and samples each row's first token; the loop then feeds one token per step, each
 row at its own position (counted from its first real token), until every row has produced EOS
-or `max_new_tokens`. Both are jitted once per (model, options, mesh); the loop donates its
-state, so the cache is updated in place and no step returns to Python.
+or `max_new_tokens`. Both are jitted once per (model, options, mesh) and prompt shape; the
+cache is sized once per request, in a few buckets (`shapes_for`), and the number of new tokens
+is traced, so a run compiles one prefill and one loop for any length and any number of prompts
+(in batches of one shape). The loop donates its state, so the cache is updated in place and no
+step returns to Python.
 
 On a mesh (`mesh=`, with logical `rules`, `partitioning.DEFAULT_RULES` by default) the params
 may be sharded; the cache follows the kv activations' logical axes ('batch', 'length',
@@ -28,15 +31,16 @@ from jax.sharding import Mesh
 from paxlike.core import partitioning
 from paxlike.decode.sampling import Sampling, sample
 from paxlike.errors import UserError
-from paxlike.layers import kv_cache, lora
+from paxlike.layers import lora
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """What one generation call is: static, so each distinct value compiles once."""
+  """What one generation program is: static, so each distinct value compiles once. The number of
+  new tokens is not part of it (the loop's `limit` is traced): any length that fits
+  `cache_size` runs the same program."""
 
-  max_new_tokens: int
-  cache_len: int
+  cache_size: int
   sampling: Sampling = Sampling()
   eos_id: int | None = None
 
@@ -49,34 +53,49 @@ class State(NamedTuple):
   last: jax.Array  # int32 [B]
   position: jax.Array  # int32 [B]
   done: jax.Array  # bool [B]
-  out: jax.Array  # int32 [B, max_new_tokens]
+  out: jax.Array  # int32 [B, cache_size]
   count: jax.Array  # int32 []
   rng: jax.Array
 
 
 class Decoder(NamedTuple):
   """Jitted, each run in its mesh context: `prefill(params, tokens, lengths, live, rng)`
-  (first token sampled), `grow(state, size)` (a bigger cache) and `loop(params, state, limit)`
-  (steps until `count` reaches the static `limit`; donates `state`)."""
+  (first token sampled) and `loop(params, state, limit)` (steps until `count` reaches `limit`,
+  a traced int32; donates `state`)."""
 
   prefill: Callable[..., State]
-  grow: Callable[[State, int], State]
-  loop: Callable[[Any, State, int], State]
+  loop: Callable[[Any, State, Any], State]
 
 
-def left_pad(prompts: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens int32 [B, P], lengths int32 [B]): the prompts right-aligned, padded by `pad_id`."""
+def left_pad(prompts: Sequence[np.ndarray], pad_id: int, width: int | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens int32 [B, P], lengths int32 [B]): the prompts right-aligned, padded by `pad_id` to
+  `width` columns (default: the longest prompt)."""
   lengths = np.asarray([len(p) for p in prompts], np.int32)
-  tokens = np.full((len(prompts), int(lengths.max())), pad_id, np.int32)
+  tokens = np.full((len(prompts), width or int(lengths.max())), pad_id, np.int32)
   for row, prompt in enumerate(prompts):
     tokens[row, tokens.shape[1] - len(prompt):] = prompt
   return tokens, lengths
 
 
-def _sizes(options: Options, prompt_len: int) -> list[int]:
-  """The cache sizes this decode passes through (see `kv_cache.cache_sizes`)."""
-  return kv_cache.cache_sizes(prompt_len, prompt_len + options.max_new_tokens - 1,
-                              options.cache_len)
+def _doubling(least: int, start: int) -> int:
+  """The smallest `start * 2**i` >= `least`."""
+  size = start
+  while size < least:
+    size *= 2
+  return size
+
+
+def shapes_for(longest: int, max_new_tokens: int, cache_len: int) -> tuple[int, int]:
+  """(cache size, prompt width) of a request: the cache the smallest of 128, 256, 512, ...
+  (capped at `cache_len`) that holds the longest prompt plus its new tokens (the last one is
+  never fed back), the prompts left-padded to the smallest of 16, 32, 64, ... that still
+  leaves room for the new tokens. A few buckets, so the persistent compilation cache serves a
+  rerun with other prompts or another length; attention reads the whole cache every step, so
+  the buckets stay near what the request needs."""
+  cache_size = min(_doubling(longest + max_new_tokens - 1, 128), cache_len)
+  width = max(longest, min(_doubling(longest, 16), cache_size - max_new_tokens + 1))
+  return cache_size, width
 
 
 def _apply(model: nn.Module, params: Any, cache: Any, tokens: jax.Array, segment_ids: jax.Array,
@@ -100,24 +119,18 @@ def prefill(model: nn.Module, options: Options, params: Any, tokens: jax.Array,
   pad = tokens.shape[1] - lengths[:, None]
   segment_ids = (slots >= pad).astype(jnp.int32)
   positions = jnp.maximum(slots - pad, 0).astype(jnp.int32)
-  first_size = _sizes(options, tokens.shape[1])[0]
-  logits, cache = _apply(model, params, None, tokens, segment_ids, positions, first_size)
+  logits, cache = _apply(model, params, None, tokens, segment_ids, positions, options.cache_size)
   token = sample(jax.random.fold_in(rng, 0), logits, options.sampling)
-  out = jnp.zeros((tokens.shape[0], options.max_new_tokens), jnp.int32).at[:, 0].set(token)
+  out = jnp.zeros((tokens.shape[0], options.cache_size), jnp.int32).at[:, 0].set(token)
   done = ~live | _is_eos(token, options.eos_id)
   return State(cache, token, lengths.astype(jnp.int32), done, out, jnp.int32(1), rng)
 
 
 def decode_loop(model: nn.Module, options: Options, params: Any, state: State,
-                limit: int) -> State:
+                limit: jax.Array) -> State:
   """Feeds each row's last token until every row is done or `count` reaches `limit`."""
   running = lambda s: (s.count < limit) & ~jnp.all(s.done)
   return jax.lax.while_loop(running, functools.partial(_step, model, options, params), state)
-
-
-def grow(state: State, size: int) -> State:
-  """`state` with its cache padded to `size` slots."""
-  return state._replace(cache=kv_cache.grow(state.cache, size))
 
 
 def _step(model: nn.Module, options: Options, params: Any, s: State) -> State:
@@ -146,9 +159,7 @@ def decoder(model: nn.Module, options: Options, mesh: Mesh | None = None,
   `options`, run under `mesh` and its logical `rules` (already fitted to the mesh)."""
   model = model.clone(remat_policy='none', parent=None)
   jitted = (jax.jit(functools.partial(prefill, model, options)),
-            jax.jit(grow, static_argnums=(1,)),
-            jax.jit(functools.partial(decode_loop, model, options), donate_argnums=(1,),
-                    static_argnums=(2,)))
+            jax.jit(functools.partial(decode_loop, model, options), donate_argnums=(1,)))
 
   def in_context(fn: Callable[..., State]) -> Callable[..., State]:
     def run(*args: Any) -> State:
@@ -214,11 +225,15 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
              max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              eos_id: int | None = None, seed: int = 0, cache_len: int | None = None,
              pad_id: int = 0, mesh: Mesh | None = None,
-             rules: partitioning.LogicalRules | None = None) -> list[np.ndarray]:
+             rules: partitioning.LogicalRules | None = None, batch_size: int | None = None,
+             on_first_token: Callable[[], None] | None = None) -> list[np.ndarray]:
   """The new tokens (int32, cut after EOS) of each prompt, sampled from `model` with a KV cache
-  of `cache_len` slots (default `model.max_len`). Greedy at temperature 0. With `mesh`, runs
-  under it and `rules` (default `partitioning.DEFAULT_RULES`). LoRA adapters are merged into
-  the kernels first."""
+  of at most `cache_len` slots (default `model.max_len`; see `shapes_for`). Greedy at
+  temperature 0. The prompts go in batches of `batch_size` (default: all at once), the last
+  one padded with idle rows, so every batch runs the same compiled prefill and loop; batch i > 0
+  samples from key `fold_in(key(seed), i)`. `on_first_token` is called once the first batch's
+  first tokens are on the host side. With `mesh`, runs under it and `rules` (default
+  `partitioning.DEFAULT_RULES`). LoRA adapters are merged into the kernels first."""
   prompts = [np.asarray(p, np.int32) for p in prompts]
   if getattr(model, 'lora_rank', 0):
     params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
@@ -226,26 +241,23 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
   check_request(model, prompts, max_new_tokens, cache_len)
   if mesh is not None:
     rules = partitioning.rules_for_mesh(rules or partitioning.DEFAULT_RULES, mesh)
-  options = Options(max_new_tokens, cache_len, Sampling(temperature, top_k, top_p), eos_id)
-  shards = _batch_shards(mesh, rules)
-  idle = -len(prompts) % shards
-  tokens, lengths = left_pad(prompts + [np.asarray([pad_id], np.int32)] * idle, pad_id)
-  live = np.arange(len(tokens)) < len(prompts)
+  cache_size, width = shapes_for(max(map(len, prompts)), max_new_tokens, cache_len)
+  options = Options(cache_size, Sampling(temperature, top_k, top_p), eos_id)
   run = decoder(model, options, mesh, rules)
-  state = run.prefill(params, tokens, lengths, live, jax.random.key(seed))
-  state = finish(run, options, params, state, tokens.shape[1])
-  out, count = jax.device_get((state.out, state.count))
-  return cut(out, int(count), eos_id)[:len(prompts)]
-
-
-def finish(run: Decoder, options: Options, params: Any, state: State, prompt_len: int) -> State:
-  """The prefilled `state` decoded to the end: one while loop per cache size (see
-  `kv_cache.cache_sizes`; attention reads the whole cache each step, so the cache grows with
-  the tokens instead of starting at `cache_len`), stopping once every row is done."""
-  for i, size in enumerate(_sizes(options, prompt_len)):
-    if i and (bool(state.done.all()) or int(state.count) >= options.max_new_tokens):
-      break
-    state = run.grow(state, size) if i else state
-    # Step `count` writes slot prompt_len + count - 1, which must be below `size`.
-    state = run.loop(params, state, min(options.max_new_tokens, size - prompt_len + 1))
-  return state
+  rows = batch_size or len(prompts)
+  rows += -rows % _batch_shards(mesh, rules)
+  limit, key, out = np.int32(max_new_tokens), jax.random.key(seed), []
+  for i in range(0, len(prompts), rows):
+    batch = prompts[i:i + rows]
+    tokens, lengths = left_pad(batch + [np.asarray([pad_id], np.int32)] * (rows - len(batch)),
+                               pad_id, width)
+    live = np.arange(rows) < len(batch)
+    state = run.prefill(params, tokens, lengths, live, key if not i else
+                        jax.random.fold_in(key, i // rows))
+    if not i and on_first_token is not None:
+      state.last.block_until_ready()
+      on_first_token()
+    state = run.loop(params, state, limit)
+    tokens_out, count = jax.device_get((state.out, state.count))
+    out += cut(tokens_out, int(count), eos_id)[:len(batch)]
+  return out

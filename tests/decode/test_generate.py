@@ -9,7 +9,7 @@ import pytest
 
 from paxlike.decode import engine, generate
 from paxlike.errors import UserError
-from paxlike.layers import TransformerLM, kv_cache, stack_layers
+from paxlike.layers import TransformerLM, stack_layers
 
 TINY = dict(vocab_size=64, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_len=64)
 VARIANTS = {
@@ -73,21 +73,25 @@ def test_a_lora_model_decodes_with_its_adapters():
   assert not np.array_equal(got, recompute_greedy(model, without, prompt, 12))
 
 
-def test_decoding_across_cache_sizes_equals_full_recompute():
-  # A 120-token prompt starts in a 128-slot cache that grows to 256 after 8 new tokens.
+def test_a_decode_past_128_slots_equals_full_recompute():
+  # A 120-token prompt plus 16 new tokens needs 135 slots: one 256-slot cache from the start.
   model = TransformerLM(**{**TINY, 'max_len': 256}, num_kv_heads=2)
   params = params_of(model, seed=1)
-  assert kv_cache.cache_sizes(120, 120 + 16 - 1, 256) == [128, 256]
+  assert engine.shapes_for(120, 16, 256) == (256, 128)
   [prompt] = prompts_of([120], seed=2)
   [got] = generate(model, params, [prompt], max_new_tokens=16)
   np.testing.assert_array_equal(got, recompute_greedy(model, params, prompt, 16))
 
 
-def test_cache_sizes_double_from_128_up_to_what_the_decode_needs():
-  assert kv_cache.cache_sizes(32, 287, 288) == [128, 256, 288]
-  assert kv_cache.cache_sizes(32, 200, 2048) == [128, 256]
-  assert kv_cache.cache_sizes(128, 130, 2048) == [256]
-  assert kv_cache.cache_sizes(5, 40, 64) == [64]
+def test_the_cache_and_prompt_width_are_the_smallest_buckets_that_fit():
+  # (cache size, prompt width): the cache doubles from 128 (capped at cache_len) to hold the
+  # prompt and its new tokens, less one; the width doubles from 16 within what is left.
+  assert engine.shapes_for(32, 256, 2048) == (512, 32)
+  assert engine.shapes_for(5, 32, 2048) == (128, 16)
+  assert engine.shapes_for(20, 100, 2048) == (128, 29)  # 32 would leave 99 slots, not 100.
+  assert engine.shapes_for(32, 257, 288) == (288, 32)
+  assert engine.shapes_for(5, 40, 64) == (64, 16)
+  assert engine.shapes_for(60, 5, 64) == (64, 60)
 
 
 @pytest.mark.parametrize('scan', [False, True])
@@ -113,11 +117,10 @@ def test_rows_stop_after_their_eos_and_the_loop_stops_when_all_have():
     expected = full[:hits[0] + 1] if len(hits) else full
     np.testing.assert_array_equal(row, expected)
   # With EOS everywhere at once, the loop ends right after the first token.
-  options = engine.Options(24, 64, eos_id=int(free[0][0]))
-  run = engine.decoder(model, options)
+  run = engine.decoder(model, engine.Options(64, eos_id=int(free[0][0])))
   tokens, lengths = engine.left_pad(prompts[:1], 0)
   state = run.prefill(params, tokens, lengths, np.ones(1, bool), jax.random.key(0))
-  assert int(engine.finish(run, options, params, state, tokens.shape[1]).count) == 1
+  assert int(run.loop(params, state, np.int32(24)).count) == 1
 
 
 def test_requests_that_cannot_be_decoded_are_user_errors():

@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent("""
       for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
       # The cache: batch over 'fsdp', kv heads over 'model', as the kv activations.
-      options = engine.Options(12, 64)
+      options = engine.Options(64)
       run = engine.decoder(model, options, mesh, rules)
       tokens, lengths = engine.left_pad(prompts + [prompts[0]], 0)
       state = run.prefill(sharded, tokens, lengths, np.ones(4, bool), jax.random.key(0))
