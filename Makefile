@@ -12,7 +12,7 @@ PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
 	done; for c in $$(pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python3 $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3; do \
 	  [ -x $$c ] && { echo $$c; exit; }; done)
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean peers
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
@@ -32,6 +32,20 @@ BENCHMARKS := overhead federated_round checkpoint_cost startup cpu_step
 
 bench: setup
 	@for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py || exit 1; done
+
+# The peers paxlike is measured against (benchmarks/peers/), in a venv of their own: never
+# paxlike's dependencies, never imported by the suite. PyPI's torch wheel (CUDA build, ~5.6 GB
+# installed) unless TORCH_INDEX names another index (e.g. PyTorch's CPU wheels).
+PEERS_VENV := .venv-peers
+TORCH_INDEX ?=
+peers: $(PEERS_VENV)/.installed
+
+$(PEERS_VENV)/.installed:
+	@[ -x $(PEERS_VENV)/bin/python ] || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
+	$(PEERS_VENV)/bin/python -m pip install -q transformers peft safetensors
+	@touch $@
 
 clean:
 	rm -rf $(VENV)
