@@ -4,7 +4,7 @@ The data config alone sets a round's shape: `data.clients_per_round` clients, ea
 `data.local_steps` local steps; the algorithms read both from the batches. Fixed-cohort
 algorithms also keep their count (DiLoCo's `num_replicas`, PAPA's `population`, BTM's
 `num_experts`, SCAFFOLD's `num_clients`), since their state has one slice per cohort slot;
-building the Task checks it equals `data.clients_per_round` (`paxlike.experiment`).
+building the Task checks it equals `data.clients_per_round` (`paxlike.trainer.task`).
 """
 
 import fiddle as fdl

@@ -4,7 +4,7 @@ import fiddle as fdl
 
 from configs import meshes, optimizers
 from paxlike.trainer.centralized import centralized
-from paxlike.experiment import Task, TrainConfig
+from paxlike.trainer.task import Task, TrainConfig
 
 
 def train_config(num_steps: int, log_every: int = 50, eval_every: int = 200,

@@ -1,126 +1,22 @@
-"""The experiment base class and the task it configures.
+"""The experiment base class: what a user writes to describe a run.
 
 An experiment is a small class: `task()` returns a `fdl.Config[Task]` (model, optimizer,
 algorithm, mesh, train settings) and `datasets()` returns the data config. `config()` joins
 them; that joined config is what `--fdl_set` edits, what `config.json` stores, and what
-`fdl.build` turns into a runnable `Task`; building it completes the model from the data and
-checks the two agree (its family's `complete` and `check_data`: e.g. an LM's vocab_size).
-
-The data alone says a round's shape (`data.clients_per_round` × `data.local_steps`); the
-algorithms read it from the batches. Algorithms whose state has one slice per cohort slot declare
-that count (`Algorithm.fixed_cohort`), and building the Task checks the two agree.
+`fdl.build` turns into a runnable `Task` (paxlike/trainer/task.py, which the trainer runs;
+`Task` and `TrainConfig` are importable from here too, as experiments name them).
 """
 
 from __future__ import annotations
 
 import abc
-import dataclasses
-import functools
-from typing import TYPE_CHECKING, Any
 
 import fiddle as fdl
-import flax.linen as nn
-import optax
 
-from paxlike.core.algorithm import Algorithm, AlgorithmBuilder
 from paxlike.errors import UserError
-from paxlike.families import family_of
-from paxlike.trainer.preference import task_loss_fn
-from paxlike.core.partitioning import MeshConfig
+from paxlike.trainer.task import Task, TrainConfig
 
-if TYPE_CHECKING:  # paxlike.data imports tfds; the annotation needs only the protocol.
-  from paxlike.data import DataSource
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """Loop settings. Steps are rounds for federated algorithms."""
-
-  num_steps: int = 1000
-  log_every: int = 50
-  eval_every: int = 200
-  checkpoint_every: int = 200
-  seed: int = 0
-  max_to_keep: int = 3
-  skip_nonfinite: bool = False  # Skip (and count) non-finite steps instead of failing.
-  personalize_steps: int | None = None  # Eval: also score each client after k local steps.
-  # Start a fresh run from 'hf:DIR' (a Hugging Face Llama dir) or 'job:DIR[@STEP]' (another
-  # job's params); a resumed run uses its own checkpoints. See paxlike/trainer/init_from.py.
-  init_from: str | None = None
-  ema_decay: float | None = None  # Keep an EMA of the params (eval_ema_*, export); None: off.
-  # GPipe microbatches per step on a mesh with a 'stage' axis (docs/pipeline.md); gradient
-  # accumulation over data.local_steps is separate and unchanged.
-  microbatches: int = 1
-
-  def __post_init__(self):
-    for name in ('num_steps', 'log_every', 'eval_every', 'checkpoint_every', 'max_to_keep',
-                 'microbatches'):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise UserError(f'train.{name} must be a positive integer, got {value!r}')
-    if self.personalize_steps is not None and (
-        not isinstance(self.personalize_steps, int) or self.personalize_steps < 0):
-      raise UserError(f'train.personalize_steps must be None or an integer >= 0, '
-                      f'got {self.personalize_steps!r}')
-    if not isinstance(self.seed, int) or self.seed < 0:
-      raise UserError(f'train.seed must be a non-negative integer, got {self.seed!r}')
-    if self.ema_decay is not None and (isinstance(self.ema_decay, bool) or not isinstance(
-        self.ema_decay, (int, float)) or not 0.0 <= self.ema_decay < 1.0):
-      raise UserError(f'train.ema_decay must be None or a number in [0, 1), '
-                      f'got {self.ema_decay!r}')
-    if self.init_from is not None and not (isinstance(self.init_from, str) and
-                                           self.init_from.startswith(('hf:', 'job:'))):
-      raise UserError(f"train.init_from must be 'hf:DIR', 'job:DIR' or 'job:DIR@STEP', "
-                      f'got {self.init_from!r}')
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-  """Everything a run needs, built from the experiment's config."""
-
-  model: nn.Module
-  optimizer: optax.GradientTransformation
-  algorithm: AlgorithmBuilder  # (loss_fn, optimizer) -> Algorithm
-  data: DataSource
-  mesh: MeshConfig = MeshConfig()
-  train: TrainConfig = TrainConfig()
-  experiment: str | None = None  # The registered key the CLI built this config from.
-  # A preference loss (paxlike.trainer.preference_loss.PreferenceLoss) for pair data; None: the
-  # model's own loss (paxlike.trainer.preference.task_loss_fn).
-  loss: Any = None
-
-  def __post_init__(self):
-    family = family_of(self.model)
-    object.__setattr__(self, 'model', family.complete(self.model, self.data))  # Frozen: once.
-    family.check_data(self.model, self.data)
-    if self.built_algorithm is not None:
-      check_fixed_cohort(self.built_algorithm, self.data)
-
-  @functools.cached_property
-  def built_algorithm(self) -> Algorithm | None:
-    """`algorithm` built for this model's loss and the optimizer: what it declares it needs
-    (its fixed cohort, its aggregator) is read from here. None for a task without one (tests
-    that only evaluate)."""
-    if self.algorithm is None:
-      return None
-    return self.algorithm(task_loss_fn(self.model, self.loss, self.data), self.optimizer)
-
-
-def check_fixed_cohort(algorithm: Algorithm, data: DataSource) -> None:
-  """Raises a one-line UserError unless `data`'s cohort is the one a fixed-cohort `algorithm`
-  (see `Algorithm.fixed_cohort`) keeps state for."""
-  fixed = algorithm.fixed_cohort
-  if fixed is None:
-    return
-  if fixed.size != data.clients_per_round:
-    raise UserError(f'algorithm.{fixed.arg}={fixed.size} but data.clients_per_round='
-                    f'{data.clients_per_round}: set both to the same cohort size')
-  if fixed.per_client and data.sampling != 'fixed':
-    raise UserError(f'algorithm.{fixed.arg} keeps state per client, so it trains every client '
-                    f"every round: set data.sampling='fixed', not {data.sampling!r}")
-  if data.sampling == 'poisson':
-    raise UserError(f'algorithm.{fixed.arg} keeps state per cohort slot, and a Poisson cohort '
-                    "(data.sampling='poisson') has no fixed slots: set 'uniform' or 'fixed'")
+__all__ = ['Experiment', 'Task', 'TrainConfig']
 
 
 class Experiment(abc.ABC):

@@ -9,7 +9,7 @@ from paxlike import registry
 from paxlike.config import config_io
 from paxlike.trainer import build
 from paxlike.trainer.checkpoint import Checkpoints
-from paxlike.experiment import Task
+from paxlike.trainer.task import Task
 
 # lm.StdlibTiny's model at test size: 1 layer, d_model 32, seq 16, batch 4.
 SMALL = ['data.seq_len=16', 'data.batch_size=4', 'model.d_model=32', 'model.d_ff=64']

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from paxlike.errors import UserError
-from paxlike.experiment import Task
+from paxlike.trainer.task import Task
 from paxlike.families import family_of
 
 

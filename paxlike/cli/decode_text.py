@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from paxlike.errors import UserError
-from paxlike.experiment import Task
+from paxlike.trainer.task import Task
 
 # Prompts decoded together: a --prompts_file of more goes in batches of this many (the last
 # padded with idle rows), all through one compiled prefill and loop.

@@ -180,15 +180,17 @@ def _pyrefs(node: Any) -> Iterable[tuple[str, str]]:
 # name the builtin containers and the dtypes. Nothing else: not `numpy.load` or `builtins.open`,
 # though their modules are importable for dtypes and containers.
 BUILDING_BLOCKS = ('paxlike.layers', 'paxlike.federated', 'paxlike.trainer.centralized',
-                   'paxlike.core.optim', 'paxlike.experiment', 'paxlike.core.partitioning',
+                   'paxlike.core.optim', 'paxlike.trainer.task', 'paxlike.core.partitioning',
                    'paxlike.core.algorithm', 'experiments', 'configs', 'optax', 'jax.nn',
                    'jax._src.nn')
 # Building blocks that moved, under the names configs saved before each move use: a job dir
 # saved then still resumes (its config.json is read with the new names). First into the trainer
 # package (paxlike.optim -> paxlike.trainer.optim), then the contracts into the leaf package
-# paxlike.core (paxlike.trainer.optim -> paxlike.core.optim).
+# paxlike.core (paxlike.trainer.optim -> paxlike.core.optim); the Task and TrainConfig from
+# the experiment module into the trainer (paxlike.experiment -> paxlike.trainer.task).
 MOVED_MODULES = {
     'paxlike.centralized': 'paxlike.trainer.centralized',
+    'paxlike.experiment': 'paxlike.trainer.task',
     **{f'{package}.{name}': f'paxlike.core.{name}'
        for package in ('paxlike', 'paxlike.trainer')
        for name in ('optim', 'partitioning', 'algorithm')},

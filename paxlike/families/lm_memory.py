@@ -45,7 +45,7 @@ from paxlike.errors import UserError
 from paxlike.families.lm_flops import mean_attended_keys
 from paxlike.layers import TransformerLM, moe
 
-Task = Any  # paxlike.experiment.Task (which imports the families: named, not imported, here).
+Task = Any  # paxlike.trainer.task.Task (which imports the families: named, not imported, here).
 
 GB = 1e9
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from paxlike.experiment import Task
+from paxlike.trainer.task import Task
 from paxlike.trainer import privacy
 from paxlike.trainer.evaluator import Evaluator, build_evaluator
 from paxlike.trainer.program import Program, compile_train_step, place

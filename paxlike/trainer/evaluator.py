@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from paxlike.data.sources import ClientEval
-from paxlike.experiment import Task
+from paxlike.trainer.task import Task
 from paxlike.core import partitioning
 from paxlike.trainer import evaluation, preference
 from paxlike.core.trainable import TrainableMask

@@ -20,7 +20,7 @@ import numpy as np
 
 from paxlike.data.prefetch import Prefetcher
 from paxlike.errors import RunFailure
-from paxlike.experiment import Task
+from paxlike.trainer.task import Task
 from paxlike.core import partitioning
 from paxlike.trainer import checkpoint, init_from, preference_loss
 from paxlike.trainer.build import Trainer

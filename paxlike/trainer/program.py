@@ -19,7 +19,7 @@ from flax import traverse_util
 from jax.sharding import Mesh
 
 from paxlike.errors import UserError
-from paxlike.experiment import Task
+from paxlike.trainer.task import Task
 from paxlike.layers import pipeline
 from paxlike.core import partitioning
 from paxlike.trainer import losses

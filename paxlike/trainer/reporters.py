@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from paxlike.data.sources import Item
-from paxlike.experiment import Task
+from paxlike.trainer.task import Task
 from paxlike.families import family_of
 from paxlike.trainer import privacy
 from paxlike.trainer import throughput

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paxlike.errors import UserError
-from paxlike.experiment import Task
+from paxlike.trainer.task import Task
 
 if TYPE_CHECKING:
   from jax.sharding import Mesh

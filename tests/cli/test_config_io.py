@@ -68,7 +68,8 @@ def test_json_round_trip_rebuilds_the_same_config(cfg):
      'paxlike.core.partitioning': 'paxlike.partitioning'},
     # Saved before the leaf package of contracts: the optimizer presets and mesh in the trainer.
     {'paxlike.core.optim': 'paxlike.trainer.optim',
-     'paxlike.core.partitioning': 'paxlike.trainer.partitioning'},
+     'paxlike.core.partitioning': 'paxlike.trainer.partitioning',
+     'paxlike.trainer.task': 'paxlike.experiment'},
 ])
 def test_a_config_saved_before_a_move_names_the_old_modules_and_loads(cfg, moves):
   text = config_io.to_json(cfg)

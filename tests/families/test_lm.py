@@ -135,7 +135,7 @@ def test_a_task_on_text_data_takes_its_vocab_from_the_tokenizer(tmp_path):
   vocabulary rounded up to 128; one set below it is refused."""
   from paxlike.trainer.centralized import centralized
   from paxlike.data import TextData
-  from paxlike.experiment import Task
+  from paxlike.trainer.task import Task
   from paxlike.tokenizers import load_tokenizer
   (tmp_path / 'a.txt').write_text('some text\n\nmore text\n')
   data = TextData(files=str(tmp_path / 'a.txt'), tokenizer='bytes', seq_len=16, batch_size=2)

@@ -18,7 +18,7 @@ from paxlike.config import config_io
 from paxlike.data import ImageData
 from paxlike.data import sources
 from paxlike.errors import RunFailure, UserError
-from paxlike.experiment import check_fixed_cohort
+from paxlike.trainer.task import check_fixed_cohort
 from paxlike.federated import diloco, fed_avg, federated_program
 from paxlike.trainer import privacy
 from paxlike.federated.scaffold import scaffold

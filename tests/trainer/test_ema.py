@@ -7,7 +7,7 @@ import pytest
 
 from paxlike.trainer import build, loop, train_state
 from paxlike.errors import UserError
-from paxlike.experiment import TrainConfig
+from paxlike.trainer.task import TrainConfig
 from tests.helpers import metric_rows
 from tests.tiny_task import restored, tiny_task, with_steps
 

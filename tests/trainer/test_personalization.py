@@ -13,7 +13,7 @@ import pytest
 from paxlike.trainer import evaluation, losses
 from paxlike.data import ImageData
 from paxlike.errors import UserError
-from paxlike.experiment import Task, TrainConfig
+from paxlike.trainer.task import Task, TrainConfig
 from paxlike.layers.vision import MlpClassifier
 
 MODEL = MlpClassifier(num_classes=10, hidden=(8,))
