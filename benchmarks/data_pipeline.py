@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
 from benchmarks import data_build  # noqa: E402
 
-SHAKESPEARE = common.REPO.parent / 'shared/data/tinyshakespeare/input.txt'
 SECTIONS = ('build', 'loader', 'steps', 'packing', 'rss')
 H200_BF16_FLOPS, MFU = 989e12, 0.4
 
@@ -60,15 +59,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   return args
 
 
+def shakespeare() -> Path:
+  """Tiny Shakespeare's input.txt in the data root (paxlike.data.root: $PAXLIKE_DATA_DIR, else
+  ../shared/data beside the checkout, else the user cache)."""
+  from paxlike.data import root
+  return root.require_file(root.data_root() / 'tinyshakespeare' / 'input.txt', 'tinyshakespeare')
+
+
 def make_corpus(directory: Path, copies: int) -> tuple[str, list[str], dict[str, Path]]:
   """(files glob, every non-blank line, kind -> tokenizer file): `copies` copies of Tiny
   Shakespeare in `directory`, a SentencePiece model and a Hugging Face BPE trained on it (as
   python -m paxlike.tokenizers train does) in its sibling sp/ and bpe/."""
   from paxlike.tokenizers import train
-  text = SHAKESPEARE.read_text()
+  text = shakespeare().read_text()
   directory.mkdir()
   for i in range(copies):
-    shutil.copy(SHAKESPEARE, directory / f'part{i:03d}.txt')
+    shutil.copy(shakespeare(), directory / f'part{i:03d}.txt')
   tokenizers = {}
   for kind, name in (('sentencepiece', 'sp'), ('bpe', 'bpe')):
     out = directory.parent / name
@@ -174,7 +180,7 @@ def packing_efficiency(tokenizer_dir: str) -> dict:
   out = {}
   for tokenizer in ('bytes', tokenizer_dir):
     for doc in ('line', 'paragraph'):
-      data = TextData(files=str(SHAKESPEARE), txt_document=doc, tokenizer=tokenizer,
+      data = TextData(files=str(shakespeare()), txt_document=doc, tokenizer=tokenizer,
                       seq_len=512)
       kind = 'bytes' if tokenizer == 'bytes' else 'sentencepiece'
       out[f'{kind}_{doc}'] = data.describe()['packing_efficiency']

@@ -12,13 +12,11 @@ from pathlib import Path
 import pytest
 
 from paxlike.config import config_io
-from paxlike.data import data_root
 from paxlike.data import token_build
+from tests.fixture_data import SHAKESPEARE_SLICE
 from tests.helpers import REPO, cli_env, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow
-
-SHAKESPEARE = data_root() / 'tinyshakespeare' / 'input.txt'
 
 
 @pytest.fixture(scope='module')
@@ -26,7 +24,7 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
   """Two JSONL files of Shakespeare's speeches (`text`, `speaker`) and a BPE tokenizer trained
   on them by the CLI."""
   root = tmp_path_factory.mktemp('corpus')
-  speeches = [s for s in SHAKESPEARE.read_text()[:120_000].split('\n\n') if s.strip()]
+  speeches = [s for s in SHAKESPEARE_SLICE.read_text().split('\n\n') if s.strip()]
   for i, part in enumerate((speeches[::2], speeches[1::2])):
     with open(root / f'part{i}.jsonl', 'w') as f:
       for speech in part:

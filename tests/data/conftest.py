@@ -1,4 +1,5 @@
-"""Prepares every real builder once per session into a temporary tfds dir."""
+"""Prepares every real builder once per session into a temporary tfds dir, from the suite's
+data root."""
 
 import os
 import pathlib
@@ -12,8 +13,9 @@ REAL_DATASETS = ('digits', 'shakespeare', 'stdlib', 'fashion_mnist')
 
 
 @pytest.fixture(scope='session')
-def prepared_root(tmp_path_factory) -> pathlib.Path:
-  """A tfds dir holding all four real datasets, built from their local sources.
+def prepared_root(tmp_path_factory, suite_data_root) -> pathlib.Path:
+  """A tfds dir holding all four real builders' datasets, built from the suite's data root
+  (tests/fixture_data.py) and the local digits and stdlib.
 
   pytest-xdist workers share one dir (the run's common temp parent): the first to take
   the preparation lock builds, the others wait and reuse it.

@@ -1,4 +1,5 @@
-"""The real builders, prepared from local sources and read back with random access."""
+"""The real builders, prepared from local sources (the suite's data root: tests/fixture_data.py)
+and read back with random access."""
 
 import gzip
 import pathlib
@@ -17,6 +18,8 @@ from paxlike.data import root
 from paxlike.data import shakespeare
 from paxlike.errors import RunFailure
 from paxlike.errors import UserError
+from tests import fixture_data
+from tests.fixture_data import write_idx
 
 
 def read_all(name: str, split: str, **kwargs) -> list[dict]:
@@ -25,13 +28,14 @@ def read_all(name: str, split: str, **kwargs) -> list[dict]:
 
 
 def test_fashion_mnist_counts_and_fields(prepared):
-  train, test = load_split('fashion_mnist', 'train'), load_split('fashion_mnist', 'test')
-  assert (len(train), len(test)) == (60_000, 10_000)
-  example = train[123]
-  assert example['image'].shape == (28, 28, 1) and example['image'].dtype == np.uint8
-  assert 0 <= example['label'] < 10
-  labels = np.array([e['label'] for e in test.__getitems__(list(range(0, 10_000, 7)))])
-  assert set(labels.tolist()) == set(range(10))
+  for split, (_, _, n) in fixture_data.FASHION_FILES.items():
+    rows = read_all('fashion_mnist', split)
+    assert len(rows) == n
+    assert all(e['image'].shape == (28, 28, 1) and e['image'].dtype == np.uint8 for e in rows)
+    images, labels = fixture_data.fashion_like(n, seed=1 if split == 'train' else 2)
+    assert sorted(e['label'] for e in rows) == sorted(labels.tolist())
+    by_image = {e['image'].tobytes(): e['label'] for e in rows}  # Each image keeps its label.
+    assert by_image == {i[:, :, None].tobytes(): int(l) for i, l in zip(images, labels)}
 
 
 def test_digits_counts_stratified_and_disjoint(prepared):
@@ -75,21 +79,22 @@ def test_stdlib_clients_and_split(prepared):
 
 
 def test_shakespeare_config_is_reproducible(tmp_path, monkeypatch):
-  config = shakespeare.shakespeare_config(min_role_chars=20_000, test_fraction=0.25)
+  config = shakespeare.shakespeare_config(min_role_chars=5_000, test_fraction=0.25)
   contents = []
   for run in ('a', 'b'):
     monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path / run))
     rows = read_all('shakespeare', 'test', config=config)
     contents.append([(e['index'], e['client_id'], bytes(e['text'])) for e in rows])
   assert contents[0] == contents[1] and len(contents[0]) > 0
-  assert len({c for _, c, _ in contents[0]}) < 40  # Few roles speak 20k characters.
+  assert len({c for _, c, _ in contents[0]}) < 10  # Few roles speak 5k characters.
 
 
 @pytest.mark.slow  # Three processes each import tfds and race to prepare Shakespeare.
 def test_concurrent_preparation_is_safe(tmp_path, monkeypatch):
   code = ('from paxlike.data import load_split; '
           "print(len(load_split('shakespeare', 'train')))")
-  env = {'PATH': '', root.TFDS_DIR_ENV: str(tmp_path), 'HOME': str(tmp_path)}
+  env = {'PATH': '', root.TFDS_DIR_ENV: str(tmp_path), 'HOME': str(tmp_path),
+         root.DATA_DIR_ENV: str(root.data_root())}
   monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path))
   variant = pathlib.Path(make_builder('shakespeare').data_dir).parent  # .../shakespeare/default
   stale = variant / 'incomplete.KILLED_1.0.0'
@@ -99,17 +104,11 @@ def test_concurrent_preparation_is_safe(tmp_path, monkeypatch):
            for _ in range(3)]
   outputs = [p.communicate(timeout=120) for p in procs]
   assert [p.returncode for p in procs] == [0, 0, 0], outputs
-  assert {out for out, _ in outputs} == {b'5852\n'}
+  assert {out for out, _ in outputs} == {f'{len(load_split("shakespeare", "train"))}\n'.encode()}
   assert sum(err.count(b'prepared shakespeare from local files') for _, err in outputs) == 1
   assert not any(b'Downloading' in err for _, err in outputs)  # The files are local.
   assert not stale.exists()
   assert [p.name for p in variant.iterdir()] == ['1.0.0']
-
-
-def write_idx(path: pathlib.Path, array: np.ndarray) -> None:
-  header = bytes([0, 0, 8, array.ndim]) + b''.join(d.to_bytes(4, 'big') for d in array.shape)
-  with gzip.open(path, 'wb') as f:
-    f.write(header + array.astype(np.uint8).tobytes())
 
 
 def fake_mnist(folder: pathlib.Path, n_train: int = 30, n_test: int = 7) -> None:
@@ -159,7 +158,16 @@ def test_roots_follow_the_environment(tmp_path, monkeypatch):
   monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path / 't'))
   assert root.data_root() == tmp_path / 'd' and root.prepared_dir() == tmp_path / 't'
   monkeypatch.delenv(root.DATA_DIR_ENV)
-  assert (root.data_root() / 'tinyshakespeare' / 'input.txt').is_file()  # ../shared/data
+  checkout, shared = tmp_path / 'work' / 'paxlike', tmp_path / 'work' / 'shared' / 'data'
+  checkout.mkdir(parents=True)
+  (checkout / 'pyproject.toml').touch()
+  monkeypatch.setattr(root, 'repo_root', lambda: checkout)
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  assert root.data_root() == tmp_path / 'cache' / 'paxlike' / 'data'  # Nothing beside it.
+  shared.mkdir(parents=True)
+  assert root.data_root() == shared  # ../shared/data beside a checkout.
+  (checkout / 'pyproject.toml').unlink()
+  assert root.data_root() == tmp_path / 'cache' / 'paxlike' / 'data'  # An installed package.
   with pytest.raises(UserError, match='unknown dataset'):
     make_builder('imagenet')
   assert prepare.DATASETS.keys() >= {'stdlib', 'shakespeare', 'fashion_mnist', 'digits'}

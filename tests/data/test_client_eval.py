@@ -35,7 +35,7 @@ def test_lm_eval_targets_belong_to_the_role_whose_test_speech_they_are_in(prepar
       want = [names.index(r) if r in names else -1 for r in role]
       assert groups[row].tolist() == want
   grouped = np.concatenate([g.ravel() for g in client_eval.groups])
-  assert (grouped >= 0).mean() > 0.9 and len(np.unique(grouped[grouped >= 0])) > 20
+  assert (grouped >= 0).mean() > 0.9 and len(np.unique(grouped[grouped >= 0])) > len(names) // 2
 
 
 def test_domain_clients_own_the_test_text_of_their_natural_clients(prepared):

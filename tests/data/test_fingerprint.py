@@ -14,13 +14,12 @@ from paxlike.data import prepare
 from paxlike.data import root
 from paxlike.errors import UserError
 from tests import helpers
-
-SHAKESPEARE = root.repo_root().parent / 'shared' / 'data' / 'tinyshakespeare' / 'input.txt'
+from tests.fixture_data import SHAKESPEARE_SLICE as SHAKESPEARE
 
 
 @pytest.fixture
 def corpus(tmp_path, monkeypatch):
-  """A private copy of Tiny Shakespeare as the data root, and a private tfds dir."""
+  """A private copy of the Tiny Shakespeare slice as the data root, and a private tfds dir."""
   (tmp_path / 'data' / 'tinyshakespeare').mkdir(parents=True)
   shutil.copy(SHAKESPEARE, tmp_path / 'data' / 'tinyshakespeare' / 'input.txt')
   monkeypatch.setenv(root.DATA_DIR_ENV, str(tmp_path / 'data'))

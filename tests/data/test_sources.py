@@ -60,7 +60,7 @@ def test_lm_weighted_sampling_prefers_large_roles(prepared):
   data = cohort_lm(sampling='weighted', clients_per_round=4)
   sizes = data.train_streams.sizes
   picked = np.concatenate([sources.sample_cohort(1, s, sizes, 4, 'weighted') for s in range(200)])
-  assert sizes[picked].mean() > 1.5 * sizes.mean()
+  assert sizes[picked].mean() > 1.25 * sizes.mean()
   assert np.array_equal(data.round_batches(1, 0)[1], np.ones(4, np.float32))
 
 
@@ -104,7 +104,7 @@ def test_image_rounds_pure_shapes_and_client_labels(prepared):
   assert batch['inputs'].shape == (10, 3, 16, 28, 28, 1) and batch['inputs'].dtype == np.float32
   assert batch['targets'].shape == batch['mask'].shape == (10, 3, 16)
   assert 0.0 <= batch['inputs'].min() and batch['inputs'].max() <= 1.0
-  assert np.array_equal(weights, np.full(10, 600, np.float32))
+  assert np.array_equal(weights, np.full(10, len(data.train.labels) // 100, np.float32))
   cohort = sources.sample_cohort(2, 9, data.client_sizes, 10, 'uniform')
   for j, c in enumerate(cohort):
     assert set(batch['targets'][j].ravel().tolist()) <= set(data.train.labels[data.clients[c]])

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.fixture_data import SHAKESPEARE_SLICE
 from tests.helpers import REPO, cli_env
 
 
@@ -31,13 +32,17 @@ def test_quick_run_prints_every_number():
       assert all(rate > 0 for rate in rates.values()) and len(rates) >= 2
       assert build[f'overhead_{stat}']['1'] > -1 and build[f'overhead_{stat}']['any'] > -1
     assert set(build['overhead_paired']) == set(build['overhead_median'])
-    assert build['tokens'] > 100_000 and set(build['cpu_overhead']) >= {'store'}
+    # Tokens of one copy of the data root's Tiny Shakespeare: at least one per 10 bytes.
+    assert build['tokens'] > len(SHAKESPEARE_SLICE.read_bytes()) // 10
+    assert set(build['cpu_overhead']) >= {'store'}
   for shape in ('stdlib_tiny', 'llama125m'):
     assert out['loader'][shape]['direct_tokens_per_sec'] > 0
     assert out['loader'][shape]['grain_tokens_per_sec'] > 0
   assert set(out['steps']) == {'stdlib_tiny_cpu_tokens_per_sec',
                                'llama125m_cpu_estimate_tokens_per_sec',
                                'llama125m_h200_40pct_mfu_tokens_per_sec'}
-  assert min(out['packing'].values()) >= 0.99
+  # The suite's slice is ~50 rows of 512 tokens once tokenized, where a last part-filled row
+  # alone costs up to 2% (the full text packs to >= 0.99: test_text_data.py's bytes by line).
+  assert min(out['packing'].values()) >= 0.98
   assert out['rss']['2']['store_mb'] == 2 and out['rss']['20']['store_mb'] == 20
 

@@ -17,8 +17,7 @@ from paxlike.data import text_data
 from paxlike.data import token_store
 from paxlike.data.text_data import TextData
 from paxlike.errors import UserError
-
-SHAKESPEARE = Path(__file__).resolve().parents[3] / 'shared/data/tinyshakespeare/input.txt'
+from tests.fixture_data import SHAKESPEARE_SLICE as SHAKESPEARE
 
 
 @pytest.fixture(autouse=True)

@@ -1,22 +1,22 @@
-"""Tiny tokenizers trained once per session on the first 50 KB of Tiny Shakespeare."""
+"""Tiny tokenizers trained once per session on the first 50 KB of the suite's Tiny Shakespeare
+slice (tests/fixture_data.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from paxlike.tokenizers import train
+from tests.fixture_data import SHAKESPEARE_SLICE
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get('PAXLIKE_DATA_DIR') or REPO.parent / 'shared' / 'data')
 VOCAB = 400
 
 
 @pytest.fixture(scope='session')
 def corpus_text() -> str:
-  return (DATA / 'tinyshakespeare' / 'input.txt').read_text('utf-8')[:50_000]
+  return SHAKESPEARE_SLICE.read_text('utf-8')[:50_000]
 
 
 @pytest.fixture(scope='session')
