@@ -51,6 +51,11 @@ class Algorithm(NamedTuple):
   (None: any cohort; see FixedCohort), read by the cohort check and the exporter, and
   `aggregator`, how client updates become the server's update (None: their weighted mean),
   read by the privacy accountant.
+
+  What it can do: `over_trainable(mask) -> Algorithm`, the same algorithm training only the
+  leaves `mask` (a `trainable.TrainableMask`) marks, the rest frozen in `state.params`: what
+  the trainer runs for a LoRA model. None for an algorithm that keeps params besides
+  `state.params` (members, experts, control variates), which cannot freeze them.
   """
 
   init: Callable[[Any], Any]
@@ -59,6 +64,7 @@ class Algorithm(NamedTuple):
   seeded_init: Callable[[Callable[[jax.Array], Any], jax.Array], Any] | None = None
   fixed_cohort: FixedCohort | None = None
   aggregator: Any = None
+  over_trainable: Callable[[Any], 'Algorithm'] | None = None
 
 
 # builder(loss_fn, optimizer) -> Algorithm: what `Task.algorithm` holds (a `fdl.Partial` of one).

@@ -21,14 +21,14 @@ import optax
 
 from paxlike.core import optim
 from paxlike.core.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
-                               check_weighting, client_weights, cohort_size)
-from paxlike.federated import server_optim, stragglers
+                                    client_weights, cohort_size)
+from paxlike.core.loss import LossFn
+from paxlike.federated import lora, server_optim, stragglers
 from paxlike.federated.chunking import resolve_client_chunk
-from paxlike.federated.options import check_prox_mu, drop_stragglers_of
+from paxlike.federated.options import RoundOptions, round_options
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,
                                           federated_program, federated_sum,
                                           federated_weighted_mean)
-from paxlike.core.loss import LossFn
 
 ClientUpdate = Callable[[Any, Any, Any, jax.Array], tuple[Any, Any, dict[str, jax.Array]]]
 
@@ -190,9 +190,19 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
   `aggregator`: how client updates become the pseudo-gradient (None: their weighted mean; a
   `dp.DpAggregator`: clipped, noised). `prox_mu`: FedProx's proximal weight (0: none).
   `drop_stragglers`: weight 0 for a straggler's partial work (None: unless prox_mu > 0)."""
-  update = client_update(loss_fn, client_optimizer, check_prox_mu(prox_mu))
-  check_weighting(weighting)
-  drop = drop_stragglers_of(drop_stragglers, prox_mu)
+  return pseudo_gradient_round(
+      loss_fn, client_optimizer, server_optimizer, num_replicas,
+      round_options(client_chunk, weighting, aggregator, prox_mu, drop_stragglers))
+
+
+def pseudo_gradient_round(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
+                          server_optimizer: optax.GradientTransformation,
+                          num_replicas: int | None, options: RoundOptions) -> Algorithm:
+  """`pseudo_gradient` with its round options as one record. Its state keeps no params besides
+  `state.params`, so it declares that it trains a part of them as well (`over_trainable`:
+  federated LoRA, lora.frozen_base)."""
+  update = client_update(loss_fn, client_optimizer, options.prox_mu)
+  weighting, aggregator = options.weighting, options.aggregator
 
   def init(params):
     server_opt_state = server_optimizer.init(params)
@@ -206,7 +216,8 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
     clients = cohort_size(batches, None if num_replicas is None else (num_replicas, 'replicas'),
                           partial_steps=True)
     weights = client_weights(weighting, batches, weights)
-    present, kept_weights, straggled = stragglers.round_weights(batches, weights, drop)
+    present, kept_weights, straggled = stragglers.round_weights(batches, weights,
+                                                                options.drops_stragglers)
 
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):
@@ -215,7 +226,8 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
                    else state.client_opt_state)
       keys = jax.random.split(rng, clients)
       client_params, opt_state, stats = federated_map(
-          update, (start, opt_state, batches, keys), chunk=resolve_client_chunk(client_chunk))
+          update, (start, opt_state, batches, keys),
+          chunk=resolve_client_chunk(options.client_chunk))
       pseudo_grad, aggregator_state, aggregator_metrics = aggregate(
           aggregator, state, start, client_params, kept_weights, rng, present is not None)
       params, server_opt_state = server_step(
@@ -229,11 +241,14 @@ def pseudo_gradient(loss_fn: LossFn, client_optimizer: optax.GradientTransformat
 
     return round_(state, batches, weights, rng)
 
+  build = lambda loss, replicas: pseudo_gradient_round(loss, client_optimizer, server_optimizer,
+                                                       replicas, options)
   fixed = None if num_replicas is None else FixedCohort(
-      num_replicas, 'num_replicas', False, lambda n: pseudo_gradient(
-          loss_fn, client_optimizer, server_optimizer, n, client_chunk, weighting, aggregator,
-          prox_mu, drop_stragglers))
-  return Algorithm(init, next, fixed_cohort=fixed, aggregator=aggregator)
+      num_replicas, 'num_replicas', False, lambda n: build(loss_fn, n))
+  return Algorithm(init, next, fixed_cohort=fixed, aggregator=aggregator,
+                   over_trainable=lambda trainable: lora.frozen_base(
+                       lambda loss, _: build(loss, num_replicas), loss_fn, client_optimizer,
+                       trainable))
 
 
 def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
@@ -246,9 +261,9 @@ def fed_avg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
   default, is plain weighted averaging of the client models). DP-FedAvg with
   `aggregator=DpAggregator(...)`, FedProx with `prox_mu` > 0; `drop_stragglers` as for
   `pseudo_gradient`."""
-  return pseudo_gradient(loss_fn, client_optimizer, server_optimizer, client_chunk=client_chunk,
-                         weighting=weighting, aggregator=aggregator, prox_mu=prox_mu,
-                         drop_stragglers=drop_stragglers)
+  return pseudo_gradient_round(
+      loss_fn, client_optimizer, server_optimizer, None,
+      round_options(client_chunk, weighting, aggregator, prox_mu, drop_stragglers))
 
 
 FLAVOURS = ('paper', 'optax')
@@ -272,8 +287,9 @@ def fed_adam(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
   paper once β2ᵗ is small, after a few hundred rounds at β2 = 0.99)."""
   server = adaptive_server(flavour, server_optim.adam(server_learning_rate, b1, b2, tau),
                            optax.adam(server_learning_rate, b1=b1, b2=b2, eps=tau))
-  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu,
-                 drop_stragglers)
+  return pseudo_gradient_round(
+      loss_fn, client_optimizer, server, None,
+      round_options(client_chunk, weighting, aggregator, prox_mu, drop_stragglers))
 
 
 def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
@@ -289,8 +305,9 @@ def fed_yogi(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
       optax.chain(
           optax.scale_by_yogi(b1=b1, b2=b2, eps=tau, initial_accumulator_value=tau**2),
           optax.scale_by_learning_rate(server_learning_rate)))
-  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu,
-                 drop_stragglers)
+  return pseudo_gradient_round(
+      loss_fn, client_optimizer, server, None,
+      round_options(client_chunk, weighting, aggregator, prox_mu, drop_stragglers))
 
 
 def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
@@ -304,8 +321,9 @@ def fed_adagrad(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
   server = adaptive_server(
       flavour, server_optim.adagrad(server_learning_rate, b1, tau),
       optax.adagrad(server_learning_rate, initial_accumulator_value=tau**2, eps=0.0))
-  return fed_avg(loss_fn, client_optimizer, server, client_chunk, weighting, aggregator, prox_mu,
-                 drop_stragglers)
+  return pseudo_gradient_round(
+      loss_fn, client_optimizer, server, None,
+      round_options(client_chunk, weighting, aggregator, prox_mu, drop_stragglers))
 
 
 def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,
@@ -320,5 +338,6 @@ def diloco(loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,
   if num_replicas is None or num_replicas < 1:
     raise AlgorithmConfigError(
         f'diloco needs num_replicas >= 1 (the cohort size), got {num_replicas!r}.')
-  return pseudo_gradient(loss_fn, inner_optimizer, outer_optimizer, num_replicas, client_chunk,
-                         weighting, aggregator, prox_mu, drop_stragglers)
+  return pseudo_gradient_round(
+      loss_fn, inner_optimizer, outer_optimizer, num_replicas,
+      round_options(client_chunk, weighting, aggregator, prox_mu, drop_stragglers))

@@ -12,15 +12,42 @@
   is the paper's pairing: dropped unless `prox_mu` > 0 (FedProx keeps it). The algorithms
   whose state is per slot (PAPA, BTM, SCAFFOLD) refuse stragglers (algorithm.cohort_size).
 
-An algorithm for which an option has no meaning accepts the keyword and refuses any value but
-the default, in one line (`refuse_options`).
+The builders take them as keywords (what a config sets, `algorithm.prox_mu=...`) and pass them
+on as one checked record (`RoundOptions`). An algorithm for which an option has no meaning
+accepts the keyword and refuses any value but the default, in one line (`refuse_options`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from paxlike.core.algorithm import AlgorithmConfigError
+from paxlike.core.algorithm import AlgorithmConfigError, check_weighting
+
+
+class RoundOptions(NamedTuple):
+  """The round options of a builder (see the module doc), checked (`round_options`)."""
+
+  client_chunk: int | None = None
+  weighting: str = 'num_examples'
+  aggregator: Any = None
+  prox_mu: float = 0.0
+  drop_stragglers: bool | None = None
+
+  @property
+  def drops_stragglers(self) -> bool:
+    """Whether stragglers' partial work is dropped (`drop_stragglers_of`)."""
+    return drop_stragglers_of(self.drop_stragglers, self.prox_mu)
+
+
+def round_options(client_chunk: int | None = None, weighting: str = 'num_examples',
+                  aggregator: Any = None, prox_mu: float = 0.0,
+                  drop_stragglers: bool | None = None) -> RoundOptions:
+  """The options as one record, after an AlgorithmConfigError for a bad weighting, prox_mu or
+  drop_stragglers."""
+  check_prox_mu(prox_mu)
+  check_weighting(weighting)
+  drop_stragglers_of(drop_stragglers, prox_mu)  # Refuses what is not True, False or None.
+  return RoundOptions(client_chunk, weighting, aggregator, prox_mu, drop_stragglers)
 
 
 def check_prox_mu(prox_mu: float) -> float:

@@ -64,4 +64,6 @@ def centralized(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                'learning_rate': optim.learning_rate_of(opt_state)}
     return new, metrics
 
-  return Algorithm(init, next)
+  over_trainable = None if trainable is not None else (
+      lambda mask: centralized(loss_fn, optimizer, trainable=mask))
+  return Algorithm(init, next, over_trainable=over_trainable)

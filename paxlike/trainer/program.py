@@ -18,15 +18,14 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh
 
-from paxlike.errors import UserError
-from paxlike.trainer.task import Task
-from paxlike.layers import pipeline
 from paxlike.core import partitioning
-from paxlike.trainer import losses
 from paxlike.core.algorithm import Algorithm
+from paxlike.core.loss import LossFn
 from paxlike.core.trainable import TrainableMask
-from paxlike.trainer.centralized import centralized
+from paxlike.errors import UserError
+from paxlike.layers import pipeline
 from paxlike.trainer.preference import task_loss_fn
+from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
                                          init_state, train_step)
 
@@ -38,7 +37,7 @@ class Program:
   mesh: Mesh
   rules: Any                      # The logical axis rules resolved for `mesh`.
   algorithm: Algorithm
-  loss_fn: losses.LossFn
+  loss_fn: LossFn
   init: Callable[[jax.Array], TrainState]   # Compiled: rng -> a fresh state.
   abstract_state: TrainState      # Sharded ShapeDtypeStructs: what checkpoints restore into.
   abstract_params: Any            # The unboxed params as sharded ShapeDtypeStructs.
@@ -78,27 +77,20 @@ def _pipelined_model(task: Task, mesh: Mesh, batch_size: int) -> Any:
   return task.model.clone(pipeline_microbatches=m)
 
 
-# The builders federated LoRA trains over the adapters (federated/lora.py): the pseudo-gradient
-# algorithms, whose state keeps no params besides `state.params`.
-FEDERATED_LORA = ('fed_avg', 'fed_adam', 'fed_yogi', 'fed_adagrad', 'diloco', 'pseudo_gradient')
-
-
-def build_algorithm(task: Task, loss_fn: losses.LossFn, trainable: TrainableMask | None) -> Any:
-  """The task's algorithm; with a `trainable` mask (LoRA), centralized training or a
-  pseudo-gradient algorithm (FEDERATED_LORA) over those leaves alone, the rest frozen."""
+def build_algorithm(task: Task, loss_fn: LossFn, trainable: TrainableMask | None) -> Any:
+  """The task's algorithm; with a `trainable` mask (LoRA), the same algorithm over those leaves
+  alone, the rest frozen, as the algorithm declares it can (`Algorithm.over_trainable`)."""
+  algorithm = task.algorithm(loss_fn, task.optimizer)
   if trainable is None:
-    return task.algorithm(loss_fn, task.optimizer)
-  func = getattr(task.algorithm, 'func', task.algorithm)
-  if func is centralized:
-    return task.algorithm(loss_fn, task.optimizer, trainable=trainable)
-  from paxlike.federated import algorithms, lora  # pylint: disable=import-outside-toplevel
-  if func not in tuple(getattr(algorithms, name) for name in FEDERATED_LORA):
+    return algorithm
+  if algorithm.over_trainable is None:
+    func = getattr(task.algorithm, 'func', task.algorithm)
     name = getattr(func, '__name__', func)
-    raise UserError(f'model.lora_rank > 0 trains adapters with centralized training or '
-                    f'{", ".join(FEDERATED_LORA)}; the algorithm {name} keeps other params '
-                    f'(members, experts or control variates) and cannot freeze the base: set '
-                    f'model.lora_rank=0')
-  return lora.frozen_base(task.algorithm, loss_fn, task.optimizer, trainable)
+    raise UserError(f'model.lora_rank > 0 trains the adapters alone, but the algorithm {name} '
+                    f'keeps other params (members, experts or control variates) and cannot '
+                    f'freeze the base: set model.lora_rank=0, or use centralized training or '
+                    f'a pseudo-gradient algorithm (FedAvg, FedOpt, DiLoCo)')
+  return algorithm.over_trainable(trainable)
 
 
 def placed_spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:

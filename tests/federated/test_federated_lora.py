@@ -1,7 +1,8 @@
 """Federated LoRA (paxlike/federated/lora.py): FedAvg / FedAdam / DP-FedAvg over the adapters
 alone. The base stays bitwise, the adapters' round equals the mean of per-client SGD computed
 here by hand, the server optimizer state is the adapters' size, the trainer's runs resume
-bitwise, and the algorithms that keep other params are refused by name."""
+bitwise, the trainer wraps what a builder declares it can train (`over_trainable`), and the
+algorithms that keep other params are refused by name."""
 
 from __future__ import annotations
 
@@ -157,8 +158,25 @@ def test_diloco_keeps_each_replicas_inner_state_of_the_adapters_alone(params):
     (functools.partial(scaffold, num_clients=2), 'scaffold')])
 def test_algorithms_with_other_params_refuse_lora(builder, name):
   task = types.SimpleNamespace(algorithm=builder, optimizer=optax.sgd(0.1))
-  with pytest.raises(UserError, match=f'centralized training or fed_avg.*the algorithm {name} '):
+  with pytest.raises(UserError, match=f'the algorithm {name} keeps other params.*cannot freeze the base'):
     program.build_algorithm(task, losses.model_loss_fn(MODEL), lora_mask)
+
+
+@pytest.mark.parametrize('builder', [
+    fed_avg, functools.partial(fed_adam, server_learning_rate=0.05),
+    functools.partial(diloco, num_replicas=CLIENTS)])
+def test_the_trainer_runs_the_lora_algorithm_the_builder_declares(params, builder):
+  """The trainer asks the built algorithm for its LoRA form (`Algorithm.over_trainable`, no
+  list of names): a round of it is bitwise frozen_base's of the same builder and arguments."""
+  task = types.SimpleNamespace(algorithm=builder, optimizer=optax.sgd(LR))
+  loss_fn = losses.model_loss_fn(MODEL)
+  declared = program.build_algorithm(task, loss_fn, lora_mask)
+  direct = frozen_base(builder, loss_fn, optax.sgd(LR), lora_mask)
+  got, _ = jax.jit(declared.next)(declared.init(params), *round_inputs(5))
+  want, _ = jax.jit(direct.next)(direct.init(params), *round_inputs(5))
+  assert tobytes(got) == tobytes(want)
+  assert tobytes(split_params(got.params, lora_mask)[1]) == tobytes(
+      split_params(params, lora_mask)[1])
 
 
 # The trainer on federated.TextLoraFedAvg at test size (tests/federated/lora_task.py).
