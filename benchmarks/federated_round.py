@@ -136,7 +136,7 @@ class Modes:
     import jax
     import optax
     from paxlike.trainer import losses
-    from paxlike.federated import algorithms
+    from paxlike.federated import clients
 
     self.jax, self.task = jax, task
     seed = task.train.seed
@@ -146,7 +146,7 @@ class Modes:
     self.rng = jax.random.fold_in(jax.random.key(seed), 1)
     self.server_opt = task.algorithm.keywords.get('server_optimizer', optax.sgd(1.0))
     self.optimizer = task.optimizer
-    update = algorithms.client_update(losses.model_loss_fn(task.model), task.optimizer)
+    update = clients.client_update(losses.model_loss_fn(task.model), task.optimizer)
     # A client's new params and its stats (the loss metrics the round reports, so the loop
     # does the same work: its local training, then a forward pass for `loss_after`).
     self.local = lambda params, batches, rng: update(

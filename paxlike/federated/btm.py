@@ -31,7 +31,7 @@ import optax
 from paxlike.core import optim
 from paxlike.core.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
                                     check_weighting, client_weights, cohort_size)
-from paxlike.federated.algorithms import client_update, cohort_metrics, placed_init, round_metrics
+from paxlike.federated.clients import client_update, cohort_metrics, placed_init, round_metrics
 from paxlike.federated.chunking import resolve_client_chunk
 from paxlike.federated.options import check_prox_mu, refuse_options
 from paxlike.federated.primitives import federated_map, federated_program, federated_weighted_mean

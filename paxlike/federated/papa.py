@@ -37,7 +37,7 @@ import numpy as np
 import optax
 
 from paxlike.core.algorithm import Algorithm, AlgorithmConfigError, FixedCohort, cast_like, cohort_size
-from paxlike.federated.algorithms import client_update, cohort_metrics, placed_init
+from paxlike.federated.clients import client_update, cohort_metrics, placed_init
 from paxlike.federated.chunking import resolve_client_chunk
 from paxlike.federated.options import check_prox_mu, refuse_options
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,

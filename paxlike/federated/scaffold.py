@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from paxlike.core.algorithm import Algorithm, AlgorithmConfigError, FixedCohort, cast_like, cohort_size
-from paxlike.federated.algorithms import cohort_metrics
+from paxlike.federated.clients import cohort_metrics
 from paxlike.federated.chunking import resolve_client_chunk
 from paxlike.federated.options import refuse_options
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_mean,

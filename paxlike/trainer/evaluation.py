@@ -24,8 +24,6 @@ from paxlike.trainer import losses
 from paxlike.data.sources import ClientEval, Item
 from paxlike.errors import UserError
 from paxlike.families import family_of
-from paxlike.federated.algorithms import client_update
-from paxlike.federated.primitives import federated_broadcast, federated_map, federated_program
 
 # An algorithm's ensemble: state -> (stacked member params, log prior [members]).
 Ensemble = Callable[[Any], tuple[Any, jax.Array]]
@@ -152,26 +150,15 @@ PERSONALIZE_STEP = -1  # The (seed, step) whose round batches are the fine-tunin
                        # training round uses a negative step.
 
 
-def personalized_sums(model: nn.Module, optimizer: Any, num_groups: int
-                      ) -> tuple[Callable[[Any, Any, jax.Array], Any],
-                                 Callable[[Any, dict, jax.Array], jax.Array]]:
-  """(tune, score): `tune(params, batches [clients, k, ...], rng)` → client-placed params after
-  k local steps from `params`; `score(tuned, batch, groups)` → float32 [clients, 3, num_groups]
-  `group_sums` of each client's model on one eval batch."""
-  update = client_update(losses.model_loss_fn(model), optimizer)
+# tune(params, batches [clients, k, ...], rng) -> client-placed params after each client's k
+# local steps from `params` (federated.clients.fine_tuned, passed in by the evaluator).
+Tune = Callable[[Any, Any, jax.Array], Any]
 
-  @jax.jit
-  def tune(params, batches, rng):
-    clients = jax.tree.leaves(batches)[0].shape[0]
 
-    @federated_program(clients=clients)
-    def run(params, batches, rng):
-      start = federated_broadcast(params)
-      tuned, _, _ = federated_map(update, (start, federated_map(optimizer.init, start), batches,
-                                           jax.random.split(rng, clients)))
-      return tuned
-
-    return run(params, batches, rng)
+def personalized_sums(model: nn.Module, tune: Tune, num_groups: int
+                      ) -> tuple[Tune, Callable[[Any, dict, jax.Array], jax.Array]]:
+  """(tune, score): `tune` compiled, and `score(tuned, batch, groups)` → float32 [clients, 3,
+  num_groups] `group_sums` of each client's model on one eval batch."""
 
   @jax.jit
   def score(tuned, batch, groups):
@@ -183,19 +170,19 @@ def personalized_sums(model: nn.Module, optimizer: Any, num_groups: int
                         num_groups)
     return jax.lax.map(one, tuned, batch_size=8)
 
-  return tune, score
+  return jax.jit(tune), score
 
 
-def personalization(task: Any, client_eval: ClientEval | None
+def personalization(task: Any, client_eval: ClientEval | None, tune: Tune
                     ) -> Callable[[Any], dict[str, float]] | None:
   """`metrics(params)`: `personalized_{loss,accuracy}_{mean,p90,p10}` (as `client_summary`)
-  after `task.train.personalize_steps` local steps per client; None when that is None or the
-  clients have no held-out data."""
+  after `task.train.personalize_steps` local steps per client (`tune`, with the task's
+  optimizer); None when that is None or the clients have no held-out data."""
   steps = task.train.personalize_steps
   if steps is None or client_eval is None:
     return None
   clients = len(client_eval.names)
-  tune, score = personalized_sums(task.model, task.optimizer, client_eval.num_groups)
+  tune, score = personalized_sums(task.model, tune, client_eval.num_groups)
 
   @functools.cache
   def own_batches():  # Every client's k batches, client c in slot c ('fixed' cohort).

@@ -12,12 +12,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from paxlike.data.sources import ClientEval
-from paxlike.trainer.task import Task
 from paxlike.core import partitioning
-from paxlike.trainer import evaluation, preference
 from paxlike.core.trainable import TrainableMask
+from paxlike.data.sources import ClientEval
+from paxlike.federated.clients import fine_tuned
+from paxlike.trainer import evaluation, losses, preference
 from paxlike.trainer.program import Program, placed_spec
+from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import TrainState, ema_params
 
 Table = dict[str, dict[str, float]]  # Client name -> its held-out metrics.
@@ -84,5 +85,6 @@ def build_evaluator(task: Task, program: Program) -> Evaluator:
   return Evaluator(data=data, mesh=mesh, step=compiled, client_eval=client_eval,
                    batch_size=batch_size,
                    rows=partitioning.process_block(sharding, (batch_size,))[0],
-                   personalized=evaluation.personalization(task, client_eval),
+                   personalized=evaluation.personalization(task, client_eval, fine_tuned(
+                       losses.model_loss_fn(task.model), task.optimizer)),
                    trainable=program.trainable)

@@ -13,6 +13,7 @@ import pytest
 from paxlike.trainer import evaluation, losses
 from paxlike.data import ImageData
 from paxlike.errors import UserError
+from paxlike.federated.clients import fine_tuned
 from paxlike.trainer.task import Task, TrainConfig
 from paxlike.layers.vision import MlpClassifier
 
@@ -34,6 +35,12 @@ def _params():
   return MODEL.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))['params']
 
 
+def _personalization(task, client_eval):
+  """The evaluator's personalization: clients fine-tuned by federated.clients.fine_tuned."""
+  return evaluation.personalization(
+      task, client_eval, fine_tuned(losses.model_loss_fn(task.model), task.optimizer))
+
+
 def _client_eval_summary(task, params):
   client_eval = task.data.client_eval()
   step, totals = evaluation.eval_step(MODEL, task.data.item, client_eval.num_groups), None
@@ -44,7 +51,7 @@ def _client_eval_summary(task, params):
 
 def test_zero_steps_is_the_per_client_eval():
   task, params = _task(0), _params()
-  personalized = evaluation.personalization(task, task.data.client_eval())(params)
+  personalized = _personalization(task, task.data.client_eval())(params)
   summary = _client_eval_summary(task, params)
   assert set(personalized) == {'personalized_loss_mean', 'personalized_loss_p90',
                                'personalized_accuracy_mean', 'personalized_accuracy_p10'}
@@ -54,7 +61,7 @@ def test_zero_steps_is_the_per_client_eval():
 
 def test_one_step_is_each_client_fine_tuned_and_scored_on_its_own_mix():
   lr, task, params = 0.5, _task(1, 0.5), _params()
-  personalized = evaluation.personalization(task, task.data.client_eval())(params)
+  personalized = _personalization(task, task.data.client_eval())(params)
   data, client_eval = task.data, task.data.client_eval()
   eval_batches = data.eval_batches()
   test_images = np.concatenate([b['inputs'] for b in eval_batches])
@@ -89,7 +96,7 @@ def test_one_step_is_each_client_fine_tuned_and_scored_on_its_own_mix():
 
 
 def test_off_without_steps_or_held_out_data_and_bad_steps_refused():
-  assert evaluation.personalization(_task(None), _task(None).data.client_eval()) is None
-  assert evaluation.personalization(_task(2), None) is None
+  assert _personalization(_task(None), _task(None).data.client_eval()) is None
+  assert _personalization(_task(2), None) is None
   with pytest.raises(UserError, match='personalize_steps'):
     TrainConfig(personalize_steps=-1)
