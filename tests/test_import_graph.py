@@ -1,5 +1,28 @@
-"""No import circle in paxlike: every import of every module (inside functions and under
-`TYPE_CHECKING` too) is an edge, and the graph of paxlike's modules has no cycle."""
+"""Imports in paxlike go one way: every import of every module (inside functions and under
+`TYPE_CHECKING` too) is an edge; the graph of paxlike's modules has no cycle, and between
+packages every edge goes down the layers of the house (LAYERS), so a back edge fails here.
+
+The layers, bottom to top (a package imports only packages of lower layers; the README's
+layout section draws the same table):
+
+  errors                              one-line errors and their exit codes
+  core, registry                      the contracts (Algorithm, LossFn, optimizer presets, mesh)
+  layers, tokenizers, config          Flax layers; tokenizers; configs as data (safe JSON)
+  data                                data sources (tokenize with tokenizers)
+  federated                           primitives and algorithms, on core alone
+  families                            what depends on the kind of model
+  interop, decode                     Hugging Face checkpoints; KV-cache generation
+  trainer                             the Task and everything that runs it
+  experiment                          the Experiment base users subclass
+  cli                                 what the commands need besides main
+  export                              federated program export and its executor
+  deploy                              running an exported round elsewhere (Flower)
+  main                                the CLI
+
+Programs (a `__main__.py`, or a module with a `__main__` guard that no paxlike module
+imports: `python -m paxlike.interop.hf`, `python -m paxlike.tokenizers`, ...) sit above every
+layer whatever their folder: they run a command and may import anything.
+"""
 
 from __future__ import annotations
 
@@ -72,11 +95,103 @@ def import_graph(root: Path) -> dict[str, set[str]]:
   return {name: imported(name, path, set(modules)) for name, path in modules.items()}
 
 
+LAYERS = (
+    ('errors',),
+    ('core', 'registry'),
+    ('layers', 'tokenizers', 'config'),
+    ('data',),
+    ('federated',),
+    ('families',),
+    ('interop', 'decode'),
+    ('trainer',),
+    ('experiment',),
+    ('cli',),
+    ('export',),
+    ('deploy',),
+    ('main',),
+)
+
+
+def package_of(module: str) -> str | None:
+  """'paxlike.trainer.loop' -> 'trainer', 'paxlike.main' -> 'main', the root package -> None."""
+  parts = module.split('.')
+  return parts[1] if len(parts) > 1 else None
+
+
+def programs(root: Path, graph: dict[str, set[str]]) -> set[str]:
+  """The modules run as commands that no module of the package imports: `__main__.py` files
+  and modules with an `if __name__ == '__main__':` guard."""
+  imported_somewhere = set().union(*graph.values())
+  found = set()
+  for name, path in module_names(root).items():
+    tree = ast.parse(path.read_text(), str(path))
+    guarded = any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                  and isinstance(node.test.left, ast.Name) and node.test.left.id == '__name__'
+                  for node in tree.body)
+    if (path.name == '__main__.py' or guarded) and name not in imported_somewhere:
+      found.add(name)
+  return found
+
+
+def back_edges(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...],
+               exempt: set[str] = frozenset()) -> list[str]:
+  """'a.b -> c.d' for every import from a package to one of the same or a higher layer (a
+  package missing from `layers` is an error of its own), skipping modules in `exempt`."""
+  level = {package: i for i, row in enumerate(layers) for package in row}
+  found = []
+  for source, targets in sorted(graph.items()):
+    if source in exempt or package_of(source) is None:
+      continue
+    for target in sorted(targets):
+      a, b = package_of(source), package_of(target)
+      if b is None or a == b:
+        continue
+      if a not in level or b not in level:
+        found.append(f'{source} -> {target} (package {a if a not in level else b} has no layer)')
+      elif level[b] >= level[a]:
+        found.append(f'{source} -> {target}')
+  return found
+
+
 def test_paxlike_has_no_import_cycle():
   graph = import_graph(ROOT)
   assert len(graph) > 50 and 'paxlike.families.lm' in graph['paxlike.families']
   cycle = find_cycle(graph)
   assert cycle is None, 'import cycle: ' + ' -> '.join(cycle)
+
+
+def test_packages_import_only_the_layers_below_them():
+  graph = import_graph(ROOT)
+  assert back_edges(graph, LAYERS, programs(ROOT, graph)) == []
+
+
+def test_the_programs_are_the_commands():
+  graph = import_graph(ROOT)
+  found = programs(ROOT, graph)
+  assert {'paxlike.interop.hf', 'paxlike.interop.hf_llama', 'paxlike.tokenizers.__main__',
+          'paxlike.export.__main__'} <= found
+  # Imported by export.artifacts (and main by the export command): each keeps to its layer.
+  assert not {'paxlike.export.run', 'paxlike.main'} & found
+
+
+def test_a_back_edge_and_an_unplaced_package_are_found(tmp_path):
+  pkg = tmp_path / 'pkg'
+  for sub in ('low', 'high', 'new'):
+    (pkg / sub).mkdir(parents=True)
+    (pkg / sub / '__init__.py').write_text('')
+  (pkg / '__init__.py').write_text('')
+  (pkg / 'high' / 'a.py').write_text('from pkg.low import b\n')
+  (pkg / 'low' / 'b.py').write_text('def f():\n  from pkg.high import a\n')
+  (pkg / 'low' / '__main__.py').write_text('from pkg.high import a\n')
+  (pkg / 'new' / 'c.py').write_text('import pkg.low.b\n')
+  graph = import_graph(pkg)
+  layers = (('low',), ('high',))
+  assert back_edges(graph, layers, programs(pkg, graph)) == [
+      'pkg.low.b -> pkg.high.a',
+      'pkg.new.c -> pkg.low.b (package new has no layer)']
+  (pkg / 'low' / 'b.py').write_text('')
+  (pkg / 'new' / 'c.py').write_text('')
+  assert back_edges(import_graph(pkg), layers, programs(pkg, import_graph(pkg))) == []
 
 
 def test_a_type_only_circle_is_found(tmp_path):
