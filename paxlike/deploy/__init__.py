@@ -1,0 +1,1 @@
+"""Running an exported federated round (paxlike.export) on a real federated runtime."""

@@ -1,0 +1,1 @@
+"""The exported round on Flower: ClientApp, ServerApp and a local federation (docs/flower.md)."""

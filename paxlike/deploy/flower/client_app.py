@@ -1,0 +1,95 @@
+"""The Flower ClientApp of an exported round: one node, the clients it serves, their own data.
+
+Node config (`flower-supernode --node-config`): `export-dir` (the export: plan.json and
+client.jaxexport), `config` (the experiment's saved config, for paxlike's data pipeline),
+`clients` (the client ids this node holds, "0,3"), optional `log` (a JSONL file of what it ran).
+
+A `query` message is answered with the node's client ids and their sizes in examples. A `train`
+message names the round's step and, for each cohort slot this node serves, its slot and client
+id, plus the values the server sends down. For each slot the node draws that client's batches
+with the simulation's (seed, step) order (`data.round_batches`, its own slot only), runs the
+client program, and replies with the contributions. A slot whose client it does not hold, or
+whose cohort the data disagrees with, is an error reply naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from paxlike.deploy.flower import records
+
+app = ClientApp()
+
+
+def _node_settings(context: Context) -> tuple[str, str, list[int]]:
+  config = context.node_config
+  return str(config['export-dir']), str(config['config']), records.int_list(config['clients'])
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+  """This node's client ids and their sizes (what the server samples cohorts from)."""
+  _, config_file, clients = _node_settings(context)
+  sizes = records.load_task(config_file).data.client_sizes
+  reply = ConfigRecord({'clients': clients, 'sizes': [int(sizes[c]) for c in clients]})
+  return Message(RecordDict({'node': reply}), reply_to=msg)
+
+
+def client_inputs(plan: dict[str, Any], data: Any, seed: int, step: int, slot: int,
+                  client: int, down: dict[str, np.ndarray]) -> list[np.ndarray]:
+  """The client program's arguments for cohort slot `slot` (client `client`) of round `step`:
+  the values sent down, then this slot's own batches and weight from the data pipeline."""
+  from paxlike.data import sources
+  cohort = sources.sample_cohort(seed, step, data.client_sizes, data.clients_per_round,
+                                 data.sampling)
+  if int(cohort[slot]) != client:
+    raise ValueError(f'round {step} slot {slot} is client {int(cohort[slot])} here, the server '
+                     f'says {client}: the node and the server run different experiments')
+  batch, weights = data.round_batches(seed, step, clients=slice(slot, slot + 1))
+  own = {'weights': np.asarray(weights[slot], np.float32)}
+  own.update({f'batches.{key}': np.asarray(value)[0] for key, value in batch.items()})
+  args = []
+  for spec in plan['programs']['client']['inputs']:
+    value = down.get(spec['name'], own.get(spec['name']))
+    if value is None:
+      raise ValueError(f'the client program reads {spec["name"]}, which neither the server '
+                       'sent nor this node has')
+    # Flower's Array carries a 0-d array as shape (1,): the plan's shape is the truth.
+    args.append(np.asarray(value, spec['dtype']).reshape(spec['shape']))
+  return args
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+  """Runs the client program for each slot of this node in the message's round."""
+  import jax
+  export_dir, config_file, held = _node_settings(context)
+  plan = records.read_plan(export_dir)
+  blob = (Path(export_dir) / plan['programs']['client']['file']).read_bytes()
+  program = jax.export.deserialize(bytearray(blob))
+  task = records.load_task(config_file)
+  round_config = msg.content['round']
+  step = int(round_config['step'])
+  slots, clients = list(round_config['slots']), list(round_config['clients'])
+  received = records.from_record(msg.content['down'])
+  outputs = {}
+  for slot, client in zip(slots, clients):
+    if client not in held:
+      raise ValueError(f'this node does not hold client {client}')
+    prefix = records.slot_key(slot, '')
+    down = {k[len(prefix):]: v for k, v in received.items() if k.startswith(prefix)}
+    args = client_inputs(plan, task.data, task.train.seed, step, slot, client, down)
+    results = program.call(*args)
+    for spec, value in zip(plan['programs']['client']['outputs'], results):
+      outputs[records.slot_key(slot, spec['name'])] = np.asarray(value)
+  log = context.node_config.get('log')
+  if log:
+    with open(str(log), 'a') as f:
+      f.write(json.dumps({'step': step, 'slots': slots, 'clients': clients}) + '\n')
+  return Message(RecordDict({'up': records.to_record(outputs)}), reply_to=msg)

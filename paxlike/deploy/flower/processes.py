@@ -1,0 +1,100 @@
+"""The local federation's processes: free ports, Flower's files under FLWR_HOME, and process
+groups started and stopped together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode, flwr: beside python.
+QUIET = {'FLWR_DISABLE_UPDATE_CHECK': '1', 'FLWR_TELEMETRY_ENABLED': '0'}
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen) -> bool:
+  """Whether something accepts connections on 127.0.0.1:`port` within `timeout` seconds while
+  `proc` (the server meant to) is alive."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline and proc.poll() is None:
+    with socket.socket() as s:
+      if s.connect_ex(('127.0.0.1', port)) == 0:
+        return True
+    time.sleep(0.2)
+  return False
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+  """This process's environment with Flower's home at `flwr_home` and its network calls off."""
+  path = f'{BIN}{os.pathsep}{os.environ.get("PATH", "")}'  # They start flower-superexec.
+  return {**os.environ, **QUIET, 'FLWR_HOME': str(flwr_home), 'PATH': path}
+
+
+def write_connection(flwr_home: Path, name: str, address: str) -> None:
+  """`flwr`'s config.toml with one insecure SuperLink connection `name` at `address`."""
+  flwr_home.mkdir(parents=True, exist_ok=True)
+  (flwr_home / 'config.toml').write_text(
+      f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n'
+      f'address = "{address}"\ninsecure = true\n')
+
+
+def write_app(app_dir: Path, config: dict[str, str | int | float]) -> None:
+  """A Flower app directory whose components are paxlike's apps, with `config` as run config."""
+  app_dir.mkdir(parents=True, exist_ok=True)
+  lines = []
+  for key, value in config.items():
+    lines.append(f'{key} = {value!r}' if isinstance(value, (int, float))
+                 else f'{key} = "{value}"')
+  (app_dir / 'pyproject.toml').write_text(
+      '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n\n'
+      '[project]\ndescription = "An exported paxlike round"\nlicense = "Apache-2.0"\nname = "paxlike-round"\nversion = "1.0.0"\ndependencies = []\n\n'
+      '[tool.hatch.build.targets.wheel]\npackages = ["."]\n\n'
+      '[tool.flwr.app]\npublisher = "paxlike"\n\n[tool.flwr.app.components]\n'
+      'serverapp = "paxlike.deploy.flower.server_app:app"\n'
+      'clientapp = "paxlike.deploy.flower.client_app:app"\n\n'
+      '[tool.flwr.app.config]\n' + '\n'.join(lines) + '\n')
+
+
+class Group:
+  """Processes each started in its own process group, stopped together (SIGTERM, then SIGKILL
+  for a group still alive after `grace` seconds)."""
+
+  def __init__(self, env: dict[str, str], logs: Path):
+    self.env, self.logs, self.procs = env, logs, []
+    logs.mkdir(parents=True, exist_ok=True)
+
+  def start(self, name: str, args: list[str]) -> subprocess.Popen:
+    log = open(self.logs / f'{name}.log', 'w')
+    proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    log.close()
+    self.procs.append(proc)
+    return proc
+
+  def stop(self, grace: float = 10.0) -> None:
+    for proc in self.procs:
+      _signal_group(proc, signal.SIGTERM)
+    for proc in self.procs:
+      try:
+        proc.wait(timeout=grace)
+      except subprocess.TimeoutExpired:
+        pass
+      _signal_group(proc, signal.SIGKILL)  # Superexec children can outlive their leader.
+      proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+  try:
+    os.killpg(proc.pid, sig)
+  except ProcessLookupError:
+    pass

@@ -1,0 +1,43 @@
+"""Named numpy arrays in and out of Flower records, and the config both apps read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def to_record(arrays: Mapping[str, np.ndarray]) -> Any:
+  """An ArrayRecord of `arrays` (Flower refuses jax arrays: numpy first)."""
+  from flwr.app import Array, ArrayRecord
+  record = ArrayRecord()
+  for name, value in arrays.items():
+    record[name] = Array(np.ascontiguousarray(np.asarray(value)))
+  return record
+
+
+def from_record(record: Any) -> dict[str, np.ndarray]:
+  """The named numpy arrays of an ArrayRecord."""
+  return {name: array.numpy() for name, array in record.items()}
+
+
+def slot_key(slot: int, name: str) -> str:
+  """The record key of cohort slot `slot`'s value `name`."""
+  return f'{slot}/{name}'
+
+
+def read_plan(export_dir: str | Path) -> dict[str, Any]:
+  return json.loads((Path(export_dir) / 'plan.json').read_text())
+
+
+def load_task(config_file: str | Path) -> Any:
+  """The experiment's built task from a saved config (paxlike.config.config_io JSON)."""
+  from paxlike.config import config_io
+  return config_io.build(config_io.load_file(config_file))
+
+
+def int_list(text: str) -> list[int]:
+  """'0,3,5' -> [0, 3, 5] ('' -> [])."""
+  return [int(part) for part in str(text).split(',') if part.strip()]

@@ -1,0 +1,63 @@
+"""The server's side of an exported round, apart from Flower: what each slot is sent, and the
+aggregation of the slots' contributions as the plan's communication section says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from paxlike.export import run as executor
+
+
+def unsupported(plan: dict[str, Any]) -> str | None:
+  """Why this deployment cannot run `plan` (one line), or None."""
+  client_state = [s['name'] for s in plan['inputs']
+                  if s['placement'] == 'clients' and s['carried']]
+  if client_state:
+    return (f'the plan carries client-placed state ({client_state[0]}, ...): the Flower '
+            'deployment runs rounds whose state lives at the server only')
+  return None
+
+
+def rng_key_data(seed: int, step: int, key_impl: str) -> np.ndarray:
+  """The round's key as uint32 data: the trainer's fold_in(key(seed), step)."""
+  import jax
+  key = jax.random.fold_in(jax.random.key(seed, impl=key_impl), step)
+  return np.asarray(jax.random.key_data(key))
+
+
+def slot_down(plan: dict[str, Any], env: dict[str, np.ndarray], slot: int
+              ) -> dict[str, np.ndarray]:
+  """What the server sends cohort slot `slot`: broadcasts whole, scatters their row `slot`."""
+  sent = {}
+  for entry in plan['communication']:
+    value = env[entry['value']] if entry['kind'] in executor.DOWN else None
+    if entry['kind'] == 'broadcast':
+      sent[entry['value']] = value
+    elif entry['kind'] == 'scatter':
+      sent[entry['value']] = np.take(value, slot, axis=entry['axis'])
+  return sent
+
+
+def aggregates(plan: dict[str, Any], contributions: list[dict[str, np.ndarray]]
+               ) -> dict[str, np.ndarray]:
+  """Each `sum`/`mean` result over the slots' contributions (in slot order), with the dtypes of
+  federated_sum and federated_mean, as the reference executor reduces them."""
+  results = {}
+  for entry in plan['communication']:
+    if entry['kind'] in executor.UP:
+      stacked = np.stack([c[entry['value']] for c in contributions])
+      dtype = str(stacked.dtype)
+      results[entry['result']] = (
+          np.sum(stacked, axis=0, dtype=executor._sum_dtype(dtype)) if entry['kind'] == 'sum'
+          else np.mean(stacked.astype(executor._mean_dtype(dtype)), axis=0))
+  return results
+
+
+def program_args(spec: dict[str, Any], env: dict[str, np.ndarray]) -> list[np.ndarray]:
+  return [env[d['name']] for d in spec['inputs']]
+
+
+def named_outputs(spec: dict[str, Any], values: Any) -> dict[str, np.ndarray]:
+  return {d['name']: np.asarray(v) for d, v in zip(spec['outputs'], values)}
