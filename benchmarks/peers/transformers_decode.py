@@ -76,9 +76,11 @@ def commands(job: Path, hf: Path, peer_python: str, cache: Path, length: int
           'transformers': [peer_python, '-c', PEER, str(hf), ids, str(length)]}
 
 
-def rate(times: dict[int, list[float]], short: int, long: int) -> float:
-  """New tokens per second from the difference of the median whole runs."""
-  return (long - short) / (statistics.median(times[long]) - statistics.median(times[short]))
+def rate(times: dict[int, list[float]], short: int, long: int) -> float | None:
+  """New tokens per second from the difference of the median whole runs; None when the longer
+  run was not slower (the tokens' time lost in the runs' spread)."""
+  extra = statistics.median(times[long]) - statistics.median(times[short])
+  return round((long - short) / extra, 1) if extra > 0 else None
 
 
 def main() -> None:
@@ -103,13 +105,14 @@ def main() -> None:
   from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
   same = pax_text.rstrip('\n') == PROMPT + load_tokenizer('bytes').decode(json.loads(peer_ids))
   figures = {name: {'median_whole_run_s': {str(n): round(statistics.median(t[n]), 3) for n in t},
-                    'tokens_per_s': round(rate(t, short, long), 1)}
+                    'tokens_per_s': rate(t, short, long)}
              for name, t in times.items()}
   peer = figures['transformers']
   print(json.dumps({
       'lengths': [short, long], 'repeats': args.repeats, 'same_greedy_tokens': same,
       **figures,
       'ratio_tokens_per_s': {k: round(figures[k]['tokens_per_s'] / peer['tokens_per_s'], 2)
+                             if figures[k]['tokens_per_s'] and peer['tokens_per_s'] else None
                              for k in ('paxlike_cold', 'paxlike_warm')},
       'ratio_whole_run_long': {k: round(figures[k]['median_whole_run_s'][str(long)]
                                         / peer['median_whole_run_s'][str(long)], 2)
