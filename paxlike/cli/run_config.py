@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 import fiddle as fdl
 
 from paxlike import registry
-from paxlike.config import config_io
+from paxlike.config import allow_list, config_io
 from paxlike.errors import UserError
 from paxlike.trainer import job_dir, job_source
 
@@ -36,7 +36,7 @@ def fiddler_named(name: str, allow_import: Iterable[str] = ()) -> Callable[[fdl.
     fn = getattr(importlib.import_module(module_name), fn_name)
   except (ImportError, AttributeError):
     raise UserError(f'--fdl_fiddler={name}: no such fiddler') from None
-  if not inspect.isfunction(fn) or config_io.refusal(fn, allow_import):
+  if not inspect.isfunction(fn) or allow_list.refusal(fn, allow_import):
     raise UserError(f'--fdl_fiddler={name}: not a fiddler function of {module_name}')
   return fn
 

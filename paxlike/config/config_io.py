@@ -1,31 +1,28 @@
 """Task configs as data: overrides, safe JSON round-trips, and comparison with a job dir's run.
 
-Loading a serialized config imports only modules on an allow-list (no pickle anywhere), so a
-config file cannot run arbitrary code.
+Loading a serialized config imports only modules on an allow-list (no pickle anywhere; see
+allow_list.py), so a config file cannot run arbitrary code.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import importlib
 import json
 from pathlib import Path
-import types
 import typing
 from typing import Any, Iterable
 
 import fiddle as fdl
 import jax.numpy as jnp
-import numpy as np
 from fiddle import daglish
 from fiddle.experimental import serialization
 
 from paxlike.errors import UserError
+from paxlike.config import allow_list
+from paxlike.config.allow_list import DTYPES
 from paxlike.core import optim
 
-ALLOWED_MODULES = ('builtins', 'fiddle', 'paxlike', 'experiments', 'configs', 'flax', 'optax',
-                   'jax', 'numpy', 'ml_dtypes')
 # Fields that may change between runs in one job dir: the intervals, so a finished run can be
 # extended, and the mesh, since checkpoints restore onto any mesh (the math is the same).
 RESUMABLE_FIELDS = ('.train.num_steps', '.train.log_every', '.train.eval_every',
@@ -71,9 +68,6 @@ def _annotation_admits(buildable: fdl.Buildable, name: str, value: Any) -> bool:
         isinstance(value, bool) and kind is not bool):
       return True
   return False
-
-
-DTYPES = ('float32', 'bfloat16', 'float16')
 
 
 def _is_dtype(value: Any) -> bool:
@@ -145,107 +139,6 @@ def to_text(cfg: fdl.Buildable) -> str:
                  for path, value in flatten(with_run_lengths(cfg)).items())
 
 
-def is_allowed(module: str, allow: Iterable[str] = ()) -> bool:
-  """Whether `module` is on the import allow-list (plus the user's `allow` additions)."""
-  return any(module == a or module.startswith(a + '.') for a in ALLOWED_MODULES + tuple(allow))
-
-
-def _with_moved_modules(node: Any) -> Any:
-  """`node` (parsed JSON) with every pyref to a module of MOVED_MODULES renamed."""
-  if isinstance(node, dict):
-    node = {key: _with_moved_modules(value) for key, value in node.items()}
-    if node.get('type') == 'pyref' and node.get('module') in MOVED_MODULES:
-      node['module'] = MOVED_MODULES[node['module']]
-    return node
-  if isinstance(node, list):
-    return [_with_moved_modules(value) for value in node]
-  return node
-
-
-def _pyrefs(node: Any) -> Iterable[tuple[str, str]]:
-  """Every (module, name) a serialized config imports."""
-  if isinstance(node, dict):
-    if node.get('type') == 'pyref':
-      yield node.get('module', ''), node.get('name', '')
-    for value in node.values():
-      yield from _pyrefs(value)
-  elif isinstance(node, list):
-    for value in node:
-      yield from _pyrefs(value)
-
-
-# What configs are made of: the packages whose classes and functions a config may call (the
-# object itself must be defined under one of them, so a re-exported `os.system` is no way in),
-# the packages that may give classes only (data sources, layers, Fiddle's buildables), and by
-# name the builtin containers and the dtypes. Nothing else: not `numpy.load` or `builtins.open`,
-# though their modules are importable for dtypes and containers.
-BUILDING_BLOCKS = ('paxlike.layers', 'paxlike.federated', 'paxlike.trainer.centralized',
-                   'paxlike.core.optim', 'paxlike.trainer.task', 'paxlike.core.partitioning',
-                   'paxlike.core.algorithm', 'experiments', 'configs', 'optax', 'jax.nn',
-                   'jax._src.nn')
-# Building blocks that moved, under the names configs saved before each move use: a job dir
-# saved then still resumes (its config.json is read with the new names). First into the trainer
-# package (paxlike.optim -> paxlike.trainer.optim), then the contracts into the leaf package
-# paxlike.core (paxlike.trainer.optim -> paxlike.core.optim); the Task and TrainConfig from
-# the experiment module into the trainer (paxlike.experiment -> paxlike.trainer.task).
-MOVED_MODULES = {
-    'paxlike.centralized': 'paxlike.trainer.centralized',
-    'paxlike.experiment': 'paxlike.trainer.task',
-    **{f'{package}.{name}': f'paxlike.core.{name}'
-       for package in ('paxlike', 'paxlike.trainer')
-       for name in ('optim', 'partitioning', 'algorithm')},
-}
-CLASSES_ONLY = ('paxlike.data', 'paxlike.trainer.preference_loss', 'flax.linen',
-                'fiddle._src.config', 'fiddle._src.partial', 'fiddle._src.tagging')
-BUILTINS = ('dict', 'tuple', 'list', 'set', 'frozenset', 'slice', 'int', 'float', 'bool',
-            'str', 'complex', 'bytes', 'range')
-
-
-def _under(module: str | None, prefixes: Iterable[str]) -> bool:
-  return bool(module) and any(module == p or module.startswith(p + '.') for p in prefixes)
-
-
-def _is_dtype_object(obj: Any) -> bool:
-  if any(obj is getattr(jnp, name) for name in DTYPES + ('int32', 'int8', 'uint8')):
-    return True
-  return isinstance(obj, type) and issubclass(obj, np.generic)
-
-
-def refusal(obj: Any, allow: Iterable[str] = ()) -> str | None:
-  """Why a config may not name `obj` (None when it may): see BUILDING_BLOCKS."""
-  if _is_dtype_object(obj):
-    return None
-  if isinstance(obj, types.ModuleType):
-    return f'it reaches into module {obj.__name__}'
-  if not callable(obj):
-    return 'it is not a class or function'
-  module = getattr(obj, '__module__', None)
-  if module == 'builtins':
-    return None if getattr(obj, '__name__', None) in BUILTINS else 'a builtin with effects'
-  if _under(module, BUILDING_BLOCKS + tuple(allow)):
-    return None
-  if _under(module, CLASSES_ONLY) and isinstance(obj, type):
-    return None
-  return f'it is defined in {module}, whose functions a config may not call'
-
-
-def resolve_ref(module: str, name: str) -> tuple[bool, Any]:
-  """(found, object) of `module.name`, walking `name`'s dotted parts (call for allow-listed
-  modules only). A module met on the way (`os` in `numpy.lib._npyio_impl.os.system`) is the
-  result, for `refusal` to refuse."""
-  try:
-    target = importlib.import_module(module)
-  except ModuleNotFoundError as error:  # Only the module itself missing is a stale name.
-    return not (error.name and (module + '.').startswith(error.name + '.')), None
-  for part in name.split('.'):
-    if not hasattr(target, part):
-      return False, None
-    target = getattr(target, part)
-    if isinstance(target, types.ModuleType):
-      return True, target
-  return True, target
-
-
 class StaleConfig(UserError):
   """A well-formed serialized config that names what this version of paxlike no longer has."""
 
@@ -254,21 +147,21 @@ def from_json(text: str, source: str, allow: Iterable[str] = ()) -> fdl.Buildabl
   """Loads a serialized config, importing only allow-listed modules. StaleConfig when it names a
   module or function that no longer exists (renamed or removed since it was saved)."""
   try:
-    document = _with_moved_modules(json.loads(text))
+    document = allow_list.with_moved_modules(json.loads(text))
   except json.JSONDecodeError as error:
     raise UserError(f'{source} is not valid JSON ({error.msg} at line {error.lineno})') from None
-  refs = sorted(set(_pyrefs(document)))
+  refs = sorted(set(allow_list.pyrefs(document)))
   for module in sorted({module for module, _ in refs}):
-    if not is_allowed(module, allow):
+    if not allow_list.is_allowed(module, allow):
       raise UserError(f'{source} imports {module!r}, which is not allowed; '
                       f'pass --allow_import={module.split(".")[0]} if you trust it')
-  resolved = {(module, name): resolve_ref(module, name) for module, name in refs}
+  resolved = {(module, name): allow_list.resolve_ref(module, name) for module, name in refs}
   missing = [f'{module}.{name}' for (module, name), (found, _) in resolved.items() if not found]
   if missing:
     raise StaleConfig(f'{source} names {", ".join(missing)}, which this version of paxlike '
                       'does not have (renamed or removed since it was saved)')
   for (module, name), (_, obj) in resolved.items():
-    why = refusal(obj, allow)
+    why = allow_list.refusal(obj, allow)
     if why:
       raise UserError(f'{source} names {module}.{name}, which a config may not use ({why})')
   try:

@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from paxlike.config import config_io
+from paxlike.config import allow_list
 from paxlike.errors import UserError
 
 
@@ -58,10 +58,10 @@ def _skeleton(doc: dict[str, Any]) -> Any:
 
 def _namedtuple(name: str) -> type:
   module_name, _, qualname = name.rpartition('.')
-  if not config_io.is_allowed(module_name):
+  if not allow_list.is_allowed(module_name):
     raise UserError(f'tree node class {name} is not from an allowed module')
-  found, cls = config_io.resolve_ref(module_name, qualname)
+  found, cls = allow_list.resolve_ref(module_name, qualname)
   if not (found and isinstance(cls, type) and issubclass(cls, tuple)
-          and config_io.is_allowed(cls.__module__)):
+          and allow_list.is_allowed(cls.__module__)):
     raise UserError(f'tree node class {name} is not a named tuple a plan may use')
   return cls
