@@ -20,6 +20,7 @@ from absl import app, flags
 
 from paxlike import main as cli
 from paxlike.deploy.flower import processes, records
+from paxlike.deploy.flower.rounds import clients_of_nodes
 
 flags.DEFINE_string('export_dir', None, 'The export directory (python -m paxlike.export --out).')
 flags.DEFINE_integer('rounds', 1, 'Rounds to run (at most the rounds the export holds).')
@@ -27,11 +28,6 @@ flags.DEFINE_integer('nodes', 2, 'SuperNodes to start.')
 flags.DEFINE_string('out', None, 'New directory for the run (metrics.jsonl, final.npz, logs).')
 flags.DEFINE_integer('round_timeout', 300, 'Seconds a round (or the nodes joining) may take.')
 FLAGS = flags.FLAGS
-
-
-def node_clients(num_clients: int, nodes: int) -> list[list[int]]:
-  """Node k's client ids: k, k + nodes, ... (every client on exactly one node)."""
-  return [list(range(k, num_clients, nodes)) for k in range(nodes)]
 
 
 def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, nodes: int,
@@ -55,7 +51,7 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
                               '--port', str(port), '--database', str(out / 'superlink.db')])
     if not processes.wait_for_port(port, timeout, link):
       raise RunFailure(f'the SuperLink did not listen on port {port} (logs in {out / "logs"})')
-    for k, clients in enumerate(node_clients(num_clients, nodes)):
+    for k, clients in enumerate(clients_of_nodes(num_clients, nodes)):
       node_config = (f'export-dir="{export_dir.absolute()}" config="{out.absolute()}/config.json" '
                      f'clients="{",".join(map(str, clients))}" '
                      f'log="{out.absolute()}/logs/node{k}.jsonl"')

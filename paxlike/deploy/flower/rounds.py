@@ -20,6 +20,11 @@ def unsupported(plan: dict[str, Any]) -> str | None:
   return None
 
 
+def clients_of_nodes(num_clients: int, nodes: int) -> list[list[int]]:
+  """Node k's client ids: k, k + nodes, ... (every client on exactly one node)."""
+  return [list(range(k, num_clients, nodes)) for k in range(nodes)]
+
+
 def rng_key_data(seed: int, step: int, key_impl: str) -> np.ndarray:
   """The round's key as uint32 data: the trainer's fold_in(key(seed), step)."""
   import jax

@@ -1,0 +1,54 @@
+"""The server side of a deployed round apart from Flower: what a slot is sent, how contributions
+are reduced, the round key, which node holds which client, and the plans it refuses."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from paxlike.deploy.flower import rounds
+
+PLAN = {'communication': [
+    {'kind': 'scatter', 'value': 'down.0', 'axis': 1},
+    {'kind': 'broadcast', 'value': 'down.1'},
+    {'kind': 'sum', 'value': 'up.0', 'result': 'agg.0'},
+    {'kind': 'sum', 'value': 'up.1', 'result': 'agg.1'},
+    {'kind': 'mean', 'value': 'up.2', 'result': 'agg.2'}]}
+
+
+def test_a_slot_gets_its_row_of_a_scatter_and_the_whole_broadcast():
+  env = {'down.0': np.arange(12).reshape(2, 3, 2), 'down.1': np.ones(4), 'other': np.zeros(1)}
+  sent = rounds.slot_down(PLAN, env, 2)
+  assert sorted(sent) == ['down.0', 'down.1']
+  np.testing.assert_array_equal(sent['down.0'], [[4, 5], [10, 11]])
+  np.testing.assert_array_equal(sent['down.1'], np.ones(4))
+
+
+def test_contributions_reduce_with_the_federated_dtypes():
+  slots = [{'up.0': np.float32([1.5, 2.0]), 'up.1': np.bool_(True), 'up.2': np.int8(3)},
+           {'up.0': np.float32([0.25, -1.0]), 'up.1': np.bool_(True), 'up.2': np.int8(4)}]
+  out = rounds.aggregates(PLAN, slots)
+  np.testing.assert_array_equal(out['agg.0'], np.float32([1.75, 1.0]))
+  assert out['agg.0'].dtype == np.float32
+  assert out['agg.1'] == 2 and out['agg.1'].dtype == np.int32  # Bools count, widened.
+  assert out['agg.2'] == 3.5 and out['agg.2'].dtype == np.float32
+
+
+def test_the_round_key_is_the_trainers_fold_in_of_the_seed():
+  data = rounds.rng_key_data(7, 3, 'threefry2x32')
+  expected = jax.random.key_data(jax.random.fold_in(jax.random.key(7), 3))
+  assert data.dtype == np.uint32
+  np.testing.assert_array_equal(data, np.asarray(expected))
+
+
+def test_every_client_is_on_exactly_one_node():
+  assert rounds.clients_of_nodes(5, 2) == [[0, 2, 4], [1, 3]]
+  assert sorted(sum(rounds.clients_of_nodes(7, 3), [])) == list(range(7))
+
+
+def test_client_carried_state_is_refused_in_one_line():
+  plan = {'inputs': [{'name': 'state.params.w', 'placement': 'server', 'carried': True},
+                     {'name': 'state.replicas.mu', 'placement': 'clients', 'carried': True}]}
+  reason = rounds.unsupported(plan)
+  assert reason is not None and 'state.replicas.mu' in reason and '\n' not in reason
+  assert rounds.unsupported({'inputs': plan['inputs'][:1]}) is None
