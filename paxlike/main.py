@@ -137,6 +137,7 @@ def run(argv: list[str]) -> None:
     sampling = Sampling(FLAGS.decode_length, FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
                         FLAGS.decode_seed)
     sampling.check()
+    family_of(task.model).kernel_line(task.model, task.data)  # A forced kernel this platform lacks.
   # Heavy imports only once a job really runs.
   from paxlike.trainer import distributed
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
