@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import attention_kernels, lm_features, lora, moe, pipeline
+from paxlike.layers import lm_features, lora, moe, pipeline
 from paxlike.layers.blocks import MLP_ACTIVATIONS
 
 # 'dots' saves matmul outputs without batch dims (the projections, not the [T, T] attention
@@ -21,7 +21,8 @@ REMAT_POLICIES = {
 
 
 def check_model(model: Any, seq_len: int) -> None:
-  """ValueErrors (one line each) for fields of a TransformerLM that cannot run at `seq_len`."""
+  """ValueErrors (one line each) for fields of a TransformerLM that cannot run at `seq_len`.
+  `attention_impl` is checked where it is resolved (attention_kernels.resolve, a UserError)."""
   if model.head_dim is None and model.d_model % model.num_heads:
     raise ValueError(f'd_model={model.d_model} is not a multiple of num_heads={model.num_heads}')
   if model.rope and model.head_size() % 2:
@@ -39,9 +40,6 @@ def check_model(model: Any, seq_len: int) -> None:
     raise ValueError('dtype float16 cannot run on CPU (XLA:CPU has no float16 matmul); '
                      'use bfloat16 or float32')
   lora.check_targets(model.lora_targets, model.lora_rank, model.gated_mlp)
-  if model.attention_impl not in attention_kernels.IMPLS:
-    raise ValueError(f'attention_impl must be one of {", ".join(attention_kernels.IMPLS)}, '
-                     f'got {model.attention_impl!r}')
   if model.num_experts:
     _check_moe(model)
   if pipeline.stage_count(jax.sharding.get_abstract_mesh()) > 1:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from fiddle.experimental import serialization
 
+from paxlike.errors import UserError
 from paxlike.layers import TransformerLM
 from paxlike.layers import attention as attention_lib
 from paxlike.layers.transformer import Mlp
@@ -101,5 +102,5 @@ def test_attention_impl_auto_is_the_default_and_is_xla_on_cpu_and_bad_names_are_
   default = TransformerLM(**TINY).apply({'params': params}, TOKENS)
   xla = TransformerLM(**TINY, attention_impl='xla').apply({'params': params}, TOKENS)
   np.testing.assert_array_equal(np.asarray(default), np.asarray(xla))
-  with pytest.raises(ValueError, match='attention_impl must be one of auto, xla, cudnn, splash'):
+  with pytest.raises(UserError, match='attention_impl must be one of auto, xla, cudnn, splash'):
     TransformerLM(**TINY, attention_impl='flash').init(jax.random.key(0), TOKENS)
