@@ -59,7 +59,8 @@ def snapshot(directory: Path) -> dict[str, str]:
 # The timing fields the trainer writes (`steps_per_sec` and `throughput.throughput_metrics`), the
 # only ones a determinism comparison may skip. Named one by one: any other field, including a new
 # one, is compared, so a field that varies between identical runs fails a test instead of
-# silently leaving every comparison. Each obeys the job dir's naming rule (`summaries.is_timing_field`).
+# silently leaving every comparison. Each obeys the job dir's naming rule (DESIGN.md: a timing
+# field's name contains per_sec, time, mfu, flops or eta).
 TIMING_FIELDS = frozenset({'steps_per_sec', 'data_wait_time_fraction', 'tokens_per_sec',
                            'examples_per_sec', 'tflops_per_sec', 'mfu'})
 

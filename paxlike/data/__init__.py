@@ -6,7 +6,6 @@ The trainer consumes a `DataSource` (`LmData`, `TextData` or `ImageData`); see s
 from paxlike.data.images import ImageData
 from paxlike.data.lm import LmData
 from paxlike.data.prefetch import Prefetcher
-from paxlike.data.prefetch import prefetch
 from paxlike.data.prepare import DATASETS
 from paxlike.data.prepare import load_split
 from paxlike.data.prepare import make_builder
@@ -16,4 +15,4 @@ from paxlike.data.sources import DataSource
 from paxlike.data.text_data import TextData
 
 __all__ = ['DATASETS', 'DataSource', 'ImageData', 'LmData', 'Prefetcher', 'data_root',
-           'load_split', 'make_builder', 'prefetch', 'prepared_dir', 'TextData']
+           'load_split', 'make_builder', 'prepared_dir', 'TextData']

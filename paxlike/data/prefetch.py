@@ -1,6 +1,6 @@
 """One-thread, one-step-ahead prefetching of a pure function of the step."""
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 import concurrent.futures
 from typing import Generic, TypeVar
 
@@ -45,18 +45,3 @@ class Prefetcher(Generic[T]):
 
   def __exit__(self, *exc_info) -> None:
     self.close()
-
-
-def prefetch(fn: Callable[[int], T], steps: Iterable[int]) -> Iterator[T]:
-  """Yields fn(s) for s in `steps`, computing the next one in the background."""
-  iterator = iter(steps)
-  with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='prefetch') as pool:
-    first = next(iterator, None)
-    if first is None:
-      return
-    future = pool.submit(fn, first)
-    for step in iterator:
-      result = future.result()
-      future = pool.submit(fn, step)
-      yield result
-    yield future.result()

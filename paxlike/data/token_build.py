@@ -79,11 +79,6 @@ def text_hashes(texts: list[str], prompts: list[str] | None) -> np.ndarray:
   return doc_hash.hashes(texts if prompts is None else list(map('\0'.join, zip(prompts, texts))))
 
 
-def text_hash(text: str, prompt: str | None) -> int:
-  """The hash of one document (text_hashes)."""
-  return int(text_hashes([text], None if prompt is None else [prompt])[0])
-
-
 def chunks(files: dict[str, Path], fields: text_files.Fields,
            counts: text_files.Counts) -> Iterator[Chunk]:
   """The corpus's documents, file after file, in chunks of whole blocks of text_files.read,

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 
-from paxlike.decode.engine import cache_len_for, generate
+from paxlike.decode.engine import generate
 from paxlike.errors import UserError
 
 
@@ -32,22 +32,3 @@ def generate_text(model: nn.Module, params: Any, tokenizer: Any, prompts: Sequen
                  pad_id=getattr(tokenizer, 'pad_id', 0), **options)
   strip = lambda row: row[:-1] if eos_id is not None and len(row) and row[-1] == eos_id else row
   return [tokenizer.decode(strip(row).tolist()) for row in ids]
-
-
-def sample_text(model: nn.Module, params: Any, prompt: str, steps: int, temperature: float,
-                seed: int, *, tokenizer: Any = None, top_k: int = 0,
-                top_p: float = 1.0) -> str:
-  """The prompt followed by `steps` sampled tokens (it does not stop at EOS; the byte
-  tokenizer by default), for `--mode=decode`."""
-  if not prompt:
-    raise UserError('--prompt must not be empty')
-  if steps <= 0 or temperature < 0:
-    raise UserError('--decode_length must be positive and --temperature non-negative')
-  if tokenizer is None:
-    from paxlike.tokenizers import load_tokenizer
-    tokenizer = load_tokenizer('bytes')
-  cache_len = cache_len_for(model, len(tokenizer.encode_batch([prompt])[0]), steps)
-  [text] = generate_text(model, params, tokenizer, [prompt], stop_at_eos=False,
-                         max_new_tokens=steps, temperature=temperature, top_k=top_k,
-                         top_p=top_p, seed=seed, cache_len=cache_len)
-  return prompt + text

@@ -11,8 +11,6 @@ distance equals position distance.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,31 +57,3 @@ def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
   # dot for [B, T, K, G, H] made XLA transpose the output projection's weight every step.
   out = jnp.einsum('bkgtl,bklh->bkgth', probs, values)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
-
-
-def grow(cache: Any, cache_len: int) -> Any:
-  """A model's 'cache' collection (any nesting; scanned layers stacked in front) with every
-  layer's slots zero-padded at the end to `cache_len`."""
-  def pad(path: tuple[Any, ...], leaf: jax.Array) -> jax.Array:
-    name = getattr(path[-1], 'key', None)
-    axis = {'key': -2, 'value': -2, 'segment_ids': -1}.get(name)
-    if axis is None:
-      return leaf
-    widths = [(0, 0)] * leaf.ndim
-    widths[axis] = (0, cache_len - leaf.shape[axis])
-    return jnp.pad(leaf, widths)
-  return jax.tree_util.tree_map_with_path(pad, cache)
-
-
-def cache_sizes(prompt_len: int, total_len: int, cache_len: int, smallest: int = 128) -> list[int]:
-  """The cache sizes a decode passes through: the prompt (`prompt_len` slots) starts in the
-  smallest `smallest * 2**i` that holds one more slot, which doubles (capped at `cache_len`)
-  until `total_len` slots fit. Attention reads the whole cache every step, so a short decode
-  reads a short cache."""
-  sizes, size = [], smallest
-  while True:
-    if size > prompt_len or size >= cache_len:
-      sizes.append(min(size, cache_len))
-    if size >= total_len or size >= cache_len:
-      return sorted(set(sizes))
-    size *= 2

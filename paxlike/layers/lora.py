@@ -21,7 +21,6 @@ import jax.numpy as jnp
 
 ATTENTION_TARGETS = ('query', 'key', 'value', 'out')
 MLP_TARGETS = ('wi_gate', 'wi_up', 'wi', 'wo')
-TARGETS = ATTENTION_TARGETS + MLP_TARGETS
 SUFFIXES = ('_lora_a', '_lora_b')
 RANK_AXIS = 'lora_rank'
 

@@ -18,13 +18,6 @@ from typing import Any, Mapping
 import numpy as np
 from tensorboardX import SummaryWriter
 
-TIMING_MARKERS = ('per_sec', 'time', 'mfu', 'flops', 'eta')
-
-
-def is_timing_field(name: str) -> bool:
-  """Timing fields are the ones allowed to differ between identical runs."""
-  return any(marker in name for marker in TIMING_MARKERS)
-
 
 def scalars(metrics: Mapping[str, Any]) -> dict[str, float | int]:
   """Host scalars from a metrics dict: ints stay ints, the rest become Python floats."""

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from paxlike.data import Prefetcher
-from paxlike.data import prefetch
 
 
 def batch(step: int) -> np.ndarray:
@@ -44,8 +43,3 @@ def test_prefetcher_never_runs_fn_concurrently_and_raises_errors():
     pre.get(2)
   pre.close()
   assert peak[0] == 1
-
-
-def test_prefetch_generator():
-  assert [x.sum() for x in prefetch(batch, [3, 1, 2])] == [batch(s).sum() for s in (3, 1, 2)]
-  assert list(prefetch(batch, [])) == []

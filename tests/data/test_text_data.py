@@ -51,7 +51,7 @@ def expected_counts(texts, keep):
 
 
 def heldout(text, fraction=0.1):
-  return token_build.text_hash(text, None) < fraction * 2**64
+  return int(token_build.text_hashes([text], None)[0]) < fraction * 2**64
 
 
 @pytest.fixture
@@ -267,8 +267,8 @@ def test_sft_batches_score_completion_and_eos_only(tmp_path):
                   prompt_field='prompt', eval_fraction=0.1)
   epoch = [data.round_batches(0, s)[0] for s in range(data.packed.train.num_rows)]
   counts = sum(byte_counts(b) for b in epoch)
-  train = [r for r in rows if not token_build.text_hash(r['completion'], r['prompt'])
-           < 0.1 * 2**64]
+  hashes = token_build.text_hashes([r['completion'] for r in rows], [r['prompt'] for r in rows])
+  train = [r for r, h in zip(rows, hashes.tolist()) if not h < 0.1 * 2**64]
   assert counts[ord('Q')] == 0 and counts[ord('\n')] == len(train)
   assert counts[ord('a')] == sum(len(r['completion']) for r in train)
 

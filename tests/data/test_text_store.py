@@ -71,7 +71,7 @@ def test_store_holds_each_document_then_eos_with_hash_file_and_client(tmp_path):
   assert store.manifest['num_docs'] == 50 and store.shards[0].dtype == np.uint16
   for text, tokens in zip(texts, documents(store)):
     assert bytes(tokens[:-1].astype(np.uint8)).decode() == text and tokens[-1] == ord('\n')
-  assert np.array_equal(store.doc_hash, [token_build.text_hash(t, None) for t in texts])
+  assert np.array_equal(store.doc_hash, token_build.text_hashes(texts, None))
   names = token_store.client_names(store)
   assert [names[c] for c in store.doc_client] == [f'a{i % 3}' for i in range(50)]
   assert (np.asarray(store.doc_file) == 0).all() and (np.asarray(store.doc_prompt) == 0).all()

@@ -1,6 +1,7 @@
 """Text in, text out: `generate_text` is `generate` between the tokenizer's encode and decode,
-stopping at its EOS; `sample_text` (what --mode=decode prints) works for any LM with a
-tokenizer; a tokenizer larger than the model's vocabulary is refused."""
+stopping at its EOS; a tokenizer larger than the model's vocabulary, or an empty prompt, is
+refused. (`--mode=decode`'s own path, paxlike/cli/decode_text.py, is tested end to end in
+test_decode_cli.py.)"""
 
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paxlike.decode import generate, generate_text, sample_text
+from paxlike.decode import generate, generate_text
 from paxlike.errors import UserError
 from paxlike.layers import TransformerLM
 from paxlike.tokenizers import load_tokenizer
@@ -61,22 +62,9 @@ def test_generate_text_stops_at_the_tokenizers_eos():
   assert '\n' not in text
 
 
-def test_sample_text_takes_any_tokenizer_and_returns_prompt_plus_continuation(bpe):
-  model, params = _model_and_params(384)
-  text = sample_text(model, params, 'To be', 10, 0.0, 0, tokenizer=bpe)
-  [ids] = generate(model, params, bpe.encode_batch(['To be']), max_new_tokens=10)
-  assert text == 'To be' + bpe.decode(ids.tolist())
-  byte_model, byte_params = _model_and_params(256)
-  out = sample_text(byte_model, byte_params, 'abc', 70, 1.0, 3, top_k=5)  # Outgrows max_len.
-  tok = load_tokenizer('bytes')
-  [ids] = generate(byte_model, byte_params, tok.encode_batch(['abc']), max_new_tokens=70,
-                   temperature=1.0, top_k=5, seed=3, cache_len=3 + 70 - 1)
-  assert len(ids) == 70 and out == 'abc' + tok.decode(ids.tolist())
-
-
-def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(bpe):
+def test_a_tokenizer_larger_than_the_model_vocabulary_or_an_empty_prompt_is_refused(bpe):
   model, params = _model_and_params(256)
   with pytest.raises(UserError, match="tokenizer has 300 ids but the model's vocab_size is 256"):
     generate_text(model, params, bpe, ['To be'], max_new_tokens=2)
-  with pytest.raises(UserError, match='--prompt must not be empty'):
-    sample_text(model, params, '', 5, 0.0, 0)
+  with pytest.raises(UserError, match='a prompt is empty'):
+    generate_text(model, params, load_tokenizer('bytes'), ['abc', ''], max_new_tokens=2)
