@@ -42,7 +42,6 @@ def test_overhead_compares_the_same_work_on_1_and_8_devices():
   one, eight = (out['devices'][d]['flops_per_device']['paxlike'] for d in ('1', '8'))
   assert eight == pytest.approx(one / 8, rel=0.05)
   assert out['ratio'] == min(r['ratio'] for r in out['devices'].values())
-  assert out['goal_met'] == (out['ratio'] >= out['goal'])
   # One collective per data-parallel step, as in the hand-written step: the masked loss's
   # target count is all-reduced with the gradients, not on its own before the backward pass.
   assert out['devices']['8']['all_reduces'] == {'paxlike': 1, 'baseline': 1}
