@@ -4,7 +4,9 @@ Node config (`flower-supernode --node-config`): `export-dir` (the export: plan.j
 client.jaxexport), `config` (the experiment's saved config, for paxlike's data pipeline),
 `clients` (the client ids this node holds, "0,3"), optional `log` (a JSONL file of what it ran).
 
-A `query` message is answered with the node's client ids and their sizes in examples. A `train`
+A `query` message (a node's first) is answered with the sha256 of the node's config file and of
+its plan.json, so that the server refuses a node of another experiment or export, and with the
+node's client ids and their sizes in examples. A `train`
 message names the round's step and, for each cohort slot this node serves, its slot and client
 id, plus the values the server sends down. For each slot the node draws that client's batches
 with the simulation's (seed, step) order (`data.round_batches`, its own slot only), runs the
@@ -34,10 +36,13 @@ def _node_settings(context: Context) -> tuple[str, str, list[int]]:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-  """This node's client ids and their sizes (what the server samples cohorts from)."""
-  _, config_file, clients = _node_settings(context)
+  """This node's config and plan hashes, its client ids and their sizes."""
+  from paxlike.deploy.flower.membership import file_sha256
+  export_dir, config_file, clients = _node_settings(context)
   sizes = records.load_task(config_file).data.client_sizes
-  reply = ConfigRecord({'clients': clients, 'sizes': [int(sizes[c]) for c in clients]})
+  reply = ConfigRecord({'clients': clients, 'sizes': [int(sizes[c]) for c in clients],
+                        'config_sha256': file_sha256(config_file),
+                        'plan_sha256': file_sha256(Path(export_dir) / 'plan.json')})
   return Message(RecordDict({'node': reply}), reply_to=msg)
 
 

@@ -5,9 +5,12 @@ each its own process group, all stopped at the end.
       --exp=federated.DigitsFedAvg [--fdl_set=PATH=VALUE ...]
 
 The config flags are those the export was made with (paxlike.main's); a config whose hash is
-not the plan's is refused (exit 2). Node k holds clients k, k + N, k + 2N, ... and reads them
-through paxlike's data pipeline. OUT gets metrics.jsonl and final.npz (the ServerApp's), the
-saved config, the Flower app and every process's log.
+not the plan's is refused (exit 2). The SuperLink serves TLS with a certificate of a CA made
+for the run and admits only the N nodes whose keys the launcher enrolled. Node k holds clients
+k, k + N, k + 2N, ... and reads them through paxlike's data pipeline. OUT/server gets
+metrics.jsonl, cohorts.jsonl, nodes.jsonl, the Orbax checkpoints and final.npz (the
+ServerApp's); OUT also holds the saved config, the credentials, the Flower app and every
+process's log.
 """
 
 from __future__ import annotations
@@ -19,58 +22,66 @@ from pathlib import Path
 from absl import app, flags
 
 from paxlike import main as cli
-from paxlike.deploy.flower import processes, records
+from paxlike.deploy.flower import federation, processes, records
 from paxlike.deploy.flower.rounds import clients_of_nodes
 
 flags.DEFINE_string('export_dir', None, 'The export directory (python -m paxlike.export --out).')
 flags.DEFINE_integer('rounds', 1, 'Rounds to run (at most the rounds the export holds).')
 flags.DEFINE_integer('nodes', 2, 'SuperNodes to start.')
 flags.DEFINE_string('out', None, 'New directory for the run (metrics.jsonl, final.npz, logs).')
-flags.DEFINE_integer('round_timeout', 300, 'Seconds a round (or the nodes joining) may take.')
+flags.DEFINE_integer('round_timeout', 300, 'Seconds a round (or the nodes joining) may take; '
+                     'a node that has not replied by then is lost.')
+flags.DEFINE_integer('server_restarts', 2, 'Times the app is submitted again when its ServerApp '
+                     'stops before the last round (it resumes from its last checkpoint).')
 FLAGS = flags.FLAGS
 
 
+def node_config(export_dir: Path, out: Path, clients: list[int], name: str) -> str:
+  """A SuperNode's `--node-config`: the export, the saved config, its clients, its log."""
+  return (f'export-dir="{export_dir.absolute()}" config="{out.absolute()}/config.json" '
+          f'clients="{",".join(map(str, clients))}" log="{out.absolute()}/logs/{name}.jsonl"')
+
+
+def rows_done(out: Path) -> int:
+  rows = out / 'server' / 'metrics.jsonl'
+  return len(rows.read_text().splitlines()) if rows.exists() else 0
+
+
 def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, nodes: int,
-                   num_clients: int, timeout: int) -> None:
-  """Starts the federation, runs `rounds` rounds and stops every process; RunFailure when the
-  ServerApp did not write all its rows."""
+                   num_clients: int, timeout: int, restarts: int) -> None:
+  """Starts the federation (TLS, only the nodes it enrolled), runs `rounds` rounds, submitting
+  the app again up to `restarts` times when its ServerApp stops early (it resumes from its
+  checkpoint), and stops every process; RunFailure when the rows are not all written."""
   from paxlike.errors import RunFailure
   out.mkdir(parents=True)
   (out / 'config.json').write_text(config_json)
-  home, port = out / 'flwr_home', processes.free_port()
-  processes.write_connection(home, 'local', f'127.0.0.1:{port}')
+  group = processes.Group(processes.flower_env(out / 'flwr_home'), out / 'logs')
+  fed = federation.Federation(group, out, processes.free_port())
   processes.write_app(out / 'app', {
       'export-dir': str(export_dir.absolute()), 'config': str((out / 'config.json').absolute()),
-      'out-dir': str((out / 'server').absolute()), 'rounds': rounds, 'nodes': nodes,
+      'out-dir': str((out / 'server').absolute()), 'rounds': rounds,
       'timeout': timeout})
-  group = processes.Group(processes.flower_env(home), out / 'logs')
-  bin_ = processes.BIN
+  budget = timeout * (rounds + 2)
   try:
-    link = group.start('superlink', [str(bin_ / 'flower-superlink'), '--insecure',
-                              '--disable-runtime-dependency-installation', '--host', '127.0.0.1',
-                              '--port', str(port), '--database', str(out / 'superlink.db')])
-    if not processes.wait_for_port(port, timeout, link):
-      raise RunFailure(f'the SuperLink did not listen on port {port} (logs in {out / "logs"})')
+    fed.start_superlink(timeout)
     for k, clients in enumerate(clients_of_nodes(num_clients, nodes)):
-      node_config = (f'export-dir="{export_dir.absolute()}" config="{out.absolute()}/config.json" '
-                     f'clients="{",".join(map(str, clients))}" '
-                     f'log="{out.absolute()}/logs/node{k}.jsonl"')
-      group.start(f'node{k}', [str(bin_ / 'flower-supernode'), '--insecure',
-                               '--superlink', f'127.0.0.1:{port}',
-                               '--port', str(processes.free_port()),
-                               '--node-config', node_config])
-    runner = group.start('flwr_run', [str(bin_ / 'flwr'), 'run', str(out / 'app'), 'local',
-                                      '--stream'])
-    runner.wait(timeout=timeout * (rounds + 1))
+      fed.start_node(f'node{k}', fed.new_identity(f'node{k}'),
+                     node_config(export_dir, out, clients, f'node{k}'))
+    for attempt in range(restarts + 1):
+      runner = group.start(f'flwr_run{attempt}', [
+          str(processes.BIN / 'flwr'), 'run', str(out / 'app'), federation.CONNECTION,
+          '--stream'])
+      runner.wait(timeout=budget)
+      if rows_done(out) == rounds:
+        break
   except subprocess.TimeoutExpired:
-    raise RunFailure(f'the federation did not finish in {timeout * (rounds + 1)} s '
+    raise RunFailure(f'the federation did not finish in {budget} s '
                      f'(logs in {out / "logs"})') from None
   finally:
     group.stop()
-  rows = (out / 'server' / 'metrics.jsonl')
-  done = len(rows.read_text().splitlines()) if rows.exists() else 0
-  if done != rounds or not (out / 'server' / 'final.npz').exists():
-    raise RunFailure(f'the ServerApp wrote {done} of {rounds} rounds (logs in {out / "logs"})')
+  if rows_done(out) != rounds or not (out / 'server' / 'final.npz').exists():
+    raise RunFailure(f'the ServerApp wrote {rows_done(out)} of {rounds} rounds '
+                     f'(logs in {out / "logs"})')
 
 
 def _stop_on_sigterm() -> None:
@@ -97,12 +108,13 @@ def run(argv: list[str]) -> None:
   if artifacts.config_hash(config_json) != plan['config_sha256']:
     raise UserError('the config flags do not give the config the export was made with '
                     f'(plan.json config_sha256 {plan["config_sha256"][:12]}…)')
-  if not 1 <= FLAGS.rounds <= 10_000 or FLAGS.nodes < 1:
-    raise UserError('--rounds and --nodes must be at least 1')
+  if not 1 <= FLAGS.rounds <= 10_000 or FLAGS.nodes < 1 or FLAGS.server_restarts < 0:
+    raise UserError('--rounds and --nodes must be at least 1, --server_restarts at least 0')
   _stop_on_sigterm()
   num_clients = config_io.build(cfg).data.num_clients
   run_federation(Path(FLAGS.export_dir), config_json, Path(FLAGS.out), FLAGS.rounds,
-                 min(FLAGS.nodes, num_clients), num_clients, FLAGS.round_timeout)
+                 min(FLAGS.nodes, num_clients), num_clients, FLAGS.round_timeout,
+                 FLAGS.server_restarts)
   print((Path(FLAGS.out) / 'server' / 'metrics.jsonl').read_text(), end='')
 
 

@@ -40,12 +40,13 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
   return {**os.environ, **QUIET, 'FLWR_HOME': str(flwr_home), 'PATH': path}
 
 
-def write_connection(flwr_home: Path, name: str, address: str) -> None:
-  """`flwr`'s config.toml with one insecure SuperLink connection `name` at `address`."""
+def write_connection(flwr_home: Path, name: str, address: str, ca: Path) -> None:
+  """`flwr`'s config.toml with one SuperLink connection `name` at `address`, over TLS trusting
+  the certificate authority `ca`."""
   flwr_home.mkdir(parents=True, exist_ok=True)
   (flwr_home / 'config.toml').write_text(
       f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n'
-      f'address = "{address}"\ninsecure = true\n')
+      f'address = "{address}"\nroot-certificates = "{ca.absolute()}"\n')
 
 
 def write_app(app_dir: Path, config: dict[str, str | int | float]) -> None:

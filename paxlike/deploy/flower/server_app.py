@@ -1,20 +1,21 @@
 """The Flower ServerApp of an exported round.
 
 Run config (`flwr run --run-config`): `export-dir`, `config` (the experiment's saved config:
-seed, cohort size and sampling), `out-dir` (metrics.jsonl and final.npz are written there),
-`rounds`, `nodes` (how many SuperNodes to wait for) and `timeout` (seconds per round).
+seed, cohort size and sampling), `out-dir` (rows, checkpoints and node events go there),
+`rounds` (the run's last round, counted from the export's start) and `timeout` (seconds a round,
+or the nodes joining, may take).
 
-It asks every node which clients it holds and their sizes, then per round: runs server_pre on
-the state and the round's key (the trainer's fold_in(key(seed), step)), samples the cohort as the
-simulation does for that step, sends each node the values of the slots whose clients it holds,
-aggregates the replies as the plan's communication section says, and runs server_post. Each
-round's scalar outputs are a row of metrics.jsonl (`paxlike.export.run`'s rows); the final
-state is final.npz.
+It resumes from the newest Orbax checkpoint in `out-dir` (or starts from the export's state),
+asks the nodes which clients they hold (membership.py), then per round: runs server_pre on the
+state and the round's key (the trainer's fold_in(key(seed), step)); samples the cohort as the
+simulation does for that step; sends each node the values of the slots whose clients it holds;
+aggregates the replies as the plan's communication section says, a slot whose node is lost
+dropped (weight 0, as the simulation drops a straggler); runs server_post; writes the row and
+checkpoints the state (progress.py). `final.npz` holds the last state.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,50 +24,21 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from paxlike.deploy.flower import records, rounds
+from paxlike.deploy.flower import membership, progress, records, rounds
 
 app = ServerApp()
 
 
-def _replies(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
-  """The replies to `messages`; RuntimeError (one line) on a missing or failed reply."""
-  replies = list(grid.send_and_receive(messages, timeout=timeout))
-  if len(replies) != len(messages):
-    raise RuntimeError(f'{len(messages) - len(replies)} of {len(messages)} nodes did not reply '
-                       f'within {timeout} s')
-  for reply in replies:
-    if reply.has_error():
-      raise RuntimeError(f'node {reply.metadata.src_node_id} failed: {reply.error.reason}')
-  return replies
-
-
-def node_clients(grid: Grid, nodes: int, timeout: float) -> tuple[dict[int, int], np.ndarray]:
-  """({client id: node id}, every client's size), once `nodes` nodes are connected."""
-  deadline = time.monotonic() + timeout
-  while len(ids := list(grid.get_node_ids())) < nodes:
-    if time.monotonic() > deadline:
-      raise RuntimeError(f'{len(ids)} of {nodes} SuperNodes connected after {timeout} s')
-    time.sleep(1)
-  messages = [Message(RecordDict({'ask': ConfigRecord({'what': 'clients'})}), node, 'query')
-              for node in ids]
-  owner, sizes = {}, {}
-  for reply in _replies(grid, messages, timeout):
-    node = reply.content['node']
-    for client, size in zip(node['clients'], node['sizes']):
-      if client in owner:
-        raise RuntimeError(f'client {client} is held by two nodes')
-      owner[client], sizes[client] = reply.metadata.src_node_id, size
-  if sorted(sizes) != list(range(len(sizes))):
-    raise RuntimeError(f'the nodes hold clients {sorted(sizes)}, not 0..{len(sizes) - 1}')
-  return owner, np.array([sizes[c] for c in range(len(sizes))])
-
-
 def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], cohort: np.ndarray,
-                   owner: dict[int, int], step: int) -> list[Message]:
-  """One message per node with a slot in this round's cohort."""
+                   owner: dict[int, int], step: int) -> tuple[list[Message], list[int]]:
+  """One message per node with a slot in this round's cohort; the slots no node holds."""
   by_node: dict[int, list[int]] = {}
+  orphans = []
   for slot, client in enumerate(cohort):
-    by_node.setdefault(owner[int(client)], []).append(slot)
+    if int(client) in owner:
+      by_node.setdefault(owner[int(client)], []).append(slot)
+    else:
+      orphans.append(slot)
   messages = []
   for node, slots in by_node.items():
     down = {records.slot_key(s, n): v for s in slots
@@ -75,18 +47,49 @@ def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], cohort: np.
                            'clients': [int(cohort[s]) for s in slots]})
     content = RecordDict({'round': config, 'down': records.to_record(down)})
     messages.append(Message(content, node, 'train', group_id=str(step)))
-  return messages
+  return messages, orphans
 
 
-def slot_contributions(plan: dict[str, Any], replies: list[Message], slots: int
-                       ) -> list[dict[str, np.ndarray]]:
-  """The replies' contributions, one dict per cohort slot in slot order."""
-  got = {}
-  for reply in replies:
-    got.update(records.from_record(reply.content['up']))
+def collect(plan: dict[str, Any], grid: Grid, messages: list[Message], timeout: float
+            ) -> tuple[dict[int, dict[str, np.ndarray]], list[int]]:
+  """({slot: its contributions} of the nodes that replied, the nodes that did not in
+  `timeout` seconds or replied with an error)."""
+  replies = {r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)}
   specs = plan['programs']['client']['outputs']  # Flower sends a 0-d array as shape (1,).
-  return [{d['name']: got[records.slot_key(s, d['name'])].reshape(d['shape']) for d in specs}
-          for s in range(slots)]
+  got, missing = {}, []
+  for message in messages:
+    node = message.metadata.dst_node_id
+    reply = replies.get(node)
+    if reply is None or reply.has_error():
+      missing.append(node)
+      continue
+    values = records.from_record(reply.content['up'])
+    for slot in message.content['round']['slots']:
+      got[slot] = {d['name']: values[records.slot_key(slot, d['name'])].reshape(d['shape'])
+                   for d in specs}
+  return got, missing
+
+
+def run_round(ex: Any, grid: Grid, members: membership.Members, carried: dict[str, np.ndarray],
+              cohort: np.ndarray, step: int, seed: int, timeout: float
+              ) -> tuple[dict[str, np.ndarray], list[int]]:
+  """One round from the state `carried`: (server_post's named outputs, the dropped slots)."""
+  plan, spec = ex.plan, ex.plan['programs']
+  rng_name = next(s['name'] for s in plan['inputs'] if s.get('key'))
+  env = {**carried, rng_name: rounds.rng_key_data(seed, step, plan['key_impl'])}
+  env.update(rounds.named_outputs(spec['server_pre'], ex.programs['server_pre'].call(
+      *rounds.program_args(spec['server_pre'], env))))
+  messages, dropped = train_messages(plan, env, cohort, members.owner, step)
+  got, missing = collect(plan, grid, messages, timeout)
+  for node in missing:
+    members.lose(node, step)
+  dropped = sorted(set(range(len(cohort))) - set(got))
+  if not got:
+    raise RuntimeError(f'round {step}: no node returned its clients\' work')
+  env.update(rounds.aggregates(plan, [got[s] for s in sorted(got)]))
+  outputs = rounds.named_outputs(spec['server_post'], ex.programs['server_post'].call(
+      *rounds.program_args(spec['server_post'], env)))
+  return outputs, dropped
 
 
 @app.main()
@@ -94,32 +97,42 @@ def main(grid: Grid, context: Context) -> None:
   from paxlike.data import sources
   from paxlike.export import run as executor
   settings = context.run_config
-  ex = executor.load(str(settings['export-dir']))
-  plan, spec = ex.plan, ex.plan['programs']
+  export_dir, out = str(settings['export-dir']), Path(str(settings['out-dir']))
+  ex = executor.load(export_dir)
+  plan = ex.plan
   if (reason := rounds.unsupported(plan)) is not None:
     raise RuntimeError(reason)
   task = records.load_task(str(settings['config']))
   seed, data, timeout = task.train.seed, task.data, float(settings['timeout'])
   if data.sampling == 'poisson':
     raise RuntimeError('Poisson cohorts (padded slots) are not deployed on Flower yet')
-  owner, sizes = node_clients(grid, int(settings['nodes']), timeout)
-  rng_name = next(s['name'] for s in plan['inputs'] if s.get('key'))
-  out = Path(str(settings['out-dir']))
   out.mkdir(parents=True, exist_ok=True)
-  carried = dict(ex.carried)
-  for r in range(1, int(settings['rounds']) + 1):
-    step = plan['start_step'] + r
-    cohort = sources.sample_cohort(seed, step, sizes, data.clients_per_round, data.sampling)
-    env = {**carried, rng_name: rounds.rng_key_data(seed, step, plan['key_impl'])}
-    env.update(rounds.named_outputs(spec['server_pre'], ex.programs['server_pre'].call(
-        *rounds.program_args(spec['server_pre'], env))))
-    replies = _replies(grid, train_messages(plan, env, cohort, owner, step), timeout)
-    env.update(rounds.aggregates(plan, slot_contributions(plan, replies, len(cohort))))
-    outputs = rounds.named_outputs(spec['server_post'], ex.programs['server_post'].call(
-        *rounds.program_args(spec['server_post'], env)))
-    carried = {n: outputs[n] for n in carried}
-    row = {'round': r, 'step': step, 'cohort': [int(c) for c in cohort],
-           **{n: v.item() for n, v in outputs.items() if v.size == 1}}
-    with open(out / 'metrics.jsonl', 'a') as f:
-      f.write(json.dumps(row) + '\n')
+  last = plan['start_step'] + int(settings['rounds'])
+  checkpoints = progress.open_checkpoints(out)
+  try:
+    start = progress.resume(checkpoints, plan['start_step'], ex.carried)
+    identity = {'config_sha256': plan['config_sha256'],
+                'plan_sha256': membership.file_sha256(Path(export_dir) / 'plan.json')}
+    members = membership.Members(grid, identity, data.num_clients, out / 'nodes.jsonl')
+    lost = list(start.meta.get('lost_clients', []))
+    members.wait_for(data.num_clients - len(lost), timeout)
+    for client in lost:
+      members.owner.pop(client, None)
+    sizes = np.asarray(start.meta.get('sizes', members.sizes))
+    rows, carried = progress.Rows(out, start.step, last), start.state
+    for step in range(start.step + 1, last + 1):
+      members.ask_new(timeout)
+      cohort = sources.sample_cohort(seed, step, sizes, data.clients_per_round, data.sampling)
+      began = time.perf_counter()
+      outputs, dropped = run_round(ex, grid, members, carried, cohort, step, seed, timeout)
+      carried = {n: outputs[n] for n in carried}
+      lost = sorted(set(range(data.num_clients)) - set(members.owner))
+      rows.write(step, outputs, {'nodes': members.nodes(), 'dropped_slots': len(dropped)},
+                 {'cohort': [int(c) for c in cohort], 'dropped_slots': dropped,
+                  'lost_clients': lost, 'round_seconds': time.perf_counter() - began})
+      progress.save(checkpoints, step, carried, sizes, lost)
+    checkpoints.wait()
+    rows.close()
+  finally:
+    checkpoints.close()
   np.savez(out / 'final.npz', **carried)

@@ -1,0 +1,64 @@
+"""The parties of a local federation over TLS with node authentication: a SuperLink that admits
+only the SuperNodes whose public keys were enrolled, and SuperNodes that trust the run's CA.
+
+The same flags make a real deployment (docs/flower.md): the SuperLink on one host with its
+certificate, each SuperNode on its own host with the CA and its private key, each node's public
+key enrolled with `flwr supernode register KEY.pub CONNECTION`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from paxlike.deploy.flower import certs, processes
+
+CONNECTION = 'local'  # The name of the SuperLink's connection in FLWR_HOME's config.toml.
+
+
+class Federation:
+  """A SuperLink on 127.0.0.1:`port` with TLS and node authentication, in `group`; its
+  credentials under `out`/credentials, `flwr`'s files under `out`/flwr_home."""
+
+  def __init__(self, group: processes.Group, out: Path, port: int):
+    self.group, self.out, self.port = group, out, port
+    self.tls = certs.make_tls(out / 'credentials')
+    self.home = out / 'flwr_home'
+    processes.write_connection(self.home, CONNECTION, f'127.0.0.1:{port}', self.tls.ca)
+    self.link: subprocess.Popen | None = None
+
+  def start_superlink(self, timeout: float) -> subprocess.Popen:
+    """Starts the SuperLink and waits until it listens; RunFailure if it does not."""
+    from paxlike.errors import RunFailure
+    tls = self.tls
+    self.link = self.group.start('superlink', [
+        str(processes.BIN / 'flower-superlink'), '--ssl-ca-certfile', str(tls.ca),
+        '--ssl-certfile', str(tls.cert), '--ssl-keyfile', str(tls.key),
+        '--enable-supernode-auth', '--disable-runtime-dependency-installation',
+        '--host', '127.0.0.1', '--port', str(self.port),
+        '--database', str(self.out / 'superlink.db')])
+    if not processes.wait_for_port(self.port, timeout, self.link):
+      raise RunFailure(f'the SuperLink did not listen on port {self.port} '
+                       f'(logs in {self.group.logs})')
+    return self.link
+
+  def new_identity(self, name: str, enroll: bool = True) -> Path:
+    """A new node key pair `name`; its public key enrolled at the SuperLink when `enroll`.
+    The private key's path (what the node is started with)."""
+    from paxlike.errors import RunFailure
+    private, public = certs.make_node_key(self.out / 'credentials' / 'nodes', name)
+    if enroll:
+      done = subprocess.run([str(processes.BIN / 'flwr'), 'supernode', 'register', str(public),
+                             CONNECTION], env=processes.flower_env(self.home), text=True,
+                            capture_output=True, timeout=120)
+      if done.returncode != 0:
+        raise RunFailure(f'enrolling node {name} failed: '
+                         f'{(done.stdout + done.stderr).strip().splitlines()[-1:]}')
+    return private
+
+  def start_node(self, name: str, key: Path, node_config: str) -> subprocess.Popen:
+    """A SuperNode `name` authenticating with private key `key`, on its own free port."""
+    return self.group.start(name, [
+        str(processes.BIN / 'flower-supernode'), '--root-certificates', str(self.tls.ca),
+        '--auth-supernode-private-key', str(key), '--superlink', f'127.0.0.1:{self.port}',
+        '--port', str(processes.free_port()), '--node-config', node_config])
