@@ -8,11 +8,11 @@ For a text of code points c_0 .. c_{n-1} (Python's str; a lone surrogate is its 
 with fmix64 MurmurHash3's 64-bit finalizer, so every bit of s and n moves the top bits the split
 reads. It depends on nothing but the text (no seed, no platform, no library version).
 
-Why not hashlib: a blake2b call per document cost about 0.5 us of Python (0.13 s of CPU for
-Tiny Shakespeare's 262k lines x 8), a tenth of SentencePiece's own encode of them; this costs
-0.03 s: a chunk is one encode of its joined text (bytes when ASCII, else UTF-32), a multiply and
-a cumulative sum per code point in windows of WINDOW code points (memory stays bounded however
-long a document is), and a few operations per document.
+Why not hashlib: a call per document is Python work per document, a noticeable share of the
+tokenizer's own encode (figures: docs/benchmarks.md, "The held-out hash"). Here a chunk is one
+encode of its joined text (bytes when ASCII, else UTF-32), a multiply and a cumulative sum per
+code point in windows of WINDOW code points (memory stays bounded however long a document is),
+and a few operations per document.
 """
 
 import functools

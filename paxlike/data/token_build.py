@@ -16,9 +16,9 @@ second encoder encodes while the first converts; overlap hides that work only in
 time. With PROCESS_MIN_WORKERS workers or more and a corpus of at least POOL_MIN_BYTES, the
 encoders are spawned processes (a forked child of a process running JAX's threads may
 deadlock), which also convert in parallel, after a start-up of a second or more (each imports
-the tokenizers and the parent's main module). On 2 cores threads built faster than processes;
-PROCESS_MIN_WORKERS = 3 is not placed by a measurement on more cores. Measurements:
-docs/benchmarks.md (benchmarks/data_pipeline.py, `build`).
+the tokenizers and the parent's main module): they pay off only with several workers on a
+large corpus. The figures behind both thresholds: docs/benchmarks.md
+(benchmarks/data_pipeline.py, `build`).
 """
 
 import collections

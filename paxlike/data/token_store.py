@@ -214,10 +214,11 @@ def open_or_build(files: dict[str, Path], fields: text_files.Fields, tokenizer: 
                   num_workers: int, verify: bool | None = None) -> Store:
   """The store of `files` read with `fields` and tokenized by `tokenizer`: opened if complete,
   else built (by `num_workers` encoders, see token_build.py) first. A file is read only to be
-  hashed when its stat changed since it was last hashed, and to be tokenized when its store
-  is built. `verify` (None: `verify_requested()`): every file is hashed again and the store's
-  checksums are read again. A store damaged on disk (store_check: a file cut short or changed)
-  is rebuilt, with a warning; UserError when the token dir cannot be used."""
+  hashed when its stat changed since it was last hashed (or that hash is not yet trusted:
+  file_hashes.py), and to be tokenized when its store is built. `verify` (None:
+  `verify_requested()`): every file is hashed again and the store's checksums are read again.
+  A store damaged on disk (store_check: a file cut short or changed) is rebuilt, with a
+  warning; UserError when the token dir cannot be used."""
   verify = verify_requested() if verify is None else verify
   directory = _usable_token_dir()
   key = store_key(files, fields, tokenizer, verify)

@@ -1,11 +1,10 @@
 """How many clients a round trains at a time when the config leaves `client_chunk` unset.
 
-Measured with benchmarks/federated_round.py (cohort 16, the tiny LM): on CPU all clients
-vmapped at once ran 0.73–0.88× a per-client Python loop, one client at a time
-(`lax.map`) 0.98–1.10× and two at a time slower again (bigger operands fall out of cache);
-on an H200 the vmapped round was 4.2× the loop. So: one client at a time on CPU, all at once
-on accelerators, and all at once wherever the `clients` mesh axis really shards the cohort
-(chunks would run one after another, each gathered).
+One client at a time (`lax.map`) on CPU, where vmapping the cohort runs the same ops on
+cohort-times larger operands that fall out of cache; all at once on accelerators, where one
+client's kernels are too small to fill the chip, and wherever the `clients` mesh axis really
+shards the cohort (chunks would run one after another, each gathered). The figures:
+docs/benchmarks.md (benchmarks/federated_round.py).
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ def join_documents(pieces: Pieces, eos_id: int, dtype: np.dtype
                    ) -> tuple[np.ndarray, np.ndarray]:
   """(tokens in `dtype`, int64 lengths): document i is each piece's ids of i in turn, then
   `eos_id`; a piece is (ids back to back, their count per document), as
-  Tokenizer.encode_flat returns them. One piece is placed by a mask (measured 4x faster than a
-  scatter: 9 ms for 2.8M tokens), several first interleaved by one scatter each."""
+  Tokenizer.encode_flat returns them. One piece is placed by a mask (cheaper than a scatter's
+  index arithmetic: docs/benchmarks.md, "EOS placement"), several first interleaved by one
+  scatter each."""
   ids, counts = pieces[0] if len(pieces) == 1 else interleave(pieces)
   lengths = counts + 1
   ends = np.cumsum(lengths)

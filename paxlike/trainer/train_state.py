@@ -1,7 +1,8 @@
 """The train state and the pure functions that make and advance it: `init_state`, `train_step`.
 
-Each is traced once by `trainer_setup.setup`, which compiles them for a task's mesh; the loop
-(`train.py`) only calls the compiled programs.
+Each is traced once for a task's mesh (`program.place` compiles `init_state`,
+`program.compile_train_step` compiles `train_step`; `build.setup` calls both); the loop
+(`loop.py`) only calls the compiled programs.
 """
 
 import math
