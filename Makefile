@@ -38,13 +38,29 @@ bench: setup
 # installed) unless TORCH_INDEX names another index (e.g. PyTorch's CPU wheels).
 PEERS_VENV := .venv-peers
 TORCH_INDEX ?=
-peers: $(PEERS_VENV)/.installed
+MAXTEXT_VERSION := 0.2.5
+peers: $(PEERS_VENV)/.installed $(PEERS_VENV)/.maxtext
 
 $(PEERS_VENV)/.installed:
 	@[ -x $(PEERS_VENV)/bin/python ] || $(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(PEERS_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
 	$(PEERS_VENV)/bin/python -m pip install -q transformers peft safetensors
+	@touch $@
+
+# MaxText's wheel declares no dependencies: it ships the lock for running without Google Cloud
+# (decoupled-requirements.txt), installed here minus its CUDA wheels, with paxlike's jax and the
+# peers' torch, transformers and peft held; its mpmath floor goes (it would take sympy below
+# what torch needs).
+$(PEERS_VENV)/.maxtext: $(PEERS_VENV)/.installed
+	$(PEERS_VENV)/bin/python -m pip install -q --no-deps maxtext==$(MAXTEXT_VERSION)
+	@set -e; py=$(PEERS_VENV)/bin/python; \
+	lock=$$($$py -c 'import importlib.metadata as m; print(next(f.locate() for f in m.files("maxtext") if f.name == "decoupled-requirements.txt"))'); \
+	grep -v -E '^(cuda-|nvidia-|mpmath)' $$lock > $(PEERS_VENV)/maxtext-requirements.txt; \
+	{ grep -E '^jax(lib)?==' constraints.txt; $$py -m pip freeze | grep -i -E '^(torch|transformers|peft)=='; \
+	  echo 'sympy>=1.13.3'; } > $(PEERS_VENV)/maxtext-constraints.txt; \
+	echo "$$py -m pip install -r $(PEERS_VENV)/maxtext-requirements.txt -c $(PEERS_VENV)/maxtext-constraints.txt"; \
+	$$py -m pip install -q -r $(PEERS_VENV)/maxtext-requirements.txt -c $(PEERS_VENV)/maxtext-constraints.txt
 	@touch $@
 
 clean:
