@@ -3,6 +3,9 @@
     params + optimizer state + gradients   exact bytes of the real trees (`jax.eval_shape` of
                                            the model's and the optimizer's init), each leaf
                                            divided by the mesh axes its logical names map to
+    reference                              a full fine-tune's DPO or IPO (no LoRA) keeps a
+                                           frozen copy of the params, sharded like them
+                                           (paxlike/trainer/reference.py): the params' bytes
     activations                            what the backward pass keeps, per token, for an LM:
 
 - every layer keeps its input (the scan carry): d_model elements;
@@ -14,6 +17,8 @@
   (causal: on average (T + 1)/2 keys; flash kernels keep one float32 log-sum-exp per head);
 - 'full' keeps only the input, and one layer is recomputed at a time (counted once as 'none');
 - the head: float32 logits and their gradient (2 · vocab · 4 bytes) plus the final norm output;
+- preference pairs: a batch of `batch_size` pairs holds 2 · batch_size sequences (the
+  reference's forward pass keeps nothing for the backward one);
 - a MoE layer's MLP instead keeps its router's float32 logits (E; with 'dots') and, with
   'none', its probabilities (E), the dispatch and combine masks (2·E·C per row, the per-row
   term that grows with T), the experts' input and output slots (2·d·S) and hidden (2·mlp·S),
@@ -60,16 +65,27 @@ class Estimate:
   optimizer: float
   gradients: float
   activations: float
+  reference: float = 0.0  # A full fine-tune DPO's frozen copy of the params.
 
   @property
   def total(self) -> float:
-    return self.params + self.optimizer + self.gradients + self.activations
+    return self.params + self.optimizer + self.gradients + self.activations + self.reference
 
   def line(self) -> str:
     mesh = ' × '.join(f'{axis} {size}' for axis, size in self.mesh.items())
+    reference = f' + reference {self.reference / GB:.2f}' if self.reference else ''
     return (f'# memory per device on {self.devices} devices ({mesh}): {self.total / GB:.1f} GB = '
             f'params {self.params / GB:.2f} + optimizer {self.optimizer / GB:.2f} + gradients '
-            f'{self.gradients / GB:.2f} + activations {self.activations / GB:.2f}\n')
+            f'{self.gradients / GB:.2f} + activations {self.activations / GB:.2f}{reference}\n')
+
+
+def keeps_reference_copy(task: Task) -> bool:
+  """Whether `task` trains a preference loss with a reference (dpo, ipo) on a model without
+  LoRA adapters: then the trainer keeps a frozen copy of the params (trainer/reference.py's
+  `needs_copy`, read here from the task's fields: families import no trainer module)."""
+  loss = getattr(task, 'loss', None)
+  return (bool(getattr(loss, 'needs_reference', False))
+          and not getattr(task.model, 'lora_rank', 0))
 
 
 def _ways(names: tuple[str | None, ...], mesh: dict[str, int], rules: dict[str, Any]) -> int:
@@ -154,14 +170,16 @@ def estimate(task: Task, devices: int) -> Estimate:
   optimizer *= params / total
   batch_ways = math.prod(mesh.get(a, 1) for a in (*partitioning.BATCH_AXES,
                                                   partitioning.CLIENTS_AXIS))
-  tokens = (data.batch_size * data.seq_len * getattr(data, 'clients_per_round', 1)
+  rows = data.batch_size * (2 if getattr(data, 'PAIRS', False) else 1)  # A pair: 2 sequences.
+  tokens = (rows * data.seq_len * getattr(data, 'clients_per_round', 1)
             * getattr(data, 'local_steps', 1)) / batch_ways
   kernel = model.attention_kernel(data.seq_len)
   stages = mesh.get(partitioning.STAGE_AXIS, 1)
   activations = tokens * activation_bytes_per_token(
       model, data.seq_len, kernel, mesh.get('model', 1), stages,
       task.train.microbatches if stages > 1 else 1)
-  return Estimate(devices, mesh, params, optimizer, params, activations)
+  return Estimate(devices, mesh, params, optimizer, params, activations,
+                  reference=params if keeps_reference_copy(task) else 0.0)
 
 
 def summary(task: Task, device_counts: tuple[int, ...] = (8, 64, 256)) -> str:

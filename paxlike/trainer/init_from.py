@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from paxlike.errors import UserError
 from paxlike.interop import checkpoint
+from paxlike.trainer import reference
 
 RECORD = 'init_source.json'  # In the job dir: where the run's params came from.
 LORA_FIELDS = ('lora_rank', 'lora_alpha', 'lora_targets')  # The run's own, never the source's.
@@ -201,7 +202,8 @@ def _load_job(source: Source, want: dict[str, Any], adapters: set[str]) -> dict[
     metadata = manager.item_metadata(step)['state']
     tree = getattr(metadata, 'tree', metadata)
     try:
-      have = _flat(tree['alg']['params'])
+      # A full fine-tune DPO job's frozen reference copy is not the model's.
+      have = reference.without_copy_names(_flat(tree['alg']['params']))
     except (KeyError, TypeError):
       raise UserError(f'{source.spec}: step {step} holds no alg.params') from None
     _check_coverage(source, set(have), want, adapters)

@@ -88,7 +88,7 @@ def restore_or_init(task: Task, program: Program, checkpoints: Checkpoints,
     if source is None:
       return 0, program.init(rng), {}
     imported = init_from.load_params(source, program.abstract_params, task.model,
-                                     program.trainable)
+                                     program.adapters)
     status(f'initialised from {source}: {len(imported)} params '
            f'({init_from.nbytes(imported) / 2**20:.1f} MiB)')
     return 0, program.init_with(imported, rng), {}

@@ -4,9 +4,11 @@ LossFn of an LM on pair batches, and its held-out evaluation.
 A pair batch (paxlike/data/preference_data.py) holds 2P sequences [2P, T]: row 2i is pair i's
 chosen sequence and row 2i + 1 its rejected one, each prompt + completion + EOS, padded; `mask`
 marks the completion's targets. A sequence's log-probability is the sum of its masked targets'.
-The reference model is the policy's base with the LoRA adapters off (the same params without
+The reference model of a LoRA policy is its base with the adapters off (the same params without
 the adapter leaves, through the model with lora_rank=0: no second copy of the weights, and its
-log-probabilities are bitwise the base model's); a reference-free kind (simpo, orpo) has none.
+log-probabilities are bitwise the base model's); a full fine-tune's is the frozen copy of the
+initial params the trainer keeps in the params tree (paxlike/trainer/reference.py); a
+reference-free kind (simpo, orpo) has none.
 """
 
 from typing import Any, Callable
@@ -18,7 +20,7 @@ from clu import metrics as clu_metrics
 
 from paxlike.errors import UserError
 from paxlike.layers import lora
-from paxlike.trainer import losses
+from paxlike.trainer import losses, reference
 from paxlike.trainer.preference_loss import METRICS, PairLogps, PreferenceLoss, pair_losses, pair_metrics
 
 
@@ -46,12 +48,16 @@ def _apply(model: nn.Module, params: Any, batch: losses.Batch, rng: jax.Array | 
 
 
 def reference_logps(model: nn.Module) -> Callable[[Any, losses.Batch], jax.Array]:
-  """`ref(params, batch)`: the reference's sequence log-probabilities [N] (no gradient), the
-  base of a LoRA `model` (adapters off). UserError for a model without adapters."""
+  """`ref(params, batch)`: the reference's sequence log-probabilities [N] (no gradient): the
+  base of a LoRA `model` (adapters off), else the frozen copy `params` hold (reference.py)."""
   if not getattr(model, 'lora_rank', 0):
-    raise UserError('a DPO or IPO loss compares the policy with a reference model, which is the '
-                    'base with the LoRA adapters off: set model.lora_rank > 0, or use a '
-                    "reference-free loss.kind ('simpo' or 'orpo') to tune every weight")
+    def ref_copy(params, batch):
+      if not reference.has_copy(params):
+        raise ValueError('a full fine-tune\'s DPO needs the params with their frozen copy '
+                         '(reference.attach)')
+      logits = _apply(model, reference.frozen(params), batch, None)
+      return jax.lax.stop_gradient(sequence_logps(logits, batch)[0])
+    return ref_copy
   base = model.clone(lora_rank=0)
 
   def ref(params, batch):
@@ -73,11 +79,11 @@ def pair_values(model: nn.Module, loss: PreferenceLoss
                               tuple[jax.Array, dict[str, jax.Array], jax.Array]]:
   """`values(params, batch, rng)` -> (loss [P], metrics {name: [P]}, valid [P]): each pair's
   loss and METRICS, and 1.0 for the pairs with both completions scored (0.0: padding)."""
-  reference = reference_logps(model) if loss.needs_reference else None
+  ref_logps = reference_logps(model) if loss.needs_reference else None
 
   def values(params, batch, rng):
-    logps, tokens = sequence_logps(_apply(model, params, batch, rng), batch)
-    ref = None if reference is None else reference(params, batch)
+    logps, tokens = sequence_logps(_apply(model, reference.policy(params), batch, rng), batch)
+    ref = None if ref_logps is None else ref_logps(params, batch)
     p = pair_logps(logps, tokens, ref)
     value, reward_w, reward_l = pair_losses(loss, p)
     valid = ((p.chosen_tokens > 0) & (p.rejected_tokens > 0)).astype(jnp.float32)

@@ -24,6 +24,7 @@ from paxlike.core.loss import LossFn
 from paxlike.core.trainable import TrainableMask
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
+from paxlike.trainer import reference
 from paxlike.trainer.preference import task_loss_fn
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
@@ -40,8 +41,9 @@ class Program:
   loss_fn: LossFn
   init: Callable[[jax.Array], TrainState]   # Compiled: rng -> a fresh state.
   abstract_state: TrainState      # Sharded ShapeDtypeStructs: what checkpoints restore into.
-  abstract_params: Any            # The unboxed params as sharded ShapeDtypeStructs.
-  boxed_params: Any               # The params' abstract values with their logical axes.
+  abstract_params: Any            # The model's unboxed params as sharded ShapeDtypeStructs.
+  boxed_params: Any               # The state's params' abstract values with their logical axes
+                                  # (the model's, and a full fine-tune DPO's frozen copy).
   round_specs: tuple[dict, jax.ShapeDtypeStruct]  # A round's batches and weights, placed.
   eval_batch_spec: dict           # An eval batch's abstract values (the evaluator places them).
   round_shape: tuple[int, int, int]  # [clients, local_steps, batch] of a round's batches.
@@ -52,10 +54,19 @@ class Program:
   # (params to import: {'a/b/kernel': array}, rng) -> a fresh state whose params are those
   # (the rest initialised as usual) and whose optimizer state is the algorithm's init of them.
   init_with: Callable[[dict[str, jax.Array], jax.Array], TrainState]
-  trainable: TrainableMask | None = None  # LoRA: params -> True on the trained leaves.
+  trainable: TrainableMask | None = None  # params -> True on the trained leaves (None: all).
+  adapters: TrainableMask | None = None   # LoRA's mask: the leaves `init_from` may lack.
 
 
 def trainable_mask(task: Task) -> TrainableMask | None:
+  """LoRA's `lora_mask` when the model has adapters (`model.lora_rank` > 0); every leaf but
+  the frozen reference copy for a full fine-tune's DPO (reference.py); else None (all)."""
+  if reference.needs_copy(task.model, task.loss):
+    return reference.policy_mask
+  return adapter_mask(task)
+
+
+def adapter_mask(task: Task) -> TrainableMask | None:
   """LoRA's `lora_mask` when the model has adapters (`model.lora_rank` > 0), else None."""
   if not getattr(task.model, 'lora_rank', 0):
     return None
@@ -86,10 +97,13 @@ def build_algorithm(task: Task, loss_fn: LossFn, trainable: TrainableMask | None
   if algorithm.over_trainable is None:
     func = getattr(task.algorithm, 'func', task.algorithm)
     name = getattr(func, '__name__', func)
-    raise UserError(f'model.lora_rank > 0 trains the adapters alone, but the algorithm {name} '
-                    f'keeps other params (members, experts or control variates) and cannot '
-                    f'freeze the base: set model.lora_rank=0, or use centralized training or '
-                    f'a pseudo-gradient algorithm (FedAvg, FedOpt, DiLoCo)')
+    what = ('model.lora_rank > 0 trains the adapters alone' if trainable is not
+            reference.policy_mask else "a full fine-tune's DPO keeps a frozen reference copy")
+    fix = ('set model.lora_rank=0' if trainable is not reference.policy_mask
+           else 'set model.lora_rank > 0')
+    raise UserError(f'{what}, but the algorithm {name} keeps other params (members, experts or '
+                    f'control variates) and cannot freeze the base: {fix}, or use centralized '
+                    f'training or a pseudo-gradient algorithm (FedAvg, FedOpt, DiLoCo)')
   return algorithm.over_trainable(trainable)
 
 
@@ -102,12 +116,14 @@ RNG_SPEC = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
 
 
 def _init_with(init: Callable[..., TrainState], params_at: Callable[[jax.Array], Any],
-               rules: Any, imported: dict[str, jax.Array], rng: jax.Array) -> TrainState:
+               finish: Callable[[Any], Any], rules: Any, imported: dict[str, jax.Array],
+               rng: jax.Array) -> TrainState:
   """`init(rng)` from `params_at(rng)` with the leaves named in `imported` ('a/b/kernel')
-  replaced (XLA drops their initialisation): a fresh state that starts from imported params."""
+  replaced (XLA drops their initialisation), then `finish`ed (a full fine-tune DPO's frozen
+  copy made of them): a fresh state that starts from imported params."""
   def params_with(key):
     flat = traverse_util.flatten_dict(params_at(key), sep='/')
-    return traverse_util.unflatten_dict({**flat, **imported}, sep='/')
+    return finish(traverse_util.unflatten_dict({**flat, **imported}, sep='/'))
   with nn.logical_axis_rules(rules):
     return init(rng, params_at=params_with)
 
@@ -140,13 +156,20 @@ def place(task: Task) -> Program:
   algorithm = build_algorithm(task, loss_fn, trainable)
   rules = partitioning.rules_for_mesh(task.mesh.rules, mesh)
   batch_sharding = partitioning.round_batch_sharding(mesh)
+  # A full fine-tune's DPO keeps a frozen copy of the initial params beside them (reference.py).
+  finish = reference.attach if reference.needs_copy(task.model, task.loss) else (lambda p: p)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed_params = _abstract_params(task, sample)
+    model_params = _abstract_params(task, sample)
+    boxed_params = finish(model_params)
     param_shardings = partitioning.logical_shardings(boxed_params, mesh, task.mesh.rules)
+    model_shardings = reference.policy(param_shardings)
+
+    def model_params_at(rng):
+      params = nn.meta.unbox(init_params(task.model, sample, rng))
+      return jax.lax.with_sharding_constraint(params, model_shardings)
 
     def params_at(rng):
-      params = nn.meta.unbox(init_params(task.model, sample, rng))
-      return jax.lax.with_sharding_constraint(params, param_shardings)
+      return jax.lax.with_sharding_constraint(finish(model_params_at(rng)), param_shardings)
 
     init = functools.partial(init_state, algorithm=algorithm, boxed_params=boxed_params,
                              param_shardings=param_shardings, trainable=trainable,
@@ -159,7 +182,7 @@ def place(task: Task) -> Program:
   return Program(
       mesh=mesh, rules=rules, algorithm=algorithm, loss_fn=loss_fn, init=compiled_init,
       abstract_state=abstract_state,
-      abstract_params=jax.tree.map(placed_spec, nn.meta.unbox(boxed_params), param_shardings),
+      abstract_params=jax.tree.map(placed_spec, nn.meta.unbox(model_params), model_shardings),
       boxed_params=boxed_params,
       round_specs=(jax.tree.map(lambda x: placed_spec(x, batch_sharding), batches),
                    placed_spec(np.asarray(weights, np.float32),
@@ -170,9 +193,9 @@ def place(task: Task) -> Program:
           functools.partial(_fresh_hyperparams, fresh, rules),
           out_shardings={path: spec.sharding for path, spec
                          in hyperparams_of(abstract_state).items()}),
-      init_with=jax.jit(functools.partial(_init_with, init, params_at, rules),
+      init_with=jax.jit(functools.partial(_init_with, init, model_params_at, finish, rules),
                         out_shardings=state_shardings, donate_argnums=0),
-      trainable=trainable)
+      trainable=trainable, adapters=adapter_mask(task))
 
 
 def compile_train_step(task: Task, program: Program) -> Callable[..., tuple[TrainState, dict]]:

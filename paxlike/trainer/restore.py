@@ -37,10 +37,12 @@ def load_latest_state(task: Task, job_dir: Path, step: int | None = None, *,
 
 def export_params(trainer: Trainer, state: TrainState) -> Any:
   """The params to export (or decode): the EMA when the run keeps one (`train.ema_decay`), else
-  the trained params. LoRA adapters are still separate (merge with `layers.lora.merge_lora`)."""
+  the trained params. LoRA adapters are still separate (merge with `layers.lora.merge_lora`);
+  a full fine-tune DPO's frozen reference copy is left out."""
+  from paxlike.trainer import reference  # pylint: disable=import-outside-toplevel
   from paxlike.trainer.train_state import ema_params  # pylint: disable=import-outside-toplevel
   ema = ema_params(state, trainer.program.trainable)
-  return state.alg.params if ema is None else ema
+  return reference.policy(state.alg.params if ema is None else ema)
 
 
 def abstract_params(task: Task, mesh: Mesh) -> Any:
@@ -97,14 +99,17 @@ def load_latest_params(task: Task, job_dir: Path) -> tuple[Mesh, Any]:
 
 
 def _params_alone(saved: Any, want: Any) -> bool:
-  """Whether the saved state's metadata has no EMA and `alg.params` shaped as `want`: then
-  those params alone are what decoding uses."""
+  """Whether the saved state's metadata has no EMA and `alg.params` shaped as `want` (besides
+  a full fine-tune DPO's frozen reference copy): then those params alone are what decoding
+  uses."""
   from flax import traverse_util  # pylint: disable=import-outside-toplevel
+  from paxlike.trainer import reference  # pylint: disable=import-outside-toplevel
   tree = getattr(saved, 'tree', saved)
   try:
     if 'ema' in tree.keys():
       return False
-    have = traverse_util.flatten_dict(dict(tree['alg']['params']), sep='/')
+    have = reference.without_copy_names(
+        traverse_util.flatten_dict(dict(tree['alg']['params']), sep='/'))
   except (AttributeError, KeyError, TypeError):
     return False
   flat = traverse_util.flatten_dict(want, sep='/')

@@ -1,7 +1,8 @@
 """The preference loss of a tiny LoRA LM on pair batches: DPO's first loss is log 2 (the policy
 is its reference), its gradient is the derivative of a float64 numpy computation of the DPO
 formula from the model's logits, only completion targets count, the adapters-off reference is
-bitwise the base model's, and the loss and data must agree."""
+bitwise the base model's, a full fine-tune's reference is its frozen copy (no gradient), and the
+loss and data must agree."""
 
 import flax.linen as nn
 import jax
@@ -12,7 +13,7 @@ from flax import traverse_util
 
 from paxlike.errors import UserError
 from paxlike.layers import TransformerLM
-from paxlike.trainer import preference
+from paxlike.trainer import preference, reference
 from paxlike.trainer.preference_loss import PreferenceLoss
 
 BASE = TransformerLM(vocab_size=64, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=16)
@@ -129,10 +130,26 @@ def test_reference_free_kinds_tune_a_model_without_adapters():
     assert np.isfinite(float(value)) and 'rewards/accuracies' in metrics
 
 
-def test_dpo_without_adapters_and_mismatched_data_are_one_line_errors():
-  with pytest.raises(UserError, match='set model.lora_rank > 0'):
-    preference.preference_loss_fn(BASE, PreferenceLoss(kind='ipo'))
+def test_a_full_fine_tune_scores_against_its_frozen_copy():
+  batch, policy, frozen = pair_batch(6), init(BASE, 1), init(BASE, 2)
+  loss_fn = preference.preference_loss_fn(BASE, PreferenceLoss(kind='dpo', beta=0.1))
+  value, metrics = jax.jit(loss_fn)(reference.attach(policy), batch, None)
+  assert float(value) == float(np.float32(np.log(2)))  # Step 0: the copy is the policy.
+  assert float(metrics['rewards/margins']) == 0.0
+  assert float(metrics['rewards/accuracies']) == 0.5
+  params = {**policy, reference.REFERENCE: frozen}
+  ref = jax.jit(preference.reference_logps(BASE))(params, batch)
+  frozen_logits = jax.jit(BASE.apply)({'params': frozen}, batch['inputs'])
+  np.testing.assert_array_equal(ref, preference.sequence_logps(frozen_logits, batch)[0])
+  grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
+  copy_grads = jax.tree.leaves(grads[reference.REFERENCE])
+  assert all(not np.asarray(g).any() for g in copy_grads)  # No gradient through the copy.
+  assert any(np.asarray(g).any() for g in jax.tree.leaves(reference.policy(grads)))
+  with pytest.raises(ValueError, match='frozen copy'):
+    loss_fn(policy, batch, None)
 
+
+def test_mismatched_loss_and_data_are_one_line_errors():
   class Pairs:
     PAIRS = True
   with pytest.raises(UserError, match='train with a preference loss'):
