@@ -83,6 +83,9 @@ class Group:
     return proc
 
   def stop(self, grace: float = 10.0) -> None:
+    # A SuperLink's flower-superexec starts a process group of its own: its members are found
+    # as descendants before the leaders go, and killed after them.
+    stray = {pid for proc in self.procs for pid in descendants(proc.pid)}
     for proc in self.procs:
       _signal_group(proc, signal.SIGTERM)
     for proc in self.procs:
@@ -92,6 +95,39 @@ class Group:
         pass
       _signal_group(proc, signal.SIGKILL)  # Superexec children can outlive their leader.
       proc.wait()
+    for pid in stray:
+      try:
+        os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace  # A killed process is gone only once it has exited.
+    while any(_running(pid) for pid in stray) and time.monotonic() < deadline:
+      time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+  """Whether `pid` exists and has not exited (a zombie has)."""
+  try:
+    return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] != 'Z'
+  except OSError:
+    return False
+
+
+def descendants(pid: int) -> list[int]:
+  """The pids of the live processes below `pid` (children, their children, ...), from /proc."""
+  parents = {}
+  for entry in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      stat = Path(f'/proc/{entry}/stat').read_text().rsplit(')', 1)[1].split()
+    except OSError:
+      continue
+    parents[int(entry)] = int(stat[1])
+  found, frontier = [], [pid]
+  while frontier:
+    children = [c for c, p in parents.items() if p in frontier]
+    found += children
+    frontier = children
+  return found
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

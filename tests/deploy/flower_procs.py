@@ -1,0 +1,101 @@
+"""What the Flower tests do to a running local federation from outside: wait for its rows, find
+its processes by command line, kill them, and start a node of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import REPO, cli_env
+
+FLOWER_MARKERS = ('flower-superlink', 'flower-supernode', 'flower-superexec', 'flwr-serverapp',
+                  'flwr-clientapp', 'flwr run')
+
+
+def processes() -> dict[int, tuple[int, str, float]]:
+  """{pid: (parent pid, command line, start time in clock ticks)} of every process now."""
+  found = {}
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      cmdline = Path(f'/proc/{pid}/cmdline').read_bytes().replace(b'\0', b' ').decode()
+      stat = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
+    except OSError:
+      continue
+    if stat[0] != 'Z':  # A zombie has exited: only its parent's wait is missing.
+      found[int(pid)] = (int(stat[1]), cmdline, float(stat[19]))
+  return found
+
+
+def flower_processes_since(ticks: float) -> list[str]:
+  """Command lines of live Flower processes started after `ticks` (clock ticks since boot)."""
+  return [cmd for _, cmd, start in processes().values()
+          if start >= ticks and any(m in cmd for m in FLOWER_MARKERS)]
+
+
+def now_ticks() -> float:
+  return time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf('SC_CLK_TCK')
+
+
+def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None
+               ) -> None:
+  """Polls `predicate` until true; AssertionError after `timeout` s or when `proc` exits."""
+  deadline = time.monotonic() + timeout
+  while not predicate():
+    assert time.monotonic() < deadline, f'timed out waiting for {what}'
+    assert proc is None or proc.poll() is None, f'the launcher exited before {what}'
+    time.sleep(0.2)
+
+
+def rows(path: Path) -> list[dict]:
+  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def kill_server_app(out: Path) -> int:
+  """SIGKILLs the flwr-serverapp process of the federation in `out` (its superexec's parent
+  is that federation's SuperLink); its pid."""
+  procs = processes()
+  link = next(pid for pid, (_, cmd, _) in procs.items()
+              if 'flower-superlink' in cmd and str(out) in cmd)
+  for pid, (parent, cmd, _) in procs.items():
+    if 'flwr-serverapp' in cmd and procs.get(parent, (0,))[0] == link:
+      os.kill(pid, signal.SIGKILL)
+      return pid
+  raise AssertionError('no ServerApp process is running')
+
+
+def kill_node(out: Path, name: str) -> int:
+  """SIGKILLs SuperNode `name` of the federation in `out`; its pid."""
+  for pid, (_, cmd, _) in processes().items():
+    if 'flower-supernode' in cmd and f'{out}/logs/{name}.jsonl' in cmd:
+      os.kill(pid, signal.SIGKILL)
+      return pid
+  raise AssertionError(f'no SuperNode {name} is running')
+
+
+def start_group(args: list[str], log: Path, env: dict[str, str] | None = None
+                ) -> subprocess.Popen:
+  """`args` in a new session (stopped with `stop_group`), output to `log`."""
+  with open(log, 'w') as f:
+    return subprocess.Popen(args, cwd=REPO, env=env or cli_env(), stdout=f,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  proc.wait()
+
+
+def flwr(*args: str, home: Path) -> subprocess.CompletedProcess:
+  """The `flwr` CLI with FLWR_HOME `home`."""
+  env = {**cli_env(), 'FLWR_HOME': str(home), 'FLWR_DISABLE_UPDATE_CHECK': '1',
+         'FLWR_TELEMETRY_ENABLED': '0'}
+  return subprocess.run([str(Path(sys.executable).parent / 'flwr'), *args], env=env, text=True,
+                        capture_output=True, timeout=120)
