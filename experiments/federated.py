@@ -8,89 +8,25 @@ a fixed-cohort algorithm names its count too, and a mismatch is refused (DiLoCo 
 mesh axis on 8 devices: `--fdl_set=mesh.ici=(2,4) --fdl_set="mesh.axes=('clients','data')"`.
 """
 
-from typing import Any
-
 import fiddle as fdl
 
-from configs import federated as fed
 from configs import models, optimizers, tasks
+from experiments._federated_parts import DOMAINS, EVERY, ROUNDS, Digits, Federated, Shakespeare
 from paxlike.data import ImageData, LmData, TextData, data_root
 from paxlike.data import preference_synth
 from paxlike.data.preference_data import PreferenceData
-from paxlike.experiment import Experiment
 from paxlike.registry import register
 from paxlike.trainer.preference_loss import PreferenceLoss
 
-ROUNDS = 100
-EVERY = dict(log_every=10, eval_every=25, checkpoint_every=25)
-DOMAINS = dict(partition='domains', num_clients=4, sampling='fixed')  # 4 runs of roles, fixed.
-
-
-class _Federated(Experiment):
-  """ROUNDS rounds of ALGORITHM (a configs.federated preset) with ALGORITHM_ARGS; COHORT =
-  (argument, n): a fixed-cohort algorithm's count, n clients per round; round options PROX_MU
-  and DP (`fed.dp_adaptive`'s arguments: the DP aggregator). The model is MODEL() with
-  MODEL_FIELDS, the clients' optimizer OPTIMIZER(*OPTIMIZER_ARGS), DATA the data's fields."""
-  ALGORITHM, ALGORITHM_ARGS, COHORT, PROX_MU, DP = 'fed_avg', {}, None, None, None
-  MODEL, MODEL_FIELDS = staticmethod(models.lm_tiny), {}
-  OPTIMIZER, OPTIMIZER_ARGS = staticmethod(optimizers.constant_adamw), (3e-3,)
-  DATA: dict[str, Any] = {}
-
-  def algorithm(self) -> fdl.Partial:
-    cfg = getattr(fed, self.ALGORITHM)(**dict([self.COHORT] if self.COHORT else []),
-                                       **self.ALGORITHM_ARGS)
-    if self.PROX_MU:
-      cfg.prox_mu = self.PROX_MU
-    if self.DP:
-      cfg.aggregator = fed.dp_adaptive(**self.DP)
-    return cfg
-
-  def model(self) -> fdl.Config:
-    cfg = self.MODEL()
-    for name, value in self.MODEL_FIELDS.items():
-      setattr(cfg, name, value)
-    return cfg
-
-  def data_fields(self) -> dict[str, Any]:
-    cohort = {'clients_per_round': self.COHORT[1]} if self.COHORT else {}
-    return {**cohort, **self.DATA}
-
-  def task(self):
-    return tasks.task(self.model(), self.algorithm(), self.OPTIMIZER(*self.OPTIMIZER_ARGS),
-                      ROUNDS, **EVERY)
-
-
-class _Shakespeare(_Federated):
-  """The 2-layer byte LM (100 rounds: minutes on 2 CPU cores) on Tiny Shakespeare by speaking
-  role, 64-byte windows, 8 per client batch, 8 roles a round, 4 local steps unless DATA says
-  otherwise; the clients' AdamW at constant lr 3e-3."""
-  DATA = dict(clients_per_round=8, local_steps=4)
-
-  def datasets(self):
-    return fdl.Config(LmData, **{'dataset': 'shakespeare', 'partition': 'natural', 'seq_len': 64,
-                                 'batch_size': 8, **self.data_fields()})
-
-
-class _Digits(_Federated):
-  """scikit-learn's digits with Dirichlet(α = 0.3) label skew over DATA's clients, an MLP, 5
-  local SGD steps (lr 0.1) of batch 16."""
-  MODEL, OPTIMIZER, OPTIMIZER_ARGS = (staticmethod(models.mlp), staticmethod(optimizers.sgd),
-                                      (0.1,))
-
-  def datasets(self):
-    return fdl.Config(ImageData, dataset='digits', partition='dirichlet', alpha=0.3,
-                      local_steps=5, batch_size=16, **self.data_fields())
-
-
 @register
-class ShakespeareFedAvg(_Shakespeare):
+class ShakespeareFedAvg(Shakespeare):
   """FedAvg, 8 of 147 roles per round, 4 local AdamW steps (constant lr 3e-3), server lr 1.
 
   python -m paxlike.main --exp=federated.ShakespeareFedAvg --job_log_dir=/tmp/fedavg"""
 
 
 @register
-class ShakespeareFedAdam(_Shakespeare):
+class ShakespeareFedAdam(Shakespeare):
   """FedAdam: FedAvg's clients with a server Adam (lr 1e-2, τ 1e-3), exactly as Reddi et al.'s
   Algorithm 2 (`--fdl_set=algorithm.flavour=optax` for optax's bias-corrected Adam).
 
@@ -99,7 +35,7 @@ class ShakespeareFedAdam(_Shakespeare):
 
 
 @register
-class ShakespeareFedYogi(_Shakespeare):
+class ShakespeareFedYogi(Shakespeare):
   """FedYogi: FedAdam's setup with Yogi's additive second moment (Algorithm 2, lr 1e-2, τ 1e-3).
 
   python -m paxlike.main --exp=federated.ShakespeareFedYogi --job_log_dir=/tmp/fedyogi"""
@@ -107,7 +43,7 @@ class ShakespeareFedYogi(_Shakespeare):
 
 
 @register
-class ShakespeareFedAdagrad(_Shakespeare):
+class ShakespeareFedAdagrad(Shakespeare):
   """FedAdagrad: FedAdam's setup with Adagrad's growing second moment and server momentum 0.9
   (Algorithm 2, lr 1e-2, τ 1e-3).
 
@@ -116,7 +52,7 @@ class ShakespeareFedAdagrad(_Shakespeare):
 
 
 @register
-class ShakespeareFedAvgM(_Shakespeare):
+class ShakespeareFedAvgM(Shakespeare):
   """FedAvgM: FedAvg with server momentum (SGD lr 1, β 0.9, Hsu et al. 2019).
 
   python -m paxlike.main --exp=federated.ShakespeareFedAvgM --job_log_dir=/tmp/fedavgm"""
@@ -124,7 +60,7 @@ class ShakespeareFedAvgM(_Shakespeare):
 
 
 @register
-class ShakespeareFedProx(_Shakespeare):
+class ShakespeareFedProx(Shakespeare):
   """FedProx (Li et al. 2020): ShakespeareFedAvg with μ/2‖w − w_global‖² (μ = 0.01) in every
   client's objective, holding heterogeneous clients near the global model.
 
@@ -133,7 +69,7 @@ class ShakespeareFedProx(_Shakespeare):
 
 
 @register
-class ShakespeareDiLoCo(_Shakespeare):
+class ShakespeareDiLoCo(Shakespeare):
   """DiLoCo: 4 replicas, each on a fixed quarter of the roles (non-IID domains), 8 inner AdamW
   steps per round, outer Nesterov SGD (lr 0.7, momentum 0.9).
 
@@ -142,7 +78,7 @@ class ShakespeareDiLoCo(_Shakespeare):
 
 
 @register
-class ShakespearePapa(_Shakespeare):
+class ShakespearePapa(Shakespeare):
   """PAPA: a population of 4 on the pooled speeches, each from its own random init, windows and
   AdamW state; every 2 rounds of 5 local steps (the paper's 10 SGD steps) each member moves 1%
   to the mean (α 0.99). PAPA-all / PAPA-2 (`algorithm.variant='all'` / `'pairs'`) average every
@@ -154,7 +90,7 @@ class ShakespearePapa(_Shakespeare):
 
 
 @register
-class ShakespeareBtm(_Shakespeare):
+class ShakespeareBtm(Shakespeare):
   """Branch-train-merge: a seed trained on all domains for 10 rounds, then 4 experts branched
   from it, one per domain of roles (runs of plays); evaluated as their size-weighted average
   (eval_loss) and as the ensemble weighted by the domain posterior (eval_ensemble_loss).
@@ -165,7 +101,7 @@ class ShakespeareBtm(_Shakespeare):
 
 
 @register
-class ShakespeareCentralized(_Shakespeare):
+class ShakespeareCentralized(Shakespeare):
   """The baseline: the same model trained centrally on the pooled speeches with the clients'
   optimizer (AdamW, constant lr 3e-3), one step of batch 32 per round.
 
@@ -180,7 +116,7 @@ class ShakespeareCentralized(_Shakespeare):
 
 
 @register
-class StdlibDiLoCo(_Shakespeare):
+class StdlibDiLoCo(Shakespeare):
   """DiLoCo on the standard library: 4 replicas sampling the pooled source independently (the
   data-parallel setting of the paper), 8 inner AdamW steps, outer Nesterov SGD.
 
@@ -193,7 +129,7 @@ class StdlibDiLoCo(_Shakespeare):
 
 
 @register
-class ShakespeareDpFedAvg(_Shakespeare):
+class ShakespeareDpFedAvg(Shakespeare):
   """DP-FedAvg on Shakespeare: all 147 roles every round (no amplification), updates clipped
   adaptively (to the median norm, from C = 0.5), summed, noised at z = 8: client-level DP at
   δ = 1e-5 by RDP (`dp_epsilon` in metrics.jsonl; `--mode=print_config` prints the run's). The
@@ -206,7 +142,7 @@ class ShakespeareDpFedAvg(_Shakespeare):
 
 
 @register
-class DigitsFedAvg(_Digits):
+class DigitsFedAvg(Digits):
   """FedAvg of an MLP on scikit-learn's digits: 20 clients with Dirichlet(α=0.3) label skew,
   5 per round, 5 local SGD steps (lr 0.1) of batch 16.
 
@@ -215,7 +151,7 @@ class DigitsFedAvg(_Digits):
 
 
 @register
-class DigitsDpFedAvg(_Digits):
+class DigitsDpFedAvg(Digits):
   """DP-FedAvg on digits: 400 clients of 3–4 images, 100 a round drawn without replacement, a
   32-unit MLP (fewer coordinates to noise); updates clipped adaptively (from C = 0.5), noised at
   z = 6. Refused at start if the run would spend more than ε = 10 at δ = 1e-5.
@@ -227,7 +163,7 @@ class DigitsDpFedAvg(_Digits):
 
 
 @register
-class DigitsScaffold(_Digits):
+class DigitsScaffold(Digits):
   """SCAFFOLD on DigitsFedAvg's 20 clients, all every round (its control variates are per
   client), 5 local SGD steps (lr 0.1) along the drift-corrected gradient g − cᵢ + c.
 
@@ -236,7 +172,7 @@ class DigitsScaffold(_Digits):
 
 
 @register
-class FashionMnistFedAvg(_Federated):
+class FashionMnistFedAvg(Federated):
   """FedAvg of McMahan et al.'s CNN narrowed to 16/32 channels, 128 units (32/64/512 takes ~35 s
   a round on 2 CPU cores) on Fashion-MNIST: 100 clients of 2 label-sorted shards, 10 per round,
   2 local SGD steps (lr 0.05) of batch 16; eval on the first 2,048 test images.
@@ -252,7 +188,7 @@ class FashionMnistFedAvg(_Federated):
 
 
 @register
-class TextFedAvg(_Federated):
+class TextFedAvg(Federated):
   """FedAvg on a tokenized corpus: 4 clients a round, 4 local steps of 8 packed 128-token rows,
   the model's vocabulary from the tokenizer. Natural clients: one per file
   (`data.partition=file`) or per value of a JSONL field (`data.partition=field
