@@ -1,11 +1,13 @@
-"""A DigitsFedAvg export run by a local Flower federation (a SuperLink and two SuperNodes as
-separate processes) gives the reference executor's rows and final state, each node running
-only the clients it holds, and every process it started is gone afterwards."""
+"""A DigitsFedAvg export run by a local Flower federation (a SuperLink over TLS with node
+authentication and two SuperNodes, separate processes) through the faults a federation meets:
+an enrolled node of another experiment joins (refused at its first message), the ServerApp is
+killed with SIGKILL after round 1 (the launcher submits the app again; it resumes from its
+checkpoint) and SuperNode 1 is killed with SIGKILL after round 2 (its slots are dropped from
+then on). Rounds 1-2 equal the reference executor's uninterrupted rounds; rounds 3-4 equal the
+executor's rounds with the lost node's slots at weight 0 (the simulation's dropped straggler)."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,83 +15,136 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paxlike.config import config_io
+from paxlike.deploy.flower import certs, processes
 from paxlike.export import run as executor
+from tests.deploy import flower_procs as fp
 from tests.helpers import REPO, cli_env
 
-pytestmark = pytest.mark.slow  # Three Flower processes and a ClientApp process per message.
+pytestmark = pytest.mark.slow  # Flower processes, a ClientApp process per message, two kills.
 
 CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3',
             '--fdl_set=data.local_steps=2', '--fdl_set=data.batch_size=8',
             '--fdl_set=data.num_clients=5']
-ROUNDS, NODES = 2, 2
+ROUNDS, NODES, LOST_NODE = 4, 2, 1
+LOST = {c for c in range(5) if c % NODES == LOST_NODE}  # Node k holds k, k + NODES, ...
 
 
-def _python(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-m', module, *args], cwd=REPO, env=cli_env(),
-                        text=True, capture_output=True, timeout=timeout)
+def _start_intruder(out: Path) -> subprocess.Popen:
+  """An enrolled SuperNode whose config is another experiment's (one more client)."""
+  cfg = config_io.load_file(out / 'config.json')
+  config_io.apply_overrides(cfg, ['data.num_clients=6'])
+  other = out / 'other_config.json'
+  other.write_text(config_io.to_json(cfg))
+  assert other.read_text() != (out / 'config.json').read_text()
+  private, public = certs.make_node_key(out / 'intruder_keys', 'other')
+  enrolled = fp.flwr('supernode', 'register', str(public), 'local', home=out / 'flwr_home')
+  assert enrolled.returncode == 0, enrolled.stdout + enrolled.stderr
+  address = (out / 'flwr_home' / 'config.toml').read_text().split('address = "')[1].split('"')[0]
+  node_config = (f'export-dir="{out.parent / "export"}" config="{other}" clients="5" '
+                 f'log="{out}/other.jsonl"')
+  return fp.start_group([str(Path(sys.executable).parent / 'flower-supernode'),
+                         '--root-certificates', str(out / 'credentials' / 'ca.crt'),
+                         '--auth-supernode-private-key', str(private), '--superlink', address,
+                         '--port', str(processes.free_port()), '--node-config', node_config],
+                        out.parent / 'other_node.log', processes.flower_env(out / 'flwr_home'))
 
 
 @pytest.fixture(scope='module')
-def federation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-  """(the export dir, the Flower run's dir) of one 2-round run."""
+def federation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, float]:
+  """(the export dir, the Flower run's dir, when it began in clock ticks) of one 4-round run."""
   root = tmp_path_factory.mktemp('flower')
-  export, out = root / 'export', root / 'run'
-  made = _python('paxlike.export', *CLI_TINY, f'--out={export}', f'--rounds={ROUNDS}',
-                 timeout=300)
+  export, out, began = root / 'export', root / 'run', fp.now_ticks()
+  made = subprocess.run([sys.executable, '-m', 'paxlike.export', *CLI_TINY, f'--out={export}',
+                         f'--rounds={ROUNDS}'], cwd=REPO, env=cli_env(), text=True,
+                        capture_output=True, timeout=300)
   assert made.returncode == 0, made.stderr[-2000:]
-  ran = _python('paxlike.deploy.flower.local', *CLI_TINY, f'--export_dir={export}',
-                f'--out={out}', f'--rounds={ROUNDS}', f'--nodes={NODES}',
-                '--round_timeout=120', timeout=600)
-  assert ran.returncode == 0, ran.stderr[-3000:]
-  return export, out
+  launcher = fp.start_group([sys.executable, '-m', 'paxlike.deploy.flower.local', *CLI_TINY,
+                             f'--export_dir={export}', f'--out={out}', f'--rounds={ROUNDS}',
+                             f'--nodes={NODES}', '--round_timeout=60'], root / 'launcher.log')
+  intruder = None
+  try:
+    fp.wait_until(lambda: (out / 'logs' / 'node1.log').exists(), 120, 'the nodes', launcher)
+    intruder = _start_intruder(out)
+    metrics = out / 'server' / 'metrics.jsonl'
+    fp.wait_until(lambda: len(fp.rows(metrics)) >= 1, 300, 'round 1', launcher)
+    fp.kill_server_app(out)
+    fp.wait_until(lambda: len(fp.rows(metrics)) >= 2, 300, 'round 2 after the restart', launcher)
+    fp.kill_node(out, f'node{LOST_NODE}')
+    assert launcher.wait(timeout=600) == 0, (root / 'launcher.log').read_text()[-3000:]
+  finally:
+    fp.stop_group(launcher)
+    if intruder is not None:
+      fp.stop_group(intruder)
+  return export, out, began
 
 
-def test_rows_and_final_state_equal_the_reference_executor(federation):
-  export, out = federation
-  history = executor.run_rounds(executor.load(export), ROUNDS)
-  rows = [json.loads(line) for line in (out / 'server' / 'metrics.jsonl').read_text().splitlines()]
-  assert [row['round'] for row in rows] == list(range(1, ROUNDS + 1))
-  for row, outputs in zip(rows, history):
-    scalars = {n: v.item() for n, v in outputs.items() if v.size == 1}
-    assert set(scalars) <= set(row)
-    for name, value in scalars.items():
+def _expected(export: Path, dropped: list[list[int]]) -> list[dict[str, np.ndarray]]:
+  """The executor's rounds from the export's state, round r's `dropped[r]` slots at weight 0."""
+  ex = executor.load(export)
+  carried, history = dict(ex.carried), []
+  for r, slots in enumerate(dropped):
+    values = {**carried, **{n: a[r] for n, a in ex.rounds.items()}}
+    values['weights'] = values['weights'].copy()
+    values['weights'][slots] = 0
+    history.append(executor.run_round(ex, values))
+    carried = {n: history[-1][n] for n in carried}
+  return history
+
+
+def test_rows_and_state_equal_the_executor_through_both_kills(federation):
+  export, out, _ = federation
+  rows = fp.rows(out / 'server' / 'metrics.jsonl')
+  cohorts = fp.rows(out / 'server' / 'cohorts.jsonl')
+  assert [r['step'] for r in rows] == [c['step'] for c in cohorts] == list(range(1, ROUNDS + 1))
+  dropped = [[s for s, c in enumerate(row['cohort']) if r >= 2 and c in LOST]
+             for r, row in enumerate(cohorts)]
+  assert [c['dropped_slots'] for c in cohorts] == dropped
+  assert dropped[2], 'round 3 had no slot on the killed node: the test checks no drop'
+  assert [r['nodes'] for r in rows] == [2, 2, 1, 1]
+  assert [r['dropped_slots'] for r in rows] == [len(d) for d in dropped]
+  for row, outputs in zip(rows, _expected(export, dropped)):
+    metrics = {n.removeprefix('metrics.'): v.item() for n, v in outputs.items()
+               if n.startswith('metrics.')}
+    assert set(metrics) <= set(row) and 'steps_per_sec' in row  # The trainer's row format.
+    for name, value in metrics.items():
       np.testing.assert_allclose(row[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
-  start = executor.load(export).carried
+  final_expected = _expected(export, dropped)[-1]
   with np.load(out / 'server' / 'final.npz') as final:
-    assert sorted(final.files) == sorted(start)
-    for name in start:
-      np.testing.assert_allclose(final[name], history[-1][name], rtol=1e-5, atol=1e-6,
+    assert sorted(final.files) == sorted(executor.load(export).carried)
+    for name in final.files:
+      np.testing.assert_allclose(final[name], final_expected[name], rtol=1e-5, atol=1e-6,
                                  err_msg=name)
-    params = [n for n in start if n.startswith('state.params.')]
-    assert params and all(not np.allclose(final[n], start[n]) for n in params)  # It trained.
 
 
-def test_each_node_ran_only_its_own_clients_and_every_cohort_slot_once(federation):
-  _, out = federation
-  rows = [json.loads(line) for line in (out / 'server' / 'metrics.jsonl').read_text().splitlines()]
-  ran: dict[int, dict[int, int]] = {}  # step -> {slot: client}
+def test_the_server_app_was_restarted_and_resumed_from_its_checkpoint(federation):
+  _, out, _ = federation
+  assert (out / 'logs' / 'flwr_run1.log').exists()  # The app was submitted a second time.
+  joined = [e for e in fp.rows(out / 'server' / 'nodes.jsonl') if e['event'] == 'joined']
+  assert len(joined) == 2 * NODES  # Each ServerApp asked the nodes once.
+  assert sorted(int(p.name) for p in (out / 'server' / 'checkpoints').iterdir()
+                if p.name.isdigit())[-1] == ROUNDS
+
+
+def test_each_node_ran_only_its_own_clients_and_the_killed_node_no_more(federation):
+  _, out, _ = federation
+  cohorts = {c['step']: c for c in fp.rows(out / 'server' / 'cohorts.jsonl')}
   for k in range(NODES):
-    for line in (out / 'logs' / f'node{k}.jsonl').read_text().splitlines():
-      entry = json.loads(line)
+    for entry in fp.rows(out / 'logs' / f'node{k}.jsonl'):
       assert all(c % NODES == k for c in entry['clients']), (k, entry)
-      for slot, client in zip(entry['slots'], entry['clients']):
-        assert slot not in ran.setdefault(entry['step'], {})
-        ran[entry['step']][slot] = client
-  for row in rows:
-    slots = ran[row['step']]
-    assert [slots[s] for s in sorted(slots)] == row['cohort']
-    assert len(row['cohort']) == 3
+      assert [cohorts[entry['step']]['cohort'][s] for s in entry['slots']] == entry['clients']
+      assert k != LOST_NODE or entry['step'] <= 2
+
+
+def test_a_node_of_another_experiment_is_refused_in_one_line_and_the_run_goes_on(federation):
+  _, out, _ = federation
+  refused = [e for e in fp.rows(out / 'server' / 'nodes.jsonl') if e['event'] == 'refused']
+  assert refused and all('config_sha256' in e['reason'] and '\n' not in e['reason']
+                         for e in refused)
+  assert not (out / 'other.jsonl').exists()  # It was never sent work.
 
 
 def test_no_flower_process_outlives_the_run(federation):
-  _, out = federation
-  logs = str(out)
-  alive = []
-  for pid in filter(str.isdigit, os.listdir('/proc')):
-    try:
-      cmdline = Path(f'/proc/{pid}/cmdline').read_bytes().replace(b'\0', b' ').decode()
-    except OSError:
-      continue
-    if logs in cmdline:
-      alive.append(cmdline)
-  assert alive == []
+  _, out, began = federation
+  assert [cmd for _, cmd, _ in fp.processes().values() if str(out) in cmd] == []
+  assert fp.flower_processes_since(began) == []

@@ -17,6 +17,8 @@ whose cohort the data disagrees with, is an error reply naming it.
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +72,21 @@ def client_inputs(plan: dict[str, Any], data: Any, seed: int, step: int, slot: i
   return args
 
 
+def _process_age() -> float:
+  """Seconds since this process started (Linux /proc; 0.0 elsewhere)."""
+  try:
+    start = float(Path('/proc/self/stat').read_text().rsplit(')', 1)[1].split()[19])
+  except (OSError, IndexError, ValueError):
+    return 0.0
+  return time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf('SC_CLK_TCK')
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-  """Runs the client program for each slot of this node in the message's round."""
+  """Runs the client program for each slot of this node in the message's round. The node's
+  log gets the slots it ran and where the time went: the process's start (Flower starts a
+  ClientApp process per message), loading the program and the data, and the programs."""
+  entered = time.perf_counter()
   import jax
   export_dir, config_file, held = _node_settings(context)
   plan = records.read_plan(export_dir)
@@ -83,18 +97,25 @@ def train(msg: Message, context: Context) -> Message:
   step = int(round_config['step'])
   slots, clients = list(round_config['slots']), list(round_config['clients'])
   received = records.from_record(msg.content['down'])
-  outputs = {}
+  outputs, compute = {}, 0.0
+  loaded = time.perf_counter()
   for slot, client in zip(slots, clients):
     if client not in held:
       raise ValueError(f'this node does not hold client {client}')
     prefix = records.slot_key(slot, '')
     down = {k[len(prefix):]: v for k, v in received.items() if k.startswith(prefix)}
     args = client_inputs(plan, task.data, task.train.seed, step, slot, client, down)
-    results = program.call(*args)
+    began = time.perf_counter()
+    results = [np.asarray(value) for value in program.call(*args)]
+    compute += time.perf_counter() - began
     for spec, value in zip(plan['programs']['client']['outputs'], results):
-      outputs[records.slot_key(slot, spec['name'])] = np.asarray(value)
+      outputs[records.slot_key(slot, spec['name'])] = value
   log = context.node_config.get('log')
   if log:
+    seconds = {'start_seconds': _process_age() - (time.perf_counter() - entered),
+               'load_seconds': loaded - entered,
+               'data_seconds': time.perf_counter() - loaded - compute,
+               'compute_seconds': compute}
     with open(str(log), 'a') as f:
-      f.write(json.dumps({'step': step, 'slots': slots, 'clients': clients}) + '\n')
+      f.write(json.dumps({'step': step, 'slots': slots, 'clients': clients, **seconds}) + '\n')
   return Message(RecordDict({'up': records.to_record(outputs)}), reply_to=msg)

@@ -23,6 +23,11 @@ def from_record(record: Any) -> dict[str, np.ndarray]:
   return {name: array.numpy() for name, array in record.items()}
 
 
+def payload_bytes(record: Any) -> int:
+  """The bytes of an ArrayRecord's serialized arrays (what a message carries, less framing)."""
+  return sum(len(array.data) for array in record.values())
+
+
 def slot_key(slot: int, name: str) -> str:
   """The record key of cohort slot `slot`'s value `name`."""
   return f'{slot}/{name}'

@@ -51,45 +51,52 @@ def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], cohort: np.
 
 
 def collect(plan: dict[str, Any], grid: Grid, messages: list[Message], timeout: float
-            ) -> tuple[dict[int, dict[str, np.ndarray]], list[int]]:
+            ) -> tuple[dict[int, dict[str, np.ndarray]], list[int], int]:
   """({slot: its contributions} of the nodes that replied, the nodes that did not in
-  `timeout` seconds or replied with an error)."""
+  `timeout` seconds or replied with an error, the bytes of the arrays they sent)."""
   replies = {r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)}
   specs = plan['programs']['client']['outputs']  # Flower sends a 0-d array as shape (1,).
-  got, missing = {}, []
+  got, missing, received = {}, [], 0
   for message in messages:
     node = message.metadata.dst_node_id
     reply = replies.get(node)
     if reply is None or reply.has_error():
       missing.append(node)
       continue
+    received += records.payload_bytes(reply.content['up'])
     values = records.from_record(reply.content['up'])
     for slot in message.content['round']['slots']:
       got[slot] = {d['name']: values[records.slot_key(slot, d['name'])].reshape(d['shape'])
                    for d in specs}
-  return got, missing
+  return got, missing, received
 
 
 def run_round(ex: Any, grid: Grid, members: membership.Members, carried: dict[str, np.ndarray],
               cohort: np.ndarray, step: int, seed: int, timeout: float
-              ) -> tuple[dict[str, np.ndarray], list[int]]:
-  """One round from the state `carried`: (server_post's named outputs, the dropped slots)."""
+              ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """One round from the state `carried`: (server_post's named outputs, what the round did:
+  its dropped slots, the array bytes sent down and up, the seconds of the server's work)."""
   plan, spec = ex.plan, ex.plan['programs']
+  began = time.perf_counter()
   rng_name = next(s['name'] for s in plan['inputs'] if s.get('key'))
   env = {**carried, rng_name: rounds.rng_key_data(seed, step, plan['key_impl'])}
   env.update(rounds.named_outputs(spec['server_pre'], ex.programs['server_pre'].call(
       *rounds.program_args(spec['server_pre'], env))))
-  messages, dropped = train_messages(plan, env, cohort, members.owner, step)
-  got, missing = collect(plan, grid, messages, timeout)
+  messages, _ = train_messages(plan, env, cohort, members.owner, step)
+  server = time.perf_counter() - began
+  got, missing, received = collect(plan, grid, messages, timeout)
   for node in missing:
     members.lose(node, step)
-  dropped = sorted(set(range(len(cohort))) - set(got))
   if not got:
     raise RuntimeError(f'round {step}: no node returned its clients\' work')
+  began = time.perf_counter()
   env.update(rounds.aggregates(plan, [got[s] for s in sorted(got)]))
   outputs = rounds.named_outputs(spec['server_post'], ex.programs['server_post'].call(
       *rounds.program_args(spec['server_post'], env)))
-  return outputs, dropped
+  done = {'dropped_slots': sorted(set(range(len(cohort))) - set(got)),
+          'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
+          'bytes_up': received, 'server_seconds': server + time.perf_counter() - began}
+  return outputs, done
 
 
 @app.main()
@@ -124,12 +131,13 @@ def main(grid: Grid, context: Context) -> None:
       members.ask_new(timeout)
       cohort = sources.sample_cohort(seed, step, sizes, data.clients_per_round, data.sampling)
       began = time.perf_counter()
-      outputs, dropped = run_round(ex, grid, members, carried, cohort, step, seed, timeout)
+      outputs, done = run_round(ex, grid, members, carried, cohort, step, seed, timeout)
       carried = {n: outputs[n] for n in carried}
       lost = sorted(set(range(data.num_clients)) - set(members.owner))
-      rows.write(step, outputs, {'nodes': members.nodes(), 'dropped_slots': len(dropped)},
-                 {'cohort': [int(c) for c in cohort], 'dropped_slots': dropped,
-                  'lost_clients': lost, 'round_seconds': time.perf_counter() - began})
+      rows.write(step, outputs, {'nodes': members.nodes(),
+                                 'dropped_slots': len(done['dropped_slots'])},
+                 {'cohort': [int(c) for c in cohort], 'lost_clients': lost, **done,
+                  'round_seconds': time.perf_counter() - began})
       progress.save(checkpoints, step, carried, sizes, lost)
     checkpoints.wait()
     rows.close()
