@@ -24,6 +24,8 @@ def packing_line(data: Any) -> str:
   data (preference pairs: their counts, `pairs_line`), else ''."""
   if callable(getattr(data, 'pairs_line', None)):
     return data.pairs_line()
+  if callable(getattr(data, 'prompts_line', None)):  # GRPO's prompts: kept, held out, left out.
+    return data.prompts_line()
   packed = getattr(data, 'packed', None)
   if packed is None:
     return ''
