@@ -19,7 +19,7 @@ import fiddle as fdl
 from paxlike import registry
 from paxlike.config import allow_list, config_io
 from paxlike.errors import UserError
-from paxlike.trainer import job_dir, job_source
+from paxlike.trainer import job_dir, job_source, rewards
 
 FIDDLER_PACKAGES = ('configs',)
 
@@ -116,6 +116,7 @@ def run_config(job_log_dir: str | None, exp: str | None, fdl_config: str | None 
   for name in fiddlers:
     fiddler_named(name, allow_import)(cfg)
   config_io.apply_overrides(cfg, overrides)
+  rewards.resolve_in_config(cfg, allow_import)  # GRPO reward functions named by the flags.
   if saved:
     job_source.same_as_copy(Path(job_log_dir).expanduser(), cfg)
   if not saved and fill_from_source is not None:

@@ -52,8 +52,8 @@ def pyrefs(node: Any) -> Iterable[tuple[str, str]]:
 # though their modules are importable for dtypes and containers.
 BUILDING_BLOCKS = ('paxlike.layers', 'paxlike.federated', 'paxlike.trainer.centralized',
                    'paxlike.core.optim', 'paxlike.trainer.task', 'paxlike.core.partitioning',
-                   'paxlike.core.algorithm', 'experiments', 'configs', 'optax', 'jax.nn',
-                   'jax._src.nn')
+                   'paxlike.core.algorithm', 'paxlike.trainer.rewards', 'experiments', 'configs',
+                   'optax', 'jax.nn', 'jax._src.nn')
 # Building blocks that moved, under the names configs saved before each move use: a job dir
 # saved then still resumes (its config.json is read with the new names). First into the trainer
 # package (paxlike.optim -> paxlike.trainer.optim), then the contracts into the leaf package
@@ -66,7 +66,8 @@ MOVED_MODULES = {
        for package in ('paxlike', 'paxlike.trainer')
        for name in ('optim', 'partitioning', 'algorithm')},
 }
-CLASSES_ONLY = ('paxlike.data', 'paxlike.trainer.preference_loss', 'flax.linen',
+CLASSES_ONLY = ('paxlike.data', 'paxlike.trainer.preference_loss', 'paxlike.trainer.grpo_loss',
+                'flax.linen',
                 'fiddle._src.config', 'fiddle._src.partial', 'fiddle._src.tagging')
 BUILTINS = ('dict', 'tuple', 'list', 'set', 'frozenset', 'slice', 'int', 'float', 'bool',
             'str', 'complex', 'bytes', 'range')

@@ -1,0 +1,145 @@
+"""GRPO's objective against float64 numpy computations of the paper's formulas (Shao et al.
+2024, eq. 3 with the k3 KL of eq. 4; TRL's std with Bessel's correction): group-normalised
+advantages, the clipped per-token loss and its token/sequence averages; with a constant
+reward the gradient of the loss on a LoRA LM is the KL term's alone (zero at beta 0); the
+training batch scores exactly the completion tokens; bad settings are one-line errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from paxlike.errors import UserError
+from paxlike.layers import TransformerLM
+from paxlike.trainer import grpo, rewards
+from paxlike.trainer.grpo_loss import (STD_EPS, GrpoLoss, group_advantages, token_terms,
+                                       token_weights)
+
+RNG = np.random.default_rng(0)
+N, T, G = 6, 5, 3
+LOGPS = -RNG.uniform(0.1, 3, (N, T))
+OLD = LOGPS + RNG.normal(0, 0.3, (N, T))   # Ratios well outside 1 +- 0.2 for some tokens.
+REF = LOGPS + RNG.normal(0, 0.5, (N, T))
+MASK = (np.arange(T)[None] < RNG.integers(1, T + 1, N)[:, None]).astype(np.float64)
+REWARDS = np.array([1.0, 0.0, 0.5, 2.0, 2.0, 2.0])  # The second group is constant.
+
+
+def f32(x):
+  return jnp.asarray(x, jnp.float32)
+
+
+def numpy_advantages(rewards, g, scale=True):
+  groups = rewards.reshape(-1, g)
+  centred = groups - groups.mean(axis=1, keepdims=True)
+  if scale:
+    centred = centred / (groups.std(axis=1, ddof=1, keepdims=True) + STD_EPS)
+  return centred.reshape(-1)
+
+
+def numpy_token_loss(logps, old, ref, adv, eps, beta):
+  ratio = np.exp(logps - old)
+  a = adv[:, None]
+  objective = np.minimum(ratio * a, np.clip(ratio, 1 - eps, 1 + eps) * a)
+  kl = np.exp(ref - logps) - (ref - logps) - 1
+  return -objective + beta * kl, kl, ratio
+
+
+def test_advantages_are_rewards_normalised_within_each_group():
+  got = np.asarray(group_advantages(f32(REWARDS), G))
+  np.testing.assert_allclose(got, numpy_advantages(REWARDS, G), rtol=1e-5, atol=1e-6)
+  assert np.all(got[3:] == 0)  # A constant group teaches nothing.
+  np.testing.assert_allclose(np.asarray(group_advantages(f32(REWARDS), G, 'none')),
+                             numpy_advantages(REWARDS, G, scale=False), atol=1e-6)
+
+
+@pytest.mark.parametrize('eps, beta', [(0.2, 0.04), (0.1, 0.0)])
+def test_token_terms_are_the_clipped_objective_plus_the_k3_kl(eps, beta):
+  adv = numpy_advantages(REWARDS, G)
+  terms = token_terms(f32(LOGPS), f32(OLD), f32(REF) if beta else None, f32(adv), f32(MASK),
+                      eps, beta)
+  want, kl, ratio = numpy_token_loss(LOGPS, OLD, REF, adv, eps, beta)
+  np.testing.assert_allclose(np.asarray(terms.loss), want * MASK, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(terms.kl), (kl if beta else 0 * kl) * MASK, rtol=1e-4,
+                             atol=1e-6)
+  a = adv[:, None]
+  clipped = ((ratio < 1 - eps) & (a < 0)) | ((ratio > 1 + eps) & (a > 0))
+  np.testing.assert_array_equal(np.asarray(terms.clipped), clipped * MASK)
+  assert 0 < (clipped * MASK).sum() < MASK.sum()  # The example clips some tokens, not all.
+
+
+@pytest.mark.parametrize('loss_type', ['token', 'sequence'])
+def test_the_loss_averages_over_tokens_or_over_completions(loss_type):
+  adv = numpy_advantages(REWARDS, G)
+  per_token, _, _ = numpy_token_loss(LOGPS, OLD, REF, adv, 0.2, 0.04)
+  if loss_type == 'token':
+    want = (per_token * MASK).sum() / MASK.sum()
+  else:  # The paper's: each completion's mean over its tokens, then the mean over completions.
+    want = np.mean((per_token * MASK).sum(axis=1) / MASK.sum(axis=1))
+  terms = token_terms(f32(LOGPS), f32(OLD), f32(REF), f32(adv), f32(MASK), 0.2, 0.04)
+  weights, count = token_weights(f32(MASK), loss_type)
+  assert float(jnp.sum(terms.loss * weights) / count) == pytest.approx(want, rel=1e-5)
+
+
+def _tiny_lora_lm():
+  model = TransformerLM(vocab_size=32, num_layers=1, d_model=16, num_heads=2, d_ff=32,
+                        max_len=16, lora_rank=2, lora_targets=('query', 'value'))
+  tokens = jnp.asarray(RNG.integers(1, 32, (4, 9)), jnp.int32)
+  params = model.init(jax.random.key(0), tokens[:, :-1])['params']
+  # Adapters away from their zero init, so that the policy differs from the base.
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x + 0.3 * jax.random.normal(jax.random.key(len(str(path))), x.shape)
+      if 'lora' in str(path) else x, params)
+  mask = np.zeros((4, 8), np.float32)
+  mask[:, 4:] = 1.0  # The completion: the last 4 targets.
+  batch = {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:], 'mask': jnp.asarray(mask),
+           'rewards': jnp.full((4,), 0.7)}
+  return model, params, batch
+
+
+@pytest.mark.parametrize('beta', [0.0, 0.1])
+def test_with_a_constant_reward_the_gradient_is_the_kl_terms_alone(beta):
+  model, params, batch = _tiny_lora_lm()
+  loss = GrpoLoss(reward_fns=(rewards.exact_match,), num_generations=2, beta=beta)
+  scored = jax.tree.map(lambda x: x[0, 0],
+                        grpo.scorer(model, loss)(params, jax.tree.map(lambda x: x[None, None],
+                                                                      batch)))
+  assert np.all(np.asarray(scored['advantages']) == 0)
+  grads = jax.grad(lambda p: grpo.grpo_loss_fn(model, loss)(p, scored, None)[0])(params)
+
+  def kl_only(p):  # beta * the mean k3 KL over the completion tokens, written out.
+    logits = model.apply({'params': p}, batch['inputs'])
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch['targets'][..., None], -1)[..., 0]
+    if not beta:
+      return 0.0 * jnp.sum(logp)
+    delta = scored['ref_logps'] - logp
+    return beta * jnp.sum((jnp.exp(delta) - delta - 1) * batch['mask']) / jnp.sum(batch['mask'])
+  want = jax.grad(kl_only)(params)
+  for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-4, atol=1e-7)
+  norm = sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads))
+  assert (norm == 0.0) if not beta else norm > 0
+
+
+def test_the_training_batch_scores_exactly_the_completion_tokens():
+  prompts = [np.array([5, 6, 7]), np.array([9])]
+  completions = [np.array([1, 2, 10]), np.array([3, 10])]
+  batch = grpo.train_batch(prompts, completions, width=6, pad_id=0)
+  np.testing.assert_array_equal(batch['inputs'], [[5, 6, 7, 1, 2, 0], [9, 3, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(batch['targets'], [[6, 7, 1, 2, 10, 0], [3, 10, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(batch['mask'], [[0, 0, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]])
+
+
+@pytest.mark.parametrize('settings, words', [
+    ({'num_generations': 1}, 'at least 2'),
+    ({'temperature': 0.0}, 'temperature'),
+    ({'epsilon': 1.5}, 'epsilon'),
+    ({'loss_type': 'dapo'}, 'loss_type'),
+    ({'reward_fns': ()}, 'at least one reward function'),
+    ({'reward_fns': ('os.system',)}, 'not allowed'),
+    ({'reward_weights': (1.0, 2.0)}, 'one weight per reward function'),
+])
+def test_bad_settings_are_one_line_errors(settings, words):
+  settings = {'reward_fns': (rewards.exact_match,), **settings}
+  with pytest.raises(UserError, match=words) as error:
+    GrpoLoss(**settings)
+  assert '\n' not in str(error.value)
