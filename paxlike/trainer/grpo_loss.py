@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from paxlike.errors import UserError
+from paxlike.trainer import rewards
 
 LOSS_TYPES = ('token', 'sequence')
 SCALINGS = ('group', 'none')
@@ -83,7 +84,6 @@ class GrpoLoss:
     if self.loss_type not in LOSS_TYPES or self.scale_rewards not in SCALINGS:
       raise UserError(f'loss.loss_type must be one of {LOSS_TYPES} and loss.scale_rewards one '
                       f'of {SCALINGS}, got {self.loss_type!r}, {self.scale_rewards!r}')
-    from paxlike.trainer import rewards  # pylint: disable=import-outside-toplevel
     object.__setattr__(self, 'reward_fns', rewards.checked_fns(self.reward_fns))
     weights = self.reward_weights
     if weights is not None and (not isinstance(weights, (tuple, list)) or

@@ -92,15 +92,13 @@ def checked_fns(fns: Any, allow: Iterable[str] = ()) -> tuple[Callable[..., Any]
 
 
 def resolve_in_config(cfg: Any, allow: Iterable[str]) -> None:
-  """Replaces the 'module.function' names in the `reward_fns` of every GrpoLoss config inside
-  `cfg` by the functions (UserError for one a config may not name), so the saved config names
-  them as references, which a reload imports under the allow-list again."""
+  """Replaces the 'module.function' names in the `reward_fns` of every config inside `cfg`
+  (a GrpoLoss's) by the functions (UserError for one a config may not name), so the saved
+  config names them as references, which a reload imports under the allow-list again."""
   import fiddle as fdl  # pylint: disable=import-outside-toplevel
   from fiddle import daglish  # pylint: disable=import-outside-toplevel
-  from paxlike.trainer.grpo_loss import GrpoLoss  # pylint: disable=import-outside-toplevel
   for value, _ in daglish.iterate(cfg):
-    if (isinstance(value, fdl.Buildable) and fdl.get_callable(value) is GrpoLoss
-        and 'reward_fns' in value.__arguments__):
+    if isinstance(value, fdl.Buildable) and 'reward_fns' in value.__arguments__:
       fns = value.reward_fns
       fns = (fns,) if isinstance(fns, str) else fns
       if isinstance(fns, (tuple, list)) and any(isinstance(fn, str) for fn in fns):
