@@ -1,12 +1,15 @@
 """Language models, trained centrally: byte-level on the built-in corpora, and on your own text
-with a real tokenizer (`TextLM`, `ShakespeareSentencePiece`)."""
+with a real tokenizer (`TextLM`, `ShakespeareSentencePiece`); fine-tuned (SFT, LoRA) and
+post-trained (DPO, GRPO). Shared parts: experiments/_lm_parts.py."""
 
 import fiddle as fdl
 
-from configs import models, sizes, tasks
-from paxlike.data import LmData, TextData, data_root
-from paxlike.data import preference_synth
+from configs import models, tasks
+from experiments import _lm_parts
+from experiments._lm_parts import ALL_PROJECTIONS, ByteLm, LlamaBase as _Llama
+from paxlike.data import TextData, data_root
 from paxlike.data.preference_data import PreferenceData
+from paxlike.data.prompt_data import PromptData
 from paxlike.layers import TransformerLM
 from paxlike.experiment import Experiment
 from paxlike.registry import register
@@ -14,7 +17,7 @@ from paxlike.trainer.preference_loss import PreferenceLoss
 
 
 @register
-class StdlibTiny(Experiment):
+class StdlibTiny(ByteLm):
   """The default job: a 2-layer byte LM on this interpreter's standard library source.
 
   python -m paxlike.main --exp=lm.StdlibTiny --job_log_dir=/tmp/paxlike/stdlib_tiny
@@ -23,15 +26,9 @@ class StdlibTiny(Experiment):
   held-out files (3.03 nats; 3.26 on the training files).
   """
 
-  def task(self):
-    return tasks.centralized_task(models.lm_tiny(), num_steps=600, peak_lr=3e-3)
-
-  def datasets(self):
-    return fdl.Config(LmData, dataset='stdlib', seq_len=128, batch_size=16)
-
 
 @register
-class StdlibMoe(Experiment):
+class StdlibMoe(ByteLm):
   """StdlibTiny with mixture-of-experts MLPs: 4 experts of width 192 in each of the 2 layers,
   each byte routed to 2 of them (top-2, capacity factor 1.25), so the active MLP is the
   width of StdlibTiny's (384) while the model holds twice its MLP params.
@@ -52,46 +49,15 @@ class StdlibMoe(Experiment):
     model.d_ff, model.num_experts, model.experts_per_token = 192, 4, 2
     return tasks.centralized_task(model, num_steps=600, peak_lr=3e-3)
 
-  def datasets(self):
-    return fdl.Config(LmData, dataset='stdlib', seq_len=128, batch_size=16)
-
 
 @register
-class ShakespeareTiny(Experiment):
+class ShakespeareTiny(ByteLm):
   """A char (byte) LM on Tiny Shakespeare from the data root.
 
   python -m paxlike.main --exp=lm.ShakespeareTiny --job_log_dir=/tmp/paxlike/shakespeare_tiny
   """
 
-  def task(self):
-    return tasks.centralized_task(models.lm_tiny(), num_steps=600, peak_lr=3e-3)
-
-  def datasets(self):
-    return fdl.Config(LmData, dataset='shakespeare', seq_len=128, batch_size=16)
-
-
-class _Llama(Experiment):
-  """A Llama-shaped LM of `SIZE` (configs/sizes.py: model, mesh) on bytes of this Python's
-  standard library, at seq 2048 in bfloat16 (float32 params), `BATCH` sequences per step.
-
-  The data is byte-level (token ids < 256, so most of the 32k vocab is idle). For a real
-  tokenizer, plug in a data source of token ids with the same fields as `LmData` (e.g. a tfds
-  builder of SentencePiece-encoded text) and set `model.vocab_size` to its vocabulary.
-  `--mode=print_config` prints the per-device memory estimate (paxlike/memory.py).
-  """
-
-  SIZE, BATCH, PEAK_LR = '1b', 16, 3e-4
-
-  def task(self):
-    size = sizes.SIZES[self.SIZE]
-    cfg = tasks.centralized_task(size.model(), num_steps=20_000, peak_lr=self.PEAK_LR,
-                                 log_every=10, eval_every=1000, checkpoint_every=1000)
-    cfg.mesh = size.mesh()
-    return cfg
-
-  def datasets(self):
-    return fdl.Config(LmData, dataset='stdlib', seq_len=2048, batch_size=self.BATCH,
-                      eval_batch_size=self.BATCH)
+  DATASET = 'shakespeare'
 
 
 @register
@@ -214,8 +180,7 @@ class SftLlama(FinetuneLlama):
 
   def task(self):
     cfg = super().task()
-    cfg.model.lora_rank = 16
-    cfg.model.lora_targets = ('query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wo')
+    cfg.model.lora_rank, cfg.model.lora_targets = 16, ALL_PROJECTIONS
     return cfg
 
   def datasets(self):
@@ -265,17 +230,10 @@ class DpoTiny(Experiment):
   STEPS, PEAK_LR = 300, 2e-3
 
   def task(self):
-    model = models.lm_tiny()
-    model.lora_rank, model.lora_targets = 8, ('query', 'key', 'value', 'out')
-    cfg = tasks.centralized_task(model, num_steps=self.STEPS, peak_lr=self.PEAK_LR,
-                                 log_every=10, eval_every=50, checkpoint_every=100)
-    cfg.loss = fdl.Config(PreferenceLoss, kind='dpo', beta=0.1)
-    return cfg
+    return _lm_parts.dpo_tiny_task(self.STEPS, self.PEAK_LR)
 
   def datasets(self):
-    return fdl.Config(PreferenceData, files=preference_synth.STDLIB_PAIRS,
-                      tokenizer='bytes', seq_len=128, batch_size=16, eval_batch_size=16,
-                      num_eval_batches=8)
+    return _lm_parts.stdlib_pairs_data()
 
 
 @register
@@ -293,11 +251,68 @@ class DpoLlama(FinetuneLlama):
 
   def task(self):
     cfg = super().task()
-    cfg.model.lora_rank = 16
-    cfg.model.lora_targets = ('query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wo')
+    cfg.model.lora_rank, cfg.model.lora_targets = 16, ALL_PROJECTIONS
     cfg.loss = fdl.Config(PreferenceLoss, kind='dpo', beta=0.1)
     return cfg
 
   def datasets(self):
     return fdl.Config(PreferenceData, seq_len=self.SEQ, batch_size=self.BATCH,
                       eval_batch_size=self.BATCH)
+
+
+@register
+class ArithmeticSft(Experiment):
+  """SFT of the 2-layer byte LM on short additions ('37+58=' -> '95'), the start of GrpoTiny.
+
+  python -m paxlike.data.arithmetic_synth  # writes /tmp/paxlike/arithmetic/arithmetic.jsonl
+  python -m paxlike.main --exp=lm.ArithmeticSft --job_log_dir=/tmp/paxlike/arithmetic_sft
+  """
+
+  def task(self):
+    return _lm_parts.arithmetic_sft_task()
+
+  def datasets(self):
+    return _lm_parts.arithmetic_sft_data()
+
+
+@register
+class GrpoTiny(Experiment):
+  """GRPO on CPU, nothing to download: LoRA on ArithmeticSft's model, 16 additions a step, 8
+  sampled answers each, rewarded 1 for the exact sum (paxlike.trainer.rewards.exact_match).
+
+  python -m paxlike.main --exp=lm.GrpoTiny --job_log_dir=/tmp/paxlike/grpo_tiny \\
+      --fdl_set=train.init_from=job:/tmp/paxlike/arithmetic_sft
+  (after ArithmeticSft's two commands). Rows log reward (mean), reward_std, reward_max, kl,
+  clip_ratio, completion_length; eval_loss is the held-out answers' NLL. Curve and numbers:
+  docs/reproductions/grpo.md.
+  """
+
+  STEPS, PEAK_LR = 200, 2e-3
+
+  def task(self):
+    return _lm_parts.grpo_tiny_task(self.STEPS, self.PEAK_LR)
+
+  def datasets(self):
+    return _lm_parts.arithmetic_prompts()
+
+
+@register
+class GrpoLlama(FinetuneLlama):
+  """GRPO of a Hugging Face checkpoint with LoRA (rank 16 on every projection; the reference
+  is the checkpoint, the adapters off): JSONL rows of `prompt` (or chat `messages`) and
+  `answer`, rewarded by the exact match of the final answer (README "Preference tuning and RL").
+
+  python -m paxlike.main --exp=lm.GrpoLlama --job_log_dir=/tmp/grpo \\
+      --fdl_set=train.init_from=hf:/path/to/llama --fdl_set=data.files='prompts/*.jsonl'
+  """
+
+  STEPS, PEAK_LR = 500, 1e-5
+
+  def task(self):
+    cfg = super().task()
+    cfg.model.lora_rank, cfg.model.lora_targets = 16, ALL_PROJECTIONS
+    cfg.loss = _lm_parts.grpo_loss(num_generations=8, max_completion_length=256)
+    return cfg
+
+  def datasets(self):
+    return fdl.Config(PromptData, seq_len=512, batch_size=8, eval_batch_size=8)

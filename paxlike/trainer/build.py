@@ -12,7 +12,7 @@ import dataclasses
 from typing import Callable
 
 from paxlike.trainer.task import Task
-from paxlike.trainer import privacy
+from paxlike.trainer import grpo, grpo_step, privacy
 from paxlike.trainer.evaluator import Evaluator, build_evaluator
 from paxlike.trainer.program import Program, compile_train_step, place
 from paxlike.trainer.reporters import Reporters, build_reporters
@@ -40,7 +40,10 @@ def setup(task: Task, *, train_step: bool = True, evaluator: bool = True) -> Tra
   task = privacy.cohort_bound(task)
   accountant = privacy.checked_accountant(task)
   program = place(task)
-  return Trainer(task=task, program=program,
-                 step=compile_train_step(task, program) if train_step else None,
+  step, trained = None, program  # A GRPO step samples, then trains on its own batch shape.
+  if train_step:
+    step, trained = (grpo_step.build(task, program) if grpo.is_grpo(task) else
+                     (compile_train_step(task, program), program))
+  return Trainer(task=task, program=program, step=step,
                  evaluator=build_evaluator(task, program) if evaluator else None,
-                 reporters=build_reporters(task, program, accountant) if train_step else None)
+                 reporters=build_reporters(task, trained, accountant) if train_step else None)

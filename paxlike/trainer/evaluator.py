@@ -16,7 +16,7 @@ from paxlike.core import partitioning
 from paxlike.core.trainable import TrainableMask
 from paxlike.data.sources import ClientEval
 from paxlike.federated.clients import fine_tuned
-from paxlike.trainer import evaluation, losses, preference
+from paxlike.trainer import evaluation, grpo, losses, preference
 from paxlike.trainer.program import Program, placed_spec
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import TrainState, ema_params
@@ -71,7 +71,7 @@ def build_evaluator(task: Task, program: Program) -> Evaluator:
   client_eval = data.client_eval()
   eval_batch = program.eval_batch_spec  # Read once, by `place`.
   sharding = partitioning.eval_batch_sharding(mesh)
-  if task.loss is not None:  # Pair data: the preference loss and rewards on held-out pairs.
+  if task.loss is not None and not grpo.is_grpo(task):  # Pairs: the preference loss, rewards.
     step = preference.eval_step(task.model, task.loss)
   else:
     step = evaluation.eval_step(task.model, data.item,

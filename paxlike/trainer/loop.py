@@ -22,7 +22,7 @@ from paxlike.data.prefetch import Prefetcher
 from paxlike.errors import RunFailure
 from paxlike.trainer.task import Task
 from paxlike.core import partitioning
-from paxlike.trainer import checkpoint, init_from, preference_loss
+from paxlike.trainer import checkpoint, grpo, init_from, preference_loss
 from paxlike.trainer.build import Trainer
 from paxlike.trainer.checkpoint import Checkpoints, Fallback
 from paxlike.trainer.preemption import StopSignal
@@ -32,7 +32,8 @@ from paxlike.trainer.train_state import FINITE, TrainState, with_hyperparams
 
 
 # Logged as the mean over the steps since the previous row (a step's own value is noisy).
-MEAN_METRICS = ('loss', 'accuracy', *preference_loss.METRICS)
+MEAN_METRICS = ('loss', 'accuracy', *preference_loss.METRICS, *grpo.METRICS)
+MEAN_PREFIXES = ('reward/',)  # GRPO's reward of each of several reward functions.
 
 
 @jax.jit
@@ -149,7 +150,8 @@ def _run_steps(trainer: Trainer, checkpoints: Checkpoints, writer: RunWriter, st
       host = host_rounds.get(step)
       waited += time.perf_counter() - asked
       state, metrics = trainer.step(state, *round_inputs(trainer, step, host))
-      means = {k: metrics[k] for k in MEAN_METRICS if k in metrics}
+      means = {k: v for k, v in metrics.items()
+               if k in MEAN_METRICS or k.startswith(MEAN_PREFIXES)}
       sums, count = (_add_metrics(sums, means) if count else means), count + 1
       if step % cfg.log_every == 0 or step % cfg.eval_every == 0 or step == cfg.num_steps:
         now = time.perf_counter()

@@ -25,7 +25,7 @@ from paxlike.core.trainable import TrainableMask
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
 from paxlike.trainer import reference
-from paxlike.trainer.preference import task_loss_fn
+from paxlike.trainer.grpo import task_loss_fn
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
                                          init_state, train_step)

@@ -21,7 +21,7 @@ from paxlike.core.algorithm import Algorithm, AlgorithmBuilder
 from paxlike.core.partitioning import MeshConfig
 from paxlike.errors import UserError
 from paxlike.families import family_of
-from paxlike.trainer.preference import task_loss_fn
+from paxlike.trainer.grpo import task_loss_fn
 
 if TYPE_CHECKING:  # paxlike.data imports tfds; the annotation needs only the protocol.
   from paxlike.data import DataSource
@@ -80,8 +80,9 @@ class Task:
   mesh: MeshConfig = MeshConfig()
   train: TrainConfig = TrainConfig()
   experiment: str | None = None  # The registered key the CLI built this config from.
-  # A preference loss (paxlike.trainer.preference_loss.PreferenceLoss) for pair data; None: the
-  # model's own loss (paxlike.trainer.preference.task_loss_fn).
+  # A preference loss (paxlike.trainer.preference_loss.PreferenceLoss) for pair data, or GRPO's
+  # (paxlike.trainer.grpo_loss.GrpoLoss) for prompt data; None: the model's own loss
+  # (paxlike.trainer.grpo.task_loss_fn).
   loss: Any = None
 
   def __post_init__(self):
