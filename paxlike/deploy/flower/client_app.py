@@ -81,11 +81,12 @@ def _process_age() -> float:
   return time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf('SC_CLK_TCK')
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-  """Runs the client program for each slot of this node in the message's round. The node's
-  log gets the slots it ran and where the time went: the process's start (Flower starts a
-  ClientApp process per message), loading the program and the data, and the programs."""
+def run_slots(context: Context, step: int, slots: list[int], clients: list[int],
+              received: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+  """{slot: the client program's named outputs} for this node's `slots` of round `step`
+  (`received`: the values sent down, keyed by records.slot_key). The node's log gets the
+  slots it ran and where the time went: the process's start (Flower starts a ClientApp process
+  per message), loading the program and the data, and the programs."""
   entered = time.perf_counter()
   import jax
   export_dir, config_file, held = _node_settings(context)
@@ -93,10 +94,6 @@ def train(msg: Message, context: Context) -> Message:
   blob = (Path(export_dir) / plan['programs']['client']['file']).read_bytes()
   program = jax.export.deserialize(bytearray(blob))
   task = records.load_task(config_file)
-  round_config = msg.content['round']
-  step = int(round_config['step'])
-  slots, clients = list(round_config['slots']), list(round_config['clients'])
-  received = records.from_record(msg.content['down'])
   outputs, compute = {}, 0.0
   loaded = time.perf_counter()
   for slot, client in zip(slots, clients):
@@ -108,8 +105,8 @@ def train(msg: Message, context: Context) -> Message:
     began = time.perf_counter()
     results = [np.asarray(value) for value in program.call(*args)]
     compute += time.perf_counter() - began
-    for spec, value in zip(plan['programs']['client']['outputs'], results):
-      outputs[records.slot_key(slot, spec['name'])] = value
+    outputs[slot] = {spec['name']: value
+                     for spec, value in zip(plan['programs']['client']['outputs'], results)}
   log = context.node_config.get('log')
   if log:
     seconds = {'start_seconds': _process_age() - (time.perf_counter() - entered),
@@ -118,4 +115,16 @@ def train(msg: Message, context: Context) -> Message:
                'compute_seconds': compute}
     with open(str(log), 'a') as f:
       f.write(json.dumps({'step': step, 'slots': slots, 'clients': clients, **seconds}) + '\n')
+  return outputs
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+  """Runs the client program for each slot of this node in the message's round."""
+  round_config = msg.content['round']
+  slots, clients = list(round_config['slots']), list(round_config['clients'])
+  by_slot = run_slots(context, int(round_config['step']), slots, clients,
+                      records.from_record(msg.content['down']))
+  outputs = {records.slot_key(slot, name): value
+             for slot, named in by_slot.items() for name, value in named.items()}
   return Message(RecordDict({'up': records.to_record(outputs)}), reply_to=msg)

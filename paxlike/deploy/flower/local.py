@@ -2,15 +2,16 @@
 each its own process group, all stopped at the end.
 
   python -m paxlike.deploy.flower.local --export_dir=DIR --rounds=R --nodes=N --out=OUT \
-      --exp=federated.DigitsFedAvg [--fdl_set=PATH=VALUE ...]
+      --exp=federated.DigitsFedAvg [--fdl_set=PATH=VALUE ...] [--secure_aggregation]
 
 The config flags are those the export was made with (paxlike.main's); a config whose hash is
 not the plan's is refused (exit 2). The SuperLink serves TLS with a certificate of a CA made
 for the run and admits only the N nodes whose keys the launcher enrolled. Node k holds clients
 k, k + N, k + 2N, ... and reads them through paxlike's data pipeline. OUT/server gets
 metrics.jsonl, cohorts.jsonl, nodes.jsonl, the Orbax checkpoints and final.npz (the
-ServerApp's); OUT also holds the saved config, the credentials, the Flower app and every
-process's log.
+ServerApp's); OUT also holds the saved config, the credentials, the Flower app, runs.json
+(Flower's record of the runs) and every process's log. With --secure_aggregation the sums go
+through Flower's SecAgg+ (secure.py); a plan whose clients keep individual values is refused.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from absl import app, flags
 
 from paxlike import main as cli
-from paxlike.deploy.flower import federation, processes, records
+from paxlike.deploy.flower import federation, processes, records, rounds
 from paxlike.deploy.flower.rounds import clients_of_nodes
 
 flags.DEFINE_string('export_dir', None, 'The export directory (python -m paxlike.export --out).')
@@ -31,6 +32,8 @@ flags.DEFINE_integer('nodes', 2, 'SuperNodes to start.')
 flags.DEFINE_string('out', None, 'New directory for the run (metrics.jsonl, final.npz, logs).')
 flags.DEFINE_integer('round_timeout', 300, 'Seconds a round (or the nodes joining) may take; '
                      'a node that has not replied by then is lost.')
+flags.DEFINE_bool('secure_aggregation', False, 'Sum the clients\' contributions with Flower\'s '
+                  'SecAgg+ (the server sees only sums over the nodes; docs/flower.md).')
 flags.DEFINE_integer('server_restarts', 2, 'Times the app is submitted again when its ServerApp '
                      'stops before the last round (it resumes from its last checkpoint).')
 FLAGS = flags.FLAGS
@@ -47,8 +50,17 @@ def rows_done(out: Path) -> int:
   return len(rows.read_text().splitlines()) if rows.exists() else 0
 
 
+def _save_runs(fed: federation.Federation, path: Path) -> None:
+  """Flower's own record of the runs (status, times, network traffic) as `flwr ls` prints it."""
+  listed = subprocess.run([str(processes.BIN / 'flwr'), 'ls', federation.CONNECTION, '--format',
+                           'json'], env=processes.flower_env(fed.home), text=True,
+                          capture_output=True, timeout=120)
+  path.write_text(listed.stdout)
+
+
 def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, nodes: int,
-                   num_clients: int, timeout: int, restarts: int) -> None:
+                   num_clients: int, timeout: int, restarts: int,
+                   secure_aggregation: bool = False) -> None:
   """Starts the federation (TLS, only the nodes it enrolled), runs `rounds` rounds, submitting
   the app again up to `restarts` times when its ServerApp stops early (it resumes from its
   checkpoint), and stops every process; RunFailure when the rows are not all written."""
@@ -60,7 +72,9 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
   processes.write_app(out / 'app', {
       'export-dir': str(export_dir.absolute()), 'config': str((out / 'config.json').absolute()),
       'out-dir': str((out / 'server').absolute()), 'rounds': rounds,
-      'timeout': timeout})
+      'timeout': timeout, 'secure-aggregation': int(secure_aggregation)},
+      'paxlike.deploy.flower.secure_client:app' if secure_aggregation
+      else 'paxlike.deploy.flower.client_app:app')
   budget = timeout * (rounds + 2)
   try:
     fed.start_superlink(timeout)
@@ -74,6 +88,7 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
       runner.wait(timeout=budget)
       if rows_done(out) == rounds:
         break
+    _save_runs(fed, out / 'runs.json')
   except subprocess.TimeoutExpired:
     raise RunFailure(f'the federation did not finish in {budget} s '
                      f'(logs in {out / "logs"})') from None
@@ -110,11 +125,19 @@ def run(argv: list[str]) -> None:
                     f'(plan.json config_sha256 {plan["config_sha256"][:12]}…)')
   if not 1 <= FLAGS.rounds <= 10_000 or FLAGS.nodes < 1 or FLAGS.server_restarts < 0:
     raise UserError('--rounds and --nodes must be at least 1, --server_restarts at least 0')
+  if FLAGS.secure_aggregation:
+    from paxlike.deploy.flower import secure
+    if (reason := secure.refusal(plan)) is not None:
+      raise UserError(reason)
+    if FLAGS.nodes < 2:
+      raise UserError('--secure_aggregation needs at least 2 nodes (SecAgg+ sums over nodes)')
+  if (reason := rounds.unsupported(plan)) is not None:
+    raise UserError(reason)
   _stop_on_sigterm()
   num_clients = config_io.build(cfg).data.num_clients
   run_federation(Path(FLAGS.export_dir), config_json, Path(FLAGS.out), FLAGS.rounds,
                  min(FLAGS.nodes, num_clients), num_clients, FLAGS.round_timeout,
-                 FLAGS.server_restarts)
+                 FLAGS.server_restarts, FLAGS.secure_aggregation)
   print((Path(FLAGS.out) / 'server' / 'metrics.jsonl').read_text(), end='')
 
 

@@ -49,8 +49,10 @@ def write_connection(flwr_home: Path, name: str, address: str, ca: Path) -> None
       f'address = "{address}"\nroot-certificates = "{ca.absolute()}"\n')
 
 
-def write_app(app_dir: Path, config: dict[str, str | int | float]) -> None:
-  """A Flower app directory whose components are paxlike's apps, with `config` as run config."""
+def write_app(app_dir: Path, config: dict[str, str | int | float],
+              clientapp: str = 'paxlike.deploy.flower.client_app:app') -> None:
+  """A Flower app directory whose components are paxlike's ServerApp and `clientapp`, with
+  `config` as run config."""
   app_dir.mkdir(parents=True, exist_ok=True)
   lines = []
   for key, value in config.items():
@@ -62,7 +64,7 @@ def write_app(app_dir: Path, config: dict[str, str | int | float]) -> None:
       '[tool.hatch.build.targets.wheel]\npackages = ["."]\n\n'
       '[tool.flwr.app]\npublisher = "paxlike"\n\n[tool.flwr.app.components]\n'
       'serverapp = "paxlike.deploy.flower.server_app:app"\n'
-      'clientapp = "paxlike.deploy.flower.client_app:app"\n\n'
+      f'clientapp = "{clientapp}"\n\n'
       '[tool.flwr.app.config]\n' + '\n'.join(lines) + '\n')
 
 

@@ -2,8 +2,9 @@
 
 Run config (`flwr run --run-config`): `export-dir`, `config` (the experiment's saved config:
 seed, cohort size and sampling), `out-dir` (rows, checkpoints and node events go there),
-`rounds` (the run's last round, counted from the export's start) and `timeout` (seconds a round,
-or the nodes joining, may take).
+`rounds` (the run's last round, counted from the export's start), `timeout` (seconds a round,
+or the nodes joining, may take) and `secure-aggregation` (1: the sums go through SecAgg+,
+secure.py; every node takes part in every round, and a node lost halts the run).
 
 It resumes from the newest Orbax checkpoint in `out-dir` (or starts from the export's state),
 asks the nodes which clients they hold (membership.py), then per round: runs server_pre on the
@@ -24,7 +25,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from paxlike.deploy.flower import membership, progress, records, rounds
+from paxlike.deploy.flower import membership, progress, records, rounds, secure, secure_round
 
 app = ServerApp()
 
@@ -71,8 +72,38 @@ def collect(plan: dict[str, Any], grid: Grid, messages: list[Message], timeout: 
   return got, missing, received
 
 
-def run_round(ex: Any, grid: Grid, members: membership.Members, carried: dict[str, np.ndarray],
-              cohort: np.ndarray, step: int, seed: int, timeout: float
+def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
+            env: dict[str, np.ndarray], cohort: np.ndarray, step: int, timeout: float,
+            scale: float | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """The round's aggregates from the nodes (SecAgg+ when `scale` is set), and what it did."""
+  plan = ex.plan
+  messages, _ = train_messages(plan, env, cohort, members.owner, step)
+  if scale is None:
+    got, missing, received = collect(plan, grid, messages, timeout)
+    for node in missing:
+      members.lose(node, step)
+    if not got:
+      raise RuntimeError(f'round {step}: no node returned its clients\' work')
+    return (rounds.aggregates(plan, [got[s] for s in sorted(got)]),
+            {'dropped_slots': sorted(set(range(len(cohort))) - set(got)),
+             'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
+             'bytes_up': received})
+  by_node = {node: ([], []) for node in set(members.owner.values())}  # Every node takes part.
+  for m in messages:
+    by_node[m.metadata.dst_node_id] = (list(m.content['round']['slots']),
+                                       list(m.content['round']['clients']))
+  held = sorted(s for slots, _ in by_node.values() for s in slots)
+  sums = secure_round.secure_sums(grid, context, plan, env, by_node, step, scale, timeout)
+  return (secure.aggregates(plan, sums, len(held), scale),
+          {'dropped_slots': sorted(set(range(len(cohort))) - set(held)),
+           'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
+           'bytes_up': None, 'secagg_sum_error_bound': secure.sum_error_bound(len(by_node),
+                                                                              scale)})
+
+
+def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members,
+              carried: dict[str, np.ndarray], cohort: np.ndarray, step: int, seed: int,
+              timeout: float, scale: float | None = None
               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """One round from the state `carried`: (server_post's named outputs, what the round did:
   its dropped slots, the array bytes sent down and up, the seconds of the server's work)."""
@@ -82,21 +113,13 @@ def run_round(ex: Any, grid: Grid, members: membership.Members, carried: dict[st
   env = {**carried, rng_name: rounds.rng_key_data(seed, step, plan['key_impl'])}
   env.update(rounds.named_outputs(spec['server_pre'], ex.programs['server_pre'].call(
       *rounds.program_args(spec['server_pre'], env))))
-  messages, _ = train_messages(plan, env, cohort, members.owner, step)
   server = time.perf_counter() - began
-  got, missing, received = collect(plan, grid, messages, timeout)
-  for node in missing:
-    members.lose(node, step)
-  if not got:
-    raise RuntimeError(f'round {step}: no node returned its clients\' work')
+  aggregated, done = _uplink(ex, grid, context, members, env, cohort, step, timeout, scale)
   began = time.perf_counter()
-  env.update(rounds.aggregates(plan, [got[s] for s in sorted(got)]))
+  env.update(aggregated)
   outputs = rounds.named_outputs(spec['server_post'], ex.programs['server_post'].call(
       *rounds.program_args(spec['server_post'], env)))
-  done = {'dropped_slots': sorted(set(range(len(cohort))) - set(got)),
-          'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
-          'bytes_up': received, 'server_seconds': server + time.perf_counter() - began}
-  return outputs, done
+  return outputs, {**done, 'server_seconds': server + time.perf_counter() - began}
 
 
 @app.main()
@@ -107,7 +130,9 @@ def main(grid: Grid, context: Context) -> None:
   export_dir, out = str(settings['export-dir']), Path(str(settings['out-dir']))
   ex = executor.load(export_dir)
   plan = ex.plan
-  if (reason := rounds.unsupported(plan)) is not None:
+  secure_sums = bool(settings.get('secure-aggregation', False))
+  reason = (secure.refusal(plan) if secure_sums else None) or rounds.unsupported(plan)
+  if reason is not None:
     raise RuntimeError(reason)
   task = records.load_task(str(settings['config']))
   seed, data, timeout = task.train.seed, task.data, float(settings['timeout'])
@@ -131,7 +156,10 @@ def main(grid: Grid, context: Context) -> None:
       members.ask_new(timeout)
       cohort = sources.sample_cohort(seed, step, sizes, data.clients_per_round, data.sampling)
       began = time.perf_counter()
-      outputs, done = run_round(ex, grid, members, carried, cohort, step, seed, timeout)
+      scale = (max(1.0, float(sources.cohort_weights(sizes, cohort, data.sampling).sum()))
+               if secure_sums else None)
+      outputs, done = run_round(ex, grid, context, members, carried, cohort, step, seed,
+                                timeout, scale)
       carried = {n: outputs[n] for n in carried}
       lost = sorted(set(range(data.num_clients)) - set(members.owner))
       rows.write(step, outputs, {'nodes': members.nodes(),

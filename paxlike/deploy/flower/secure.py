@@ -1,0 +1,123 @@
+"""The plan's sums through Flower's SecAgg+ (`--secure_aggregation`): the server learns only the
+sum over the nodes of their contributions, never one node's.
+
+Flower 1.42 has SecAgg+ only on its legacy path: `SecAggPlusWorkflow` driving a strategy's
+`configure_fit`/`aggregate_fit`, and the nodes' `secaggplus_mod` around a handler that answers
+a legacy fit message (parameters: a list of arrays). Each node sends the sum over its slots of
+every summed or averaged value, divided by the round's `scale` (the cohort's total weight, at
+least 1, which the server knows) so that it lies in ±CLIPPING_RANGE; the mod quantizes each
+value stochastically to QUANTIZATION_RANGE levels over that range and masks it; the server
+unmasks only the sum over the nodes (of their mean: times the nodes). Each node's value is off
+by less than one level, so a summed value differs from the exact sum by less than
+nodes × 2 × CLIPPING_RANGE / QUANTIZATION_RANGE × scale (`sum_error_bound`). A node whose
+scaled value leaves the range refuses the round in one line instead of being clipped. A 0-d
+value travels as shape (1,): the workflow's unmasking adds its offset and divides in place,
+which leaves a 0-d array's result unchanged (checked in tests/deploy/test_flower_secure.py). Every
+admitted node takes part in every round (with zeros when it serves no slot), so the server
+cannot tell a node's contribution even when the cohort falls on one node.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from paxlike.deploy.flower import rounds
+from paxlike.export import run as executor
+
+CLIPPING_RANGE = 8.0
+QUANTIZATION_RANGE = 2**24
+MODULUS_RANGE = 2**32  # Above nodes × QUANTIZATION_RANGE for up to 256 nodes: no overflow.
+
+
+def refusal(plan: dict[str, Any]) -> str | None:
+  """Why SecAgg+ cannot run `plan` (one line): a client output its server or its clients read
+  one client at a time instead of summed; None when every contribution is summed or averaged."""
+  uplinked = {e['value'] for e in plan['communication'] if e['kind'] in executor.UP}
+  single = [d['name'] for d in plan['programs']['client']['outputs'] if d['name'] not in uplinked]
+  if single:
+    return (f'--secure_aggregation: {plan.get("algorithm", "this algorithm")} keeps each '
+            f'client\'s {single[0]} individually, and SecAgg+ reveals only sums')
+  return None
+
+
+def summed_values(plan: dict[str, Any]) -> list[str]:
+  """The client outputs that go up (each once, in plan order): what a node sends."""
+  names: list[str] = []
+  for entry in plan['communication']:
+    if entry['kind'] in executor.UP and entry['value'] not in names:
+      names.append(entry['value'])
+  return names
+
+
+def sum_error_bound(nodes: int, scale: float) -> float:
+  """The most a SecAgg+ sum of `nodes` nodes' values differs from the exact sum."""
+  return nodes * 2 * CLIPPING_RANGE / QUANTIZATION_RANGE * scale
+
+
+def node_sum(plan: dict[str, Any], contributions: list[dict[str, np.ndarray]], scale: float
+             ) -> list[np.ndarray]:
+  """What a node sends: per summed value, its slots' sum (zeros when it has none) / `scale`,
+  in float64; ValueError (one line) when a value leaves ±CLIPPING_RANGE."""
+  specs = {d['name']: d for d in plan['programs']['client']['outputs']}
+  out = []
+  for name in summed_values(plan):
+    total = np.zeros(specs[name]['shape'], np.float64)
+    for c in contributions:
+      total = total + np.asarray(c[name], np.float64)
+    scaled = total / scale
+    if scaled.size and np.max(np.abs(scaled)) > CLIPPING_RANGE:
+      raise ValueError(f'{name} / {scale:g} reaches {np.max(np.abs(scaled)):.3g}, outside '
+                       f'SecAgg+\'s clipping range ±{CLIPPING_RANGE:g}')
+    out.append(np.atleast_1d(scaled))  # The workflow's unmasking skips 0-d arrays.
+  return out
+
+
+def aggregates(plan: dict[str, Any], sums: list[np.ndarray], slots: int, scale: float
+               ) -> dict[str, np.ndarray]:
+  """The plan's aggregates from the unmasked per-value sums (scaled back, as the executor's
+  dtypes; a mean divides by the `slots` that contributed)."""
+  specs = {d['name']: d for d in plan['programs']['client']['outputs']}
+  total = dict(zip(summed_values(plan), sums))
+  results = {}
+  for entry in plan['communication']:
+    if entry['kind'] not in executor.UP:
+      continue
+    dtype = specs[entry['value']]['dtype']
+    shape = specs[entry['value']]['shape']
+    value = np.asarray(total[entry['value']], np.float64).reshape(shape) * scale
+    if entry['kind'] == 'mean':
+      results[entry['result']] = (value / slots).astype(executor._mean_dtype(dtype))
+    else:
+      wide = executor._sum_dtype(dtype)
+      exact = np.issubdtype(np.dtype(wide), np.integer)
+      results[entry['result']] = (np.rint(value) if exact else value).astype(wide)
+  return results
+
+
+def fit_config(step: int, slots: list[int], clients: list[int], scale: float,
+               keys: list[str]) -> dict[str, Any]:
+  """A legacy fit message's config (scalars only): the round, the node's slots, the scale and
+  the names of the parameter list's arrays."""
+  return {'step': step, 'slots': json.dumps(slots), 'clients': json.dumps(clients),
+          'scale': float(scale), 'keys': json.dumps(keys)}
+
+
+def read_fit_config(config: dict[str, Any]) -> tuple[int, list[int], list[int], float,
+                                                      list[str]]:
+  return (int(config['step']), json.loads(str(config['slots'])),
+          json.loads(str(config['clients'])), float(config['scale']),
+          json.loads(str(config['keys'])))
+
+
+def down_arrays(plan: dict[str, Any], env: dict[str, np.ndarray], slots: list[int]
+                ) -> tuple[list[str], list[np.ndarray]]:
+  """(record keys, arrays) of what a node's slots are sent, as a legacy parameter list."""
+  keys, arrays = [], []
+  for slot in slots:
+    for name, value in rounds.slot_down(plan, env, slot).items():
+      keys.append(f'{slot}/{name}')
+      arrays.append(np.asarray(value))
+  return keys, arrays
