@@ -12,7 +12,11 @@ spills into the next window. `ratio` is async / none step time (median of the re
 `ratio_best`: best window over best window). Goal: <= 1.03.
 `extra_ms_per_step` splits the difference into the read-back, the blocking part of `save()`
 (`save_call_ms` per save) and the rest (background writes); `--profile FILE` writes a cProfile
-of one extra `async` window (main thread only) and logs its top entries.
+of one extra `async` window (main thread only) and logs its top entries; `--saves_only N`
+runs N saves back to back and prints their CPU ms per save, for a profiler that sees every
+thread (`py-spy record -r 250 -f raw -o RAW -- python benchmarks/checkpoint_cost.py
+--saves_only 40`), and `--pyspy_raw RAW --pyspy_rate 250 --saves_only 40` sums that profile's
+busy Python time per save by thread and by function.
 `save_cpu_ms` is the CPU time (all threads) one save costs, measured alone after the windows;
 `save_cpu_share` puts it against the CPU the machine has while `every` steps run
 (cores x every x the `none` step time): where the step keeps every core busy, a background save
@@ -22,15 +26,18 @@ can hide nothing, and `ratio` stays near 1 + that share however little of it blo
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import io
 import os
 import pstats
+import re
 import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
@@ -46,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--every', type=int, default=10, help='checkpoint interval in steps')
   parser.add_argument('--repeats', type=int, default=8)
   parser.add_argument('--profile', type=Path, help='write a cProfile of one async window here')
+  parser.add_argument('--saves_only', type=int, default=0, metavar='N',
+                      help='no timed windows: N saves back to back (for an outside profiler)')
+  parser.add_argument('--pyspy_raw', type=Path, metavar='FILE',
+                      help="summarize FILE (py-spy's raw output of a --saves_only run) and exit")
+  parser.add_argument('--pyspy_rate', type=int, default=100, help='its samples per second')
   parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   args = parser.parse_args(argv)
   if args.quick:
@@ -56,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
+  if args.pyspy_raw:
+    common.emit(busy_threads(args.pyspy_raw.read_text(), args.pyspy_rate, args.saves_only + 1))
+    return
   machine = common.machine()
   import jax
   from paxlike import registry
@@ -101,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
 
   with tempfile.TemporaryDirectory(prefix='paxlike_ckpt_bench_') as directory:
     checkpoints = Checkpoints(Path(directory) / 'checkpoints', max_to_keep=3)
+    if args.saves_only:
+      saves_alone(checkpoints, run['state'], args.saves_only)
+      return
     try:
       window(None)  # Warm up the step, then the first (slow) save.
       window(checkpoints)
@@ -147,6 +165,45 @@ def cpu_ms_per_save(checkpoints, state, last_step: int, saves: int = 4) -> float
     checkpoints.save(step, state, {'step': step, 'data': checkpoint.data_position(0, step)})
     checkpoints.wait()
   return 1e3 * (cpu_seconds() - start) / saves
+
+
+def saves_alone(checkpoints, state, saves: int) -> None:
+  """One untimed save (its one-off work), then `saves` saves back to back: prints their CPU ms
+  per save and closes `checkpoints`."""
+  import jax
+  try:
+    cpu_ms_per_save(checkpoints, state, 0, 1)
+    common.emit({'benchmark': 'checkpoint_cost', 'saves': saves,
+                 'leaves': len(jax.tree.leaves(state)),
+                 'save_cpu_ms': cpu_ms_per_save(checkpoints, state, 1, saves)})
+  finally:
+    checkpoints.close()
+
+
+IDLE = re.compile(r'(Condition\.wait|_worker|\w*Selector\.select|Thread\._wait_for_tstate_lock'
+                  r'|wait) \(')
+
+
+def busy_threads(raw: str, rate: int, saves: int, top: int = 12) -> dict[str, Any]:
+  """Where a --saves_only run's Python time went, from py-spy's raw stacks: busy ms per save
+  by thread (Orbax names its threads by stage) and by innermost function; the main thread
+  counts only inside the saves, and samples parked in a wait or an idle worker not at all."""
+  threads: collections.Counter = collections.Counter()
+  leaves: collections.Counter = collections.Counter()
+  for line in raw.splitlines():
+    stack, _, count = line.rpartition(' ')
+    frames = stack.split(';')
+    main_thread = 'MainThread' in frames[0] or frames[1:2] == ['<module>'] or any(
+        f.startswith('<module> (') for f in frames[1:2])
+    if len(frames) < 2 or IDLE.match(frames[-1]) or (
+        main_thread and not any('cpu_ms_per_save' in f for f in frames)):
+      continue
+    threads[re.sub(r'\(\d+\):?\s*|^thread\s*', '', frames[0]) or 'unnamed'] += int(count)
+    leaves[re.sub(r':\d+\)', ')', frames[-1])] += int(count)
+  per_save = 1e3 / rate / saves
+  return {'busy_ms_per_save': round(sum(threads.values()) * per_save, 1),
+          'by_thread_ms': {k: round(v * per_save, 1) for k, v in threads.most_common(top)},
+          'by_function_ms': {k: round(v * per_save, 1) for k, v in leaves.most_common(top)}}
 
 
 def profile(fn, path: Path) -> None:
