@@ -12,6 +12,7 @@ which keep their fresh init. The trainer calls it on a fresh start only (`loop.r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -172,7 +173,13 @@ def _scanned_path(path: tuple[str, ...], group: int = 1) -> tuple[str, ...]:
 
 
 def _stack(parts: tuple[jax.Array, ...], sharding: Any) -> jax.Array:
-  return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=sharding)(*parts)
+  return _stacker(sharding)(*parts)
+
+
+@functools.lru_cache(maxsize=64)
+def _stacker(sharding: Any) -> Callable[..., jax.Array]:
+  """One jitted stack per output sharding, so params of one shape compile it once."""
+  return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=sharding)
 
 
 def _manager(source: Source) -> ocp.CheckpointManager:

@@ -1,13 +1,19 @@
-"""Every dense family, from a checkpoint in either config layout: logits equal the float64
-numpy reference (tests/interop/reference.py) within 1e-4 of the logit scale in float32, at
-positions past the sliding windows and RoPE thresholds, unrolled and scanned."""
+"""Every dense family, from a checkpoint directory in either config layout, loaded as a run
+with `train.init_from='hf:DIR'` loads it: logits equal the float64 numpy reference
+(tests/interop/reference.py) within 1e-4 of the logit scale in float32, at positions past the
+sliding windows and RoPE thresholds, unrolled and scanned."""
 
 import fiddle as fdl
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from paxlike import interop
+from paxlike.layers import TransformerLM
+from paxlike.trainer import init_from
 from tests.interop import checkpoints, reference
 
 TOLERANCE = 1e-4
@@ -18,9 +24,21 @@ def relative_error(logits: np.ndarray, ref: np.ndarray) -> float:
   return float(np.max(np.abs(logits - ref)) / np.max(np.abs(ref)))
 
 
-def paxlike_logits(directory, tokens, **overrides) -> np.ndarray:
-  model_cfg, params = interop.load_hf_checkpoint(directory, **overrides)
-  return np.asarray(fdl.build(model_cfg).apply({'params': params}, jnp.asarray(tokens)))
+def paxlike_logits(directory, tokens, **fields) -> np.ndarray:
+  """The logits of the model a run with train.init_from='hf:DIR' starts from: its fields from
+  the source's config.json (init_from.model_overrides_from, which the CLI fills the model's
+  unset fields with) and `fields`, its params streamed from the safetensors files onto the
+  devices (init_from.load_params, what the trainer calls on a fresh start)."""
+  source = f'hf:{directory}'
+  model = fdl.build(fdl.Config(TransformerLM, **{**init_from.model_overrides_from(source),
+                                                 **fields}))
+  tokens = jnp.asarray(tokens)
+  shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), tokens))['params'])
+  replicated = NamedSharding(jax.make_mesh((1,), ('data',)), P())
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                          shapes)
+  params = traverse_util.unflatten_dict(init_from.load_params(source, abstract, model), sep='/')
+  return np.asarray(jax.jit(model.apply)({'params': params}, tokens))
 
 
 @pytest.mark.parametrize('layout', ['v4', 'v5'])
