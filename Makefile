@@ -45,7 +45,7 @@ $(PEERS_VENV)/.installed:
 	@[ -x $(PEERS_VENV)/bin/python ] || $(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(PEERS_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
-	$(PEERS_VENV)/bin/python -m pip install -q transformers peft safetensors
+	$(PEERS_VENV)/bin/python -m pip install -q transformers peft safetensors trl
 	@touch $@
 
 # MaxText's wheel declares no dependencies: it ships the lock for running without Google Cloud
