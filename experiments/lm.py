@@ -287,7 +287,7 @@ class GrpoTiny(Experiment):
   docs/reproductions/grpo.md.
   """
 
-  STEPS, PEAK_LR = 200, 2e-3
+  STEPS, PEAK_LR = 300, 2e-3
 
   def task(self):
     return _lm_parts.grpo_tiny_task(self.STEPS, self.PEAK_LR)
