@@ -19,7 +19,7 @@ from paxlike.config import config_io
 from paxlike.deploy.flower import certs, processes
 from paxlike.export import run as executor
 from tests.deploy import flower_procs as fp
-from tests.helpers import REPO, cli_env
+from tests.helpers import REPO, TIMING_FIELDS, cli_env, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow  # Flower processes, a ClientApp process per message, two kills.
 
@@ -61,7 +61,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, fl
   assert made.returncode == 0, made.stderr[-2000:]
   launcher = fp.start_group([sys.executable, '-m', 'paxlike.deploy.flower.local', *CLI_TINY,
                              f'--export_dir={export}', f'--out={out}', f'--rounds={ROUNDS}',
-                             f'--nodes={NODES}', '--round_timeout=60'], root / 'launcher.log')
+                             f'--nodes={NODES}', '--round_timeout=90'], root / 'launcher.log')
   intruder = None
   try:
     fp.wait_until(lambda: (out / 'logs' / 'node1.log').exists(), 120, 'the nodes', launcher)
@@ -148,3 +148,20 @@ def test_no_flower_process_outlives_the_run(federation):
   _, out, began = federation
   assert [cmd for _, cmd, _ in fp.processes().values() if str(out) in cmd] == []
   assert fp.flower_processes_since(began) == []
+
+
+def test_the_uninterrupted_rounds_equal_the_simulations_own_rows(federation, tmp_path):
+  """Rounds 1-2 (before the node was killed; the second after the ServerApp's restart) against
+  `python -m paxlike.main` on the same experiment and seed, row by row."""
+  _, out, _ = federation
+  job = tmp_path / 'job'
+  run_cli(*CLI_TINY, f'--job_log_dir={job}', '--fdl_set=train.num_steps=2',
+          '--fdl_set=train.log_every=1', '--fdl_set=train.eval_every=100', timeout=300)
+  simulated = metric_rows(job)
+  deployed = fp.rows(out / 'server' / 'metrics.jsonl')[:2]
+  assert [r['step'] for r in simulated] == [r['step'] for r in deployed] == [1, 2]
+  for sim, dep in zip(simulated, deployed):
+    shared = set(sim) & set(dep) - TIMING_FIELDS - {'step'}
+    assert {'loss', 'accuracy', 'pseudo_grad_norm', 'clients'} <= shared
+    for key in shared:
+      np.testing.assert_allclose(dep[key], sim[key], rtol=1e-5, atol=1e-6, err_msg=key)

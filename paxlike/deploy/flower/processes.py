@@ -60,7 +60,8 @@ def write_app(app_dir: Path, config: dict[str, str | int | float],
                  else f'{key} = "{value}"')
   (app_dir / 'pyproject.toml').write_text(
       '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n\n'
-      '[project]\ndescription = "An exported paxlike round"\nlicense = "Apache-2.0"\nname = "paxlike-round"\nversion = "1.0.0"\ndependencies = []\n\n'
+      '[project]\ndescription = "An exported paxlike round"\nlicense = "Apache-2.0"\n'
+      'name = "paxlike-round"\nversion = "1.0.0"\ndependencies = []\n\n'
       '[tool.hatch.build.targets.wheel]\npackages = ["."]\n\n'
       '[tool.flwr.app]\npublisher = "paxlike"\n\n[tool.flwr.app.components]\n'
       'serverapp = "paxlike.deploy.flower.server_app:app"\n'
