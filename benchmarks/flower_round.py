@@ -10,8 +10,8 @@ on batches of 8. Three ways to run its rounds, on the same cohorts (the simulati
   the compute a deployment cannot avoid;
 - `flower`: `paxlike.deploy.flower.local`'s federation (SuperLink over TLS, `--nodes` SuperNodes,
   a ClientApp process per message), seconds per round from the ServerApp's `cohorts.jsonl`
-  after the first, split into the server's programs, the nodes' client programs, the nodes'
-  ClientApp start and loading (a new process per message: Python, JAX, the program, the
+  after the first, split into the server's programs, the nodes' client programs (their first
+  call in a fresh process, so XLA's compile included), the nodes' ClientApp start and loading (a new process per message: Python, JAX, the program, the
   data), and the rest (Flower's messaging: the nodes' 3 s polls, serialization, transfer).
 Bytes per round: the arrays in the round's messages (`cohorts.jsonl`: down and up) against the
 plan's figure (cohort × (download + upload bytes per client)), and Flower's own count of the
