@@ -281,13 +281,13 @@ class GrpoTiny(Experiment):
   sampled answers each, rewarded 1 for the exact sum (paxlike.trainer.rewards.exact_match).
 
   python -m paxlike.main --exp=lm.GrpoTiny --job_log_dir=/tmp/paxlike/grpo_tiny \\
-      --fdl_set=train.init_from=job:/tmp/paxlike/arithmetic_sft
-  (after ArithmeticSft's two commands). Rows log reward (mean), reward_std, reward_max, kl,
+      --fdl_set=train.init_from=job:/tmp/paxlike/arithmetic_sft@200
+  (after ArithmeticSft's two commands; its step 200, about half its samples right). Rows log reward (mean), reward_std, reward_max, kl,
   clip_ratio, completion_length; eval_loss is the held-out answers' NLL. Curve and numbers:
   docs/reproductions/grpo.md.
   """
 
-  STEPS, PEAK_LR = 300, 2e-3
+  STEPS, PEAK_LR = 200, 2e-3
 
   def task(self):
     return _lm_parts.grpo_tiny_task(self.STEPS, self.PEAK_LR)
