@@ -66,3 +66,19 @@ def test_bad_settings_are_one_line_errors(tmp_path):
     PromptData(files='x', local_steps=2)
   with pytest.raises(UserError, match='set one of prompt_field'):
     PromptData(files='x', prompt_field=None)
+
+
+def test_chat_prompts_are_rendered_with_the_generation_prompt_and_stop_at_end_of_turn(tmp_path):
+  from paxlike.tokenizers.chat_encoder import load_chat_encoder
+  from tests.tokenizers.chat_fixtures import reference_ids, write_family
+  tokenizer = write_family(tmp_path / 'tok', 'gemma')
+  rows = [{'messages': [{'role': 'user', 'content': f'{i}+1='}], 'answer': str(i + 1)}
+          for i in range(10)]
+  (tmp_path / 'chat.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  data = PromptData(files=str(tmp_path / 'chat.jsonl'), tokenizer=str(tokenizer), seq_len=64,
+                    prompt_field=None, messages_field='messages', eval_fraction=0.2)
+  encoder = load_chat_encoder(data.loaded_tokenizer)
+  text = encoder.template.render(rows[3]['messages'], add_generation_prompt=True)
+  assert data.rows.prompts[3] == text and text.endswith('<start_of_turn>model\n')
+  assert data.rows.ids[3].tolist() == reference_ids(tokenizer, text)
+  assert data.stop_id() == encoder.end_of_turn_id != encoder.eos_id
