@@ -242,7 +242,7 @@ def startup_child(files: str) -> dict[str, Any]:
   opened = []
   sys.addaudithook(lambda event, args: opened.append(1) if event == 'open' and isinstance(
       args[0], (str, Path)) and str(args[0]) in corpus else None)
-  data = TextData(files=files, txt_document='file')
+  data = TextData(files=files, fields=text_files.Fields(txt_document='file'))
   read_before, start = read_bytes(), time.perf_counter()
   store = data.store
   seconds = time.perf_counter() - start

@@ -95,8 +95,9 @@ def loader_rates(args, files: str, tokenizer_dir: str) -> dict:
   import grain
   from absl import flags
   from paxlike.data import TextData
+  from paxlike.data.text_files import Fields
   flags.FLAGS.mark_as_parsed()  # grain's workers read absl flags (paxlike.main parses them).
-  base = TextData(files=files, txt_document='line', tokenizer=tokenizer_dir)
+  base = TextData(files=files, fields=Fields(txt_document='line'), tokenizer=tokenizer_dir)
   out = {}
   for name, seq, batch in (('stdlib_tiny', 128, 16), ('llama125m', 2048, 32)):
     data = dataclasses.replace(base, seq_len=seq, batch_size=batch)
@@ -177,10 +178,11 @@ def step_rates(args) -> dict:
 
 def packing_efficiency(tokenizer_dir: str) -> dict:
   from paxlike.data import TextData
+  from paxlike.data.text_files import Fields
   out = {}
   for tokenizer in ('bytes', tokenizer_dir):
     for doc in ('line', 'paragraph'):
-      data = TextData(files=str(shakespeare()), txt_document=doc, tokenizer=tokenizer,
+      data = TextData(files=str(shakespeare()), fields=Fields(txt_document=doc), tokenizer=tokenizer,
                       seq_len=512)
       kind = 'bytes' if tokenizer == 'bytes' else 'sentencepiece'
       out[f'{kind}_{doc}'] = data.describe()['packing_efficiency']
@@ -224,6 +226,7 @@ def rss_anon_mb() -> float:
 def rss_child(files: str, steps: str) -> dict:
   """(In a child process) RssAnon after `steps` training batches and the eval batches."""
   from paxlike.data import TextData
+  from paxlike.data.text_files import Fields
   data = TextData(files=files, seq_len=512, batch_size=16)
   for step in range(int(steps)):
     data.round_batches(0, step)

@@ -38,6 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
+from paxlike.data import sources  # noqa: E402
+from paxlike.data.lm import LmData  # noqa: E402
 
 GOALS = {'cpu': 1.0}  # Elsewhere 5.0.
 MODES = ('paxlike', 'loop', 'vmapped')
@@ -73,14 +75,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 @dataclasses.dataclass
-class SyntheticLm:
+class SyntheticLm(sources.DataSource):
   """Uniform random byte windows in the shapes `LmData` gives (used when real data fails)."""
 
   seq_len: int
   batch_size: int
   clients_per_round: int
   local_steps: int
+  eval_batch_size: int = 0  # One eval batch of batch_size rows (set in __post_init__).
+  sampling: str = 'uniform'
+  partition: str = 'iid'
   item: ClassVar[str] = 'tokens'
+  vocab_size: ClassVar[int] = 256
+
+  def __post_init__(self):
+    self.eval_batch_size = self.batch_size
+
+  def prepare(self) -> None:
+    """Nothing is read: the batches are drawn from (seed, step)."""
+
+  def row_spec(self) -> dict[str, sources.Spec]:
+    return LmData.row_spec(self)  # The same windows.
+
+  def describe(self) -> dict[str, Any]:
+    return {'dataset': 'synthetic bytes', 'seq_len': self.seq_len}
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None)) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -90,9 +108,6 @@ class SyntheticLm:
     return ({'inputs': tokens[..., :-1], 'targets': tokens[..., 1:],
              'mask': np.ones(tokens.shape[:-1] + (self.seq_len,), np.float32)},
             np.ones(self.clients_per_round, np.float32))
-
-  def client_eval(self) -> None:
-    return None  # Random bytes: no clients with held-out data.
 
   def eval_batches(self, rows: slice = slice(None)) -> list[dict[str, np.ndarray]]:
     batches, _ = SyntheticLm(self.seq_len, self.batch_size, 1, 1).round_batches(0, 0, rows=rows)

@@ -12,6 +12,7 @@ from paxlike.data import LmData, TextData
 from paxlike.data import arithmetic_synth, preference_synth
 from paxlike.data.preference_data import PreferenceData
 from paxlike.data.prompt_data import PromptData
+from paxlike.data.text_files import Fields
 from paxlike.experiment import Experiment
 from paxlike.trainer import rewards
 from paxlike.trainer.grpo_loss import GrpoLoss
@@ -84,8 +85,9 @@ def arithmetic_sft_task() -> fdl.Config:
 def arithmetic_sft_data() -> fdl.Config:
   """The additions file (paxlike/data/arithmetic_synth.py) as SFT rows: prompt 'a+b=', the
   loss on the answer and its EOS (a newline, bytes)."""
-  return fdl.Config(TextData, files=arithmetic_synth.DEFAULT_FILE, prompt_field='prompt',
-                    completion_field='completion', tokenizer='bytes', seq_len=64,
+  return fdl.Config(TextData, files=arithmetic_synth.DEFAULT_FILE,
+                    fields=fdl.Config(Fields, prompt_field='prompt', completion_field='completion'),
+                    tokenizer='bytes', seq_len=64,
                     batch_size=32, eval_batch_size=32, eval_fraction=0.05, num_eval_batches=4)
 
 

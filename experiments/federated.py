@@ -15,6 +15,7 @@ from experiments._federated_parts import DOMAINS, EVERY, ROUNDS, Digits, Federat
 from paxlike.data import ImageData, LmData, TextData, data_root
 from paxlike.data import preference_synth
 from paxlike.data.preference_data import PreferenceData
+from paxlike.data.text_files import Fields
 from paxlike.registry import register
 from paxlike.trainer.preference_loss import PreferenceLoss
 
@@ -192,23 +193,23 @@ class TextFedAvg(Federated):
   """FedAvg on a tokenized corpus: 4 clients a round, 4 local steps of 8 packed 128-token rows,
   the model's vocabulary from the tokenizer. Natural clients: one per file
   (`data.partition=file`) or per value of a JSONL field (`data.partition=field
-  data.client_field=author`); by default Tiny Shakespeare's paragraphs, pooled, in bytes.
+  data.fields.client_field=author`); by default Tiny Shakespeare's paragraphs, pooled, in bytes.
 
   python -m paxlike.main --exp=federated.TextFedAvg --job_log_dir=/tmp/textfedavg \\
       --fdl_set=data.files='corpus/*.jsonl' --fdl_set=data.tokenizer=/tmp/tok/tokenizer.json \\
-      --fdl_set=data.partition=field --fdl_set=data.client_field=author"""
+      --fdl_set=data.partition=field --fdl_set=data.fields.client_field=author"""
   MODEL_FIELDS = {'vocab_size': None}
   DATA = dict(clients_per_round=4, local_steps=4)
 
   def datasets(self):
     return fdl.Config(TextData, files=str(data_root() / 'tinyshakespeare' / 'input.txt'),
-                      txt_document='paragraph', seq_len=128, batch_size=8,
-                      **self.data_fields())
+                      fields=fdl.Config(Fields, txt_document='paragraph'), seq_len=128,
+                      batch_size=8, **self.data_fields())
 
 
 @register
 class TextDpFedAvg(TextFedAvg):
-  """DP-FedAvg on your own corpus: each author (`data.client_field`, a JSONL field) is a
+  """DP-FedAvg on your own corpus: each author (`data.fields.client_field`, a JSONL field) is a
   client, the unit of privacy; each round every author joins with probability
   clients_per_round / authors (Poisson sampling, which the accountant's amplification assumes);
   updates are clipped adaptively from C = 0.5 and noised at z = 1, at δ = authors^-1.1
@@ -217,8 +218,8 @@ class TextDpFedAvg(TextFedAvg):
 
   python -m paxlike.main --exp=federated.TextDpFedAvg --job_log_dir=/tmp/textdp \\
       --fdl_set=data.files='corpus/*.jsonl' --fdl_set=data.tokenizer=/tmp/tok/tokenizer.json \\
-      --fdl_set=data.client_field=author"""
-  REQUIRED = ('data.files', 'data.client_field')
+      --fdl_set=data.fields.client_field=author"""
+  REQUIRED = ('data.files', 'data.fields.client_field')
   DATA = dict(clients_per_round=16, local_steps=4, partition='field', sampling='poisson')
   DP = dict(clip_norm=0.5, noise_multiplier=1.0)
 

@@ -10,6 +10,7 @@ from experiments._lm_parts import ALL_PROJECTIONS, ByteLm, LlamaBase as _Llama
 from paxlike.data import TextData, data_root
 from paxlike.data.preference_data import PreferenceData
 from paxlike.data.prompt_data import PromptData
+from paxlike.data.text_files import Fields
 from paxlike.layers import TransformerLM
 from paxlike.experiment import Experiment
 from paxlike.registry import register
@@ -121,7 +122,8 @@ class TextLM(Experiment):
 
   def datasets(self):
     return fdl.Config(TextData, files=str(data_root() / 'tinyshakespeare' / 'input.txt'),
-                      txt_document='paragraph', tokenizer='bytes', seq_len=self.SEQ,
+                      fields=fdl.Config(Fields, txt_document='paragraph'), tokenizer='bytes',
+                      seq_len=self.SEQ,
                       batch_size=self.BATCH, eval_batch_size=self.BATCH)
 
 
@@ -185,7 +187,7 @@ class SftLlama(FinetuneLlama):
 
   def datasets(self):
     cfg = super().datasets()
-    cfg.prompt_field, cfg.completion_field = 'prompt', 'completion'
+    cfg.fields = fdl.Config(Fields, prompt_field='prompt', completion_field='completion')
     return cfg
 
 
@@ -204,7 +206,7 @@ class ChatSftLlama(SftLlama):
 
   def datasets(self):
     cfg = super().datasets()
-    cfg.prompt_field, cfg.messages_field = None, 'messages'
+    cfg.fields = fdl.Config(Fields, messages_field='messages')
     return cfg
 
 

@@ -85,7 +85,7 @@ def fill_from_init_source(cfg) -> None:
   """With `train.init_from`, the model fields and the data's tokenizer that the config leaves
   unset come from the source (an HF dir's config.json and tokenizer, another job's config). A
   job dir's saved config is complete already, so a resumed fine-tune never reads its source."""
-  init_from = getattr(cfg.train, 'init_from', None)
+  init_from = cfg.train.init_from
   if not init_from:
     return
   from paxlike.trainer import init_from as source
@@ -94,7 +94,7 @@ def fill_from_init_source(cfg) -> None:
   for name, value in model.items():
     if name not in cfg.model.__arguments__:
       setattr(cfg.model, name, value)
-  if tokenizer and hasattr(cfg.data, 'tokenizer') and 'tokenizer' not in cfg.data.__arguments__:
+  if tokenizer and job_source.tokenizer_of(cfg.data) and 'tokenizer' not in cfg.data.__arguments__:
     cfg.data.tokenizer = tokenizer
 
 
@@ -164,16 +164,15 @@ def print_config(cfg, task) -> None:
 
 def train(cfg, task) -> None:
   """Trains `task` in --job_log_dir (resuming it), recording its config and data there."""
-  from paxlike.cli.config_lines import packing_line
-  from paxlike.data import fingerprint, prepare
+  from paxlike.data import fingerprint
   from paxlike.families import family_of
   from paxlike.trainer import build, distributed, loop
   trainer = build.setup(task)  # Checks mesh, data and model before the job dir is touched.
   with job_dir.undone_if_refused(FLAGS.job_log_dir):  # E.g. an init_from of another shape.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
                                 [*FLAGS.allow_import, *registry.trusted_modules()])
-    notes = family_of(task.model).kernel_line(task.model, task.data) + packing_line(task.data)
-    data = prepare.data_fingerprint(task.data)
+    notes = family_of(task.model).kernel_line(task.model, task.data) + task.data.config_lines()
+    data = task.data.fingerprint()
 
     def on_start() -> None:  # Restored: say which attention kernel runs, record config, data.
       print(notes.replace('# ', ''), end='', file=sys.stderr)
@@ -196,11 +195,11 @@ def train(cfg, task) -> None:
 def evaluate(task) -> None:
   """Prints the held-out metrics of --job_log_dir's latest checkpoint as one JSON line (no
   train step is compiled)."""
-  from paxlike.data import fingerprint, prepare
+  from paxlike.data import fingerprint
   from paxlike.trainer import restore
   directory = job_dir.existing(FLAGS.job_log_dir)
   trainer, step, state = restore.load_latest_state(task, directory)
-  differs = fingerprint.mismatch(directory, prepare.data_fingerprint(task.data))
+  differs = fingerprint.mismatch(directory, task.data.fingerprint())
   if differs:  # Still evaluated (on today's data), but not silently.
     print(f'warning: {differs}; these eval numbers are on the data as it is now', file=sys.stderr)
   evals, clients = trainer.evaluator.evaluate_state(state)

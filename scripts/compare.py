@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 import time
@@ -79,12 +80,14 @@ def plan(name: str, overrides: list[str]) -> Plan:
   config_io.apply_overrides(cfg, overrides)
   task = config_io.build(cfg)
   algorithm = getattr(task.algorithm, 'func', task.algorithm).__name__
-  inputs = task.data.eval_batches()[0]['inputs']
+  task.data.prepare()
+  inputs = task.data.batch_spec().eval['inputs']
   sample = jax.ShapeDtypeStruct((1, *inputs.shape[1:]), inputs.dtype)
   params = nn.unbox(jax.eval_shape(task.model.init, jax.random.key(0), sample))['params']
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   data = task.data
-  items = data.batch_size * (data.seq_len if hasattr(data, 'seq_len') else 1)
+  row = data.batch_spec().round['mask'].shape[3:]  # A row's tokens ([seq_len]) or one example.
+  items = data.batch_size * math.prod(row)
   every = getattr(task.algorithm, 'keywords', {}).get('every', 1)
   return Plan(name, algorithm, data.clients_per_round, data.local_steps, items, param_bytes,
               every)

@@ -129,7 +129,7 @@ def test_fedavg_on_the_tokenized_corpus_by_speaker(corpus, tmp_path):
   run_cli('--exp=federated.TextFedAvg', '--fdl_fiddler=tiny', f'--job_log_dir={job}',
           f'--fdl_set=data.files={corpus["root"]}/*.jsonl', '--fdl_set=data.seq_len=32',
           f'--fdl_set=data.tokenizer={corpus["tokenizer"]}', '--fdl_set=data.partition=field',
-          '--fdl_set=data.client_field=speaker', '--fdl_set=data.batch_size=2',
+          '--fdl_set=data.fields.client_field=speaker', '--fdl_set=data.batch_size=2',
           '--fdl_set=data.local_steps=2', '--fdl_set=train.num_steps=4',
           '--fdl_set=train.log_every=2', '--fdl_set=data.eval_fraction=0.05',
           '--fdl_set=data.num_eval_batches=1', env=env(corpus))
@@ -140,7 +140,7 @@ def test_fedavg_on_the_tokenized_corpus_by_speaker(corpus, tmp_path):
 
 def test_dp_fedavg_on_the_tokenized_corpus_draws_poisson_cohorts_of_speakers(corpus, tmp_path):
   # The accountant's Poisson rate is the speakers' (q = clients_per_round / speakers); cohorts
-  # vary in size round to round; without data.client_field the run is refused before it starts.
+  # vary in size round to round; without data.fields.client_field the run is refused before it starts.
   args = ['--exp=federated.TextDpFedAvg', '--fdl_fiddler=tiny', f'--job_log_dir={tmp_path / "dp"}',
           f'--fdl_set=data.files={corpus["root"]}/*.jsonl', '--fdl_set=data.seq_len=32',
           f'--fdl_set=data.tokenizer={corpus["tokenizer"]}', '--fdl_set=data.batch_size=2',
@@ -148,9 +148,9 @@ def test_dp_fedavg_on_the_tokenized_corpus_draws_poisson_cohorts_of_speakers(cor
           '--fdl_set=train.num_steps=4', '--fdl_set=train.log_every=1',
           '--fdl_set=data.eval_fraction=0.05', '--fdl_set=data.num_eval_batches=1']
   refused = run_cli(*args, env=env(corpus), check=False)
-  assert refused.returncode == 2 and 'needs --fdl_set=data.client_field=' in refused.stderr
+  assert refused.returncode == 2 and 'needs --fdl_set=data.fields.client_field=' in refused.stderr
   assert not (tmp_path / 'dp').exists()
-  run_cli(*args, '--fdl_set=data.client_field=speaker', env=env(corpus))
+  run_cli(*args, '--fdl_set=data.fields.client_field=speaker', env=env(corpus))
   rows = metric_rows(tmp_path / 'dp')
   rows_in = [json.loads(line) for f in corpus['root'].glob('*.jsonl')
              for line in f.read_text().splitlines()]

@@ -106,7 +106,7 @@ def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
   from paxlike.decode import generate  # pylint: disable=import-outside-toplevel
   from paxlike.decode.text import check_vocab  # pylint: disable=import-outside-toplevel
   from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
-  tokenizer = getattr(task.data, 'loaded_tokenizer', None) or load_tokenizer('bytes')
+  tokenizer = task.data.loaded_tokenizer or load_tokenizer('bytes')
   if chat:
     return chat_replies(task, mesh, params, tokenizer, prompts, sampling, started)
   check_vocab(task.model, tokenizer)

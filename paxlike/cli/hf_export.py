@@ -54,7 +54,7 @@ def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) ->
   if model.lora_rank:
     params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
   source = _source_config(job_dir)
-  copied = job_source.tokenizer_files(getattr(task.data, 'tokenizer', 'bytes'))
+  copied = job_source.tokenizer_files(job_source.tokenizer_of(task.data) or 'bytes')
   model_type = source.get('model_type')
   checkpoint.family_for_model(model, model_type)  # Refused before anything is written.
   carried = {k: v for k, v in source.items() if k in hf_fields.HARMLESS}

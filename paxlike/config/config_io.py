@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import json
 from pathlib import Path
 import typing
@@ -80,13 +81,29 @@ def _dtype_named(path: str, name: str) -> Any:
   return getattr(jnp, name)
 
 
+def _config_at(cfg: fdl.Buildable, path: list[daglish.PathElement]) -> Any:
+  """The value at `path` under `cfg`, where a dataclass record left at its default (e.g.
+  `TextData.fields`) becomes a config of that record, so an override can set one field of it."""
+  value = cfg
+  for element in path:
+    child = element.follow(value)
+    if (isinstance(value, fdl.Buildable) and isinstance(element, daglish.Attr)
+        and dataclasses.is_dataclass(child) and not isinstance(child, type)):
+      defaults = {f.name: f.default for f in dataclasses.fields(child)}
+      child = fdl.Config(type(child), **{name: getattr(child, name) for name in defaults
+                                         if getattr(child, name) != defaults[name]})
+      setattr(value, element.name, child)
+    value = child
+  return value
+
+
 def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
   """Sets each `PATH=VALUE` on `cfg`, checking the path exists and the value's type fits."""
   for text in overrides:
     path, value = parse_override(text)
     *parents, last = daglish.parse_path('.' + path)
     try:
-      parent = daglish.follow_path(cfg, tuple(parents)) if parents else cfg
+      parent = _config_at(cfg, parents)
       old = getattr(parent, last.name)
     except (AttributeError, KeyError, TypeError, ValueError):
       raise UserError(f'--fdl_set {path}: no such field in the config') from None

@@ -31,7 +31,7 @@ def _arrays(dataset: str, directory: str, split: str) -> Arrays:
   images = np.stack([e['image'] for e in examples])
   labels = np.array([e['label'] for e in examples], np.int32)
   images.flags.writeable = labels.flags.writeable = False
-  cls = prepare.DATASETS[dataset][0]
+  cls = prepare.builder_class(dataset)
   return Arrays(images, labels, cls.PIXEL_MAX, rows.dataset_info.features['label'].num_classes)
 
 
@@ -48,7 +48,7 @@ def image_batch(arrays: Arrays, index: np.ndarray, mask: np.ndarray) -> sources.
 
 
 @dataclasses.dataclass
-class ImageData:
+class ImageData(sources.DataSource):
   """Image batches. The training split is partitioned into `num_clients` clients:
   'iid', 'dirichlet' (label skew, `alpha`), 'shards' (`shards_per_client` label-sorted
   shards) or 'similarity' (SCAFFOLD's: a `similarity` fraction IID, the rest label-sorted),
@@ -97,6 +97,20 @@ class ImageData:
                       f'got {self.num_eval_batches!r}')
     sources.check_cohort(self, self.num_clients)
     sources.check_stragglers(self)
+
+  def prepare(self) -> None:
+    """Reads the dataset's splits (preparing them the first time)."""
+    _ = self.train, self.test
+
+  def row_spec(self) -> dict[str, sources.Spec]:
+    """An example: float32 image in [0, 1], int32 label, float32 mask."""
+    return {'inputs': sources.Spec(self.image_shape, np.dtype(np.float32)),
+            'targets': sources.Spec((), np.dtype(np.int32)),
+            'mask': sources.Spec((), np.dtype(np.float32))}
+
+  def fingerprint(self) -> dict[str, str]:
+    """The dataset's source files' fingerprint."""
+    return prepare.source_fingerprint(self.dataset)
 
   @functools.cached_property
   def train(self) -> Arrays:

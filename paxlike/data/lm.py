@@ -80,7 +80,7 @@ def domain_parts(texts: tuple, ids: np.ndarray, k: int,
 
 
 @dataclasses.dataclass
-class LmData:
+class LmData(sources.DataSource):
   """Byte LM batches. partition:
   - 'pooled': one stream of all documents; every cohort slot samples it independently (the
     data-parallel setting of DiLoCo and PAPA; `sampling` is moot);
@@ -118,7 +118,7 @@ class LmData:
   straggler_fraction: float = 0.0
 
   item: ClassVar[sources.Item] = 'tokens'
-  vocab_size: ClassVar[int] = 256
+  vocab_size: ClassVar[int] = 256  # Bytes.
 
   def __post_init__(self):
     sources.check_fields(
@@ -161,6 +161,21 @@ class LmData:
     if self.partition != 'pooled':
       sources.check_cohort(self, len(streams.sizes))
     return streams
+
+  def prepare(self) -> None:
+    """Reads the dataset (preparing it the first time) into the clients' and the test
+    streams."""
+    _ = self.train_streams, self.eval_tokens
+
+  def row_spec(self) -> dict[str, sources.Spec]:
+    """A window: int32 inputs and targets, float32 mask."""
+    ints = sources.Spec((self.seq_len,), np.dtype(np.int32))
+    return {'inputs': ints, 'targets': ints,
+            'mask': sources.Spec((self.seq_len,), np.dtype(np.float32))}
+
+  def fingerprint(self) -> dict[str, str]:
+    """The dataset's source files' fingerprint."""
+    return prepare.source_fingerprint(self.dataset)
 
   @property
   def client_names(self) -> tuple[str, ...]:

@@ -225,3 +225,20 @@ def target_docs(plan: Plan, rows: np.ndarray, capacity: int) -> np.ndarray:
   first = np.zeros((len(rows), capacity), bool)
   first[lay.r_, lay.col] = lay.within == 0
   return np.where(first[:, 1:], -1, docs[:, 1:])
+
+
+def plan_lines(meta: dict) -> str:
+  """'# packing efficiency: ...' (the non-pad fraction of the training targets), and the pieces
+  and documents left out for holding no target: a packed source's config lines."""
+  line = (f"# packing efficiency: {meta['packing_efficiency']:.4f} train, "
+          f"{meta['eval_packing_efficiency']:.4f} eval ({meta['train_documents']:,} and "
+          f"{meta['eval_documents']:,} documents)\n")
+  if meta.get('targetless_pieces'):
+    line += (f"# {meta['targetless_pieces']:,} pieces of {meta['documents_with_targetless_pieces']:,}"
+             f" training documents hold no target (prompt or non-assistant tokens only) and are "
+             f"left out: those documents are longer than data.seq_len, so their targets see only "
+             f"the last tokens before them\n")
+  if meta.get('targetless_documents'):
+    line += (f"# {meta['targetless_documents']:,} training documents have no target token at "
+             "all and are left out\n")
+  return line

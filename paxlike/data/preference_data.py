@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,12 +19,14 @@ from paxlike.data.preference_plan import PLAN_VERSION, make_pair_plan
 from paxlike.data import sources
 from paxlike.data import text_files
 from paxlike.data import token_store
-from paxlike.data.text_data import PARTITIONS, shuffled_rows
+from paxlike.data.row_order import shuffled_rows
+from paxlike.data.text_data import PARTITIONS
+from paxlike.data.token_source import TokenSource, globs_of
 from paxlike.errors import UserError
 
 
 @dataclasses.dataclass
-class PreferenceData:
+class PreferenceData(TokenSource):
   """Pair batches of JSONL preference rows (preference_rows.py: text or chat pairs), tokenized
   once into a token store.
 
@@ -58,7 +59,9 @@ class PreferenceData:
   num_workers: int | None = None
 
   item: ClassVar[sources.Item] = 'tokens'
-  PAIRS: ClassVar[bool] = True  # preference.is_pair_data: trains with a preference loss.
+  batch_kind: ClassVar[str] = 'pairs'  # Trains with a preference loss (trainer/preference.py).
+  DATASET = 'preference'
+  CACHED = ('store', 'plan', 'row_plan')
 
   def __post_init__(self):
     sources.check_fields(
@@ -85,10 +88,6 @@ class PreferenceData:
                                 or value <= 0):
         raise UserError(f'PreferenceData.{name} must be a positive int or None, got {value!r}')
 
-  def __getstate__(self) -> dict[str, Any]:
-    """The fields: a copy reopens the store's memory maps instead of pickling them."""
-    return {k: v for k, v in self.__dict__.items() if k not in ('store', 'plan', 'row_plan')}
-
   @property
   def pair_fields(self) -> preference_rows.PairFields:
     return preference_rows.PairFields(self.prompt_field, self.chosen_field,
@@ -96,33 +95,19 @@ class PreferenceData:
                                       self.client_field if self.partition == 'field' else None)
 
   @functools.cached_property
-  def loaded_tokenizer(self) -> Any:
-    """The tokenizer named by `tokenizer` (paxlike.tokenizers.load_tokenizer)."""
-    from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
-    return load_tokenizer(self.tokenizer)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.loaded_tokenizer.vocab_size
-
-  @functools.cached_property
   def documents(self) -> tuple[dict[str, Path], dict[str, Any]]:
     """The pair documents (preference_rows.pair_files) and their counts."""
-    globs = [self.files] if isinstance(self.files, str) else list(self.files)
-    return preference_rows.pair_files(text_files.expand(preference_synth.with_synthetic(globs)),
+    return preference_rows.pair_files(text_files.expand(preference_synth.with_synthetic(
+        globs_of(self.files))),
                                       self.pair_fields)
 
   @functools.cached_property
   def store(self) -> token_store.Store:
     """The token store of the pair documents (built the first time, by any run)."""
     files, counts = self.documents
-    encoder = self.loaded_tokenizer
-    if counts['format'] == 'chat':
-      from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
-      encoder = load_chat_encoder(encoder)
-    store = token_store.open_or_build(files, preference_rows.store_fields(counts['format'],
-                                                                          self.pair_fields),
-                                      encoder, self.num_workers or os.cpu_count())
+    store = self.open_store(files, preference_rows.store_fields(counts['format'],
+                                                                self.pair_fields),
+                            chat=counts['format'] == 'chat')
     if store.num_docs != 2 * counts['pairs']:
       raise UserError(f'data.files: {counts["pairs"]} pairs became {store.num_docs} documents '
                       f'({store.manifest.get("counts")}); every pair needs both of its two')
@@ -165,9 +150,9 @@ class PreferenceData:
                              self.plan['score_from'],
                              None if store.trained is None else store.trained_at)
 
-  @property
-  def num_slots(self) -> int:
-    return self.clients_per_round
+  def prepare(self) -> None:
+    """Opens (or builds) the token store, then reads (or computes) its pair plan."""
+    _ = self.plan
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
@@ -205,10 +190,6 @@ class PreferenceData:
     """The held-out pairs, each batch [2 * eval_batch_size, seq_len] cut to rows `rows`."""
     return [{k: v[rows] for k, v in self.pack(pairs).items()} for pairs in self._eval_pairs()]
 
-  def client_eval(self) -> None:
-    """None: held-out pairs are scored pooled (no per-client table)."""
-    return None
-
   @property
   def client_names(self) -> tuple[str, ...]:
     """Each training client's file name or client_field value ('pooled': one)."""
@@ -218,15 +199,9 @@ class PreferenceData:
              token_store.client_names(self.store))
     return tuple(names[i] for i in self.plan['client_ids'].tolist())
 
-  def store_fingerprint(self) -> dict[str, str]:
-    """The job dir's record of the data: the store's key."""
-    globs = [self.files] if isinstance(self.files, str) else list(self.files)
-    return {'dataset': 'preference', 'sha256': self.store.manifest['key'],
-            'source': f'{", ".join(globs)} (tokenizer {self.tokenizer})'}
-
-  def pairs_line(self) -> str:
+  def config_lines(self) -> str:
     """'# preference pairs: ...': the pairs trained and held out, and those skipped, dropped
-    and truncated (config.txt, --mode=print_config)."""
+    and truncated."""
     meta, (_, counts) = self.plan['meta'], self.documents
     return (f"# preference pairs ({counts['format']}): {meta['train_pairs']:,} train, "
             f"{meta['eval_pairs']:,} held out; {counts['skipped_pairs']:,} skipped (an empty "

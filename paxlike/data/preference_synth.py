@@ -15,7 +15,6 @@ import os
 import random
 from pathlib import Path
 
-from paxlike.data import stdlib
 from paxlike.data import token_store
 
 # `PreferenceData.files` may name this set so: the file is made on first use (a config stays free
@@ -61,6 +60,7 @@ def module_pairs(text: str, rng: random.Random, module: str = '') -> list[dict[s
 def stdlib_pairs(num_pairs: int, seed: int = 0) -> list[dict[str, str]]:
   """`num_pairs` pairs (fewer if the modules run out) from the standard library's modules in
   sorted order, at most num_pairs // 50 + 1 from each."""
+  from paxlike.data import stdlib  # pylint: disable=import-outside-toplevel (imports tfds)
   root, rng, pairs = stdlib.default_stdlib_dir(), random.Random(seed), []
   per_module = num_pairs // 50 + 1
   for name in stdlib.stdlib_files(root):

@@ -1,4 +1,9 @@
-"""Named datasets: build once under a file lock into prepared_dir(), then read with random access."""
+"""Named datasets: build once under a file lock into prepared_dir(), then read with random access.
+
+tfds and the builders are imported when a named dataset is first used, so a run on the user's
+own text (TextData) never pays for them."""
+
+from __future__ import annotations
 
 import contextlib
 import fcntl
@@ -7,33 +12,38 @@ import pathlib
 import shutil
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import tensorflow_datasets as tfds
-
-from paxlike.data import digits
 from paxlike.data import fingerprint
-from paxlike.data import idx
 from paxlike.data import root
-from paxlike.data import shakespeare
-from paxlike.data import stdlib
 from paxlike.errors import UserError
 
-# Short name -> (builder class, default constructor kwargs).
-DATASETS: dict[str, tuple[type[tfds.core.GeneratorBasedBuilder], dict[str, Any]]] = {
-    'stdlib': (stdlib.Stdlib, {}),
-    'shakespeare': (shakespeare.Shakespeare, {}),
-    'fashion_mnist': (idx.IdxImages, {'config': 'fashion_mnist'}),
-    'mnist': (idx.IdxImages, {'config': 'mnist'}),
-    'digits': (digits.Digits, {}),
+if TYPE_CHECKING:
+  import tensorflow_datasets as tfds
+
+# Short name -> (module of paxlike.data, its builder class, default constructor kwargs).
+DATASETS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    'stdlib': ('stdlib', 'Stdlib', {}),
+    'shakespeare': ('shakespeare', 'Shakespeare', {}),
+    'fashion_mnist': ('idx', 'IdxImages', {'config': 'fashion_mnist'}),
+    'mnist': ('idx', 'IdxImages', {'config': 'mnist'}),
+    'digits': ('digits', 'Digits', {}),
 }
 
 
-def _builder(name: str, data_dir: pathlib.Path, **kwargs: Any) -> tfds.core.GeneratorBasedBuilder:
+def builder_class(name: str) -> type[tfds.core.GeneratorBasedBuilder]:
+  """The tfds builder class of dataset `name` (importing its module)."""
   if name not in DATASETS:
     raise UserError(f'unknown dataset {name!r}; known: {", ".join(sorted(DATASETS))}')
-  cls, defaults = DATASETS[name]
-  return cls(data_dir=str(data_dir), file_format='array_record', **{**defaults, **kwargs})
+  module, cls, _ = DATASETS[name]
+  return vars(importlib.import_module(f'paxlike.data.{module}'))[cls]
+
+
+def _builder(name: str, data_dir: pathlib.Path, **kwargs: Any) -> tfds.core.GeneratorBasedBuilder:
+  cls = builder_class(name)
+  return cls(data_dir=str(data_dir), file_format='array_record',
+             **{**DATASETS[name][2], **kwargs})
 
 
 def declared_info(name: str) -> tfds.core.DatasetInfo:
@@ -47,15 +57,6 @@ def source_fingerprint(name: str, **kwargs: Any) -> dict[str, str]:
   builder = _builder(name, root.prepared_dir(), **kwargs)
   return {'dataset': name, 'source': str(builder.source_location()),
           'sha256': fingerprint.digest(builder.source_files())}
-
-
-def data_fingerprint(data: Any) -> dict[str, str] | None:
-  """The source fingerprint of a DataSource's named dataset, or TextData's token-store key
-  (files, tokenizer, reading fields); None for other sources."""
-  if callable(getattr(data, 'store_fingerprint', None)):
-    return data.store_fingerprint()
-  name = getattr(data, 'dataset', None)
-  return source_fingerprint(name) if name in DATASETS else None
 
 
 def make_builder(name: str, **kwargs: Any) -> tfds.core.GeneratorBasedBuilder:
@@ -94,13 +95,20 @@ def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
         # Holding the lock, any incomplete dir of this variant is left by a killed process.
         for stale in final.parent.glob(f'incomplete.*_{final.name}'):
           shutil.rmtree(stale, ignore_errors=True)
+        import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
         tfds.disable_progress_bar()
         # tfds prints "Downloading and preparing dataset Unknown size ..." to stdout, which is
         # wrong here (the files are local) and would break a missing file's one-line error.
         with contextlib.redirect_stdout(io.StringIO()):
           builder.download_and_prepare(download_dir=str(root.prepared_dir() / 'downloads'))
         sys.stderr.write(f'prepared {builder.name} from local files into {final}\n')
-  return tfds.builder_from_directory(str(final))
+  return _from_directory(str(final))
+
+
+def _from_directory(directory: str) -> tfds.core.DatasetBuilder:
+  """A read-only builder over a prepared dataset directory."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  return tfds.builder_from_directory(directory)
 
 
 def prepared(name: str, **kwargs: Any) -> str:
@@ -112,15 +120,7 @@ def prepared(name: str, **kwargs: Any) -> str:
 
 def read_split(directory: str, split: str) -> Sequence[dict[str, Any]]:
   """Random-access data source of `split` ('train' | 'test') of a prepared dataset directory."""
-  return _split_of(tfds.builder_from_directory(directory), split)
-
-
-def load_split(name_or_builder: str | tfds.core.DatasetBuilder, split: str,
-               **kwargs: Any) -> Sequence[dict[str, Any]]:
-  """Random-access data source of `split` ('train' | 'test'), preparing the data first if needed."""
-  builder = (make_builder(name_or_builder, **kwargs) if isinstance(name_or_builder, str)
-             else name_or_builder)
-  return _split_of(prepare(builder), split)
+  return _split_of(_from_directory(directory), split)
 
 
 def _split_of(ready: tfds.core.DatasetBuilder, split: str) -> Sequence[dict[str, Any]]:

@@ -29,7 +29,7 @@ from paxlike.errors import UserError
 
 
 @dataclasses.dataclass
-class PromptData:
+class PromptData(sources.DataSource):
   """Prompt rows (prompt_rows.py) as prompt batches for GRPO; see the module docstring.
   `seq_len`: the longest prompt in tokens (longer rows are counted and left out)."""
 
@@ -48,7 +48,8 @@ class PromptData:
   sampling: str = 'uniform'
 
   item: ClassVar[sources.Item] = 'tokens'
-  PROMPTS: ClassVar[bool] = True  # grpo.is_prompt_data: trains with a GRPO loss.
+  batch_kind: ClassVar[str] = 'prompts'  # Trains with GRPO's loss (trainer/grpo.py).
+  partition: ClassVar[str] = 'pooled'  # One stream of prompts: no clients.
 
   def __post_init__(self):
     sources.check_fields(self, ['seq_len', 'batch_size', 'clients_per_round', 'local_steps',
@@ -73,12 +74,32 @@ class PromptData:
 
   @functools.cached_property
   def loaded_tokenizer(self) -> Any:
+    """The tokenizer named by `tokenizer`."""
     from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
     return load_tokenizer(self.tokenizer)
 
   @property
   def vocab_size(self) -> int:
     return self.loaded_tokenizer.vocab_size
+
+  def prepare(self) -> None:
+    """Reads and tokenizes the prompt rows, and splits them."""
+    _ = self._eval_rows
+
+  def row_spec(self) -> dict[str, sources.Spec]:
+    """A prompt: int32 ids (padded to seq_len), length and row index, float32 mask."""
+    ints = sources.Spec((self.seq_len,), np.dtype(np.int32))
+    one = sources.Spec((), np.dtype(np.int32))
+    return {'inputs': ints, 'lengths': one, 'row': one,
+            'mask': sources.Spec((self.seq_len,), np.dtype(np.float32))}
+
+  def batch_spec(self) -> sources.BatchSpec:
+    """A round's prompts, and eval batches of held-out prompt + answer as LM rows as wide as
+    the longest of them."""
+    spec, width = super().batch_spec(), self._eval_rows[1]
+    ints = sources.Spec((self.eval_batch_size, width), np.dtype(np.int32))
+    return spec._replace(eval={'inputs': ints, 'targets': ints, 'mask': sources.Spec(
+        (self.eval_batch_size, width), np.dtype(np.float32))})
 
   @functools.cached_property
   def rows(self) -> PromptRows:
@@ -95,10 +116,6 @@ class PromptData:
       raise UserError(f'PromptData: {n} prompt row; training and held-out rows need 2 or more')
     order = np.random.default_rng(n).permutation(n)
     return np.sort(order[held:]), np.sort(order[:held])
-
-  @property
-  def num_slots(self) -> int:
-    return 1
 
   @property
   def client_names(self) -> tuple[str, ...]:
@@ -175,17 +192,14 @@ class PromptData:
                   {'inputs': inputs, 'targets': targets, 'mask': mask}.items()})
     return out
 
-  def client_eval(self) -> None:
-    return None
-
-  def prompts_line(self) -> str:
+  def config_lines(self) -> str:
     """'# prompts: ...': the rows trained and held out, and those skipped or too long."""
     r = self.rows
     return (f'# prompts: {len(self.split[0]):,} train, {len(self.split[1]):,} held out; '
             f'{r.skipped:,} skipped (no prompt), {r.too_long:,} longer than '
             f'data.seq_len={self.seq_len} tokens\n')
 
-  def store_fingerprint(self) -> dict[str, str]:
+  def fingerprint(self) -> dict[str, str]:
     """The job dir's record of the data: a hash of the files' bytes and the reading fields."""
     digest = hashlib.sha256()
     for name, path in sorted(text_files.expand(self.files).items()):
@@ -197,6 +211,7 @@ class PromptData:
             'source': f'{", ".join(globs)} (tokenizer {self.tokenizer})'}
 
   def describe(self) -> dict[str, Any]:
+    """Prompt counts (trained, held out, skipped, too long) and the tokenizer."""
     return {'dataset': 'prompts', 'train_prompts': len(self.split[0]),
             'eval_prompts': len(self.split[1]), 'skipped': self.rows.skipped,
             'too_long': self.rows.too_long, 'tokenizer': self.tokenizer,

@@ -1,17 +1,20 @@
-"""The protocol the trainer consumes, and helpers shared by the LM and image sources."""
+"""The contract the trainer consumes (`DataSource`), and helpers shared by the sources."""
 
 from collections.abc import Sequence
+import abc
 import dataclasses
 import functools
 import math
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 
 from paxlike.core.batch import STEP_MASK  # Which local steps each slot runs (see there).
 from paxlike.errors import RunFailure, UserError
 
-Batch = dict[str, np.ndarray]  # Exactly the keys 'inputs', 'targets', 'mask'.
+# 'inputs', 'targets', 'mask'; packed text adds 'segment_ids' and 'positions', and Poisson cohorts
+# or stragglers add STEP_MASK (see DataSource.batch_spec).
+Batch = dict[str, np.ndarray]
 SAMPLINGS = ('uniform', 'weighted', 'fixed')
 # With Poisson cohorts: for the sources whose round batches pad its unused slots (images, LM).
 PADDED_SAMPLINGS = (*SAMPLINGS, 'poisson')
@@ -46,33 +49,125 @@ class ClientEval:
     return self.mix.shape[1]
 
 
-@runtime_checkable
-class DataSource(Protocol):
-  """Per-round batches for the trainer; centralized training is 1 client x 1 local step."""
+class Spec(NamedTuple):
+  """The shape and dtype of one array of a batch."""
 
-  item: Item
+  shape: tuple[int, ...]
+  dtype: np.dtype
+
+
+class BatchSpec(NamedTuple):
+  """What a round holds, without building one: `round` the batches (leading [slots,
+  local_steps, rows]), `weights` the cohort's [slots], `eval` one eval batch (leading [rows])."""
+
+  round: dict[str, Spec]
+  weights: Spec
+  eval: dict[str, Spec]
+
+
+def spec_of(batch: Batch) -> dict[str, Spec]:
+  """The specs of a built batch's arrays (what `batch_spec` promises)."""
+  return {k: Spec(tuple(v.shape), np.dtype(v.dtype)) for k, v in batch.items()}
+
+
+class DataSource(abc.ABC):
+  """Per-round batches for the trainer; centralized training is 1 client x 1 local step.
+
+  Sources are dataclasses with the fields annotated here. What only some sources have is
+  declared here with its default, so the trainer asks every source the same way: `num_slots`,
+  `vocab_size`, `loaded_tokenizer`, `fingerprint()`, `config_lines()`, `batch_kind`. `prepare()` is
+  the one step that reads or builds the data (a corpus's token store and packing plan, a
+  dataset's arrays); the trainer calls it once, before it asks for `batch_spec()`.
+  """
+
+  item: ClassVar[Item]
+  # What a batch holds, and so which loss trains on it: 'sequences' (the model's own loss),
+  # 'pairs' (preference pairs, two rows each: a preference loss) or 'prompts' (GRPO's).
+  batch_kind: ClassVar[str] = 'sequences'
   clients_per_round: int
   local_steps: int
   batch_size: int
+  eval_batch_size: int
+  sampling: str
+  partition: str
+  straggler_fraction: float = 0.0  # Sources without stragglers keep this default.
 
+  @abc.abstractmethod
+  def prepare(self) -> None:
+    """Reads (building it the first time, under a lock) what the batches come from."""
+
+  @abc.abstractmethod
+  def row_spec(self) -> dict[str, Spec]:
+    """The arrays of one row of a batch: shapes without the leading batch axes."""
+
+  @abc.abstractmethod
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None)) -> tuple[Batch, np.ndarray]:
-    """Batches with leading axes [slots, local_steps, batch_size, ...], cut to cohort slots
+    """Batches with leading axes [slots, local_steps, rows, ...], cut to cohort slots
     `clients` and batch rows `rows` (one process's block), and the whole cohort's weights
     [slots] float32; a pure function of (seed, step), so a block equals the same slice of the
-    whole. slots = `cohort_slots(...)`: clients_per_round, or under 'poisson' sampling a cap
-    whose unused slots have weight 0 and mask 0."""
-    ...
+    whole. slots = `num_slots`: clients_per_round, or under 'poisson' sampling a cap whose
+    unused slots have weight 0 and mask 0."""
 
+  @abc.abstractmethod
   def eval_batches(self, rows: slice = slice(None)) -> list[Batch]:
-    """Pooled held-out data, fixed and deterministic, each leading [eval_batch_size, ...] (cut
-    to rows `rows`: one process's block)."""
-    ...
+    """Pooled held-out data, fixed and deterministic, each leading [rows, ...] (cut to rows
+    `rows`: one process's block)."""
+
+  @abc.abstractmethod
+  def describe(self) -> dict[str, Any]:
+    """Statistics of the data and its clients (--mode=describe_data)."""
 
   def client_eval(self) -> ClientEval | None:
-    """The per-client split of `eval_batches()`, or None where clients have no held-out data
-    of their own (e.g. IID or pooled partitions)."""
-    ...
+    """The per-client split of `eval_batches()`; None where clients have no held-out data of
+    their own (e.g. IID or pooled partitions)."""
+    return None
+
+  @property
+  def num_slots(self) -> int:
+    """The cohort slots a round's batches lead with."""
+    return self.clients_per_round
+
+  @property
+  def rows_per_item(self) -> int:
+    """Batch rows per `batch_size` unit: 2 for preference pairs, else 1."""
+    return 2 if self.batch_kind == 'pairs' else 1
+
+  @property
+  def marks_steps(self) -> bool:
+    """Whether batches carry STEP_MASK (which local steps each slot runs)."""
+    return self.sampling == 'poisson' or bool(self.straggler_fraction)
+
+  def batch_spec(self) -> BatchSpec:
+    """The shapes and dtypes of a round's batches and weights and of an eval batch."""
+    row = self.row_spec()
+    lead = (self.num_slots, self.local_steps, self.batch_size * self.rows_per_item)
+    batches = {k: Spec(lead + s.shape, s.dtype) for k, s in row.items()}
+    if self.marks_steps:
+      batches[STEP_MASK] = Spec(lead, np.dtype(np.float32))
+    eval_rows = (self.eval_batch_size * self.rows_per_item,)
+    return BatchSpec(batches, Spec(lead[:1], np.dtype(np.float32)),
+                     {k: Spec(eval_rows + s.shape, s.dtype) for k, s in row.items()})
+
+  @property
+  def vocab_size(self) -> int | None:
+    """The token ids' range (None: not token data)."""
+    return None
+
+  @property
+  def loaded_tokenizer(self) -> Any:
+    """The tokenizer of text data (paxlike.tokenizers); None for other data."""
+    return None
+
+  def fingerprint(self) -> dict[str, str] | None:
+    """{'dataset', 'source', 'sha256'}: the job dir's record of what the data was read from
+    (a resume on changed data is refused); None when there is nothing to record."""
+    return None
+
+  def config_lines(self) -> str:
+    """Lines for config.txt and --mode=print_config about how the data is laid out (e.g.
+    packing efficiency), '' if none."""
+    return ''
 
 
 def round_rng(seed: int, step: int, stream: int) -> np.random.Generator:
@@ -157,27 +252,26 @@ def mark_steps(batch: Batch, steps: np.ndarray, clients: slice = slice(None)) ->
                             ).astype(np.float32), STEP_MASK: step_mask}
 
 
-def with_step_mask(obj: object, batch: Batch, seed: int, step: int, cohort: np.ndarray,
+def with_step_mask(source: DataSource, batch: Batch, seed: int, step: int, cohort: np.ndarray,
                    clients: slice = slice(None)) -> Batch:
-  """`batch` as the source `obj` (with `sampling`, `local_steps`, `straggler_fraction`) gives
-  it: with a STEP_MASK under Poisson sampling or stragglers, else unchanged."""
-  fraction = getattr(obj, 'straggler_fraction')
-  if getattr(obj, 'sampling') != 'poisson' and not fraction:
+  """`batch` as `source` gives it: with a STEP_MASK under Poisson sampling or stragglers
+  (`marks_steps`), else unchanged."""
+  if not source.marks_steps:
     return batch
-  steps = straggler_steps(seed, step, cohort != PADDED, getattr(obj, 'local_steps'), fraction)
+  steps = straggler_steps(seed, step, cohort != PADDED, source.local_steps,
+                          source.straggler_fraction)
   return mark_steps(batch, steps, clients)
 
 
-def check_stragglers(obj: object) -> None:
+def check_stragglers(source: DataSource) -> None:
   """`straggler_fraction` is a number in [0, 1), and a straggler needs 2+ local steps to run
   fewer than all of them."""
-  name, value = type(obj).__name__, getattr(obj, 'straggler_fraction')
+  name, value = type(source).__name__, source.straggler_fraction
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
     raise UserError(f'{name}.straggler_fraction must be a number in [0, 1), got {value!r}')
-  if value and getattr(obj, 'local_steps') < 2:
+  if value and source.local_steps < 2:
     raise UserError(f'{name}.straggler_fraction={value} needs local_steps >= 2 (a straggler '
-                    f'runs 1 to local_steps - 1 of them), got local_steps='
-                    f'{getattr(obj, "local_steps")}')
+                    f'runs 1 to local_steps - 1 of them), got local_steps={source.local_steps}')
 
 
 def check_fields(obj: object, positive: Sequence[str], choices: dict[str, Sequence[str]]) -> None:
@@ -193,15 +287,15 @@ def check_fields(obj: object, positive: Sequence[str], choices: dict[str, Sequen
                       f'got {getattr(obj, field)!r}')
 
 
-def check_cohort(obj: object, num_clients: int) -> None:
+def check_cohort(source: DataSource, num_clients: int) -> None:
   """A cohort is drawn without replacement, so it cannot exceed the client count; a fixed
   cohort is every client (a client never trained is a config mistake)."""
-  k = getattr(obj, 'clients_per_round')
-  if getattr(obj, 'sampling') == 'fixed' and k != num_clients:
-    raise UserError(f"{type(obj).__name__}: sampling='fixed' trains every client each round, "
+  k = source.clients_per_round
+  if source.sampling == 'fixed' and k != num_clients:
+    raise UserError(f"{type(source).__name__}: sampling='fixed' trains every client each round, "
                     f'so clients_per_round={k} must equal the {num_clients} clients')
   if k > num_clients:
-    raise UserError(f'{type(obj).__name__}.clients_per_round={k} exceeds the '
+    raise UserError(f'{type(source).__name__}.clients_per_round={k} exceeds the '
                     f'{num_clients} clients available')
 
 

@@ -3,7 +3,6 @@
 import dataclasses
 import functools
 import math
-import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -13,6 +12,8 @@ from paxlike.data import packing
 from paxlike.data import sources
 from paxlike.data import text_files
 from paxlike.data import token_store
+from paxlike.data.row_order import shuffled_rows
+from paxlike.data.token_source import TokenSource
 from paxlike.errors import UserError
 
 PARTITIONS = ('pooled', 'file', 'field')
@@ -80,62 +81,22 @@ def target_filter(store: token_store.Store) -> packing.PieceFilter | None:
   return lambda doc, offset, length: (length >= 2) & (offset + length - 1 >= prompt[doc])
 
 
-def epoch_seed(seed: int, client: int, epoch: int) -> int:
-  """The 32-bit seed of client `client`'s row order in epoch `epoch` (any ints)."""
-  state = np.random.SeedSequence([seed % 2**64, client, epoch % 2**64]).generate_state(1)
-  return int(state[0])
-
-
-# Below this many rows, grain's index_shuffle walks a 2**16-index domain per call (measured:
-# 107 us per index at 190 rows, 12 us at 2,141, 3 us at 10**6), so a numpy permutation of the
-# rows (at most 512 KiB, a few cached) is drawn instead.
-SMALL_ROWS = 1 << 16
-
-
-@functools.lru_cache(maxsize=64)
-def _permutation(seed: int, n: int) -> np.ndarray:
-  return np.random.default_rng(seed).permutation(n)
-
-
-def shuffled_rows(seed: int, clients: np.ndarray, positions: np.ndarray,
-                  client_rows: np.ndarray) -> np.ndarray:
-  """The train row at position `positions` (any ints, same shape as `clients`) of each
-  client's endless row sequence: epoch after epoch of its rows, each epoch in an order of its
-  own. Large clients use grain's index shuffle, a bijection computed per index (no
-  permutation array, so memory does not grow with the corpus); small ones (SMALL_ROWS) a
-  cached numpy permutation."""
-  from grain.experimental import index_shuffle  # pylint: disable=import-outside-toplevel
-  sizes = np.diff(client_rows)
-  out = np.empty(np.shape(positions), np.int64)
-  seeds: dict[tuple[int, int], int] = {}
-  for at, (client, pos) in enumerate(zip(np.ravel(clients).tolist(),
-                                         np.ravel(positions).tolist())):
-    n = int(sizes[client])
-    epoch, within = divmod(pos, n)
-    if (client, epoch) not in seeds:
-      seeds[client, epoch] = epoch_seed(seed, client, epoch)
-    key = seeds[client, epoch]
-    row = (int(_permutation(key, n)[within]) if n < SMALL_ROWS else
-           index_shuffle(within, max_index=n - 1, seed=key, rounds=4))
-    out.flat[at] = client_rows[client] + row
-  return out
-
-
 @dataclasses.dataclass
-class TextData:
+class TextData(TokenSource):
   """LM batches of a user's files, tokenized once into a token store and packed.
 
-  `files`: a glob or a list of globs of .txt / .jsonl / .jsonl.gz / .parquet files; JSONL and
-  Parquet documents are each row's `text_field`, a .txt file is one document per file, per
-  line or per paragraph (`txt_document`). SFT: with `prompt_field` set, each row is a prompt
-  + completion example and only the completion's tokens and its EOS are targets. Chat: with
-  `messages_field` set, each row's messages are rendered with the chat template beside the
+  `files`: a glob or a list of globs of .txt / .jsonl / .jsonl.gz / .parquet files, read as
+  `fields` (text_files.Fields) says: JSONL and Parquet documents are each row's
+  `fields.text_field`, a .txt file is one document per file, per line or per paragraph
+  (`fields.txt_document`). SFT: with `fields.prompt_field` set, each row is a prompt +
+  completion example and only the completion's tokens and its EOS are targets. Chat: with
+  `fields.messages_field` set, each row's messages are rendered with the chat template beside the
   tokenizer (a Hugging Face tokenizer.json) and only the assistant's tokens are targets
   (paxlike/tokenizers/chat_encoder.py). `tokenizer`:
   'bytes' or a tokenizer path (paxlike.tokenizers). A document is held out for eval when the
   hash of its text falls in `eval_fraction`, so adding files never moves a document between
   splits. Partitions: 'pooled' (one stream; each cohort slot reads its own rows), 'file' (one
-  client per file), 'field' (one client per value of `client_field`); cohorts are drawn by
+  client per file), 'field' (one client per value of `fields.client_field`); cohorts are drawn by
   `sampling` as in LmData ('poisson' too, for DP's accounting, but not when pooled), clients
   weighted by their training tokens. `straggler_fraction` as in LmData: a straggling slot runs
   only its first 1..local_steps-1 local steps.
@@ -147,18 +108,13 @@ class TextData:
   function of (seed, step) and a process builds only its own block of it.
 
   Loader: the trainer's one prefetch thread (data.prefetch) calling round_batches, kept over
-  grain by measurement (benchmarks/data_pipeline.py, 2 CPU cores): called directly it built
-  4,217 batches/s at the StdlibTiny shape (8.6M tokens/s) and 425/s at the Llama125M shape
-  (27.9M tokens/s), against 809/s and 228/s through a grain MapDataset with mp_prefetch over 2
-  worker processes (moving a batch between processes costs more than building it), while a
-  Llama125M step consumes about 0.38M tokens/s on an H200 at 40% MFU. grain's packers
-  (First/BestFitPackIterDataset) pack a stream as it is iterated, so a batch would depend on
-  the iterator's state; the whole-corpus plan keeps it a function of (seed, step) alone.
+  grain's multi-process loader by measurement (docs/benchmarks.md, data_pipeline.py's
+  loader); grain's packers pack a stream as it is iterated, so a batch would depend on the
+  iterator's state, while the whole-corpus plan keeps it a function of (seed, step) alone.
   """
 
   files: str | Sequence[str] = ()
-  text_field: str = 'text'
-  txt_document: str = 'file'
+  fields: text_files.Fields = text_files.Fields()  # Which row fields are read, and how.
   tokenizer: str = 'bytes'
   seq_len: int = 512
   batch_size: int = 16
@@ -168,11 +124,7 @@ class TextData:
   clients_per_round: int = 1
   local_steps: int = 1
   partition: str = 'pooled'
-  client_field: str | None = None
   sampling: str = 'uniform'
-  prompt_field: str | None = None
-  completion_field: str = 'completion'
-  messages_field: str | None = None
   straggler_fraction: float = 0.0
   num_workers: int | None = None  # Store-build encoders (token_build.py); None: os.cpu_count().
 
@@ -181,8 +133,7 @@ class TextData:
   def __post_init__(self):
     sources.check_fields(
         self, ['seq_len', 'batch_size', 'clients_per_round', 'local_steps', 'eval_batch_size'],
-        {'txt_document': text_files.TXT_DOCUMENTS, 'partition': PARTITIONS,
-         'sampling': sources.PADDED_SAMPLINGS})
+        {'partition': PARTITIONS, 'sampling': sources.PADDED_SAMPLINGS})
     if self.sampling == 'poisson' and self.partition == 'pooled':
       raise UserError("TextData: sampling='poisson' draws clients, and partition='pooled' has "
                       "none: use partition='file' or 'field'")
@@ -190,21 +141,14 @@ class TextData:
     if not isinstance(globs, (list, tuple)) or not globs or not all(
         isinstance(g, str) and g for g in globs):
       raise UserError(f'TextData.files must be a glob or a list of globs, got {self.files!r}')
-    for name in ('text_field', 'tokenizer', 'completion_field'):
-      if not isinstance(getattr(self, name), str) or not getattr(self, name):
-        raise UserError(f'TextData.{name} must be a non-empty string, got '
-                        f'{getattr(self, name)!r}')
-    for name in ('prompt_field', 'client_field', 'messages_field'):
-      if getattr(self, name) is not None and not (isinstance(getattr(self, name), str)
-                                                  and getattr(self, name)):
-        raise UserError(f'TextData.{name} must be None or a field name, got '
-                        f'{getattr(self, name)!r}')
-    if self.prompt_field is not None and self.messages_field is not None:
-      raise UserError('TextData: prompt_field and messages_field are two formats of SFT rows; '
-                      f'set one (got {self.prompt_field!r} and {self.messages_field!r})')
-    if (self.partition == 'field') != (self.client_field is not None):
-      raise UserError("TextData: partition='field' and client_field go together; got "
-                      f'partition={self.partition!r}, client_field={self.client_field!r}')
+    if not isinstance(self.tokenizer, str) or not self.tokenizer:
+      raise UserError(f'TextData.tokenizer must be a non-empty string, got {self.tokenizer!r}')
+    if not isinstance(self.fields, text_files.Fields):
+      raise UserError(f'TextData.fields must be a paxlike.data.text_files.Fields, got '
+                      f'{self.fields!r}')
+    if (self.partition == 'field') != (self.fields.client_field is not None):
+      raise UserError("TextData: partition='field' and fields.client_field go together; got "
+                      f'partition={self.partition!r}, client_field={self.fields.client_field!r}')
     if not isinstance(self.eval_fraction, (int, float)) or not 0 < self.eval_fraction < 1:
       raise UserError(f'TextData.eval_fraction must be in (0, 1), got {self.eval_fraction!r}')
     sources.check_stragglers(self)
@@ -214,39 +158,17 @@ class TextData:
                                 or value <= 0):
         raise UserError(f'TextData.{name} must be a positive int or None, got {value!r}')
 
-  def __getstate__(self) -> dict[str, Any]:
-    """The fields and the tokenizer: a copy (a loader worker's) reopens the store's memory maps
-    instead of pickling their contents."""
-    return {k: v for k, v in self.__dict__.items() if k not in ('store', 'packed')}
-
-  @property
-  def fields(self) -> text_files.Fields:
-    """What tokenization depends on (the store's key)."""
-    return text_files.Fields(self.text_field, self.txt_document, self.prompt_field,
-                             self.completion_field,
-                             self.client_field if self.partition == 'field' else None,
-                             self.messages_field)
-
-  @functools.cached_property
-  def loaded_tokenizer(self) -> Any:
-    """The tokenizer named by `tokenizer` (paxlike.tokenizers.load_tokenizer)."""
-    from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
-    return load_tokenizer(self.tokenizer)
-
-  @property
-  def vocab_size(self) -> int:
-    """The tokenizer's vocabulary (the model rounds it up)."""
-    return self.loaded_tokenizer.vocab_size
+  CACHED = ('store', 'packed')
 
   @functools.cached_property
   def store(self) -> token_store.Store:
     """The token store of the files (built the first time, by any run)."""
-    encoder = self.loaded_tokenizer
-    if self.messages_field is not None:
-      from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
-      encoder = load_chat_encoder(encoder)
-    return token_store.open_or_build(text_files.expand(self.files), self.fields, encoder,
-                                     self.num_workers or os.cpu_count())
+    return self.open_store(text_files.expand(self.files), self.fields,
+                           chat=self.fields.messages_field is not None)
+
+  def prepare(self) -> None:
+    """Opens (or builds) the token store, then reads (or computes) its packing plan."""
+    _ = self.packed
 
   @functools.cached_property
   def packed(self) -> Packed:
@@ -339,11 +261,9 @@ class TextData:
              token_store.client_names(self.store))
     return tuple(names[i] for i in self.packed.client_ids.tolist())
 
-  def store_fingerprint(self) -> dict[str, str]:
-    """The job dir's record of the data (prepare.data_fingerprint): the store's key."""
-    globs = [self.files] if isinstance(self.files, str) else list(self.files)
-    return {'dataset': 'text', 'sha256': self.store.manifest['key'],
-            'source': f'{", ".join(globs)} (tokenizer {self.tokenizer})'}
+  def config_lines(self) -> str:
+    """The packing efficiency, and what is left out for holding no target."""
+    return packing.plan_lines(self.packed.meta)
 
   def describe(self) -> dict[str, Any]:
     """Corpus, store, packing and client statistics (sizes in training tokens)."""

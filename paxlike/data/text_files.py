@@ -42,6 +42,21 @@ class Fields:
   client_field: str | None = None
   messages_field: str | None = None
 
+  def __post_init__(self):
+    for name in ('text_field', 'completion_field'):
+      if not isinstance(getattr(self, name), str) or not getattr(self, name):
+        raise UserError(f'fields.{name} must be a non-empty string, got {getattr(self, name)!r}')
+    for name in ('prompt_field', 'client_field', 'messages_field'):
+      value = getattr(self, name)
+      if value is not None and not (isinstance(value, str) and value):
+        raise UserError(f'fields.{name} must be None or a field name, got {value!r}')
+    if self.txt_document not in TXT_DOCUMENTS:
+      raise UserError(f'fields.txt_document must be one of {", ".join(TXT_DOCUMENTS)}; got '
+                      f'{self.txt_document!r}')
+    if self.prompt_field is not None and self.messages_field is not None:
+      raise UserError('fields: prompt_field and messages_field are two formats of SFT rows; '
+                      f'set one (got {self.prompt_field!r} and {self.messages_field!r})')
+
   def needed(self) -> list[str]:
     """The row fields a document needs."""
     return [getattr(self, name) for name in self.needed_names()]
@@ -113,16 +128,16 @@ def decode(raw: bytes, counts: Counts) -> str:
     return text
 
 
-def read(path: Path, fields: Fields, counts: Counts, options: str = 'data.'
+def read(path: Path, fields: Fields, counts: Counts, options: str = 'data.fields.'
          ) -> Iterator[Block]:
   """The documents of one file in blocks, in file order; see the module docstring for bad
   input. Errors name the fields' settings as `options` + 'text_field' and so on."""
   name = path.name
   if fields.prompt_field and name.endswith('.txt'):
-    raise UserError(f'{path}: SFT data (data.prompt_field={fields.prompt_field!r}) needs '
+    raise UserError(f'{path}: SFT data (data.fields.prompt_field={fields.prompt_field!r}) needs '
                     'JSONL or Parquet rows, not .txt')
   if fields.messages_field and name.endswith('.txt'):
-    raise UserError(f'{path}: chat data (data.messages_field={fields.messages_field!r}) needs '
+    raise UserError(f'{path}: chat data (data.fields.messages_field={fields.messages_field!r}) needs '
                     'JSONL or Parquet rows, not .txt')
   start = counts.bytes_done
   try:

@@ -52,7 +52,7 @@ def complete(model: TransformerLM, data: Any) -> TransformerLM:
   up to a multiple of 128 (`paxlike.tokenizers.vocab_for_model`)."""
   if model.vocab_size is not None:
     return model
-  vocab = getattr(data, 'vocab_size', None)
+  vocab = data.vocab_size
   if vocab is None:
     raise UserError(f"model.vocab_size=None follows the data's vocabulary, but "
                     f'{type(data).__name__} has no vocab_size: set model.vocab_size')
@@ -64,7 +64,7 @@ def check_data(model: TransformerLM, data: Any) -> None:
   """Token data whose vocabulary the model covers (`data.vocab_size`: the byte sources' 256, a
   text source's tokenizer's)."""
   check_item(FAMILY, model, data)
-  vocab = getattr(data, 'vocab_size', None)
+  vocab = data.vocab_size
   if vocab is not None and model.vocab_size < vocab:
     raise UserError(f'model.vocab_size={model.vocab_size} is smaller than the data\'s '
                     f'vocab_size={vocab} (its tokenizer\'s ids): set model.vocab_size >= {vocab}')

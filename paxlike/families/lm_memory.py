@@ -170,9 +170,8 @@ def estimate(task: Task, devices: int) -> Estimate:
   optimizer *= params / total
   batch_ways = math.prod(mesh.get(a, 1) for a in (*partitioning.BATCH_AXES,
                                                   partitioning.CLIENTS_AXIS))
-  rows = data.batch_size * (2 if getattr(data, 'PAIRS', False) else 1)  # A pair: 2 sequences.
-  tokens = (rows * data.seq_len * getattr(data, 'clients_per_round', 1)
-            * getattr(data, 'local_steps', 1)) / batch_ways
+  rows = data.batch_size * data.rows_per_item  # A pair: 2 sequences.
+  tokens = rows * data.seq_len * data.clients_per_round * data.local_steps / batch_ways
   kernel = model.attention_kernel(data.seq_len)
   stages = mesh.get(partitioning.STAGE_AXIS, 1)
   activations = tokens * activation_bytes_per_token(

@@ -1,6 +1,6 @@
 """Documents into one token array, each tokenized and followed by EOS: the encoding the token
 store's build (paxlike/data/token_build.py) runs, in its worker processes too. Those import
-this module alone, not paxlike.data (whose tfds import takes seconds), so they start sooner.
+this module alone, not paxlike.data, so they start sooner.
 """
 
 from __future__ import annotations

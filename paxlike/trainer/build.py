@@ -35,8 +35,10 @@ class Trainer:
 def setup(task: Task, *, train_step: bool = True, evaluator: bool = True) -> Trainer:
   """Places `task` on its mesh and compiles its init, its train step and row reporters
   (`train_step`) and its eval step (`evaluator`), all from `task` with its DP aggregator's
-  divisor bound to the data's cohort (privacy.cohort_bound; `Trainer.task`). A run over its
-  privacy budget is refused first."""
+  divisor bound to the data's cohort (privacy.cohort_bound; `Trainer.task`). The data is
+  prepared first (its one read of the corpus or dataset), and a run over its privacy budget is
+  refused before anything is compiled."""
+  task.data.prepare()
   task = privacy.cohort_bound(task)
   accountant = privacy.checked_accountant(task)
   program = place(task)

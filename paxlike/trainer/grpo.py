@@ -36,8 +36,8 @@ METRICS = (*LOSS_METRICS, *SAMPLE_METRICS)
 
 
 def is_prompt_data(data: Any) -> bool:
-  """Whether `data` gives prompts to sample from (a source with `PROMPTS = True`)."""
-  return bool(getattr(data, 'PROMPTS', False))
+  """Whether `data` gives prompts to sample from (DataSource.batch_kind)."""
+  return data is not None and data.batch_kind == 'prompts'
 
 
 def is_grpo(task: Any) -> bool:

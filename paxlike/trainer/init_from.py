@@ -73,7 +73,8 @@ def init_source_tokenizer(init_from: str | None) -> str | None:
     found = [source.path / n for n in ('tokenizer.json', 'tokenizer.model')
              if (source.path / n).is_file()]
     return str(found[0]) if found else None
-  tokenizer = getattr(_job_config(source).data, 'tokenizer', None)
+  from paxlike.trainer.job_source import tokenizer_of  # pylint: disable=import-outside-toplevel
+  tokenizer = tokenizer_of(_job_config(source).data)
   return tokenizer if isinstance(tokenizer, str) and tokenizer != 'bytes' else None
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import fiddle as fdl
+
+from paxlike.data.token_source import TokenSource
 
 SOURCE_DIR = 'source'
 # An HF checkpoint dir's files besides its weights that a job may need later.
@@ -22,6 +25,13 @@ TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model')
 # Beside a tokenizer file: its special tokens and chat template (HF checkpoint layout).
 TOKENIZER_SIDECARS = ('tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja',
                       'chat_template.json')
+
+
+def tokenizer_of(data: Any) -> str | None:
+  """The tokenizer a data source or its config names (a TokenSource's `tokenizer`: 'bytes' or
+  a path); None for data that reads no tokenizer."""
+  cls = fdl.get_callable(data) if isinstance(data, fdl.Buildable) else type(data)
+  return data.tokenizer if isinstance(cls, type) and issubclass(cls, TokenSource) else None
 
 
 def tokenizer_files(tokenizer: str) -> list[Path]:
@@ -55,14 +65,14 @@ def localize(job_dir: Path, cfg: fdl.Config) -> list[str]:
   init source's config files, and points `cfg.data.tokenizer` at the copy; returns the names
   copied. A tokenizer already inside the job dir (a resumed run) is left as it is."""
   folder = job_dir / SOURCE_DIR
-  tokenizer = getattr(getattr(cfg, 'data', None), 'tokenizer', None)
+  tokenizer = tokenizer_of(cfg.data)
   copied: list[Path] = []
   if isinstance(tokenizer, str) and tokenizer != 'bytes':
     path = Path(tokenizer).expanduser().absolute()
     if not path.is_relative_to(job_dir.absolute()) and path.exists():
       copied += tokenizer_files(str(path))
       cfg.data.tokenizer = str(folder if path.is_dir() else folder / path.name)
-  source = hf_source_dir(getattr(cfg.train, 'init_from', None))
+  source = hf_source_dir(cfg.train.init_from)
   if source is not None and source.is_dir():
     copied += [source / n for n in HF_FILES if (source / n).is_file()]
   unique = list({file.name: file for file in copied}.values())
@@ -75,7 +85,7 @@ def same_as_copy(job_dir: Path, cfg: fdl.Config) -> None:
   """Points `cfg.data.tokenizer` back at the job's copy when it names (again, as the command
   that started the job did) a file outside the job dir whose bytes equal the copy's: rerunning
   the first command resumes. A tokenizer that differs is left, for the trainer to refuse."""
-  tokenizer = getattr(getattr(cfg, 'data', None), 'tokenizer', None)
+  tokenizer = tokenizer_of(cfg.data)
   if not isinstance(tokenizer, str) or tokenizer == 'bytes':
     return
   path = Path(tokenizer).expanduser().absolute()

@@ -104,8 +104,8 @@ def preference_loss_fn(model: nn.Module, loss: PreferenceLoss) -> losses.MaskedM
 
 
 def is_pair_data(data: Any) -> bool:
-  """Whether `data` gives preference pairs (a source with `PAIRS = True`)."""
-  return bool(getattr(data, 'PAIRS', False))
+  """Whether `data` gives preference pairs (DataSource.batch_kind)."""
+  return data is not None and data.batch_kind == 'pairs'
 
 
 def task_loss_fn(model: nn.Module, loss: PreferenceLoss | None, data: Any = None

@@ -120,7 +120,7 @@ def aggregator_of(algorithm: object) -> DpAggregator | None:
 def population(task) -> int:
   """The number of clients cohorts are drawn from, as the model's family counts the data's
   clients (refusing data that has no clients)."""
-  if getattr(task.data, 'partition', None) == 'pooled':
+  if task.data.partition == 'pooled':
     raise UserError('differential privacy needs clients: data.partition=pooled has none')
   return family_of(task.model).population(task.data)
 

@@ -144,13 +144,13 @@ def _abstract_params(task: Task, sample: np.ndarray) -> Any:
 
 
 def place(task: Task) -> Program:
-  """Builds the mesh and shardings of `task` and compiles its init (not its train step)."""
+  """Builds the mesh and shardings of `task` (its data prepared: `DataSource.prepare`) and
+  compiles its init (not its train step)."""
   mesh, data = partitioning.make_mesh(task.mesh), task.data
-  batches, weights = data.round_batches(task.train.seed, 1)
-  eval_batch = data.eval_batches()[0]
-  sample = eval_batch['inputs']
-  partitioning.check_divisible(mesh, getattr(data, 'num_slots', data.clients_per_round),
-                              data.batch_size, len(sample))
+  spec = data.batch_spec()
+  inputs = spec.eval['inputs']
+  sample = np.zeros((1, *inputs.shape[1:]), inputs.dtype)  # init_params reads one row's shape.
+  partitioning.check_divisible(mesh, data.num_slots, data.batch_size, inputs.shape[0])
   loss_fn = task_loss_fn(_pipelined_model(task, mesh, data.batch_size), task.loss, data)
   trainable = trainable_mask(task)
   algorithm = build_algorithm(task, loss_fn, trainable)
@@ -178,16 +178,15 @@ def place(task: Task) -> Program:
     compiled_init = jax.jit(fresh).lower(RNG_SPEC).compile()
     state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
     abstract_state = jax.tree.map(placed_spec, jax.eval_shape(fresh, RNG_SPEC), state_shardings)
-  round_shape = batches['mask'].shape[:3]
+  round_shape = spec.round['mask'].shape[:3]
   return Program(
       mesh=mesh, rules=rules, algorithm=algorithm, loss_fn=loss_fn, init=compiled_init,
       abstract_state=abstract_state,
       abstract_params=jax.tree.map(placed_spec, nn.meta.unbox(model_params), model_shardings),
       boxed_params=boxed_params,
-      round_specs=(jax.tree.map(lambda x: placed_spec(x, batch_sharding), batches),
-                   placed_spec(np.asarray(weights, np.float32),
-                               partitioning.client_sharding(mesh))),
-      eval_batch_spec=jax.tree.map(placed_spec, eval_batch),
+      round_specs=({k: placed_spec(x, batch_sharding) for k, x in spec.round.items()},
+                   placed_spec(spec.weights, partitioning.client_sharding(mesh))),
+      eval_batch_spec={k: placed_spec(x) for k, x in spec.eval.items()},
       round_shape=round_shape, block=partitioning.process_block(batch_sharding, round_shape),
       hyperparams=jax.jit(
           functools.partial(_fresh_hyperparams, fresh, rules),

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.linen as nn
 import optax
 
 from paxlike.core.algorithm import Algorithm, AlgorithmBuilder
 from paxlike.core.partitioning import MeshConfig
+from paxlike.data.sources import DataSource
 from paxlike.errors import UserError
 from paxlike.families import family_of
 from paxlike.trainer.grpo import task_loss_fn
-
-if TYPE_CHECKING:  # paxlike.data imports tfds; the annotation needs only the protocol.
-  from paxlike.data import DataSource
 
 
 @dataclasses.dataclass(frozen=True)

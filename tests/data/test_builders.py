@@ -11,7 +11,6 @@ import pytest
 
 from paxlike.data import ImageData
 from paxlike.data import idx
-from paxlike.data import load_split
 from paxlike.data import make_builder
 from paxlike.data import prepare
 from paxlike.data import root
@@ -20,6 +19,11 @@ from paxlike.errors import RunFailure
 from paxlike.errors import UserError
 from tests import fixture_data
 from tests.fixture_data import write_idx
+
+
+def load_split(name: str, split: str, **kwargs):
+  """The split as the trainer reads it: prepared (the first time), then read."""
+  return prepare.read_split(prepare.prepared(name, **kwargs), split)
 
 
 def read_all(name: str, split: str, **kwargs) -> list[dict]:
@@ -91,8 +95,8 @@ def test_shakespeare_config_is_reproducible(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # Three processes each import tfds and race to prepare Shakespeare.
 def test_concurrent_preparation_is_safe(tmp_path, monkeypatch):
-  code = ('from paxlike.data import load_split; '
-          "print(len(load_split('shakespeare', 'train')))")
+  code = ('from paxlike.data import prepared, read_split; '
+          "print(len(read_split(prepared('shakespeare'), 'train')))")
   env = {'PATH': '', root.TFDS_DIR_ENV: str(tmp_path), 'HOME': str(tmp_path),
          root.DATA_DIR_ENV: str(root.data_root())}
   monkeypatch.setenv(root.TFDS_DIR_ENV, str(tmp_path))

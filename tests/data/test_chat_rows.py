@@ -1,4 +1,4 @@
-"""TextData on chat rows (`data.messages_field`): conversations rendered with the tokenizer's chat
+"""TextData on chat rows (`data.fields.messages_field`): conversations rendered with the tokenizer's chat
 template, the loss on the assistant's replies only; bad rows counted, bad settings refused."""
 
 import concurrent.futures
@@ -10,6 +10,7 @@ import pytest
 
 from paxlike.data import token_store
 from paxlike.data.text_data import TextData
+from paxlike.data.text_files import Fields
 from paxlike.errors import UserError
 from tests.tokenizers.chat_fixtures import CHATML_GENERATION, FAMILIES, write_chat_tokenizer
 from tests.tokenizers.chat_fixtures import write_family
@@ -41,7 +42,7 @@ def write_rows(path, rows):
 def chat_data(tmp_path, tokenizer, files=None, **overrides):
   files = files or write_rows(tmp_path / 'chat.jsonl',
                               [{'messages': conversation(i)} for i in range(40)])
-  settings = dict(files=files, tokenizer=str(tokenizer), messages_field='messages', seq_len=128,
+  settings = dict(files=files, tokenizer=str(tokenizer), fields=Fields(messages_field='messages'), seq_len=128,
                   batch_size=4, eval_batch_size=4, eval_fraction=0.2)
   return TextData(**{**settings, **overrides})
 
@@ -88,15 +89,15 @@ def test_bad_rows_are_counted_and_a_file_of_none_is_refused(tmp_path, chatml):
   assert data.store.manifest['num_docs'] == 6
   assert data.store.manifest['counts'] == {'missing': 3, 'empty': 1, 'replaced': 0}
   none = write_rows(tmp_path / 'none.jsonl', [{'text': 'a'}, {'text': 'b'}])
-  with pytest.raises(UserError, match=r'none of its 2 rows has messages \(set data.messages_field'):
+  with pytest.raises(UserError, match=r'none of its 2 rows has messages \(set data.fields.messages_field'):
     _ = chat_data(tmp_path, chatml, none).store
 
 
 def test_settings_that_do_not_fit_chat_rows_are_refused(tmp_path, chatml):
   with pytest.raises(UserError, match='prompt_field and messages_field are two formats'):
-    chat_data(tmp_path, chatml, prompt_field='prompt')
+    chat_data(tmp_path, chatml, fields=Fields(prompt_field='prompt', messages_field='messages'))
   (tmp_path / 'a.txt').write_text('text\n')
-  with pytest.raises(UserError, match=r'chat data \(data.messages_field=.messages.\) needs JSONL'):
+  with pytest.raises(UserError, match=r'chat data \(data.fields.messages_field=.messages.\) needs JSONL'):
     _ = chat_data(tmp_path, chatml, str(tmp_path / 'a.txt')).store
   with pytest.raises(UserError, match='need a Hugging Face tokenizer.json'):
     _ = chat_data(tmp_path, 'bytes').store

@@ -98,7 +98,7 @@ def test_what_does_not_fit_is_dropped_or_truncated_and_counted(tmp_path):
   meta = data.plan['meta']
   assert (meta['pairs'], meta['dropped_pairs'], meta['truncated_pairs']) == (32, 1, 1)
   assert data.describe()['skipped_pairs'] == 1
-  line = data.pairs_line()
+  line = data.config_lines()
   assert '1 skipped' in line and '1 dropped' in line and '1 truncated' in line
   long_pair = 2 * (len(rows) - 2)  # Its chosen document (pairs keep their order).
   batch = data.pack(np.array([long_pair // 2]))

@@ -26,7 +26,7 @@ def test_rows_without_a_prompt_or_too_long_are_counted_and_left_out(data):
   assert (data.rows.skipped, data.rows.too_long, len(data.rows.ids)) == (2, 1, 40)
   train, held = data.split
   assert (len(train), len(held)) == (36, 4) and not set(train) & set(held)
-  assert '36 train, 4 held out; 2 skipped (no prompt), 1 longer than' in data.prompts_line()
+  assert '36 train, 4 held out; 2 skipped (no prompt), 1 longer than' in data.config_lines()
 
 
 def test_a_steps_prompts_are_a_function_of_seed_and_step_and_an_epoch_sees_every_row(data):

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from paxlike.cli.config_lines import packing_line
 from paxlike.data import packing, token_store
 from paxlike.data.text_data import TextData
+from paxlike.data.text_files import Fields
 
 PAD = -1
 
@@ -42,12 +42,12 @@ def long_prompts(tmp_path, monkeypatch):
 
 
 def test_text_data_reports_the_left_out_pieces_and_trains_on_targets_only(long_prompts):
-  data = TextData(files=str(long_prompts), prompt_field='prompt', seq_len=32, batch_size=8,
+  data = TextData(files=str(long_prompts), fields=Fields(prompt_field='prompt'), seq_len=32, batch_size=8,
                   eval_fraction=0.1)
   meta = data.packed.meta
   assert meta['targetless_pieces'] > 0 and meta['documents_with_targetless_pieces'] > 0
   assert meta['targetless_documents'] == 0  # Each completion (and its EOS) is kept.
-  line = packing_line(data)
+  line = data.config_lines()
   assert (f"# {meta['targetless_pieces']:,} pieces of {meta['documents_with_targetless_pieces']:,}"
           ' training documents hold no target') in line
   for step in range(6):

@@ -14,7 +14,6 @@ import pytest
 from paxlike.data import TextData
 from paxlike.data import file_hashes
 from paxlike.data import fingerprint
-from paxlike.data import prepare
 from paxlike.data import store_check
 from paxlike.data import text_files
 from paxlike.data import token_store
@@ -87,7 +86,7 @@ def test_a_start_on_an_existing_store_opens_no_corpus_file(tmp_path, monkeypatch
   hashed.clear()
   again = token_store.open_or_build(files, F(), CountingBytes(), 1)
   data = TextData(files=str(tmp_path / 'corpus' / '*.txt'))
-  record = prepare.data_fingerprint(data)  # The job dir's record: the store's key.
+  record = data.fingerprint()  # The job dir's record: the store's key.
   assert OPENED == [] and hashed == [] and CountingBytes.calls == 1
   assert again.path == built.path == data.store.path
   # The same key as a full read of the files gives (what every start computed before).

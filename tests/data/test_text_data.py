@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from paxlike.data import fingerprint
-from paxlike.data import prepare
+from paxlike.data import row_order
+from paxlike.data.text_files import Fields
 from paxlike.data import sources
 from paxlike.data import token_build
 from paxlike.data import text_data
@@ -148,15 +149,15 @@ def test_every_training_token_is_a_target_once_per_epoch(corpus):
 
 @pytest.mark.parametrize('small_rows', [1 << 16, 0])  # numpy permutations; grain's shuffle.
 def test_each_clients_epochs_are_permutations_of_its_rows(monkeypatch, small_rows):
-  monkeypatch.setattr(text_data, 'SMALL_ROWS', small_rows)
+  monkeypatch.setattr(row_order, 'SMALL_ROWS', small_rows)
   client_rows = np.array([0, 7, 7 + 300])
   for client, (lo, hi) in enumerate(zip(client_rows[:-1], client_rows[1:])):
     n = hi - lo
-    rows = text_data.shuffled_rows(5, np.full(3 * n, client), np.arange(3 * n), client_rows)
+    rows = row_order.shuffled_rows(5, np.full(3 * n, client), np.arange(3 * n), client_rows)
     epochs = rows.reshape(3, n)
     assert all(sorted(e) == list(range(lo, hi)) for e in epochs)
     assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
-    before = text_data.shuffled_rows(5, np.full(n, client), np.arange(-n, 0), client_rows)
+    before = row_order.shuffled_rows(5, np.full(n, client), np.arange(-n, 0), client_rows)
     assert sorted(before) == list(range(lo, hi))  # Negative steps (personalization) too.
 
 
@@ -246,7 +247,7 @@ def test_poisson_cohorts_pad_to_fixed_slots_that_train_nothing(tmp_path):
 def test_field_partition_and_its_per_client_eval_groups(tmp_path):
   rows = [{'text': x * (1 + i % 30), 'author': x.upper()} for i in range(300) for x in 'pqr']
   data = TextData(files=write_jsonl(tmp_path / 'r.jsonl', rows), seq_len=20, partition='field',
-                  client_field='author', clients_per_round=2, eval_fraction=0.2,
+                  fields=Fields(client_field='author'), clients_per_round=2, eval_fraction=0.2,
                   num_eval_batches=None)
   assert data.client_names == ('P', 'Q', 'R')
   client_eval = data.client_eval()
@@ -264,7 +265,7 @@ def test_field_partition_and_its_per_client_eval_groups(tmp_path):
 def test_sft_batches_score_completion_and_eos_only(tmp_path):
   rows = [{'prompt': 'Q' * (1 + i % 9), 'completion': 'a' * (1 + i % 5)} for i in range(200)]
   data = TextData(files=write_jsonl(tmp_path / 's.jsonl', rows), seq_len=16, batch_size=1,
-                  prompt_field='prompt', eval_fraction=0.1)
+                  fields=Fields(prompt_field='prompt'), eval_fraction=0.1)
   epoch = [data.round_batches(0, s)[0] for s in range(data.packed.train.num_rows)]
   counts = sum(byte_counts(b) for b in epoch)
   hashes = token_build.text_hashes([r['completion'] for r in rows], [r['prompt'] for r in rows])
@@ -274,7 +275,7 @@ def test_sft_batches_score_completion_and_eos_only(tmp_path):
 
 
 def test_tiny_shakespeare_lines_pack_to_over_99_percent_at_seq_512():
-  data = TextData(files=str(SHAKESPEARE), txt_document='line', seq_len=512)
+  data = TextData(files=str(SHAKESPEARE), fields=Fields(txt_document='line'), seq_len=512)
   info = data.describe()
   assert info['packing_efficiency'] >= 0.99 and info['vocab_size'] == data.vocab_size == 256
   assert info['documents'] == sum(1 for line in SHAKESPEARE.read_text().splitlines()
@@ -284,11 +285,11 @@ def test_tiny_shakespeare_lines_pack_to_over_99_percent_at_seq_512():
 def test_job_dir_fingerprint_is_the_store_key_and_changes_with_a_file(corpus, tmp_path):
   texts, files = corpus
   data = TextData(files=files, eval_fraction=0.1)
-  record = prepare.data_fingerprint(data)
+  record = data.fingerprint()
   assert record['dataset'] == 'text' and record['sha256'] == data.store.manifest['key']
   fingerprint.record(tmp_path, record)
   Path(files).write_text(Path(files).read_text().replace(texts[0], texts[0] + '!'))
-  changed = prepare.data_fingerprint(TextData(files=files, eval_fraction=0.1))
+  changed = TextData(files=files, eval_fraction=0.1).fingerprint()
   assert 'was trained on text data' in fingerprint.mismatch(tmp_path, changed)
 
 
@@ -296,9 +297,10 @@ def test_job_dir_fingerprint_is_the_store_key_and_changes_with_a_file(corpus, tm
     ({'files': ()}, 'files must be a glob or a list of globs'),
     ({'files': ['a', 3]}, 'files must be a glob'),
     ({'seq_len': 0}, 'seq_len must be a positive int'),
-    ({'txt_document': 'page'}, 'txt_document must be one of file, line, paragraph'),
-    ({'partition': 'field'}, "partition='field' and client_field go together"),
-    ({'client_field': 'author'}, "partition='field' and client_field go together"),
+    ({'fields': {'txt_document': 'line'}}, 'fields must be a paxlike.data.text_files.Fields'),
+    ({'partition': 'field'}, "partition='field' and fields.client_field go together"),
+    ({'fields': Fields(client_field='author')},
+     "partition='field' and fields.client_field go together"),
     ({'eval_fraction': 0}, r'eval_fraction must be in \(0, 1\)'),
     ({'num_eval_batches': 0}, 'num_eval_batches must be a positive int or None'),
     ({'tokenizer': ''}, 'tokenizer must be a non-empty string'),
@@ -308,6 +310,17 @@ def test_config_errors_are_one_line_user_errors(fields, message):
   with pytest.raises(UserError, match=message) as error:
     TextData(**{'files': 'x.txt', **fields})
   assert '\n' not in str(error.value)
+
+
+@pytest.mark.parametrize('fields, message', [
+    ({'txt_document': 'page'}, 'txt_document must be one of file, line, paragraph'),
+    ({'text_field': ''}, 'text_field must be a non-empty string'),
+    ({'client_field': 3}, 'client_field must be None or a field name'),
+    ({'prompt_field': 'p', 'messages_field': 'm'}, 'two formats of SFT rows'),
+])
+def test_bad_fields_are_one_line_user_errors(fields, message):
+  with pytest.raises(UserError, match=message):
+    Fields(**fields)
 
 
 def test_too_small_a_corpus_for_both_splits_is_a_user_error(tmp_path):

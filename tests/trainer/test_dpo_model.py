@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from paxlike.data import LmData
+from paxlike.data.preference_data import PreferenceData
 from paxlike.errors import UserError
 from paxlike.layers import TransformerLM
 from paxlike.trainer import preference, reference
@@ -150,12 +152,10 @@ def test_a_full_fine_tune_scores_against_its_frozen_copy():
 
 
 def test_mismatched_loss_and_data_are_one_line_errors():
-  class Pairs:
-    PAIRS = True
   with pytest.raises(UserError, match='train with a preference loss'):
-    preference.task_loss_fn(LORA, None, Pairs())
+    preference.task_loss_fn(LORA, None, PreferenceData(files='pairs.jsonl'))
   with pytest.raises(UserError, match='trains on preference pairs'):
-    preference.task_loss_fn(LORA, PreferenceLoss(), object())
+    preference.task_loss_fn(LORA, PreferenceLoss(), LmData())
 
 
 def test_padding_pairs_are_left_out_of_the_means():

@@ -90,7 +90,8 @@ def test_the_memory_estimate_counts_the_copy_and_both_sequences_of_a_pair():
   model = TransformerLM(vocab_size=64, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=16)
 
   def estimate(model, loss, pairs):
-    data = types.SimpleNamespace(seq_len=16, batch_size=4, PAIRS=pairs)
+    data = types.SimpleNamespace(seq_len=16, batch_size=4, rows_per_item=2 if pairs else 1,
+                                 clients_per_round=1, local_steps=1)
     task = types.SimpleNamespace(model=model, data=data, loss=loss, mesh=MeshConfig(),
                                  optimizer=optax.adamw(1e-3), train=None)
     return lm_memory.estimate(task, 1)

@@ -7,6 +7,7 @@ import pytest
 
 from paxlike.trainer import evaluation, losses
 from paxlike.data import TextData
+from paxlike.data.text_files import Fields
 from paxlike.layers import TransformerLM
 
 
@@ -15,7 +16,7 @@ def packed_batch(tmp_path, monkeypatch):
   monkeypatch.setenv('PAXLIKE_TOKEN_DIR', str(tmp_path / 'tokens'))
   corpus = tmp_path / 'docs.txt'
   corpus.write_text('\n'.join(f'document {i} says {"ab" * (i % 7 + 1)}' for i in range(200)))
-  data = TextData(files=str(corpus), txt_document='line', seq_len=64, batch_size=2,
+  data = TextData(files=str(corpus), fields=Fields(txt_document='line'), seq_len=64, batch_size=2,
                   eval_batch_size=4, num_eval_batches=1, eval_fraction=0.2, num_workers=1)
   batch = data.eval_batches()[0]
   assert (batch['segment_ids'].max(axis=1) > 1).all()  # Several documents in every row.
