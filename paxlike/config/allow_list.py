@@ -66,6 +66,15 @@ MOVED_MODULES = {
        for package in ('paxlike', 'paxlike.trainer')
        for name in ('optim', 'partitioning', 'algorithm')},
 }
+# Arguments that moved into a record since a config was saved: (module, class) -> (the argument
+# that holds the record now, the record's (module, class), the names that moved into it). A job
+# dir saved before TextData grouped its row fields into `fields` still resumes.
+MOVED_ARGUMENTS = {
+    ('paxlike.data.text_data', 'TextData'): (
+        'fields', ('paxlike.data.text_files', 'Fields'),
+        ('text_field', 'txt_document', 'prompt_field', 'completion_field', 'client_field',
+         'messages_field')),
+}
 CLASSES_ONLY = ('paxlike.data', 'paxlike.trainer.preference_loss', 'paxlike.trainer.grpo_loss',
                 'flax.linen',
                 'fiddle._src.config', 'fiddle._src.partial', 'fiddle._src.tagging')

@@ -182,9 +182,25 @@ def from_json(text: str, source: str, allow: Iterable[str] = ()) -> fdl.Buildabl
     if why:
       raise UserError(f'{source} names {module}.{name}, which a config may not use ({why})')
   try:
-    return serialization.load_json(json.dumps(document))
+    cfg = serialization.load_json(json.dumps(document))
   except Exception as error:  # Fiddle raises many kinds for malformed documents.
     raise UserError(f'{source} is not a valid serialized config ({type(error).__name__})') from None
+  return with_moved_arguments(cfg)
+
+
+def with_moved_arguments(cfg: fdl.Buildable) -> fdl.Buildable:
+  """`cfg` with the arguments of allow_list.MOVED_ARGUMENTS set on their new record."""
+  buildables = [value for value, _ in daglish.iterate(cfg) if isinstance(value, fdl.Buildable)]
+  for value in buildables:
+    fn = fdl.get_callable(value)
+    key = (fn.__module__, fn.__qualname__) if isinstance(fn, type) else None
+    if key not in allow_list.MOVED_ARGUMENTS:
+      continue
+    field, (module, name), names = allow_list.MOVED_ARGUMENTS[key]
+    moved = {n: value.__arguments__.pop(n) for n in names if n in value.__arguments__}
+    if moved:
+      setattr(value, field, fdl.Config(allow_list.resolve_ref(module, name)[1], **moved))
+  return cfg
 
 
 def load_file(path: str | Path, allow: Iterable[str] = ()) -> fdl.Buildable:

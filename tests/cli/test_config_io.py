@@ -142,3 +142,16 @@ def test_none_is_accepted_only_where_the_annotation_allows_it(cfg):
   for override in ('train.num_steps=None', 'data.seq_len=None'):
     with pytest.raises(UserError, match='expected a int'):
       config_io.apply_overrides(cfg, [override])
+
+
+def test_a_config_saved_before_textdata_grouped_its_row_fields_loads_into_fields():
+  registry.import_all()
+  cfg = registry.get('federated.TextFedAvg')().config()
+  config_io.apply_overrides(cfg, ['data.partition="field"', 'data.fields.client_field="author"'])
+  old = copy.deepcopy(cfg)  # As saved before: the row fields on TextData itself.
+  old.data.__arguments__.update(old.data.__arguments__.pop('fields').__arguments__)
+  text = config_io.to_json(old)
+  assert '"client_field"' in text and '"fields"' not in text
+  loaded = config_io.from_json(text, 'old.json')
+  assert loaded == cfg
+  assert config_io.build(loaded).data.fields.client_field == 'author'
