@@ -19,10 +19,10 @@ from paxlike import registry
 from paxlike.cli import run_config
 from paxlike.config import config_io
 from paxlike.trainer import job_dir, job_source
+from paxlike.trainer.restore_fallback import FALLBACKS
 from paxlike.errors import RunFailure, UserError
 
 MODES = ('train', 'eval', 'decode', 'print_config')
-FALLBACKS = ('off', 'previous', 'from_scratch')  # checkpoint.FALLBACKS, without importing Orbax.
 
 flags.DEFINE_string('exp', None, 'Registered experiment key or unique suffix (e.g. lm.StdlibTiny), '
                     'or my_package.my_module.MyExperiment, which imports my_package.my_module.')
@@ -128,15 +128,15 @@ def run(argv: list[str]) -> None:
     return
   if not FLAGS.job_log_dir:
     raise UserError(f'--job_log_dir is required for --mode={FLAGS.mode}')
-  sampling = None
+  request = None
   if FLAGS.mode == 'decode':  # Checked before anything is compiled.
-    from paxlike.cli.decode_text import Sampling
+    from paxlike.cli.decode_text import DecodeRequest, Sampling
     from paxlike.families import family_of
     if not family_of(task.model).can_decode:
       raise UserError('--mode=decode needs a language model experiment')
-    sampling = Sampling(FLAGS.decode_length, FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
-                        FLAGS.decode_seed)
-    sampling.check()
+    request = DecodeRequest(FLAGS.decode_length,
+                            Sampling(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p),
+                            FLAGS.decode_seed)
     family_of(task.model).kernel_line(task.model, task.data)  # A forced kernel this platform lacks.
   # Heavy imports only once a job really runs.
   from paxlike.trainer import distributed
@@ -147,7 +147,7 @@ def run(argv: list[str]) -> None:
   elif FLAGS.mode == 'eval':
     evaluate(task)
   else:
-    decode(task, sampling)
+    decode(task, request)
 
 
 def print_config(cfg, task) -> None:
@@ -207,7 +207,7 @@ def evaluate(task) -> None:
                     **({'eval_clients': clients} if clients else {})}))
 
 
-def decode(task, sampling) -> None:
+def decode(task, request) -> None:
   """Prints each prompt and its continuation, sampled from --job_log_dir's latest checkpoint
   (its params alone, or its EMA if kept; no optimizer state, no train or eval step), and the
   time to the first token on stderr."""
@@ -218,7 +218,7 @@ def decode(task, sampling) -> None:
   prompts = read_prompts(FLAGS.prompts_file, FLAGS.prompt)
   directory = job_dir.existing(FLAGS.job_log_dir)
   mesh, params = restore.load_latest_params(task, directory)
-  print(decoded_text(task, mesh, params, prompts, sampling, chat=FLAGS.chat, started=started))
+  print(decoded_text(task, mesh, params, prompts, request, chat=FLAGS.chat, started=started))
 
 
 def main(argv: list[str]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
+from paxlike.decode.sampling import Sampling
 from paxlike.errors import UserError
 from paxlike.trainer.task import Task
 
@@ -20,22 +21,17 @@ BATCH_SIZE = 32
 
 
 @dataclasses.dataclass(frozen=True)
-class Sampling:
-  """How to continue each prompt: at most `max_new_tokens`, at `temperature` (0 = greedy) among
-  the `top_k` likeliest (0 = all) within probability `top_p`, from `seed`."""
+class DecodeRequest:
+  """What --mode=decode asks for: at most `max_new_tokens` after each prompt, each token picked
+  as `sampling` says (its own checks: paxlike.decode.Sampling), from `seed`."""
 
   max_new_tokens: int
-  temperature: float
-  top_k: int
-  top_p: float
+  sampling: Sampling
   seed: int
 
-  def check(self) -> None:
-    """UserError naming the flags when a value is out of range."""
-    if (self.max_new_tokens <= 0 or self.temperature < 0 or self.top_k < 0
-        or not 0 < self.top_p <= 1):
-      raise UserError('--decode_length must be positive, --temperature and --top_k '
-                      'non-negative, --top_p in (0, 1]')
+  def __post_init__(self):
+    if self.max_new_tokens <= 0:
+      raise UserError(f'--decode_length must be positive, got {self.max_new_tokens}')
 
 
 def read_prompts(prompts_file: str | None, prompt: str) -> list[str]:
@@ -81,22 +77,23 @@ def first_token_reporter(started: float | None):
                        file=sys.stderr, flush=True)
 
 
-def _fitted(task: Task, ids: list[np.ndarray], sampling: Sampling, started: float | None = None
-            ) -> tuple[list[np.ndarray], dict[str, Any]]:
+def _fitted(task: Task, ids: list[np.ndarray], request: DecodeRequest,
+            started: float | None = None) -> tuple[list[np.ndarray], dict[str, Any]]:
   """The prompts cut to the model's context and `generate`'s options: sampling, batches of
   BATCH_SIZE, the first token's time reported from `started` (notes printed)."""
   from paxlike.decode import cache_len_for  # pylint: disable=import-outside-toplevel
-  ids, new_tokens, notes = fit_context(ids, task.model.max_len, sampling.max_new_tokens)
+  ids, new_tokens, notes = fit_context(ids, task.model.max_len, request.max_new_tokens)
   for note in notes:
     print(f'note: {note}', file=sys.stderr)
-  return ids, dict(max_new_tokens=new_tokens, temperature=sampling.temperature,
-                   top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
+  return ids, dict(max_new_tokens=new_tokens, **dataclasses.asdict(request.sampling),
+                   seed=request.seed,
                    cache_len=cache_len_for(task.model, max(map(len, ids)), new_tokens),
                    batch_size=BATCH_SIZE, on_first_token=first_token_reporter(started))
 
 
 def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
-                 sampling: Sampling, chat: bool = False, started: float | None = None) -> str:
+                 request: DecodeRequest, chat: bool = False, started: float | None = None
+                 ) -> str:
   """Each prompt followed by its continuation, one block per prompt: sampled with a KV cache on
   the training mesh, in tokens of the data's tokenizer, stopping at its EOS (the byte
   tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length), within the
@@ -104,25 +101,22 @@ def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
   tokenizer's chat template (chat_replies). With `started` (time.monotonic()), the time from
   it to the first token is printed on stderr."""
   from paxlike.decode import generate  # pylint: disable=import-outside-toplevel
-  from paxlike.decode.text import check_vocab  # pylint: disable=import-outside-toplevel
+  from paxlike.decode.text import check_prompts, continuations  # pylint: disable=import-outside-toplevel
   from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
   tokenizer = task.data.loaded_tokenizer or load_tokenizer('bytes')
   if chat:
-    return chat_replies(task, mesh, params, tokenizer, prompts, sampling, started)
-  check_vocab(task.model, tokenizer)
-  if any(not prompt for prompt in prompts):
-    raise UserError('a prompt is empty')
-  ids, options = _fitted(task, tokenizer.encode_batch(prompts), sampling, started)
+    return chat_replies(task, mesh, params, tokenizer, prompts, request, started)
+  check_prompts(task.model, tokenizer, prompts)
+  ids, options = _fitted(task, tokenizer.encode_batch(prompts), request, started)
   eos_id = tokenizer.eos_id if tokenizer.kind != 'bytes' else None
-  rows = generate(task.model, params, ids, eos_id=eos_id, pad_id=getattr(tokenizer, 'pad_id', 0),
-                  mesh=mesh, rules=task.mesh.rules, **options)
-  strip = lambda row: row[:-1] if eos_id is not None and len(row) and row[-1] == eos_id else row
-  return '\n\n'.join(prompt + tokenizer.decode(strip(row).tolist())
-                       for prompt, row in zip(prompts, rows))
+  rows = generate(task.model, params, ids, eos_id=eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
+                  rules=task.mesh.rules, **options)
+  return '\n\n'.join(prompt + text
+                       for prompt, text in zip(prompts, continuations(tokenizer, rows, eos_id)))
 
 
 def chat_replies(task: Task, mesh: Mesh, params: Any, tokenizer: Any, prompts: list[str],
-                 sampling: Sampling, started: float | None = None) -> str:
+                 request: DecodeRequest, started: float | None = None) -> str:
   """`user: PROMPT` and `assistant: REPLY` for each prompt, blocks apart by a blank line: the
   prompt rendered by the tokenizer's chat template as one user turn with the generation prompt,
   the reply sampled until the template's end-of-turn token (or EOS, or --decode_length)."""
@@ -131,7 +125,7 @@ def chat_replies(task: Task, mesh: Mesh, params: Any, tokenizer: Any, prompts: l
   from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
   encoder = load_chat_encoder(tokenizer)
   check_vocab(task.model, tokenizer)
-  ids, options = _fitted(task, [encoder.prompt_ids(prompt) for prompt in prompts], sampling,
+  ids, options = _fitted(task, [encoder.prompt_ids(prompt) for prompt in prompts], request,
                          started)
   stop = encoder.eos_id if encoder.end_of_turn_id is None else encoder.end_of_turn_id
   rows = generate(task.model, params, ids, eos_id=stop, pad_id=tokenizer.pad_id, mesh=mesh,

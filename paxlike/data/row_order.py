@@ -12,9 +12,9 @@ def epoch_seed(seed: int, client: int, epoch: int) -> int:
   return int(state[0])
 
 
-# Below this many rows, grain's index_shuffle walks a 2**16-index domain per call (measured:
-# 107 us per index at 190 rows, 12 us at 2,141, 3 us at 10**6), so a numpy permutation of the
-# rows (at most 512 KiB, a few cached) is drawn instead.
+# Below this many rows, grain's index_shuffle walks a 2**16-index domain per call (its cost per
+# index: docs/benchmarks.md), so a numpy permutation of the rows (at most 512 KiB, a few cached)
+# is drawn instead.
 SMALL_ROWS = 1 << 16
 
 

@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from paxlike.errors import RunFailure, UserError
-
-# What a restore does when a committed step is unreadable: fail ('off'), use the newest readable
-# step ('previous'; every step unreadable is still a failure), or also allow starting again from
-# step 0 when none is readable ('from_scratch'). Unreadable steps are moved aside, never deleted.
-Fallback = Literal['off', 'previous', 'from_scratch']
-FALLBACKS: tuple[Fallback, ...] = ('off', 'previous', 'from_scratch')
+from paxlike.trainer.restore_fallback import FALLBACKS, Fallback
 
 
 class Checkpoints:

@@ -24,7 +24,8 @@ from paxlike.trainer.task import Task
 from paxlike.core import partitioning
 from paxlike.trainer import checkpoint, grpo, init_from, preference_loss
 from paxlike.trainer.build import Trainer
-from paxlike.trainer.checkpoint import Checkpoints, Fallback
+from paxlike.trainer.checkpoint import Checkpoints
+from paxlike.trainer.restore_fallback import Fallback
 from paxlike.trainer.preemption import StopSignal
 from paxlike.trainer.program import Program
 from paxlike.trainer.summaries import RunWriter, status
