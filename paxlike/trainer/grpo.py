@@ -143,6 +143,6 @@ def repeated(algorithm: Any, times: int) -> Any:
   def next_(state, batches, weights, rng):
     step = lambda s, key: algorithm.next(s, batches, weights, key)
     state, metrics = jax.lax.scan(step, state, jax.random.split(rng, times))
-    return state, {k: v[-1] if k == 'learning_rate' else jnp.mean(v, axis=0)
-                   for k, v in metrics.items()}
+    last = lambda k, v: v[-1] if k == 'learning_rate' else jnp.mean(v, axis=0)
+    return state, {k: None if v is None else last(k, v) for k, v in metrics.items()}
   return algorithm._replace(next=next_, over_trainable=None)

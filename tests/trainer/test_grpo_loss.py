@@ -143,3 +143,26 @@ def test_bad_settings_are_one_line_errors(settings, words):
   with pytest.raises(UserError, match=words) as error:
     GrpoLoss(**settings)
   assert '\n' not in str(error.value)
+
+
+def test_num_iterations_takes_that_many_updates_from_the_sampling_policys_logps():
+  import optax
+  from paxlike.trainer.centralized import centralized
+  model, params, batch = _tiny_lora_lm()
+  batch['rewards'] = jnp.asarray([1.0, 0.0, 0.0, 1.0])
+  loss = GrpoLoss(reward_fns=(rewards.exact_match,), num_generations=2, beta=0.1,
+                  num_iterations=2)
+  batches = grpo.scorer(model, loss)(params, jax.tree.map(lambda x: x[None, None], batch))
+  np.testing.assert_array_equal(  # The old log-probs are the params' that sampled.
+      batches['old_logps'][0, 0], grpo.token_logps(model, params, jax.tree.map(
+          lambda x: x[0, 0], batches), loss.temperature))
+  alg = centralized(grpo.grpo_loss_fn(model, loss), optax.adam(1e-2))
+  state, weights, rng = alg.init(params), jnp.ones(1), jax.random.key(3)
+  twice, metrics = grpo.repeated(alg, 2).next(state, batches, weights, rng)
+  once, first = alg.next(state, batches, weights, jax.random.split(rng, 2)[0])
+  again, second = alg.next(once, batches, weights, jax.random.split(rng, 2)[1])
+  for got, want in zip(jax.tree.leaves(twice), jax.tree.leaves(again)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
+  assert float(first['clip_ratio']) == 0  # Iteration 1: the ratio is exactly 1.
+  assert float(metrics['loss']) == pytest.approx((float(first['loss']) + float(second['loss'])) / 2,
+                                                 rel=1e-4)
