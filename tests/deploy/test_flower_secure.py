@@ -53,7 +53,7 @@ def test_the_sum_through_flowers_quantization_is_within_the_bound():
   got = secure.aggregates(PLAN, _unmasked_sum(sent), 3, scale)
   exact = rounds.aggregates(PLAN, slots)
   bound = secure.sum_error_bound(2, scale)
-  assert bound == pytest.approx(2 * 16 / 2**24 * scale)
+  assert bound == pytest.approx(2 * 128 / 2**27 * scale)
   for name in ('agg.0', 'agg.1', 'agg.3'):
     assert got[name].shape == exact[name].shape and got[name].dtype == exact[name].dtype
     assert np.max(np.abs(got[name].astype(np.float64) - exact[name])) <= bound, name
@@ -62,7 +62,7 @@ def test_the_sum_through_flowers_quantization_is_within_the_bound():
 
 
 def test_a_value_outside_the_clipping_range_is_refused_in_one_line():
-  slot = {'up.0': np.float32([1, 2, 3]), 'up.1': np.float32(9), 'up.2': np.int32(1)}
+  slot = {'up.0': np.float32([1, 2, 3]), 'up.1': np.float32(65), 'up.2': np.int32(1)}
   with pytest.raises(ValueError) as error:
     secure.node_sum(PLAN, [slot], 1.0)
   assert 'up.1' in str(error.value) and '\n' not in str(error.value)
@@ -110,7 +110,7 @@ def test_a_secure_round_equals_the_executor_within_the_quantization_bound(export
   (cohort,) = [json.loads(line) for line in (out / 'server' / 'cohorts.jsonl').read_text()
                .splitlines()]
   total_weight = float(ex.rounds['weights'][0].sum())
-  assert cohort['secagg_sum_error_bound'] == pytest.approx(2 * 16 / 2**24 * total_weight)
+  assert cohort['secagg_sum_error_bound'] == pytest.approx(2 * 128 / 2**27 * total_weight)
   # FedAvg divides each weighted sum by the weights' sum (both off by at most the bound), so
   # a parameter or a weighted-mean metric v is off by at most bound / weight × (1 + |v|).
   relative = cohort['secagg_sum_error_bound'] / total_weight

@@ -129,8 +129,9 @@ def run(argv: list[str]) -> None:
     from paxlike.deploy.flower import secure
     if (reason := secure.refusal(plan)) is not None:
       raise UserError(reason)
-    if FLAGS.nodes < 2:
-      raise UserError('--secure_aggregation needs at least 2 nodes (SecAgg+ sums over nodes)')
+    if not 2 <= FLAGS.nodes <= secure.MAX_NODES:
+      raise UserError(f'--secure_aggregation needs 2 to {secure.MAX_NODES} nodes (SecAgg+ sums '
+                      'over nodes, in a modulus that must not wrap)')
   if (reason := rounds.unsupported(plan)) is not None:
     raise UserError(reason)
   _stop_on_sigterm()

@@ -27,9 +27,10 @@ import numpy as np
 from paxlike.deploy.flower import rounds
 from paxlike.export import run as executor
 
-CLIPPING_RANGE = 8.0
-QUANTIZATION_RANGE = 2**24
-MODULUS_RANGE = 2**32  # Above nodes × QUANTIZATION_RANGE for up to 256 nodes: no overflow.
+CLIPPING_RANGE = 64.0  # A DP-FedAvg round's scaled stats reached 18.5: Flower's 8 is too tight.
+QUANTIZATION_RANGE = 2**27  # One level: 128 / 2^27 ≈ 9.5e-7 of the scaled value.
+MODULUS_RANGE = 2**32
+MAX_NODES = MODULUS_RANGE // QUANTIZATION_RANGE - 1  # The modular sum cannot wrap: 31.
 
 
 def refusal(plan: dict[str, Any]) -> str | None:
