@@ -6,4 +6,4 @@ trains through the CLI (reproductions.trainer), decides its verdict with a pure 
 the measured numbers, and leaves the page (reproductions.page) to the caller.
 """
 
-NAMES = ('dp', 'fedavg', 'scaffold', 'fedopt', 'diloco', 'fedprox', 'papa', 'btm', 'dpo')
+NAMES = ('dp', 'fedavg', 'scaffold', 'fedopt', 'diloco', 'fedprox', 'papa', 'btm', 'dpo', 'grpo')
