@@ -284,9 +284,10 @@ class GrpoTiny(Experiment):
 
   python -m paxlike.main --exp=lm.GrpoTiny --job_log_dir=/tmp/paxlike/grpo_tiny \\
       --fdl_set=train.init_from=job:/tmp/paxlike/arithmetic_sft@200
-  (after ArithmeticSft's two commands; its step 200, about half its samples right). Rows log reward (mean), reward_std, reward_max, kl,
-  clip_ratio, completion_length; eval_loss is the held-out answers' NLL. Curve and numbers:
-  docs/reproductions/grpo.md.
+  (after ArithmeticSft's commands; its step 200 gets about half its samples right). Seen
+  (docs/reproductions/grpo.md): reward 0.57 -> 0.70 in 200 steps; held-out sums 53% -> 63%
+  sampled, 75% -> 83% greedy. Rows log reward (mean), reward_std, reward_max, kl, clip_ratio,
+  completion_length; eval_loss is the held-out answers' NLL.
   """
 
   STEPS, PEAK_LR = 200, 2e-3
@@ -302,7 +303,8 @@ class GrpoTiny(Experiment):
 class GrpoLlama(FinetuneLlama):
   """GRPO of a Hugging Face checkpoint with LoRA (rank 16 on every projection; the reference
   is the checkpoint, the adapters off): JSONL rows of `prompt` (or chat `messages`) and
-  `answer`, rewarded by the exact match of the final answer (README "Preference tuning and RL").
+  `answer`, rewarded by the exact match of the final answer (README "RL with verifiable
+  rewards (GRPO)").
 
   python -m paxlike.main --exp=lm.GrpoLlama --job_log_dir=/tmp/grpo \\
       --fdl_set=train.init_from=hf:/path/to/llama --fdl_set=data.files='prompts/*.jsonl'
