@@ -7,7 +7,7 @@ import pytest
 
 from paxlike.data import ImageData
 from paxlike.data import LmData
-from paxlike.data import prepared, read_split
+from paxlike.data import prepare
 from paxlike.data import partition
 from paxlike.data import sources
 from paxlike.errors import UserError
@@ -96,7 +96,7 @@ def test_image_fixed_cohort_keeps_its_clients(prepared):
 
 def test_shakespeare_statistics(prepared):
   info = LmData(dataset='shakespeare', partition='natural').describe()
-  rows = read_split(prepared('shakespeare'), 'train')
+  rows = prepare.read_split(prepare.prepared('shakespeare'), 'train')
   sizes = collections.Counter()  # Each role's training bytes, each speech with its separator.
   for row in rows.__getitems__(list(range(len(rows)))):
     sizes[row['client_id']] += len(row['text']) + 1

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from paxlike.data import LmData
-from paxlike.data import prepared, read_split
+from paxlike.data import prepare
 from tests.data.test_partition_digests import digest
 
 pytestmark = pytest.mark.full_data
@@ -24,7 +24,8 @@ PINNED = {
 
 
 def test_fashion_mnist_is_the_full_set(prepared):
-  train, test = read_split(prepared('fashion_mnist'), 'train'), read_split(prepared('fashion_mnist'), 'test')
+  directory = prepare.prepared('fashion_mnist')
+  train, test = prepare.read_split(directory, 'train'), prepare.read_split(directory, 'test')
   assert (len(train), len(test)) == (60_000, 10_000)
   example = train[123]
   assert example['image'].shape == (28, 28, 1) and example['image'].dtype == np.uint8
@@ -33,7 +34,7 @@ def test_fashion_mnist_is_the_full_set(prepared):
 
 
 def test_shakespeare_is_the_full_text_with_its_147_roles(prepared):
-  assert len(read_split(prepared('shakespeare'), 'train')) == 5852
+  assert len(prepare.read_split(prepare.prepared('shakespeare'), 'train')) == 5852
   info = LmData(dataset='shakespeare', partition='natural').describe()
   assert info['num_clients'] == 147 and info['min'] >= 800
   assert info['median'] < info['max'] and info['total'] > 900_000

@@ -51,7 +51,8 @@ def test_summary_counts_the_initialised_params():
 
 
 def test_memory_summary_counts_float32_params_gradients_and_adamw_moments():
-  data = types.SimpleNamespace(seq_len=16, batch_size=8, clients_per_round=1, local_steps=1)
+  data = types.SimpleNamespace(seq_len=16, batch_size=8, clients_per_round=1, local_steps=1,
+                               rows_per_item=1)
   task = types.SimpleNamespace(model=MODEL, data=data, optimizer=optax.adamw(1e-3),
                                mesh=MeshConfig())
   n = sum(x.size for x in jax.tree.leaves(_params()))
@@ -127,7 +128,7 @@ def test_a_vocab_left_unset_follows_the_datas_rounded_up_to_128():
   assert FAMILY.complete(unset, types.SimpleNamespace(vocab_size=2048)).vocab_size == 2048
   assert FAMILY.complete(MODEL, types.SimpleNamespace(vocab_size=2000)) is MODEL
   with pytest.raises(UserError, match='model.vocab_size=None follows .* has no vocab_size'):
-    FAMILY.complete(unset, types.SimpleNamespace())
+    FAMILY.complete(unset, types.SimpleNamespace(vocab_size=None))
 
 
 def test_a_task_on_text_data_takes_its_vocab_from_the_tokenizer(tmp_path):
