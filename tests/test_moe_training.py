@@ -58,7 +58,8 @@ def test_memory_estimate_counts_every_expert():
   """Params per device on 2 data × 4 expert: each expert weight [E, ...] split 4 ways, the rest
   replicated; on one device, all of them: more than a dense model with the same active
   params holds."""
-  data = types.SimpleNamespace(seq_len=16, batch_size=8, clients_per_round=1, local_steps=1)
+  data = types.SimpleNamespace(seq_len=16, batch_size=8, clients_per_round=1, local_steps=1,
+                               rows_per_item=1)
   mesh = MeshConfig(ici=(2, 4), axes=('data', 'expert'))
   task = types.SimpleNamespace(model=MODEL, data=data, optimizer=optax.adamw(1e-3), mesh=mesh)
   params = nn.unbox(MODEL.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32)))['params']
