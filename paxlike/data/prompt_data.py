@@ -25,11 +25,12 @@ import numpy as np
 from paxlike.data import sources
 from paxlike.data import text_files
 from paxlike.data.prompt_rows import PromptRows, read_prompt_rows
+from paxlike.data.token_source import TokenizedSource
 from paxlike.errors import UserError
 
 
 @dataclasses.dataclass
-class PromptData(sources.DataSource):
+class PromptData(TokenizedSource):
   """Prompt rows (prompt_rows.py) as prompt batches for GRPO; see the module docstring.
   `seq_len`: the longest prompt in tokens (longer rows are counted and left out)."""
 
@@ -71,16 +72,6 @@ class PromptData(sources.DataSource):
                               or value <= 0):
       raise UserError(f'PromptData.num_eval_batches must be a positive int or None, got '
                       f'{value!r}')
-
-  @functools.cached_property
-  def loaded_tokenizer(self) -> Any:
-    """The tokenizer named by `tokenizer`."""
-    from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
-    return load_tokenizer(self.tokenizer)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.loaded_tokenizer.vocab_size
 
   def prepare(self) -> None:
     """Reads and tokenizes the prompt rows, and splits them."""

@@ -19,21 +19,11 @@ def globs_of(files: str | Sequence[str]) -> list[str]:
   return [files] if isinstance(files, str) else list(files)
 
 
-class TokenSource(sources.DataSource):
+class TokenizedSource(sources.DataSource):
   """A source whose `tokenizer` field names a tokenizer ('bytes' or a path,
-  paxlike.tokenizers.load_tokenizer) and whose documents live in a token store."""
+  paxlike.tokenizers.load_tokenizer): the job dir keeps a copy of it (trainer/job_source.py)."""
 
   tokenizer: str
-  files: str | Sequence[str]
-  num_workers: int | None
-  seq_len: int
-  DATASET = 'text'  # What `fingerprint()` calls the data.
-  CACHED = ('store',)  # Cached properties a pickled copy recomputes instead of carrying.
-
-  def __getstate__(self) -> dict[str, Any]:
-    """The fields and the tokenizer: a copy (a loader worker's) reopens the store's memory maps
-    instead of pickling their contents."""
-    return {k: v for k, v in self.__dict__.items() if k not in self.CACHED}
 
   @functools.cached_property
   def loaded_tokenizer(self) -> Any:
@@ -45,6 +35,21 @@ class TokenSource(sources.DataSource):
   def vocab_size(self) -> int:
     """The tokenizer's vocabulary (the model rounds it up)."""
     return self.loaded_tokenizer.vocab_size
+
+
+class TokenSource(TokenizedSource):
+  """A tokenized source whose documents live in a token store."""
+
+  files: str | Sequence[str]
+  num_workers: int | None
+  seq_len: int
+  DATASET = 'text'  # What `fingerprint()` calls the data.
+  CACHED = ('store',)  # Cached properties a pickled copy recomputes instead of carrying.
+
+  def __getstate__(self) -> dict[str, Any]:
+    """The fields and the tokenizer: a copy (a loader worker's) reopens the store's memory maps
+    instead of pickling their contents."""
+    return {k: v for k, v in self.__dict__.items() if k not in self.CACHED}
 
   def open_store(self, files: list[Path], fields: Any, chat: bool) -> token_store.Store:
     """The token store of `files` read with `fields` (built the first time, by any run); chat

@@ -16,7 +16,7 @@ from typing import Any
 
 import fiddle as fdl
 
-from paxlike.data.token_source import TokenSource
+from paxlike.data.token_source import TokenizedSource
 
 SOURCE_DIR = 'source'
 # An HF checkpoint dir's files besides its weights that a job may need later.
@@ -28,10 +28,10 @@ TOKENIZER_SIDECARS = ('tokenizer_config.json', 'special_tokens_map.json', 'chat_
 
 
 def tokenizer_of(data: Any) -> str | None:
-  """The tokenizer a data source or its config names (a TokenSource's `tokenizer`: 'bytes' or
+  """The tokenizer a data source or its config names (a TokenizedSource's `tokenizer`: 'bytes' or
   a path); None for data that reads no tokenizer."""
   cls = fdl.get_callable(data) if isinstance(data, fdl.Buildable) else type(data)
-  return data.tokenizer if isinstance(cls, type) and issubclass(cls, TokenSource) else None
+  return data.tokenizer if isinstance(cls, type) and issubclass(cls, TokenizedSource) else None
 
 
 def tokenizer_files(tokenizer: str) -> list[Path]:
