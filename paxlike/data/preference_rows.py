@@ -18,19 +18,18 @@ under its name, and the store is built from those with the store's own SFT or ch
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from paxlike.data import chat_rows
 from paxlike.data import fingerprint
 from paxlike.data import text_files
 from paxlike.data import token_store
-from paxlike.errors import RunFailure, UserError
+from paxlike.errors import UserError
 
 FORMAT = 1
 MANIFEST = 'pairs.json'
@@ -99,27 +98,6 @@ def pair_documents(row: dict[str, Any], fields: PairFields, where: str
   return 'chat', {'messages': convs[0]}, {'messages': convs[1]}
 
 
-def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-  """(line number, row) of a .jsonl or .jsonl.gz file; RunFailure for a line that is not a
-  JSON object."""
-  counts = text_files.Counts()
-  opener = gzip.open if path.name.endswith('.gz') else open
-  try:
-    with opener(path, 'rb') as lines:
-      for number, line in enumerate(lines, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(text_files.decode(line, counts))
-        except ValueError:
-          raise RunFailure(f'{path}:{number}: not a JSON line') from None
-        if not isinstance(row, dict):
-          raise UserError(f'{path}:{number}: a preference row is a JSON object')
-        yield number, row
-  except (EOFError, OSError) as error:
-    raise RunFailure(f'{path}: cannot read it ({error})') from None
-
-
 def write_documents(path: Path, out: Path, fields: PairFields) -> tuple[str | None, dict]:
   """Writes the pair documents of source `path` to `out`; (its format or None when it has no
   pair, {'pairs', 'skipped_pairs'})."""
@@ -128,7 +106,7 @@ def write_documents(path: Path, out: Path, fields: PairFields) -> tuple[str | No
                     'are JSONL rows)')
   kinds, counts = set(), {'pairs': 0, 'skipped_pairs': 0}
   with open(out, 'w', encoding='utf-8') as f:
-    for number, row in _rows(path):
+    for number, row in text_files.json_rows(path, 'preference'):
       kind, chosen, rejected = pair_documents(row, fields, f'{path}:{number}')
       kinds.add(kind)
       if len(kinds) > 1:

@@ -6,16 +6,14 @@ read. Read whole into memory: prompt sets are small (GSM8K's train split is 7,47
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from paxlike.data import chat_rows
 from paxlike.data import text_files
-from paxlike.errors import RunFailure, UserError
+from paxlike.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,26 +27,6 @@ class PromptRows:
   fields: list[dict[str, Any]]
   skipped: int      # No prompt (missing or empty field, or messages that are not a list).
   too_long: int     # Prompts of more than seq_len tokens.
-
-
-def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-  """(line number, row) of a .jsonl or .jsonl.gz file."""
-  counts = text_files.Counts()
-  opener = gzip.open if path.name.endswith('.gz') else open
-  try:
-    with opener(path, 'rb') as lines:
-      for number, line in enumerate(lines, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(text_files.decode(line, counts))
-        except ValueError:
-          raise RunFailure(f'{path}:{number}: not a JSON line') from None
-        if not isinstance(row, dict):
-          raise UserError(f'{path}:{number}: a prompt row is a JSON object')
-        yield number, row
-  except (EOFError, OSError) as error:
-    raise RunFailure(f'{path}: cannot read it ({error})') from None
 
 
 def _prompt_of(row: dict[str, Any], prompt_field: str | None, messages_field: str | None
@@ -74,7 +52,7 @@ def read_prompt_rows(files: dict[str, Path], tokenizer: Any, seq_len: int,
     encoder = load_chat_encoder(tokenizer)
   prompts, answers, fields, skipped = [], [], [], 0
   for path in files.values():
-    for _, row in _rows(path):
+    for _, row in text_files.json_rows(path, 'prompt'):
       prompt = _prompt_of(row, prompt_field, messages_field)
       if prompt is None:
         skipped += 1

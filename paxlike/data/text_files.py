@@ -128,6 +128,28 @@ def decode(raw: bytes, counts: Counts) -> str:
     return text
 
 
+def json_rows(path: Path, kind: str) -> Iterator[tuple[int, dict[str, Any]]]:
+  """(line number, row) of each non-blank line of a .jsonl or .jsonl.gz file of `kind` rows
+  (named in the errors): RunFailure for a line that is not JSON or a file that cannot be read,
+  UserError for a row that is not a JSON object."""
+  counts = Counts()
+  opener = gzip.open if path.name.endswith('.gz') else open
+  try:
+    with opener(path, 'rb') as lines:
+      for number, line in enumerate(lines, 1):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(decode(line, counts))
+        except ValueError:
+          raise RunFailure(f'{path}:{number}: not a JSON line') from None
+        if not isinstance(row, dict):
+          raise UserError(f'{path}:{number}: a {kind} row is a JSON object')
+        yield number, row
+  except (EOFError, OSError) as error:
+    raise RunFailure(f'{path}: cannot read it ({error})') from None
+
+
 def read(path: Path, fields: Fields, counts: Counts, options: str = 'data.fields.'
          ) -> Iterator[Block]:
   """The documents of one file in blocks, in file order; see the module docstring for bad
