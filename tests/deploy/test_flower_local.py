@@ -1,9 +1,9 @@
 """A DigitsFedAvg export run by a local Flower federation (a SuperLink over TLS with node
 authentication and two SuperNodes, separate processes) through the faults a federation meets:
 an enrolled node of another experiment joins (refused at its first message), the ServerApp is
-killed with SIGKILL after round 1 (the launcher submits the app again; it resumes from its
-checkpoint) and SuperNode 1 is killed with SIGKILL after round 2 (its slots are dropped from
-then on). Rounds 1-2 equal the reference executor's uninterrupted rounds; rounds 3-4 equal the
+killed with SIGKILL once round 1 is checkpointed (the launcher stops the dead run and submits
+the app again; it resumes from that checkpoint) and SuperNode 1 is killed with SIGKILL after
+round 2 (the launcher unregisters it; its slots are dropped from then on). Rounds 1-2 equal the reference executor's uninterrupted rounds; rounds 3-4 equal the
 executor's rounds with the lost node's slots at weight 0 (the simulation's dropped straggler)."""
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, fl
     fp.wait_until(lambda: (out / 'logs' / 'node1.log').exists(), 120, 'the nodes', launcher)
     intruder = _start_intruder(out)
     metrics = out / 'server' / 'metrics.jsonl'
-    fp.wait_until(lambda: len(fp.rows(metrics)) >= 1, 300, 'round 1', launcher)
+    fp.wait_until(lambda: (out / 'server' / 'checkpoints' / '1').exists(), 300,
+                  'round 1\'s checkpoint', launcher)
     fp.kill_server_app(out)
     fp.wait_until(lambda: len(fp.rows(metrics)) >= 2, 300, 'round 2 after the restart', launcher)
     fp.kill_node(out, f'node{LOST_NODE}')
@@ -124,6 +125,12 @@ def test_the_server_app_was_restarted_and_resumed_from_its_checkpoint(federation
   assert len(joined) == 2 * NODES  # Each ServerApp asked the nodes once.
   assert sorted(int(p.name) for p in (out / 'server' / 'checkpoints').iterdir()
                 if p.name.isdigit())[-1] == ROUNDS
+  for k in range(NODES):  # Round 1 ran once: the second app began at its checkpoint.
+    steps = [e['step'] for e in fp.rows(out / 'logs' / f'node{k}.jsonl')]
+    assert steps == sorted(set(steps)), (k, steps)
+  events = (out / 'logs' / 'supervisor.log').read_text()
+  assert 'exited; stopped: True' in events  # Stopped at once, not after Flower's heartbeat.
+  assert f'node node{LOST_NODE} exited (-9); unregistered' in events
 
 
 def test_each_node_ran_only_its_own_clients_and_the_killed_node_no_more(federation):

@@ -8,6 +8,7 @@ key enrolled with `flwr supernode register KEY.pub CONNECTION`.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class Federation:
     self.home = out / 'flwr_home'
     processes.write_connection(self.home, CONNECTION, f'127.0.0.1:{port}', self.tls.ca)
     self.link: subprocess.Popen | None = None
+    self.node_ids: dict[str, int] = {}  # The SuperLink's id of each node enrolled, by name.
 
   def start_superlink(self, timeout: float) -> subprocess.Popen:
     """Starts the SuperLink and waits until it listens; RunFailure if it does not."""
@@ -43,18 +45,33 @@ class Federation:
     return self.link
 
   def new_identity(self, name: str, enroll: bool = True) -> Path:
-    """A new node key pair `name`; its public key enrolled at the SuperLink when `enroll`.
-    The private key's path (what the node is started with)."""
+    """A new node key pair `name`; its public key enrolled at the SuperLink when `enroll` (its
+    node id in `node_ids`). The private key's path (what the node is started with)."""
     from paxlike.errors import RunFailure
     private, public = certs.make_node_key(self.out / 'credentials' / 'nodes', name)
     if enroll:
-      done = subprocess.run([str(processes.BIN / 'flwr'), 'supernode', 'register', str(public),
-                             CONNECTION], env=processes.flower_env(self.home), text=True,
-                            capture_output=True, timeout=120)
-      if done.returncode != 0:
+      done = self.flwr('supernode', 'register', str(public), CONNECTION, '--format', 'json')
+      try:
+        self.node_ids[name] = int(json.loads(done.stdout)['node-id'])
+      except (ValueError, KeyError, TypeError):
         raise RunFailure(f'enrolling node {name} failed: '
-                         f'{(done.stdout + done.stderr).strip().splitlines()[-1:]}')
+                         f'{(done.stdout + done.stderr).strip().splitlines()[-1:]}') from None
     return private
+
+  def flwr(self, *args: str) -> subprocess.CompletedProcess:
+    """The `flwr` CLI with this federation's FLWR_HOME (its connection `local`)."""
+    return subprocess.run([str(processes.BIN / 'flwr'), *args], env=processes.flower_env(
+        self.home), text=True, capture_output=True, timeout=120)
+
+  def unregister(self, name: str) -> bool:
+    """Removes enrolled node `name` from the federation: the SuperLink marks it offline at once
+    (a message to it comes back as an error) and refuses its key from then on."""
+    return self.flwr('supernode', 'unregister', str(self.node_ids[name]),
+                     CONNECTION).returncode == 0
+
+  def stop_run(self, run_id: int) -> bool:
+    """Marks run `run_id` stopped at the SuperLink (`flwr stop`), which ends its log stream."""
+    return self.flwr('stop', str(run_id), CONNECTION).returncode == 0
 
   def start_node(self, name: str, key: Path, node_config: str) -> subprocess.Popen:
     """A SuperNode `name` authenticating with private key `key`, on its own free port."""

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from absl import app, flags
 
 from paxlike import main as cli
-from paxlike.deploy.flower import federation, processes, records, rounds
+from paxlike.deploy.flower import federation, processes, records, rounds, supervise
 from paxlike.deploy.flower.rounds import clients_of_nodes
 
 flags.DEFINE_string('export_dir', None, 'The export directory (python -m paxlike.export --out).')
@@ -52,10 +53,7 @@ def rows_done(out: Path) -> int:
 
 def _save_runs(fed: federation.Federation, path: Path) -> None:
   """Flower's own record of the runs (status, times, network traffic) as `flwr ls` prints it."""
-  listed = subprocess.run([str(processes.BIN / 'flwr'), 'ls', federation.CONNECTION, '--format',
-                           'json'], env=processes.flower_env(fed.home), text=True,
-                          capture_output=True, timeout=120)
-  path.write_text(listed.stdout)
+  path.write_text(fed.flwr('ls', federation.CONNECTION, '--format', 'json').stdout)
 
 
 def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, nodes: int,
@@ -78,14 +76,16 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
   budget = timeout * (rounds + 2)
   try:
     fed.start_superlink(timeout)
-    for k, clients in enumerate(clients_of_nodes(num_clients, nodes)):
-      fed.start_node(f'node{k}', fed.new_identity(f'node{k}'),
-                     node_config(export_dir, out, clients, f'node{k}'))
+    watch = supervise.Supervisor(fed, {
+        f'node{k}': fed.start_node(f'node{k}', fed.new_identity(f'node{k}'),
+                                   node_config(export_dir, out, clients, f'node{k}'))
+        for k, clients in enumerate(clients_of_nodes(num_clients, nodes))},
+        group.logs / 'supervisor.log')
     for attempt in range(restarts + 1):
       runner = group.start(f'flwr_run{attempt}', [
           str(processes.BIN / 'flwr'), 'run', str(out / 'app'), federation.CONNECTION,
           '--stream'])
-      runner.wait(timeout=budget)
+      watch.wait(runner, group.logs / f'flwr_run{attempt}.log', time.monotonic() + budget)
       if rows_done(out) == rounds:
         break
     _save_runs(fed, out / 'runs.json')

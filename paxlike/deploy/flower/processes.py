@@ -104,11 +104,11 @@ class Group:
       except ProcessLookupError:
         pass
     deadline = time.monotonic() + grace  # A killed process is gone only once it has exited.
-    while any(_running(pid) for pid in stray) and time.monotonic() < deadline:
+    while any(running(pid) for pid in stray) and time.monotonic() < deadline:
       time.sleep(0.1)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
   """Whether `pid` exists and has not exited (a zombie has)."""
   try:
     return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] != 'Z'
