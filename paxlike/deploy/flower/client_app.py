@@ -41,7 +41,7 @@ def query(msg: Message, context: Context) -> Message:
   """This node's config and plan hashes, its client ids and their sizes."""
   from paxlike.deploy.flower.membership import file_sha256
   export_dir, config_file, clients = _node_settings(context)
-  sizes = records.load_task(config_file).data.client_sizes
+  sizes = records.client_sizes(records.load_task(config_file).data)
   reply = ConfigRecord({'clients': clients, 'sizes': [int(sizes[c]) for c in clients],
                         'config_sha256': file_sha256(config_file),
                         'plan_sha256': file_sha256(Path(export_dir) / 'plan.json')})
@@ -52,9 +52,7 @@ def client_inputs(plan: dict[str, Any], data: Any, seed: int, step: int, slot: i
                   client: int, down: dict[str, np.ndarray]) -> list[np.ndarray]:
   """The client program's arguments for cohort slot `slot` (client `client`) of round `step`:
   the values sent down, then this slot's own batches and weight from the data pipeline."""
-  from paxlike.data import sources
-  cohort = sources.sample_cohort(seed, step, data.client_sizes, data.clients_per_round,
-                                 data.sampling)
+  cohort = records.cohort(data, seed, step, records.client_sizes(data))
   if int(cohort[slot]) != client:
     raise ValueError(f'round {step} slot {slot} is client {int(cohort[slot])} here, the server '
                      f'says {client}: the node and the server run different experiments')

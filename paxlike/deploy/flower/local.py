@@ -135,7 +135,7 @@ def run(argv: list[str]) -> None:
   if (reason := rounds.unsupported(plan)) is not None:
     raise UserError(reason)
   _stop_on_sigterm()
-  num_clients = config_io.build(cfg).data.num_clients
+  num_clients = records.num_clients(config_io.build(cfg).data)
   run_federation(Path(FLAGS.export_dir), config_json, Path(FLAGS.out), FLAGS.rounds,
                  min(FLAGS.nodes, num_clients), num_clients, FLAGS.round_timeout,
                  FLAGS.server_restarts, FLAGS.secure_aggregation)

@@ -46,3 +46,28 @@ def load_task(config_file: str | Path) -> Any:
 def int_list(text: str) -> list[int]:
   """'0,3,5' -> [0, 3, 5] ('' -> [])."""
   return [int(part) for part in str(text).split(',') if part.strip()]
+
+
+def client_sizes(data: Any) -> np.ndarray:
+  """Each client's FedAvg size, what cohorts are sampled from (its data read first): an image
+  source's examples per client, a text source's training tokens per client."""
+  data.prepare()
+  sizes = getattr(data, 'client_sizes', None)
+  return np.asarray(data.packed.client_tokens if sizes is None else sizes)
+
+
+def num_clients(data: Any) -> int:
+  """The experiment's client count: the source's setting where it has one (images), else the
+  clients its data holds (text: one per file or client field value)."""
+  count = getattr(data, 'num_clients', None)
+  return int(count) if count is not None else len(client_sizes(data))
+
+
+def cohort(data: Any, seed: int, step: int, sizes: np.ndarray) -> np.ndarray:
+  """Round `step`'s client per cohort slot, as the source's `round_batches` draws it: text
+  pooled into one client gives every slot client 0 (TextData's rule: each slot then reads its
+  own rows of the pool), any other source samples among the clients' `sizes`."""
+  from paxlike.data import sources
+  if getattr(data, 'partition', None) == 'pooled':
+    return np.zeros(data.clients_per_round, np.int64)
+  return sources.sample_cohort(seed, step, sizes, data.clients_per_round, data.sampling)

@@ -145,23 +145,24 @@ def main(grid: Grid, context: Context) -> None:
     start = progress.resume(checkpoints, plan['start_step'], ex.carried)
     identity = {'config_sha256': plan['config_sha256'],
                 'plan_sha256': membership.file_sha256(Path(export_dir) / 'plan.json')}
-    members = membership.Members(grid, identity, data.num_clients, out / 'nodes.jsonl')
+    clients = records.num_clients(data)
+    members = membership.Members(grid, identity, clients, out / 'nodes.jsonl')
     lost = list(start.meta.get('lost_clients', []))
-    members.wait_for(data.num_clients - len(lost), timeout)
+    members.wait_for(clients - len(lost), timeout)
     for client in lost:
       members.owner.pop(client, None)
     sizes = np.asarray(start.meta.get('sizes', members.sizes))
     rows, carried = progress.Rows(out, start.step, last), start.state
     for step in range(start.step + 1, last + 1):
       members.ask_new(timeout)
-      cohort = sources.sample_cohort(seed, step, sizes, data.clients_per_round, data.sampling)
+      cohort = records.cohort(data, seed, step, sizes)
       began = time.perf_counter()
       scale = (max(1.0, float(sources.cohort_weights(sizes, cohort, data.sampling).sum()))
                if secure_sums else None)
       outputs, done = run_round(ex, grid, context, members, carried, cohort, step, seed,
                                 timeout, scale)
       carried = {n: outputs[n] for n in carried}
-      lost = sorted(set(range(data.num_clients)) - set(members.owner))
+      lost = sorted(set(range(clients)) - set(members.owner))
       rows.write(step, outputs, {'nodes': members.nodes(),
                                  'dropped_slots': len(done['dropped_slots'])},
                  {'cohort': [int(c) for c in cohort], 'lost_clients': lost, **done,

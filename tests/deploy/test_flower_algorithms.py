@@ -1,0 +1,113 @@
+"""The Flower apps' rounds equal `paxlike.main`'s for FedAdam, DP-FedAvg and federated LoRA on
+text: the ServerApp's `main` and the ClientApp's handlers run in this process over a stand-in
+for Flower's Grid that hands each message to the addressed node's handler (two nodes, each
+with its own node config and clients), so every record the apps exchange is built, read and
+reduced as on a real federation, in seconds. The transport itself (SuperLink, SuperNodes, TLS,
+kills) is test_flower_local's; this file checks what differs per algorithm: the plan's
+messages, the server programs, DP's noise from the round key, LoRA's adapters and base."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import fiddle as fdl
+import numpy as np
+import pytest
+from flwr.supercore.task_identity import TaskIdentity
+
+from configs import federated as fed
+from paxlike import registry
+from paxlike.config import config_io
+from paxlike.deploy.flower import client_app, records, server_app
+from paxlike.deploy.flower.rounds import clients_of_nodes
+from paxlike.export.__main__ import export_experiment
+from tests.export.test_export_experiments import TINY, digits, train_to
+from tests.federated.lora_task import lora_config
+from tests.helpers import TIMING_FIELDS
+
+pytestmark = pytest.mark.slow  # A trainer run, an export and a deployed run, seconds each.
+
+ROUNDS, NODES = 2, 2
+
+
+class LocalGrid:
+  """Flower's Grid for nodes that live in this process: `send_and_receive` calls the ClientApp
+  handler of each message's type with the addressed node's context."""
+
+  def __init__(self, contexts: dict[int, SimpleNamespace]):
+    self.contexts, self.sent = contexts, []
+
+  def get_node_ids(self) -> list[int]:
+    return list(self.contexts)
+
+  def send_and_receive(self, messages, timeout: float):
+    handlers = {'query': client_app.query, 'train': client_app.train}
+    self.sent += [m.metadata.message_type for m in messages]
+    return [handlers[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id])
+            for m in messages]
+
+
+def _dp_fedavg(tmp_path: Path) -> fdl.Config:
+  registry.import_all()
+  cfg = registry.get('federated.DigitsDpFedAvg')().config()
+  config_io.apply_overrides(cfg, [*TINY, 'data.clients_per_round=3'])
+  return cfg
+
+
+CONFIGS = {
+    'fed_adam': lambda tmp_path: digits(fed.fed_adam(server_learning_rate=0.05)),
+    'dp_fedavg': _dp_fedavg,
+    'lora_text': lora_config,
+}
+
+
+def deploy(cfg: fdl.Config, export: Path, out: Path) -> LocalGrid:
+  """Runs the exported rounds through the apps on NODES in-process nodes; the grid used."""
+  config = out / 'config.json'
+  out.mkdir(parents=True)
+  config.write_text(config_io.to_json(cfg))
+  num_clients = records.num_clients(config_io.build(cfg).data)
+  grid = LocalGrid({100 + k: SimpleNamespace(node_config={
+      'export-dir': str(export), 'config': str(config), 'log': str(out / f'node{k}.jsonl'),
+      'clients': ','.join(map(str, clients))})
+      for k, clients in enumerate(clients_of_nodes(num_clients, NODES))})
+  server_app.main(grid, SimpleNamespace(run_config={
+      'export-dir': str(export), 'config': str(config), 'out-dir': str(out / 'server'),
+      'rounds': ROUNDS, 'timeout': 60}))
+  return grid
+
+
+@pytest.mark.parametrize('algorithm', sorted(CONFIGS))
+def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
+  monkeypatch.setattr(TaskIdentity, '_run_id', 1)  # Flower's Message needs a run and a node.
+  monkeypatch.setattr(TaskIdentity, '_node_id', 0)
+  monkeypatch.setattr(TaskIdentity, '_task_id', 1)
+  cfg = CONFIGS[algorithm](tmp_path)
+  simulated, state = train_to(cfg, tmp_path / 'job', ROUNDS)
+  export_experiment(cfg, tmp_path / 'export', rounds=ROUNDS, experiment=algorithm)
+  grid = deploy(cfg, tmp_path / 'export', tmp_path / 'run')
+
+  logs = [tmp_path / 'run' / f'node{k}.jsonl' for k in range(NODES)]  # None if never sent.
+  ran = [[json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+         for log in logs]
+  # One query per node, then one train message per node with a slot in the round's cohort.
+  assert grid.sent == ['query'] * NODES + ['train'] * sum(map(len, ran))
+  for k, entries in enumerate(ran):  # Each node ran only its own clients.
+    assert all(c % NODES == k for entry in entries for c in entry['clients'])
+  assert sum(len(e['slots']) for entries in ran for e in entries) == sum(
+      r['clients'] for r in simulated if 'clients' in r)  # Every cohort slot ran once.
+  deployed = [json.loads(line) for line in (tmp_path / 'run' / 'server' / 'metrics.jsonl')
+              .read_text().splitlines()]
+  simulated = [r for r in simulated if 'loss' in r]  # Training rows (no eval rows here).
+  assert [r['step'] for r in deployed] == [r['step'] for r in simulated] == [1, 2]
+  for sim, dep in zip(simulated, deployed):
+    shared = set(sim) & set(dep) - TIMING_FIELDS - {'step'}
+    assert {'loss', 'accuracy', 'clients'} <= shared, sorted(shared)
+    for key in shared:
+      np.testing.assert_allclose(dep[key], sim[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  with np.load(tmp_path / 'run' / 'server' / 'final.npz') as final:
+    assert sorted(final.files) == sorted(state)
+    for name in final.files:
+      np.testing.assert_allclose(final[name], state[name], rtol=1e-5, atol=1e-6, err_msg=name)
