@@ -1,10 +1,11 @@
-"""The Flower apps' rounds equal `paxlike.main`'s for FedAdam, DP-FedAvg and federated LoRA on
-text: the ServerApp's `main` and the ClientApp's handlers run in this process over a stand-in
-for Flower's Grid that hands each message to the addressed node's handler (two nodes, each
-with its own node config and clients), so every record the apps exchange is built, read and
-reduced as on a real federation, in seconds. The transport itself (SuperLink, SuperNodes, TLS,
-kills) is test_flower_local's; this file checks what differs per algorithm: the plan's
-messages, the server programs, DP's noise from the round key, LoRA's adapters and base."""
+"""The Flower apps' rounds equal `paxlike.main`'s for FedAdam, DP-FedAvg (with its dp_epsilon)
+and federated LoRA on text: the ServerApp's `main` and the ClientApp's handlers run in this
+process over a stand-in for Flower's Grid that hands each message to the addressed node's
+handler (two nodes, each with its own node config and clients), so every record the apps
+exchange is built, read and reduced as on a real federation, in seconds. The transport itself
+(SuperLink, SuperNodes, TLS, kills) is test_flower_local's; this file checks what differs per
+algorithm: the plan's messages, the server programs, DP's noise from the round key and its
+accounting, LoRA's adapters and base."""
 
 from __future__ import annotations
 
@@ -105,6 +106,8 @@ def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
   for sim, dep in zip(simulated, deployed):
     shared = set(sim) & set(dep) - TIMING_FIELDS - {'step'}
     assert {'loss', 'accuracy', 'clients'} <= shared, sorted(shared)
+    assert {k for k in sim if k.startswith('dp_')} <= set(dep)  # dp_epsilon, dp_delta.
+    assert dep['clients_lost'] == dep['dropped_slots'] == 0
     for key in shared:
       np.testing.assert_allclose(dep[key], sim[key], rtol=1e-5, atol=1e-6, err_msg=key)
   with np.load(tmp_path / 'run' / 'server' / 'final.npz') as final:

@@ -103,6 +103,7 @@ def test_rows_and_state_equal_the_executor_through_both_kills(federation):
   assert [c['dropped_slots'] for c in cohorts] == dropped
   assert dropped[2], 'round 3 had no slot on the killed node: the test checks no drop'
   assert [r['nodes'] for r in rows] == [2, 2, 1, 1]
+  assert [r['clients_lost'] for r in rows] == [0, 0, len(LOST), len(LOST)]
   assert [r['dropped_slots'] for r in rows] == [len(d) for d in dropped]
   for row, outputs in zip(rows, _expected(export, dropped)):
     metrics = {n.removeprefix('metrics.'): v.item() for n, v in outputs.items()

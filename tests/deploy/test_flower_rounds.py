@@ -3,6 +3,8 @@ are reduced, the round key, which node holds which client, and the plans it refu
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import numpy as np
 
@@ -52,3 +54,9 @@ def test_client_carried_state_is_refused_in_one_line():
   reason = rounds.unsupported(plan)
   assert reason is not None and 'state.replicas.mu' in reason and '\n' not in reason
   assert rounds.unsupported({'inputs': plan['inputs'][:1]}) is None
+
+
+def test_poisson_cohorts_are_refused_in_one_line():
+  reason = rounds.unsupported_data(SimpleNamespace(sampling='poisson'))
+  assert reason is not None and 'Poisson' in reason and '\n' not in reason
+  assert rounds.unsupported_data(SimpleNamespace(sampling='uniform')) is None

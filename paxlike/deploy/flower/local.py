@@ -132,10 +132,11 @@ def run(argv: list[str]) -> None:
     if not 2 <= FLAGS.nodes <= secure.MAX_NODES:
       raise UserError(f'--secure_aggregation needs 2 to {secure.MAX_NODES} nodes (SecAgg+ sums '
                       'over nodes, in a modulus that must not wrap)')
-  if (reason := rounds.unsupported(plan)) is not None:
+  task = config_io.build(cfg)
+  if (reason := rounds.unsupported(plan) or rounds.unsupported_data(task.data)) is not None:
     raise UserError(reason)
   _stop_on_sigterm()
-  num_clients = records.num_clients(config_io.build(cfg).data)
+  num_clients = records.num_clients(task.data)
   run_federation(Path(FLAGS.export_dir), config_json, Path(FLAGS.out), FLAGS.rounds,
                  min(FLAGS.nodes, num_clients), num_clients, FLAGS.round_timeout,
                  FLAGS.server_restarts, FLAGS.secure_aggregation)

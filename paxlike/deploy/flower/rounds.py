@@ -20,6 +20,16 @@ def unsupported(plan: dict[str, Any]) -> str | None:
   return None
 
 
+def unsupported_data(data: Any) -> str | None:
+  """Why this deployment cannot draw `data`'s cohorts (one line), or None: a Poisson cohort's
+  padded slots run the client program too (mask 0, weight 0) and enter the plan's `mean`
+  entries, and no node holds data for them."""
+  if data.sampling == 'poisson':
+    return ('Poisson cohorts are not deployed on Flower: their padded slots enter the plan\'s '
+            'means with client-program outputs that no node computes (use uniform sampling)')
+  return None
+
+
 def clients_of_nodes(num_clients: int, nodes: int) -> list[list[int]]:
   """Node k's client ids: k, k + nodes, ... (every client on exactly one node)."""
   return [list(range(k, num_clients, nodes)) for k in range(nodes)]

@@ -126,6 +126,7 @@ def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members
 def main(grid: Grid, context: Context) -> None:
   from paxlike.data import sources
   from paxlike.export import run as executor
+  from paxlike.trainer import privacy
   settings = context.run_config
   export_dir, out = str(settings['export-dir']), Path(str(settings['out-dir']))
   ex = executor.load(export_dir)
@@ -136,8 +137,9 @@ def main(grid: Grid, context: Context) -> None:
     raise RuntimeError(reason)
   task = records.load_task(str(settings['config']))
   seed, data, timeout = task.train.seed, task.data, float(settings['timeout'])
-  if data.sampling == 'poisson':
-    raise RuntimeError('Poisson cohorts (padded slots) are not deployed on Flower yet')
+  if (reason := rounds.unsupported_data(data)) is not None:
+    raise RuntimeError(reason)
+  accountant = privacy.accountant(task)  # DP runs: the rows' dp_epsilon, as the trainer's.
   out.mkdir(parents=True, exist_ok=True)
   last = plan['start_step'] + int(settings['rounds'])
   checkpoints = progress.open_checkpoints(out)
@@ -163,8 +165,9 @@ def main(grid: Grid, context: Context) -> None:
                                 timeout, scale)
       carried = {n: outputs[n] for n in carried}
       lost = sorted(set(range(clients)) - set(members.owner))
-      rows.write(step, outputs, {'nodes': members.nodes(),
-                                 'dropped_slots': len(done['dropped_slots'])},
+      rows.write(step, outputs, {'nodes': members.nodes(), 'clients_lost': len(lost),
+                                 'dropped_slots': len(done['dropped_slots']),
+                                 **privacy.round_metrics(accountant, step)},
                  {'cohort': [int(c) for c in cohort], 'lost_clients': lost, **done,
                   'round_seconds': time.perf_counter() - began})
       progress.save(checkpoints, step, carried, sizes, lost)
