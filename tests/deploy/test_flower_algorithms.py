@@ -86,6 +86,7 @@ def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
   monkeypatch.setattr(TaskIdentity, '_node_id', 0)
   monkeypatch.setattr(TaskIdentity, '_task_id', 1)
   cfg = CONFIGS[algorithm](tmp_path)
+  config_io.apply_overrides(cfg, [f'train.num_steps={ROUNDS}'])  # Both evaluate at the last.
   simulated, state = train_to(cfg, tmp_path / 'job', ROUNDS)
   export_experiment(cfg, tmp_path / 'export', rounds=ROUNDS, experiment=algorithm)
   grid = deploy(cfg, tmp_path / 'export', tmp_path / 'run')
@@ -101,12 +102,12 @@ def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
       r['clients'] for r in simulated if 'clients' in r)  # Every cohort slot ran once.
   deployed = [json.loads(line) for line in (tmp_path / 'run' / 'server' / 'metrics.jsonl')
               .read_text().splitlines()]
-  simulated = [r for r in simulated if 'loss' in r]  # Training rows (no eval rows here).
+  assert 'eval_loss' in simulated[-1] and 'eval_loss' not in simulated[0]
   assert [r['step'] for r in deployed] == [r['step'] for r in simulated] == [1, 2]
   for sim, dep in zip(simulated, deployed):
     shared = set(sim) & set(dep) - TIMING_FIELDS - {'step'}
     assert {'loss', 'accuracy', 'clients'} <= shared, sorted(shared)
-    assert {k for k in sim if k.startswith('dp_')} <= set(dep)  # dp_epsilon, dp_delta.
+    assert {k for k in sim if k.startswith(('dp_', 'eval_'))} <= set(dep)  # Eval rows, DP's ε.
     assert dep['clients_lost'] == dep['dropped_slots'] == 0
     for key in shared:
       np.testing.assert_allclose(dep[key], sim[key], rtol=1e-5, atol=1e-6, err_msg=key)

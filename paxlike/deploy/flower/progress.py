@@ -65,11 +65,14 @@ class Rows:
     summaries.truncate_after(self.cohorts, start)
 
   def write(self, step: int, outputs: dict[str, np.ndarray], extra: dict[str, Any],
-            cohort: dict[str, Any]) -> dict[str, Any]:
+            cohort: dict[str, Any], evals: tuple[dict, dict] | None = None) -> dict[str, Any]:
+    """The row of round `step` (`evals`: its held-out metrics and per-client table, written
+    as the trainer writes them: `eval_*` fields and clients.jsonl)."""
     metrics = {n.removeprefix('metrics.'): v for n, v in outputs.items()
                if n.startswith('metrics.') and np.size(v) == 1}
     rate = self.writer.steps_per_sec(step)
-    row = self.writer.write(step, {**metrics, **extra, 'steps_per_sec': rate})
+    row = self.writer.write(step, {**metrics, **extra, 'steps_per_sec': rate},
+                            *(evals or (None, None)))
     with open(self.cohorts, 'a') as f:
       f.write(json.dumps({'step': step, **cohort}) + '\n')
     return row

@@ -25,7 +25,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from paxlike.deploy.flower import membership, progress, records, rounds, secure, secure_round
+from paxlike.deploy.flower import (evaluate, membership, progress, records, rounds, secure,
+                                   secure_round)
 
 app = ServerApp()
 
@@ -140,6 +141,7 @@ def main(grid: Grid, context: Context) -> None:
   if (reason := rounds.unsupported_data(data)) is not None:
     raise RuntimeError(reason)
   accountant = privacy.accountant(task)  # DP runs: the rows' dp_epsilon, as the trainer's.
+  evaluator = evaluate.ServerEval(task)  # The trainer's eval_* fields, at its eval steps.
   out.mkdir(parents=True, exist_ok=True)
   last = plan['start_step'] + int(settings['rounds'])
   checkpoints = progress.open_checkpoints(out)
@@ -165,11 +167,13 @@ def main(grid: Grid, context: Context) -> None:
                                 timeout, scale)
       carried = {n: outputs[n] for n in carried}
       lost = sorted(set(range(clients)) - set(members.owner))
+      seconds = time.perf_counter() - began
+      evals = evaluator(carried) if evaluate.due(task, step) else None
       rows.write(step, outputs, {'nodes': members.nodes(), 'clients_lost': len(lost),
                                  'dropped_slots': len(done['dropped_slots']),
                                  **privacy.round_metrics(accountant, step)},
                  {'cohort': [int(c) for c in cohort], 'lost_clients': lost, **done,
-                  'round_seconds': time.perf_counter() - began})
+                  'round_seconds': seconds}, evals)
       progress.save(checkpoints, step, carried, sizes, lost)
     checkpoints.wait()
     rows.close()
