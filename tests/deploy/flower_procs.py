@@ -11,7 +11,25 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers import REPO, cli_env
+from tests.helpers import REPO, cli_env, made_once
+
+# DigitsFedAvg at test size: 5 clients, 3 a round of 2 local steps on batches of 8.
+CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3',
+            '--fdl_set=data.local_steps=2', '--fdl_set=data.batch_size=8',
+            '--fdl_set=data.num_clients=5']
+EXPORT_ROUNDS = 4
+
+
+def digits_export(tmp_path_factory) -> Path:
+  """CLI_TINY's export of EXPORT_ROUNDS rounds, made once per pytest run (the local and the
+  secure federations both run it)."""
+  def make(out: Path) -> None:
+    made = subprocess.run([sys.executable, '-m', 'paxlike.export', *CLI_TINY, f'--out={out}',
+                           f'--rounds={EXPORT_ROUNDS}'], cwd=REPO, env=cli_env(), text=True,
+                          capture_output=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+  return made_once(tmp_path_factory, 'flower_digits_export', make)
+
 
 FLOWER_MARKERS = ('flower-superlink', 'flower-supernode', 'flower-superexec', 'flwr-serverapp',
                   'flwr-clientapp', 'flwr run')

@@ -19,18 +19,16 @@ from paxlike.config import config_io
 from paxlike.deploy.flower import certs, processes
 from paxlike.export import run as executor
 from tests.deploy import flower_procs as fp
-from tests.helpers import REPO, TIMING_FIELDS, cli_env, metric_rows, run_cli
+from tests.helpers import TIMING_FIELDS, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow  # Flower processes, a ClientApp process per message, two kills.
 
-CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3',
-            '--fdl_set=data.local_steps=2', '--fdl_set=data.batch_size=8',
-            '--fdl_set=data.num_clients=5']
-ROUNDS, NODES, LOST_NODE = 4, 2, 1
+CLI_TINY = fp.CLI_TINY
+ROUNDS, NODES, LOST_NODE = fp.EXPORT_ROUNDS, 2, 1
 LOST = {c for c in range(5) if c % NODES == LOST_NODE}  # Node k holds k, k + NODES, ...
 
 
-def _start_intruder(out: Path) -> subprocess.Popen:
+def _start_intruder(out: Path, export: Path) -> subprocess.Popen:
   """An enrolled SuperNode whose config is another experiment's (one more client)."""
   cfg = config_io.load_file(out / 'config.json')
   config_io.apply_overrides(cfg, ['data.num_clients=6'])
@@ -41,7 +39,7 @@ def _start_intruder(out: Path) -> subprocess.Popen:
   enrolled = fp.flwr('supernode', 'register', str(public), 'local', home=out / 'flwr_home')
   assert enrolled.returncode == 0, enrolled.stdout + enrolled.stderr
   address = (out / 'flwr_home' / 'config.toml').read_text().split('address = "')[1].split('"')[0]
-  node_config = (f'export-dir="{out.parent / "export"}" config="{other}" clients="5" '
+  node_config = (f'export-dir="{export}" config="{other}" clients="5" '
                  f'log="{out}/other.jsonl"')
   return fp.start_group([str(Path(sys.executable).parent / 'flower-supernode'),
                          '--root-certificates', str(out / 'credentials' / 'ca.crt'),
@@ -54,18 +52,14 @@ def _start_intruder(out: Path) -> subprocess.Popen:
 def federation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, float]:
   """(the export dir, the Flower run's dir, when it began in clock ticks) of one 4-round run."""
   root = tmp_path_factory.mktemp('flower')
-  export, out, began = root / 'export', root / 'run', fp.now_ticks()
-  made = subprocess.run([sys.executable, '-m', 'paxlike.export', *CLI_TINY, f'--out={export}',
-                         f'--rounds={ROUNDS}'], cwd=REPO, env=cli_env(), text=True,
-                        capture_output=True, timeout=300)
-  assert made.returncode == 0, made.stderr[-2000:]
+  export, out, began = fp.digits_export(tmp_path_factory), root / 'run', fp.now_ticks()
   launcher = fp.start_group([sys.executable, '-m', 'paxlike.deploy.flower.local', *CLI_TINY,
                              f'--export_dir={export}', f'--out={out}', f'--rounds={ROUNDS}',
                              f'--nodes={NODES}', '--round_timeout=90'], root / 'launcher.log')
   intruder = None
   try:
     fp.wait_until(lambda: (out / 'logs' / 'node1.log').exists(), 120, 'the nodes', launcher)
-    intruder = _start_intruder(out)
+    intruder = _start_intruder(out, export)
     metrics = out / 'server' / 'metrics.jsonl'
     fp.wait_until(lambda: (out / 'server' / 'checkpoints' / '1').exists(), 300,
                   'round 1\'s checkpoint', launcher)

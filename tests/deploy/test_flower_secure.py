@@ -19,6 +19,7 @@ from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
 from paxlike.deploy.flower import rounds, secure
 from paxlike.export import run as executor
+from tests.deploy import flower_procs as fp
 from tests.helpers import REPO, cli_env
 
 PLAN = {'algorithm': 'fed_avg',
@@ -79,9 +80,7 @@ def test_plans_whose_clients_keep_individual_values_are_refused_in_one_line():
   assert '\n' not in reason
 
 
-CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3',
-            '--fdl_set=data.local_steps=2', '--fdl_set=data.batch_size=8',
-            '--fdl_set=data.num_clients=5']
+CLI_TINY = fp.CLI_TINY
 
 
 def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -91,10 +90,7 @@ def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope='module')
 def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-  out = tmp_path_factory.mktemp('secure') / 'export'
-  made = _python('paxlike.export', *CLI_TINY, f'--out={out}', '--rounds=1', timeout=300)
-  assert made.returncode == 0, made.stderr[-2000:]
-  return out
+  return fp.digits_export(tmp_path_factory)  # Its first round is the one run here.
 
 
 @pytest.mark.slow  # SecAgg+'s four stages, each a ClientApp process per node.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from absl import app, flags
@@ -76,10 +77,12 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
   budget = timeout * (rounds + 2)
   try:
     fed.start_superlink(timeout)
+    names = [f'node{k}' for k in range(nodes)]
+    with ThreadPoolExecutor(4) as pool:  # Each enrollment is a `flwr` process: side by side.
+      keys = list(pool.map(fed.new_identity, names))
     watch = supervise.Supervisor(fed, {
-        f'node{k}': fed.start_node(f'node{k}', fed.new_identity(f'node{k}'),
-                                   node_config(export_dir, out, clients, f'node{k}'))
-        for k, clients in enumerate(clients_of_nodes(num_clients, nodes))},
+        name: fed.start_node(name, key, node_config(export_dir, out, clients, name))
+        for name, key, clients in zip(names, keys, clients_of_nodes(num_clients, nodes))},
         group.logs / 'supervisor.log')
     for attempt in range(restarts + 1):
       runner = group.start(f'flwr_run{attempt}', [
