@@ -1,5 +1,5 @@
-"""The Flower apps' rounds equal `paxlike.main`'s for FedAdam, DP-FedAvg (with its dp_epsilon)
-and federated LoRA on text: the ServerApp's `main` and the ClientApp's handlers run in this
+"""The Flower apps' rounds equal `paxlike.main`'s for FedAdam, DiLoCo and SCAFFOLD (their state
+carried per client slot), DP-FedAvg (with its dp_epsilon) and federated LoRA on text: the ServerApp's `main` and the ClientApp's handlers run in this
 process over a stand-in for Flower's Grid that hands each message to the addressed node's
 handler (two nodes, each with its own node config and clients), so every record the apps
 exchange is built, read and reduced as on a real federation, in seconds. The transport itself
@@ -57,8 +57,18 @@ def _dp_fedavg(tmp_path: Path) -> fdl.Config:
   return cfg
 
 
+def _scaffold(tmp_path: Path) -> fdl.Config:
+  registry.import_all()
+  cfg = registry.get('federated.DigitsScaffold')().config()
+  config_io.apply_overrides(cfg, [*TINY, 'data.num_clients=3', 'data.clients_per_round=3',
+                                  'algorithm.num_clients=3', 'data.local_steps=2'])
+  return cfg
+
+
 CONFIGS = {
     'fed_adam': lambda tmp_path: digits(fed.fed_adam(server_learning_rate=0.05)),
+    'diloco': lambda tmp_path: digits(fed.diloco(num_replicas=3)),  # Client optimizer state.
+    'scaffold': _scaffold,  # Control variates carried at the clients.
     'dp_fedavg': _dp_fedavg,
     'lora_text': lora_config,
 }

@@ -1,5 +1,6 @@
 """The server side of a deployed round apart from Flower: what a slot is sent, how contributions
-are reduced, the round key, which node holds which client, and the plans it refuses."""
+are reduced, the round key, which node holds which client, the client state kept for each slot,
+and the data it refuses."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from paxlike.deploy.flower import rounds
 
-PLAN = {'communication': [
+PLAN = {'inputs': [], 'communication': [
     {'kind': 'scatter', 'value': 'down.0', 'axis': 1},
     {'kind': 'broadcast', 'value': 'down.1'},
     {'kind': 'sum', 'value': 'up.0', 'result': 'agg.0'},
@@ -48,12 +49,20 @@ def test_every_client_is_on_exactly_one_node():
   assert sorted(sum(rounds.clients_of_nodes(7, 3), [])) == list(range(7))
 
 
-def test_client_carried_state_is_refused_in_one_line():
+def test_client_state_travels_with_its_slot_and_a_dropped_slot_keeps_its_row():
   plan = {'inputs': [{'name': 'state.params.w', 'placement': 'server', 'carried': True},
-                     {'name': 'state.replicas.mu', 'placement': 'clients', 'carried': True}]}
-  reason = rounds.unsupported(plan)
-  assert reason is not None and 'state.replicas.mu' in reason and '\n' not in reason
-  assert rounds.unsupported({'inputs': plan['inputs'][:1]}) is None
+                     {'name': 'state.replicas.mu', 'placement': 'clients', 'carried': True},
+                     {'name': 'weights', 'placement': 'clients', 'carried': False}],
+          'communication': [{'kind': 'broadcast', 'value': 'state.params.w'}]}
+  mu = np.arange(6.0).reshape(3, 2)
+  env = {'state.params.w': np.ones(2), 'state.replicas.mu': mu, 'weights': np.ones(3)}
+  sent = rounds.slot_down(plan, env, 1)
+  assert sorted(sent) == ['state.params.w', 'state.replicas.mu']  # Not the node's own weights.
+  np.testing.assert_array_equal(sent['state.replicas.mu'], [2.0, 3.0])
+  after = rounds.client_state_rows(plan, env, {0: {'state.replicas.mu': np.float64([9, 9])},
+                                               2: {'state.replicas.mu': np.float64([7, 7])}})
+  np.testing.assert_array_equal(after['state.replicas.mu'], [[9, 9], [2, 3], [7, 7]])
+  np.testing.assert_array_equal(mu, np.arange(6.0).reshape(3, 2))  # The old rows untouched.
 
 
 def test_poisson_cohorts_are_refused_in_one_line():

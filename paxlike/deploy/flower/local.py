@@ -136,7 +136,7 @@ def run(argv: list[str]) -> None:
       raise UserError(f'--secure_aggregation needs 2 to {secure.MAX_NODES} nodes (SecAgg+ sums '
                       'over nodes, in a modulus that must not wrap)')
   task = config_io.build(cfg)
-  if (reason := rounds.unsupported(plan) or rounds.unsupported_data(task.data)) is not None:
+  if (reason := rounds.unsupported_data(task.data)) is not None:
     raise UserError(reason)
   _stop_on_sigterm()
   num_clients = records.num_clients(task.data)

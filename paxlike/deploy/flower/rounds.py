@@ -10,14 +10,24 @@ import numpy as np
 from paxlike.export import run as executor
 
 
-def unsupported(plan: dict[str, Any]) -> str | None:
-  """Why this deployment cannot run `plan` (one line), or None."""
-  client_state = [s['name'] for s in plan['inputs']
-                  if s['placement'] == 'clients' and s['carried']]
-  if client_state:
-    return (f'the plan carries client-placed state ({client_state[0]}, ...): the Flower '
-            'deployment runs rounds whose state lives at the server only')
-  return None
+def client_state(plan: dict[str, Any]) -> list[str]:
+  """The names of the state the plan carries at the clients, stacked by cohort slot (DiLoCo's
+  inner optimizer state, SCAFFOLD's controls). The deployment keeps it at the server between
+  rounds, as the reference executor does, and sends each slot its row with the round."""
+  return [s['name'] for s in plan['inputs'] if s['placement'] == 'clients' and s['carried']]
+
+
+def client_state_rows(plan: dict[str, Any], carried: dict[str, np.ndarray],
+                      got: dict[int, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """The client state after a round: each slot's row as its client returned it (`got`), the
+  old row for a slot that was dropped."""
+  state = {}
+  for name in client_state(plan):
+    rows = np.array(carried[name], copy=True)
+    for slot, outputs in got.items():
+      rows[slot] = outputs[name]
+    state[name] = rows
+  return state
 
 
 def unsupported_data(data: Any) -> str | None:
@@ -44,8 +54,9 @@ def rng_key_data(seed: int, step: int, key_impl: str) -> np.ndarray:
 
 def slot_down(plan: dict[str, Any], env: dict[str, np.ndarray], slot: int
               ) -> dict[str, np.ndarray]:
-  """What the server sends cohort slot `slot`: broadcasts whole, scatters their row `slot`."""
-  sent = {}
+  """What the server sends cohort slot `slot`: broadcasts whole, scatters and the client state
+  their row `slot`."""
+  sent = {name: env[name][slot] for name in client_state(plan)}
   for entry in plan['communication']:
     value = env[entry['value']] if entry['kind'] in executor.DOWN else None
     if entry['kind'] == 'broadcast':

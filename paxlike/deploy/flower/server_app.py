@@ -75,8 +75,10 @@ def collect(plan: dict[str, Any], grid: Grid, messages: list[Message], timeout: 
 
 def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
             env: dict[str, np.ndarray], cohort: np.ndarray, step: int, timeout: float,
-            scale: float | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-  """The round's aggregates from the nodes (SecAgg+ when `scale` is set), and what it did."""
+            scale: float | None
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[int, dict[str, np.ndarray]]]:
+  """The round's aggregates from the nodes (SecAgg+ when `scale` is set), what it did, and
+  each slot's outputs (none through SecAgg+, which sees only sums)."""
   plan = ex.plan
   messages, _ = train_messages(plan, env, cohort, members.owner, step)
   if scale is None:
@@ -88,7 +90,7 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
     return (rounds.aggregates(plan, [got[s] for s in sorted(got)]),
             {'dropped_slots': sorted(set(range(len(cohort))) - set(got)),
              'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
-             'bytes_up': received})
+             'bytes_up': received}, got)
   by_node = {node: ([], []) for node in set(members.owner.values())}  # Every node takes part.
   for m in messages:
     by_node[m.metadata.dst_node_id] = (list(m.content['round']['slots']),
@@ -99,7 +101,7 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
           {'dropped_slots': sorted(set(range(len(cohort))) - set(held)),
            'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
            'bytes_up': None, 'secagg_sum_error_bound': secure.sum_error_bound(len(by_node),
-                                                                              scale)})
+                                                                              scale)}, {})
 
 
 def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members,
@@ -115,11 +117,13 @@ def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members
   env.update(rounds.named_outputs(spec['server_pre'], ex.programs['server_pre'].call(
       *rounds.program_args(spec['server_pre'], env))))
   server = time.perf_counter() - began
-  aggregated, done = _uplink(ex, grid, context, members, env, cohort, step, timeout, scale)
+  aggregated, done, got = _uplink(ex, grid, context, members, env, cohort, step, timeout,
+                                  scale)
   began = time.perf_counter()
   env.update(aggregated)
   outputs = rounds.named_outputs(spec['server_post'], ex.programs['server_post'].call(
       *rounds.program_args(spec['server_post'], env)))
+  outputs.update(rounds.client_state_rows(plan, carried, got))
   return outputs, {**done, 'server_seconds': server + time.perf_counter() - began}
 
 
@@ -133,8 +137,7 @@ def main(grid: Grid, context: Context) -> None:
   ex = executor.load(export_dir)
   plan = ex.plan
   secure_sums = bool(settings.get('secure-aggregation', False))
-  reason = (secure.refusal(plan) if secure_sums else None) or rounds.unsupported(plan)
-  if reason is not None:
+  if secure_sums and (reason := secure.refusal(plan)) is not None:
     raise RuntimeError(reason)
   task = records.load_task(str(settings['config']))
   seed, data, timeout = task.train.seed, task.data, float(settings['timeout'])
