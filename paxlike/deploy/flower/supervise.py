@@ -62,7 +62,7 @@ class Supervisor:
         self.unregistered.add(name)
         done = self.fed.unregister(name)
         self._event(f'node {name} exited ({proc.returncode}); '
-                           f'{"unregistered" if done else "unregistering it failed"}')
+                    f'{"unregistered" if done else "unregistering it failed"}')
 
   def wait(self, runner: subprocess.Popen, log: Path, deadline: float) -> None:
     """Until `runner` (`flwr run --stream`, writing `log`) exits; subprocess.TimeoutExpired
@@ -79,6 +79,6 @@ class Supervisor:
         if time.monotonic() - gone_since > _APP_GRACE and (run := run_id(log)) is not None:
           tried = True  # Once: a run that finished meanwhile refuses the stop, harmlessly.
           self._event(f'the ServerApp of run {run} exited; stopped: '
-                             f'{self.fed.stop_run(run)}')
+                      f'{self.fed.stop_run(run)}')
       time.sleep(_POLL)
     self._check_nodes()
