@@ -9,6 +9,7 @@ import numpy as np
 from paxlike.data import partition
 from paxlike.data import prepare
 from paxlike.data import sources
+from paxlike.data import split_cache
 from paxlike.errors import UserError
 
 IMAGE_DATASETS = ('digits', 'fashion_mnist', 'mnist')
@@ -26,13 +27,21 @@ class Arrays:
 
 @functools.lru_cache(maxsize=8)
 def _arrays(dataset: str, directory: str, split: str) -> Arrays:
+  found = split_cache.cached(directory, split, 'images',
+                             lambda: _decoded_images(directory, split))
+  images, labels = found['images'], found['labels']
+  images.flags.writeable = labels.flags.writeable = False
+  return Arrays(images, labels, prepare.builder_class(dataset).PIXEL_MAX,
+                int(found['num_classes']))
+
+
+def _decoded_images(directory: str, split: str) -> split_cache.Arrays:
+  """Every example of the split parsed: images, labels and the label's class count."""
   rows = prepare.read_split(directory, split)
   examples = rows.__getitems__(list(range(len(rows))))
-  images = np.stack([e['image'] for e in examples])
-  labels = np.array([e['label'] for e in examples], np.int32)
-  images.flags.writeable = labels.flags.writeable = False
-  cls = prepare.builder_class(dataset)
-  return Arrays(images, labels, cls.PIXEL_MAX, rows.dataset_info.features['label'].num_classes)
+  return {'images': np.stack([e['image'] for e in examples]),
+          'labels': np.array([e['label'] for e in examples], np.int32),
+          'num_classes': np.array(rows.dataset_info.features['label'].num_classes)}
 
 
 def read_arrays(dataset: str, split: str) -> Arrays:

@@ -9,6 +9,7 @@ import numpy as np
 from paxlike.data import partition
 from paxlike.data import prepare
 from paxlike.data import sources
+from paxlike.data import split_cache
 from paxlike.errors import UserError
 
 # Each dataset's documents in source order, by the field that gives it: Shakespeare's speech
@@ -22,12 +23,23 @@ SEPARATOR = ord('\n')  # Appended to every document when documents are concatena
 @functools.lru_cache(maxsize=8)
 def _documents(directory: str, split: str, order: str) -> tuple[tuple, np.ndarray]:
   """(uint8 texts, str client ids) of a split of a prepared dataset, in source order (sorted by
-  the examples' field `order`, see SOURCE_ORDER)."""
+  the examples' field `order`, see SOURCE_ORDER); decoded once per prepared directory."""
+  found = split_cache.cached(directory, split, f'documents-by-{order}',
+                             lambda: _decoded_documents(directory, split, order))
+  ends = np.cumsum(found['lengths'])
+  texts = tuple(found['text'][end - n:end] for end, n in zip(ends, found['lengths']))
+  return texts, found['client_ids']
+
+
+def _decoded_documents(directory: str, split: str, order: str) -> split_cache.Arrays:
+  """Every example of the split parsed: texts back to back, their lengths and client ids."""
   rows = prepare.read_split(directory, split)
   examples = rows.__getitems__(list(range(len(rows))))
   examples.sort(key=lambda e: e[order])
-  texts = tuple(e['text'] for e in examples)
-  return texts, np.array([e['client_id'].decode('utf-8') for e in examples])
+  return {'text': np.concatenate([np.zeros(0, np.uint8)]
+                                 + [np.asarray(e['text'], np.uint8) for e in examples]),
+          'lengths': np.array([len(e['text']) for e in examples], np.int64),
+          'client_ids': np.array([e['client_id'].decode('utf-8') for e in examples])}
 
 
 def read_documents(dataset: str, split: str) -> tuple[tuple, np.ndarray]:
