@@ -28,7 +28,7 @@ def cached(directory: str, split: str, kind: str, decode: Callable[[], Arrays]) 
   try:
     with np.load(path, allow_pickle=False) as found:
       return {k: found[k] for k in found.files}
-  except (OSError, ValueError, zipfile.BadZipFile):  # Absent, or damaged: decoded again.
+  except (OSError, EOFError, ValueError, zipfile.BadZipFile):  # Absent or damaged: decode.
     pass
   arrays = decode()
   tmp = path.with_name(f'.{path.name}.{os.getpid()}.npz')
