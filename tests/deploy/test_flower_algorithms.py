@@ -24,7 +24,7 @@ from paxlike.config import config_io
 from paxlike.deploy.flower import client_app, records, server_app
 from paxlike.deploy.flower.rounds import clients_of_nodes
 from paxlike.export.__main__ import export_experiment
-from tests.export.test_export_experiments import TINY, digits, train_to
+from tests.export.export_task import TINY, digits, train_to
 from tests.federated.lora_task import lora_config
 from tests.helpers import TIMING_FIELDS
 

@@ -14,7 +14,7 @@ import pytest
 from paxlike.export import run
 from paxlike.layers.lora import lora_mask
 from paxlike.core.trainable import split_params
-from tests.export.test_export_experiments import exported_rounds_match_training
+from tests.export.export_task import exported_rounds_match_training
 from tests.federated.lora_task import lora_config
 
 pytestmark = pytest.mark.slow  # A trainer run and an export, a few seconds each.
