@@ -2,12 +2,13 @@
 
   python benchmarks/peers/transformers_decode.py [--peer_python=.venv-peers/bin/python]
 
-Trains a 1-step tiny Llama job (bytes; RMSNorm, SwiGLU, rope, GQA 4:2, untied), exports it with
-`python -m paxlike.interop.hf`, then times, in interleaved repeats, whole runs that greedily
-decode 32 and 256 new tokens after the same prompt: paxlike's CLI with its persistent
-compilation cache off (cold) and warm, and a Python process of the peers' environment
-(`make peers`) that loads the exported directory with transformers and calls `generate`. The
-per-token rate is (256 - 32) over the difference of the two lengths' median whole-run times.
+Trains a 1-step Llama job (the issue's 4 layers, d 256, 4 / 2 heads, SwiGLU 704; byte vocab
+256, RMSNorm, rope, untied), exports it with `python -m paxlike.interop.hf`, then times, in
+interleaved repeats, whole runs that greedily decode 32 and 256 new tokens after the same
+prompt: paxlike's CLI with its persistent compilation cache off (cold) and warm, and a Python
+process of the peers' environment (`make peers`) that loads the exported directory with
+transformers and calls `generate`. The per-token rate is (256 - 32) over the difference of the
+two lengths' median whole-run times.
 Prints one JSON object: both systems' figures, the ratios, and whether the tokens agree.
 This script never imports torch or transformers; only the child process does.
 """
@@ -24,9 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = 'def '
-MODEL = ['--fdl_set=model.num_layers=2', '--fdl_set=model.d_model=128',
+MODEL = ['--fdl_set=model.num_layers=4', '--fdl_set=model.d_model=256',
          '--fdl_set=model.num_heads=4', '--fdl_set=model.num_kv_heads=2',
-         '--fdl_set=model.d_ff=384', '--fdl_set=model.max_len=512',
+         '--fdl_set=model.d_ff=704', '--fdl_set=model.max_len=512',
          '--fdl_set=model.use_rmsnorm=True', '--fdl_set=model.gated_mlp=True',
          '--fdl_set=model.rope=True', '--fdl_set=model.tied_embeddings=False',
          '--fdl_set=model.norm_eps=1e-5']
