@@ -14,7 +14,7 @@ import gzip
 import json
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
@@ -128,21 +128,26 @@ def decode(raw: bytes, counts: Counts) -> str:
     return text
 
 
+def _json_lines(path: Path, lines: Iterable[bytes], counts: Counts) -> Iterator[tuple[int, Any]]:
+  """(line number, parsed value) of each non-blank line; RunFailure for one that is not JSON."""
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      value = json.loads(decode(line, counts))
+    except ValueError:
+      raise RunFailure(f'{path}:{number}: not a JSON line') from None
+    yield number, value
+
+
 def json_rows(path: Path, kind: str) -> Iterator[tuple[int, dict[str, Any]]]:
   """(line number, row) of each non-blank line of a .jsonl or .jsonl.gz file of `kind` rows
   (named in the errors): RunFailure for a line that is not JSON or a file that cannot be read,
   UserError for a row that is not a JSON object."""
-  counts = Counts()
   opener = gzip.open if path.name.endswith('.gz') else open
   try:
     with opener(path, 'rb') as lines:
-      for number, line in enumerate(lines, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(decode(line, counts))
-        except ValueError:
-          raise RunFailure(f'{path}:{number}: not a JSON line') from None
+      for number, row in _json_lines(path, lines, Counts()):
         if not isinstance(row, dict):
           raise UserError(f'{path}:{number}: a {kind} row is a JSON object')
         yield number, row
@@ -230,13 +235,7 @@ def _txt(raw: BinaryIO, mode: str, counts: Counts, start: int) -> Iterator[Block
 def _jsonl(path: Path, lines: BinaryIO, raw: BinaryIO, fields: Fields, counts: Counts,
            start: int, options: str) -> Iterator[Block]:
   rows, missing, block = 0, counts.missing, _Rows(fields)
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(decode(line, counts))
-    except ValueError:
-      raise RunFailure(f'{path}:{number}: not a JSON line') from None
+  for _, record in _json_lines(path, lines, counts):
     rows += 1
     block.add(record if isinstance(record, dict) else {}, counts)
     if len(block.texts) >= BLOCK_ROWS:
