@@ -112,7 +112,9 @@ def placed_spec(x: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
-RNG_SPEC = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+# Traced, not run: importing the trainer must not start a backend (the platform, device count
+# and XLA flags stay the caller's to choose until the first real computation).
+RNG_SPEC = jax.eval_shape(lambda: jax.random.key(0))
 
 
 def _init_with(init: Callable[..., TrainState], params_at: Callable[[jax.Array], Any],
