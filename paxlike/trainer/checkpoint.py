@@ -27,6 +27,14 @@ import orbax.checkpoint as ocp
 from paxlike.errors import RunFailure, UserError
 from paxlike.trainer.restore_fallback import FALLBACKS, Fallback
 
+# Orbax splits an array whose shards are replicated (data parallelism) among the replicas, so
+# that each writes a part. Each part is an eager slice on a device: one compile per shape and
+# device the first time, then a dispatch per save. Below this many bytes per part that costs more
+# than the write it shares out (every parameter of a small model would be sliced 8 ways on 8
+# devices), so such arrays are written whole by their first replica, as on GPUs, where Orbax
+# never splits. Large arrays are still split.
+REPLICA_PARALLEL_MIN_BYTES = 1 << 20
+
 
 class Checkpoints:
   """The job's checkpoint directory: restore the latest committed step, async save."""
@@ -48,6 +56,7 @@ class Checkpoints:
       _drop_read_only_notice()
     else:  # A failed save's noise can start in Orbax's threads before the loop sees the error.
       _quiet_closed_loop_noise()
+      _split_only_large_replicated_arrays()
     self._manager = ocp.CheckpointManager(
         Path(directory).absolute(), options=options,
         item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})
@@ -197,6 +206,28 @@ def _copy(tree: Any) -> Any:
   """A device copy of every array in `tree`, in the same sharding: new buffers, so a step
   that donates `tree` leaves the copy intact."""
   return jax.tree.map(jnp.copy, tree)
+
+
+def _split_only_large_replicated_arrays() -> None:
+  """Registers Orbax's jax.Array handler with REPLICA_PARALLEL_MIN_BYTES (else as Orbax's
+  default one: its metadata store, and no splitting on GPUs)."""
+  # Orbax exports no name for the metadata store its default handler is made with.
+  from orbax.checkpoint._src.metadata import array_metadata_store  # pylint: disable=import-outside-toplevel
+  if isinstance(ocp.type_handlers.get_type_handler(jax.Array), _LargeSlicesArrayHandler):
+    return
+  handler = _LargeSlicesArrayHandler(array_metadata_store=array_metadata_store.Store(),
+                                     min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES)
+  absl_logger = logging.getLogger('absl')
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)  # Orbax warns of any override: this one is on purpose.
+  try:
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+  finally:
+    absl_logger.setLevel(level)
+
+
+class _LargeSlicesArrayHandler(ocp.type_handlers.ArrayHandler):
+  """Orbax's jax.Array handler, registered by `_split_only_large_replicated_arrays`."""
 
 
 def _drop_read_only_notice() -> None:
