@@ -1,7 +1,8 @@
-"""Shared test helpers: run the CLI in a subprocess, read metrics rows."""
+"""Shared test helpers: run the CLI in a process of its own, read metrics rows."""
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
@@ -13,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Callable
+
+from tests.forked_cli import ForkServer
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,12 +37,28 @@ def cli_env(devices: int = 1, optimized: bool = False, **extra: str) -> dict[str
 
 def run_cli(*args: str, devices: int = 1, timeout: float = 300, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-  """`python -m paxlike.main ARGS`, capturing text output; asserts exit 0 when `check`."""
-  proc = subprocess.run([sys.executable, '-m', 'paxlike.main', *args], cwd=REPO, text=True,
-                        capture_output=True, timeout=timeout, env=env or cli_env(devices))
+  """`python -m paxlike.main ARGS`, capturing text output; asserts exit 0 when `check`. The
+  process is forked from the worker's fork server (tests/forked_cli.py) when it can be, else
+  started afresh."""
+  env = env or cli_env(devices)
+  proc = _fork_server().run(list(args), env, timeout)
+  if proc is None:
+    proc = subprocess.run([sys.executable, '-m', 'paxlike.main', *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=timeout, env=env)
   if check:
     assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
+
+
+_SERVER: list[ForkServer] = []
+
+
+def _fork_server() -> ForkServer:
+  """This process's fork server, started on first use (and again if it died)."""
+  if not (_SERVER and _SERVER[0].alive()):
+    _SERVER[:] = [ForkServer(cli_env(1))]
+    atexit.register(_SERVER[0].close)
+  return _SERVER[0]
 
 
 def run_script(script: str, devices: int = 8, timeout: float = 300) -> str:
