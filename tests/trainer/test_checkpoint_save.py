@@ -136,3 +136,51 @@ def test_of_two_failed_async_saves_the_first_is_the_one_reported(tmp_path, monke
     assert 'step 1 is the last intact checkpoint' in str(failed.value)
   finally:
     checkpoints.close()
+
+
+REPLICA_SPLIT_SCRIPT = r'''
+import json, sys, tempfile
+from pathlib import Path
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax._src import monitoring
+from orbax.checkpoint._src.serialization import replica_slices
+from paxlike.trainer import checkpoint
+slices = []
+monitoring.register_event_duration_secs_listener(lambda event, secs, **kw: slices.append(1) if (
+    event.endswith('jaxpr_trace_duration') and kw.get('fun_name') == 'slice') else None)
+split = []
+real = replica_slices.get_replica_slices
+def counted(arr, *args, **kwargs):
+  found = real(arr, *args, **kwargs)
+  split.append([arr.nbytes, len(found.replica_slices)])
+  return found
+replica_slices.get_replica_slices = counted
+replicated = NamedSharding(Mesh(np.array(jax.devices()), ('data',)), P())
+small = jax.device_put(jnp.ones((64, 64)), replicated)                        # 16 KiB
+large = jax.device_put(jnp.ones((8 * 256, 1024)), replicated)                 # 8 MiB
+directory = Path(tempfile.mkdtemp())
+saver = checkpoint.Checkpoints(directory / 'small', 2)
+saver.save(1, {'w': small}, {})
+saver.close()
+small_slices = len(slices)
+saver = checkpoint.Checkpoints(directory / 'large', 2)
+saver.save(1, {'w': large}, {})
+saver.close()
+restored = checkpoint.Checkpoints(directory / 'large', 2, read_only=True).restore(
+    {'w': jax.ShapeDtypeStruct(large.shape, large.dtype, sharding=replicated)})
+print(json.dumps({'small_slices': small_slices, 'split': split,
+                  'equal': bool((np.asarray(restored[1]['w']) == 1).all())}))
+'''
+
+
+def test_only_large_replicated_arrays_are_split_among_their_replicas():
+  """On 8 devices a small replicated array is written whole (no eager slice is compiled);
+  one with a part of at least REPLICA_PARALLEL_MIN_BYTES per replica is split 8 ways, and
+  restores whole."""
+  import json
+  from tests.helpers import run_script
+  out = json.loads(run_script(REPLICA_SPLIT_SCRIPT, devices=8).strip().splitlines()[-1])
+  assert out['small_slices'] == 0
+  assert out['split'] == [[64 * 64 * 4, 1], [8 * 256 * 1024 * 4, 8]]
+  assert out['equal']

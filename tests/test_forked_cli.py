@@ -1,0 +1,54 @@
+"""tests/forked_cli.py: a CLI run forked from the worker's server is the run a fresh process
+makes (exit code, stdout, stderr), with the device count of its own XLA_FLAGS; a run whose
+import-time environment differs is not forked; and importing what the server preloads starts no
+jax backend, which is what lets each child choose its devices."""
+
+import subprocess
+import sys
+
+from tests import forked_cli
+from tests.helpers import REPO, TINY, cli_env, run_script
+
+
+def fresh(*args: str, devices: int = 1) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, '-m', 'paxlike.main', *args], cwd=REPO, text=True,
+                        capture_output=True, timeout=300, env=cli_env(devices))
+
+
+def test_a_forked_run_is_the_run_a_fresh_process_makes(tmp_path):
+  server = forked_cli.ForkServer(cli_env(1))
+  try:
+    for args in (['--exp=lm.StdlibTiny', '--mode=print_config'], ['--exp=no.Such'],
+                 ['--exp=lm.StdlibTiny', '--nosuchflag']):
+      forked, alone = server.run(args, cli_env(1), timeout=120), fresh(*args)
+      assert (forked.returncode, forked.stdout, forked.stderr) == (
+          alone.returncode, alone.stdout, alone.stderr), args
+    assert forked.returncode == 2
+    # The mesh of `cpu8` needs 8 devices: the child has them when its XLA_FLAGS say so.
+    args = [*TINY, '--fdl_fiddler=cpu8', '--fdl_set=train.num_steps=1', '--fdl_set=train.eval_every=1']
+    one = server.run([*args, f'--job_log_dir={tmp_path / "one"}'], cli_env(1), timeout=120)
+    assert one.returncode == 2 and 'device' in one.stderr
+    eight = server.run([*args, f'--job_log_dir={tmp_path / "eight"}'], cli_env(8), timeout=300)
+    assert eight.returncode == 0, eight.stderr[-2000:]
+    assert (tmp_path / 'eight' / 'metrics.jsonl').exists()
+  finally:
+    server.close()
+
+
+def test_only_runtime_variables_may_differ_between_the_server_and_a_run():
+  env = {'PATH': '/bin', 'XLA_FLAGS': '', 'PAXLIKE_DATA_DIR': '/a'}
+  assert forked_cli.servable(env, {**env, 'XLA_FLAGS': '--x=1', 'PAXLIKE_DATA_DIR': '/b',
+                                   'PYTEST_CURRENT_TEST': 't'})
+  assert not forked_cli.servable(env, {**env, 'PYTHONPATH': '/elsewhere'})
+  assert not forked_cli.servable(env, {**env, 'JAX_PLATFORMS': 'cpu'})
+  assert not forked_cli.servable(env, {k: v for k, v in env.items() if k != 'PATH'})
+
+
+def test_importing_what_the_server_preloads_starts_no_backend():
+  out = run_script('import importlib\n'
+                   f'for name in {forked_cli.PRELOAD!r}: importlib.import_module(name)\n'
+                   'from paxlike import registry\n'
+                   'registry.import_all()\n'
+                   'from jax._src import xla_bridge\n'
+                   'print(sorted(xla_bridge._backends))\n', devices=1)
+  assert out.strip() == '[]'
