@@ -1,4 +1,4 @@
-"""A fork server for the suite's `python -m paxlike.main` runs.
+"""A fork server for the suite's `python -m paxlike.main ARGS` and `python -c SCRIPT` runs.
 
 Each test worker keeps one server process that has imported the command line and what a run
 imports, without starting a jax backend, so that XLA_FLAGS (the device count) stay each run's own.
@@ -10,8 +10,9 @@ A run whose environment differs from the server's in a variable read at import t
 PYTHONPATH, or JAX_* config) cannot be served. `ForkServer.run` then returns None, and the caller
 starts a plain subprocess.
 
-Protocol, one JSON line each way on the server's stdin/stdout: a request {argv, env, cwd, stdout,
-stderr} (the last two are file paths), then the replies {"pid": N} and {"status": exit code}.
+Protocol, one JSON line each way on the server's stdin/stdout: a request {argv or script, env,
+cwd, stdout, stderr} (the last two are file paths), then the replies {"pid": N} and {"status":
+exit code}.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,8 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 PRELOAD = ('paxlike.main', 'paxlike.trainer.loop', 'paxlike.trainer.build', 'paxlike.trainer.restore',
            'paxlike.cli.decode_text', 'paxlike.data.prepare', 'tensorflow_datasets')
 # Variables a run reads when it runs, not when its modules are imported: these may differ
-# between the server and a run it serves.
-RUNTIME_ENV = ('XLA_FLAGS', 'PAXLIKE_', 'PYTEST_')
+# between the server and a run it serves (the child hands JAX_PLATFORMS to jax's config, which
+# read it at import).
+RUNTIME_ENV = ('XLA_FLAGS', 'PAXLIKE_', 'PYTEST_', 'JAX_PLATFORMS')
 
 
 def servable(server_env: dict[str, str], env: dict[str, str]) -> bool:
@@ -43,7 +46,8 @@ def servable(server_env: dict[str, str], env: dict[str, str]) -> bool:
 
 
 class ForkServer:
-  """One server process; `run` is `subprocess.run([python, -m, paxlike.main, *argv])`."""
+  """One server process; `run` is `subprocess.run([python, -m, paxlike.main, *argv])`, `run`
+  with `script` is `subprocess.run([python, -c, script])`."""
 
   def __init__(self, env: dict[str, str]):
     self.env = dict(env)
@@ -53,16 +57,18 @@ class ForkServer:
   def alive(self) -> bool:
     return self.proc.poll() is None
 
-  def run(self, argv: list[str], env: dict[str, str], timeout: float
-          ) -> subprocess.CompletedProcess | None:
+  def run(self, argv: list[str] | None, env: dict[str, str], timeout: float,
+          script: str | None = None) -> subprocess.CompletedProcess | None:
     """The finished run, as subprocess.run(capture_output=True, text=True) returns it (raising
     TimeoutExpired after killing it past `timeout`); None if this server cannot serve `env`."""
     if not (self.alive() and servable(self.env, env)):
       return None
-    args = [sys.executable, '-m', 'paxlike.main', *argv]
+    args = [sys.executable, *(['-c', script] if script is not None else ['-m', 'paxlike.main',
+                                                                         *argv])]
     with tempfile.TemporaryDirectory(prefix='forked_cli') as tmp:
       out, err = Path(tmp) / 'stdout', Path(tmp) / 'stderr'
-      self.proc.stdin.write(json.dumps({'argv': list(argv), 'env': env, 'cwd': str(REPO),
+      what = {'script': script} if script is not None else {'argv': list(argv)}
+      self.proc.stdin.write(json.dumps({**what, 'env': env, 'cwd': str(REPO),
                                         'stdout': str(out), 'stderr': str(err)}) + '\n')
       self.proc.stdin.flush()
       pid = self._reply(timeout=60)['pid']
@@ -89,8 +95,8 @@ class ForkServer:
 
 
 def _child(request: dict, replies: int) -> None:
-  """In the forked child: become `python -m paxlike.main ARGV` with the request's environment
-  and output files, and exit with its code."""
+  """In the forked child: become `python -m paxlike.main ARGV` (or `python -c SCRIPT`) with the
+  request's environment and output files, and exit with its code."""
   code = 1
   try:
     os.close(replies)
@@ -102,9 +108,15 @@ def _child(request: dict, replies: int) -> None:
       os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
     for sig in (signal.SIGINT, signal.SIGTERM):
       signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler)
-    main = sys.modules['paxlike.main']
-    sys.argv = [main.__file__, *request['argv']]
-    main.run_cli()
+    sys.modules['jax'].config.update('jax_platforms', os.environ.get('JAX_PLATFORMS') or None)
+    if 'script' in request:
+      sys.argv = ['-c']
+      sys.modules['__main__'] = module = types.ModuleType('__main__')
+      exec(compile(request['script'], '<string>', 'exec'), module.__dict__)  # pylint: disable=exec-used
+    else:
+      main = sys.modules['paxlike.main']
+      sys.argv = [main.__file__, *request['argv']]
+      main.run_cli()
     code = 0
   except SystemExit as exit_:
     code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)

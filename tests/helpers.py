@@ -62,9 +62,13 @@ def _fork_server() -> ForkServer:
 
 
 def run_script(script: str, devices: int = 8, timeout: float = 300) -> str:
-  """Runs `python -c script` on `devices` forced CPU devices; its stdout, after asserting exit 0."""
-  proc = subprocess.run([sys.executable, '-c', script], cwd=REPO, text=True, capture_output=True,
-                        timeout=timeout, env=cli_env(devices, JAX_PLATFORMS='cpu'))
+  """Runs `python -c script` on `devices` forced CPU devices (forked like run_cli's runs); its
+  stdout, after asserting exit 0."""
+  env = cli_env(devices, JAX_PLATFORMS='cpu')
+  proc = _fork_server().run(None, env, timeout, script=script)
+  if proc is None:
+    proc = subprocess.run([sys.executable, '-c', script], cwd=REPO, text=True,
+                          capture_output=True, timeout=timeout, env=env)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return proc.stdout
 

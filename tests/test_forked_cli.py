@@ -38,9 +38,9 @@ def test_a_forked_run_is_the_run_a_fresh_process_makes(tmp_path):
 def test_only_runtime_variables_may_differ_between_the_server_and_a_run():
   env = {'PATH': '/bin', 'XLA_FLAGS': '', 'PAXLIKE_DATA_DIR': '/a'}
   assert forked_cli.servable(env, {**env, 'XLA_FLAGS': '--x=1', 'PAXLIKE_DATA_DIR': '/b',
-                                   'PYTEST_CURRENT_TEST': 't'})
+                                   'PYTEST_CURRENT_TEST': 't', 'JAX_PLATFORMS': 'cpu'})
   assert not forked_cli.servable(env, {**env, 'PYTHONPATH': '/elsewhere'})
-  assert not forked_cli.servable(env, {**env, 'JAX_PLATFORMS': 'cpu'})
+  assert not forked_cli.servable(env, {**env, 'JAX_ENABLE_X64': '1'})
   assert not forked_cli.servable(env, {k: v for k, v in env.items() if k != 'PATH'})
 
 
@@ -52,3 +52,23 @@ def test_importing_what_the_server_preloads_starts_no_backend():
                    'from jax._src import xla_bridge\n'
                    'print(sorted(xla_bridge._backends))\n', devices=1)
   assert out.strip() == '[]'
+
+
+def test_a_forked_script_is_the_script_a_fresh_process_runs():
+  server = forked_cli.ForkServer(cli_env(1))
+  try:
+    script = ('import sys, jax\n'
+              'print(len(jax.devices()), jax.devices()[0].platform, __name__)\n'
+              'print("to stderr", file=sys.stderr)\n'
+              'raise SystemExit(3)\n')
+    env = cli_env(4, JAX_PLATFORMS='cpu')
+    forked = server.run(None, env, timeout=120, script=script)
+    alone = subprocess.run([sys.executable, '-c', script], cwd=REPO, text=True,
+                           capture_output=True, timeout=120, env=env)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        alone.returncode, alone.stdout, alone.stderr) == (3, '4 cpu __main__\n', 'to stderr\n')
+    failed = server.run(None, env, timeout=120, script='1 / 0')
+    assert failed.returncode == 1 and failed.stderr.strip().endswith(
+        'ZeroDivisionError: division by zero')
+  finally:
+    server.close()
