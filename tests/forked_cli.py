@@ -4,7 +4,9 @@ Each test worker keeps one server process that has imported the command line and
 imports, without starting a jax backend, so that XLA_FLAGS (the device count) stay each run's own.
 The server forks one child per run. The child is still a process of its own: its exit code,
 signals, os._exit and file descriptors are as they would be. It only skips the ~2 s of imports that
-every run would otherwise pay again.
+every run would otherwise pay again, and the interpreter's teardown: the child ends with os._exit,
+as paxlike's own error exits do, so atexit handlers do not run (the trainer closes its
+checkpoints and summaries itself before it returns).
 
 A run whose environment differs from the server's in a variable read at import time (say
 PYTHONPATH, or JAX_* config) cannot be served. `ForkServer.run` then returns None, and the caller
@@ -106,8 +108,8 @@ def _child(request: dict, replies: int) -> None:
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     for fd, path in ((1, request['stdout']), (2, request['stderr'])):
       os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-      signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own defaults.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.modules['jax'].config.update('jax_platforms', os.environ.get('JAX_PLATFORMS') or None)
     if 'script' in request:
       sys.argv = ['-c']
