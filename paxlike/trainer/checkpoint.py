@@ -31,8 +31,8 @@ from paxlike.trainer.restore_fallback import FALLBACKS, Fallback
 # that each writes a part. Each part is an eager slice on a device: one compile per shape and
 # device the first time, then a dispatch per save. Below this many bytes per part that costs more
 # than the write it shares out (every parameter of a small model would be sliced 8 ways on 8
-# devices), so such arrays are written whole by their first replica, as on GPUs, where Orbax
-# never splits. Large arrays are still split.
+# devices), so such arrays are written whole by their first replica, as Orbax writes every array
+# by default on GPUs. Large arrays are still split.
 REPLICA_PARALLEL_MIN_BYTES = 1 << 20
 
 
