@@ -12,9 +12,9 @@ A run whose environment differs from the server's in a variable read at import t
 PYTHONPATH, or JAX_* config) cannot be served. `ForkServer.run` then returns None, and the caller
 starts a plain subprocess.
 
-Protocol, one JSON line each way on the server's stdin/stdout: a request {argv or script, env,
-cwd, stdout, stderr} (the last two are file paths), then the replies {"pid": N} and {"status":
-exit code}.
+Protocol, one JSON line each way on the server's stdin/stdout: a request {args, env, cwd, stdout,
+stderr} (args as after `python`; the last two are file paths), then the replies {"pid": N} and
+{"status": exit code}.
 """
 
 from __future__ import annotations
@@ -47,9 +47,13 @@ def servable(server_env: dict[str, str], env: dict[str, str]) -> bool:
   return all(k.startswith(RUNTIME_ENV) for k in changed)
 
 
+def runnable(args: list[str]) -> bool:
+  """Whether `python ARGS` is a run the server makes: `-m paxlike.main ...` or `-c SCRIPT`."""
+  return args[:2] == ['-m', 'paxlike.main'] or (len(args) == 2 and args[0] == '-c')
+
+
 class ForkServer:
-  """One server process; `run` is `subprocess.run([python, -m, paxlike.main, *argv])`, `run`
-  with `script` is `subprocess.run([python, -c, script])`."""
+  """One server process; `run(args, ...)` is `subprocess.run([python, *args], ...)`."""
 
   def __init__(self, env: dict[str, str]):
     self.env = dict(env)
@@ -59,18 +63,16 @@ class ForkServer:
   def alive(self) -> bool:
     return self.proc.poll() is None
 
-  def run(self, argv: list[str] | None, env: dict[str, str], timeout: float,
-          script: str | None = None) -> subprocess.CompletedProcess | None:
-    """The finished run, as subprocess.run(capture_output=True, text=True) returns it (raising
-    TimeoutExpired after killing it past `timeout`); None if this server cannot serve `env`."""
-    if not (self.alive() and servable(self.env, env)):
+  def run(self, args: list[str], env: dict[str, str], timeout: float
+          ) -> subprocess.CompletedProcess | None:
+    """The finished `python ARGS` run, as subprocess.run(capture_output=True, text=True)
+    returns it (raising TimeoutExpired after killing it past `timeout`); None if this server
+    cannot make it (see `runnable` and `servable`)."""
+    if not (self.alive() and runnable(args) and servable(self.env, env)):
       return None
-    args = [sys.executable, *(['-c', script] if script is not None else ['-m', 'paxlike.main',
-                                                                         *argv])]
     with tempfile.TemporaryDirectory(prefix='forked_cli') as tmp:
       out, err = Path(tmp) / 'stdout', Path(tmp) / 'stderr'
-      what = {'script': script} if script is not None else {'argv': list(argv)}
-      self.proc.stdin.write(json.dumps({**what, 'env': env, 'cwd': str(REPO),
+      self.proc.stdin.write(json.dumps({'args': args, 'env': env, 'cwd': str(REPO),
                                         'stdout': str(out), 'stderr': str(err)}) + '\n')
       self.proc.stdin.flush()
       pid = self._reply(timeout=60)['pid']
@@ -79,8 +81,10 @@ class ForkServer:
       except subprocess.TimeoutExpired:
         os.kill(pid, signal.SIGKILL)
         self._reply(timeout=60)
-        raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text()) from None
-      return subprocess.CompletedProcess(args, status, out.read_text(), err.read_text())
+        raise subprocess.TimeoutExpired([sys.executable, *args], timeout, out.read_text(),
+                                        err.read_text()) from None
+      return subprocess.CompletedProcess([sys.executable, *args], status, out.read_text(),
+                                         err.read_text())
 
   def _reply(self, timeout: float) -> dict:
     ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -97,7 +101,7 @@ class ForkServer:
 
 
 def _child(request: dict, replies: int) -> None:
-  """In the forked child: become `python -m paxlike.main ARGV` (or `python -c SCRIPT`) with the
+  """In the forked child: become `python ARGS` (`-m paxlike.main ...` or `-c SCRIPT`) with the
   request's environment and output files, and exit with its code."""
   code = 1
   try:
@@ -111,13 +115,14 @@ def _child(request: dict, replies: int) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own defaults.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.modules['jax'].config.update('jax_platforms', os.environ.get('JAX_PLATFORMS') or None)
-    if 'script' in request:
+    args = request['args']
+    if args[0] == '-c':
       sys.argv = ['-c']
       sys.modules['__main__'] = module = types.ModuleType('__main__')
-      exec(compile(request['script'], '<string>', 'exec'), module.__dict__)  # pylint: disable=exec-used
+      exec(compile(args[1], '<string>', 'exec'), module.__dict__)  # pylint: disable=exec-used
     else:
       main = sys.modules['paxlike.main']
-      sys.argv = [main.__file__, *request['argv']]
+      sys.argv = [main.__file__, *args[2:]]
       main.run_cli()
     code = 0
   except SystemExit as exit_:

@@ -37,16 +37,21 @@ def cli_env(devices: int = 1, optimized: bool = False, **extra: str) -> dict[str
 
 def run_cli(*args: str, devices: int = 1, timeout: float = 300, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-  """`python -m paxlike.main ARGS`, capturing text output; asserts exit 0 when `check`. The
-  process is forked from the worker's fork server (tests/forked_cli.py) when it can be, else
-  started afresh."""
-  env = env or cli_env(devices)
-  proc = _fork_server().run(list(args), env, timeout)
-  if proc is None:
-    proc = subprocess.run([sys.executable, '-m', 'paxlike.main', *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=timeout, env=env)
+  """`python -m paxlike.main ARGS` (see `_python`), capturing text output; asserts exit 0 when
+  `check`."""
+  proc = _python(['-m', 'paxlike.main', *args], env or cli_env(devices), timeout)
   if check:
     assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+def _python(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+  """`python ARGS` in REPO, capturing text output: forked from the worker's fork server
+  (tests/forked_cli.py) when it can be, else started afresh."""
+  proc = _fork_server().run(args, env, timeout)
+  if proc is None:
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, text=True, capture_output=True,
+                          timeout=timeout, env=env)
   return proc
 
 
@@ -64,11 +69,7 @@ def _fork_server() -> ForkServer:
 def run_script(script: str, devices: int = 8, timeout: float = 300) -> str:
   """Runs `python -c script` on `devices` forced CPU devices (forked like run_cli's runs); its
   stdout, after asserting exit 0."""
-  env = cli_env(devices, JAX_PLATFORMS='cpu')
-  proc = _fork_server().run(None, env, timeout, script=script)
-  if proc is None:
-    proc = subprocess.run([sys.executable, '-c', script], cwd=REPO, text=True,
-                          capture_output=True, timeout=timeout, env=env)
+  proc = _python(['-c', script], cli_env(devices, JAX_PLATFORMS='cpu'), timeout)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return proc.stdout
 

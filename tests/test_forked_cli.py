@@ -20,28 +20,33 @@ def test_a_forked_run_is_the_run_a_fresh_process_makes(tmp_path):
   try:
     for args in (['--exp=lm.StdlibTiny', '--mode=print_config'], ['--exp=no.Such'],
                  ['--exp=lm.StdlibTiny', '--nosuchflag']):
-      forked, alone = server.run(args, cli_env(1), timeout=120), fresh(*args)
+      forked = server.run(['-m', 'paxlike.main', *args], cli_env(1), timeout=120)
+      alone = fresh(*args)
       assert (forked.returncode, forked.stdout, forked.stderr) == (
           alone.returncode, alone.stdout, alone.stderr), args
     assert forked.returncode == 2
     # The mesh of `cpu8` needs 8 devices: the child has them when its XLA_FLAGS say so.
     args = [*TINY, '--fdl_fiddler=cpu8', '--fdl_set=train.num_steps=1', '--fdl_set=train.eval_every=1']
-    one = server.run([*args, f'--job_log_dir={tmp_path / "one"}'], cli_env(1), timeout=120)
+    one = server.run(['-m', 'paxlike.main', *args, f'--job_log_dir={tmp_path / "one"}'], cli_env(1),
+                     timeout=120)
     assert one.returncode == 2 and 'device' in one.stderr
-    eight = server.run([*args, f'--job_log_dir={tmp_path / "eight"}'], cli_env(8), timeout=300)
+    eight = server.run(['-m', 'paxlike.main', *args, f'--job_log_dir={tmp_path / "eight"}'],
+                       cli_env(8), timeout=300)
     assert eight.returncode == 0, eight.stderr[-2000:]
     assert (tmp_path / 'eight' / 'metrics.jsonl').exists()
   finally:
     server.close()
 
 
-def test_only_runtime_variables_may_differ_between_the_server_and_a_run():
+def test_only_the_cli_and_scripts_with_runtime_variables_changed_are_forked():
   env = {'PATH': '/bin', 'XLA_FLAGS': '', 'PAXLIKE_DATA_DIR': '/a'}
   assert forked_cli.servable(env, {**env, 'XLA_FLAGS': '--x=1', 'PAXLIKE_DATA_DIR': '/b',
                                    'PYTEST_CURRENT_TEST': 't', 'JAX_PLATFORMS': 'cpu'})
   assert not forked_cli.servable(env, {**env, 'PYTHONPATH': '/elsewhere'})
   assert not forked_cli.servable(env, {**env, 'JAX_ENABLE_X64': '1'})
   assert not forked_cli.servable(env, {k: v for k, v in env.items() if k != 'PATH'})
+  assert forked_cli.runnable(['-m', 'paxlike.main', '--list']) and forked_cli.runnable(['-c', 'x'])
+  assert not forked_cli.runnable(['-m', 'paxlike.export']) and not forked_cli.runnable(['x.py'])
 
 
 def test_importing_what_the_server_preloads_starts_no_backend():
@@ -62,12 +67,12 @@ def test_a_forked_script_is_the_script_a_fresh_process_runs():
               'print("to stderr", file=sys.stderr)\n'
               'raise SystemExit(3)\n')
     env = cli_env(4, JAX_PLATFORMS='cpu')
-    forked = server.run(None, env, timeout=120, script=script)
+    forked = server.run(['-c', script], env, timeout=120)
     alone = subprocess.run([sys.executable, '-c', script], cwd=REPO, text=True,
                            capture_output=True, timeout=120, env=env)
     assert (forked.returncode, forked.stdout, forked.stderr) == (
         alone.returncode, alone.stdout, alone.stderr) == (3, '4 cpu __main__\n', 'to stderr\n')
-    failed = server.run(None, env, timeout=120, script='1 / 0')
+    failed = server.run(['-c', '1 / 0'], env, timeout=120)
     assert failed.returncode == 1 and failed.stderr.strip().endswith(
         'ZeroDivisionError: division by zero')
   finally:
