@@ -211,10 +211,10 @@ def _copy(tree: Any) -> Any:
 def _split_only_large_replicated_arrays() -> None:
   """Registers Orbax's jax.Array handler with REPLICA_PARALLEL_MIN_BYTES (else as Orbax's
   default one: its metadata store, and no splitting on GPUs)."""
-  # Orbax exports no name for the metadata store its default handler is made with.
-  from orbax.checkpoint._src.metadata import array_metadata_store  # pylint: disable=import-outside-toplevel
   if isinstance(ocp.type_handlers.get_type_handler(jax.Array), _LargeSlicesArrayHandler):
     return
+  # Orbax exports no name for the metadata store its default handler is made with.
+  from orbax.checkpoint._src.metadata import array_metadata_store  # pylint: disable=import-outside-toplevel
   handler = _LargeSlicesArrayHandler(array_metadata_store=array_metadata_store.Store(),
                                      min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES)
   absl_logger = logging.getLogger('absl')

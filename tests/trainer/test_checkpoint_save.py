@@ -1,6 +1,7 @@
 """`Checkpoints.save` hands the state to a save thread: the caller may donate the state the
 moment save returns, and a save that fails surfaces in the next call."""
 
+import json
 import threading
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 
 from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.errors import RunFailure
+from tests.helpers import run_script
 
 
 def _committed(directory):
@@ -178,8 +180,6 @@ def test_only_large_replicated_arrays_are_split_among_their_replicas():
   """On 8 devices a small replicated array is written whole (no eager slice is compiled);
   one with a part of at least REPLICA_PARALLEL_MIN_BYTES per replica is split 8 ways, and
   restores whole."""
-  import json
-  from tests.helpers import run_script
   out = json.loads(run_script(REPLICA_SPLIT_SCRIPT, devices=8).strip().splitlines()[-1])
   assert out['small_slices'] == 0
   assert out['split'] == [[64 * 64 * 4, 1], [8 * 256 * 1024 * 4, 8]]
