@@ -65,6 +65,18 @@ def test_both_systems_train_the_same_global_batch_on_the_same_mesh_axis(mesh):
   assert f"--fdl_set=data.batch_size={mt.MODELS['small']['batch']}" in sets
 
 
+def test_on_a_gpu_both_systems_run_on_one_device_and_nothing_forces_cpu_devices(capsys):
+  mt = _load('maxtext_step')
+  assert mt.maxtext_settings('small', '1dev', 5, Path('/tmp/x'), 'gpu')['hardware'] == 'gpu'
+  script = 'import os, sys; print(os.environ.get("JAX_PLATFORMS"), os.environ["XLA_FLAGS"])'
+  assert mt.run([sys.executable, '-c', script], 1, None, 'gpu').split() == ['None']
+  assert mt.run([sys.executable, '-c', script], 8, None, 'cpu').split() == [
+      'cpu', '--xla_force_host_platform_device_count=8']
+  with pytest.raises(SystemExit):
+    mt.parse_args(['--hardware', 'gpu', '--meshes', 'fsdp8'])
+  assert 'use --meshes 1dev' in capsys.readouterr().err
+
+
 def test_the_paxlike_lora_child_trains_only_the_query_and_value_adapters():
   lora = _load('peft_lora')
   proc = subprocess.run([sys.executable, 'benchmarks/peers/peft_lora.py', '--child=paxlike',

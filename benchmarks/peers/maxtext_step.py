@@ -2,6 +2,7 @@
 
   python benchmarks/peers/maxtext_step.py [--meshes 1dev fsdp8 dp8] [--pairs 3] [--steps 20]
       [--model small|large] [--peer_python .venv-peers/bin/python] [--dump_hlo DIR]
+      [--hardware cpu|gpu]
 
 The same Llama-style model on both sides, float32, no scan, no remat, untied embeddings:
 `small` is 4 layers, d 256, 4 query / 2 kv heads of 64, SwiGLU 704, vocab 2,048, seq 256,
@@ -16,6 +17,8 @@ is the median over the steps after `--skip` of what its own logs say (MaxText's 
 step: N, seconds: S`, paxlike's metrics.jsonl `steps_per_sec`). Pairs interleave the systems
 (A B, B A, ...). Prints one JSON object: per mesh both systems' steps/s (median over pairs)
 and `ratio` (paxlike / MaxText steps/s, the median of the pairs' ratios).
+`--hardware gpu` runs both on the first GPU instead (mesh `1dev` only; MaxText `hardware=gpu`,
+no forced CPU devices), with `--pax_python` and `--peer_python` the interpreters there.
 `--dump_hlo DIR` also passes `--xla_dump_to` to each run (DIR/<mesh>/<system>) for the HLO
 comparison; dumping slows compilation, not the steps.
 """
@@ -57,18 +60,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--set', action='append', default=[], metavar='PATH=VALUE',
                       help='extra paxlike override (repeatable), e.g. to try a change')
   parser.add_argument('--dump_hlo', type=Path, help='write each run\'s XLA dump under DIR')
+  parser.add_argument('--hardware', default='cpu', choices=['cpu', 'gpu'])
   parser.add_argument('--work', type=Path, default=Path(tempfile.gettempdir()) / 'paxlike_mt')
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  if args.hardware == 'gpu' and args.meshes != ['1dev']:
+    parser.error('--hardware gpu runs on one GPU: use --meshes 1dev')
+  return args
 
 
-def maxtext_settings(model: str, mesh: str, steps: int, out: Path) -> dict[str, Any]:
+def maxtext_settings(model: str, mesh: str, steps: int, out: Path,
+                     hardware: str = 'cpu') -> dict[str, Any]:
   """MaxText's `key=value` settings for `model` on `mesh`: the same global batch as paxlike's
-  (per-device batch x devices), CPU, synthetic data, no checkpoints, scan, remat or tensorboard."""
+  (per-device batch x devices), on `hardware`, synthetic data, no checkpoints, scan, remat or
+  tensorboard."""
   m, (devices, axis) = MODELS[model], MESHES[mesh]
   parallel = ({'ici_fsdp_parallelism': -1, 'ici_data_parallelism': 1} if axis == 'fsdp'
               else {'ici_fsdp_parallelism': 1, 'ici_data_parallelism': -1})
   return dict(
-      run_name='peer', base_output_directory=out, hardware='cpu',
+      run_name='peer', base_output_directory=out, hardware=hardware,
       skip_jax_distributed_system='true', dataset_type='synthetic', jax_cache_dir='',
       steps=steps, enable_checkpointing='false', enable_tensorboard='false',
       log_period=10**6, per_device_batch_size=m['batch'] / devices,
@@ -85,7 +94,7 @@ def maxtext_command(args: argparse.Namespace, mesh: str, out: Path) -> list[str]
       [args.peer_python, '-c', 'import importlib.util as u; '
        'print(u.find_spec("maxtext").submodule_search_locations[0])'],
       capture_output=True, text=True, check=True).stdout.strip() + '/configs/base.yml'
-  settings = maxtext_settings(args.model, mesh, args.steps, out)
+  settings = maxtext_settings(args.model, mesh, args.steps, out, args.hardware)
   return [args.peer_python, '-m', 'maxtext.trainers.pre_train.train', base,
           *(f'{k}={v}' for k, v in settings.items())]
 
@@ -104,14 +113,18 @@ def paxlike_command(args: argparse.Namespace, mesh: str, out: Path) -> list[str]
           *(f'--fdl_set={k}={v}' for k, v in sets.items()), *(f'--fdl_set={s}' for s in args.set)]
 
 
-def run(cmd: list[str], devices: int, dump: Path | None) -> str:
-  """Runs one whole training process with `devices` forced CPU devices; its output."""
-  flags = [f'--xla_force_host_platform_device_count={devices}']
+def run(cmd: list[str], devices: int, dump: Path | None, hardware: str = 'cpu') -> str:
+  """Runs one whole training process, on `devices` forced CPU devices or on the GPU; its
+  output."""
+  flags = [f'--xla_force_host_platform_device_count={devices}'] if hardware == 'cpu' else []
   if dump is not None:
     flags += [f'--xla_dump_to={dump}', '--xla_dump_hlo_as_text',
               '--xla_dump_hlo_module_re=.*train_step.*|.*jit_step.*|.*_step.*']
+  path = os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')]))
   env = {**os.environ, 'XLA_FLAGS': ' '.join(flags), 'DECOUPLE_GCLOUD': 'TRUE',
-         'PYTHONPATH': str(REPO), 'JAX_PLATFORMS': 'cpu'}
+         'PYTHONPATH': path, 'JAX_PLATFORMS': 'cpu'}
+  if hardware != 'cpu':
+    del env['JAX_PLATFORMS']
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
   if proc.returncode:
     raise SystemExit(f'{" ".join(cmd[:3])} failed ({proc.returncode}): {proc.stderr[-3000:]}')
@@ -143,9 +156,9 @@ def one_run(system: str, mesh: str, args: argparse.Namespace, index: int) -> flo
   dump = args.dump_hlo / mesh / system if args.dump_hlo and index == 0 else None
   devices = MESHES[mesh][0]
   if system == 'maxtext':
-    return maxtext_steps_per_sec(run(maxtext_command(args, mesh, out), devices, dump),
-                                 args.skip)
-  run(paxlike_command(args, mesh, out), devices, dump)
+    return maxtext_steps_per_sec(run(maxtext_command(args, mesh, out), devices, dump,
+                                     args.hardware), args.skip)
+  run(paxlike_command(args, mesh, out), devices, dump, args.hardware)
   return paxlike_steps_per_sec(out, args.skip)
 
 
@@ -171,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
   args.work.mkdir(parents=True, exist_ok=True)
   load = round(os.getloadavg()[0], 2)
   results = {mesh: compare(mesh, args) for mesh in args.meshes}
-  print(json.dumps({'benchmark': 'peers/maxtext_step', 'model': MODELS[args.model],
+  print(json.dumps({'benchmark': 'peers/maxtext_step', 'hardware': args.hardware,
+                    'model': MODELS[args.model],
                     'steps': args.steps, 'skip': args.skip, 'pairs': args.pairs,
                     'paxlike_overrides': args.set, 'cpu_count': os.cpu_count(),
                     'load_avg_1m_start': load, **results}, indent=1))
