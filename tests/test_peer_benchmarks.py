@@ -38,9 +38,18 @@ def test_maxtext_steps_are_read_from_its_log_after_the_compile_steps():
   seconds = [30.0, 2.0, 0.5, 0.4, 0.8, 0.6]
   log = '\n'.join(f'I1204 metric_logger.py:265] completed step: {n}, seconds: {s:.3f}, '
                   f'TFLOP/s/device: 0.1, loss: 8.0' for n, s in enumerate(seconds))
-  assert mt.maxtext_steps_per_sec(log, skip=2) == pytest.approx(1 / 0.55)
+  assert mt.maxtext_steps_per_sec(log, skip=2, tokens_per_device=2048) == pytest.approx(1 / 0.55)
   with pytest.raises(SystemExit):
-    mt.maxtext_steps_per_sec(log, skip=6)
+    mt.maxtext_steps_per_sec(log, skip=6, tokens_per_device=2048)
+
+
+def test_maxtext_step_seconds_come_from_its_token_rate_when_the_line_has_one():
+  mt = _load('maxtext_step')  # A 8.4 ms step prints as 'seconds: 0.008'.
+  log = '\n'.join(f'completed step: {n}, seconds: 0.008, TFLOP/s/device: 3.2, '
+                  f'Tokens/s/device: {2048 / 0.0084:.3f}, total_weights: 2048, loss: 7.0'
+                  for n in range(5))
+  assert mt.maxtext_steps_per_sec(log, skip=3, tokens_per_device=2048) == pytest.approx(
+      1 / 0.0084, rel=1e-5)
 
 
 def test_paxlike_steps_leave_out_the_compile_steps_and_the_final_eval(tmp_path):

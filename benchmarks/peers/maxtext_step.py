@@ -45,7 +45,8 @@ MODELS = {
                   vocab=2048, seq=512, batch=4),
 }
 MESHES = {'1dev': (1, 'fsdp'), 'fsdp8': (8, 'fsdp'), 'dp8': (8, 'data')}
-STEP_LINE = re.compile(r'completed step: (\d+), seconds: ([\d.]+)')
+STEP_LINE = re.compile(r'completed step: (\d+), seconds: ([\d.]+)'
+                       r'(?:, TFLOP/s/device: [\d.]+, Tokens/s/device: ([\d.]+))?')
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -131,9 +132,12 @@ def run(cmd: list[str], devices: int, dump: Path | None, hardware: str = 'cpu') 
   return proc.stdout + proc.stderr
 
 
-def maxtext_steps_per_sec(log: str, skip: int) -> float:
-  """1 / the median of MaxText's logged step seconds after the first `skip` steps."""
-  seconds = [float(s) for n, s in STEP_LINE.findall(log) if int(n) >= skip]
+def maxtext_steps_per_sec(log: str, skip: int, tokens_per_device: int) -> float:
+  """1 / the median of MaxText's step seconds after the first `skip` steps: from its
+  Tokens/s/device where the line has it (the seconds it prints have 3 decimals, too coarse for
+  a GPU's few-millisecond steps), else the printed seconds."""
+  seconds = [tokens_per_device / float(rate) if rate else float(s)
+             for n, s, rate in STEP_LINE.findall(log) if int(n) >= skip]
   if not seconds:
     raise SystemExit(f'no MaxText step lines after step {skip} in its log')
   return 1 / statistics.median(seconds)
@@ -156,8 +160,10 @@ def one_run(system: str, mesh: str, args: argparse.Namespace, index: int) -> flo
   dump = args.dump_hlo / mesh / system if args.dump_hlo and index == 0 else None
   devices = MESHES[mesh][0]
   if system == 'maxtext':
+    m = MODELS[args.model]
     return maxtext_steps_per_sec(run(maxtext_command(args, mesh, out), devices, dump,
-                                     args.hardware), args.skip)
+                                     args.hardware), args.skip,
+                                 m['batch'] * m['seq'] // devices)
   run(paxlike_command(args, mesh, out), devices, dump, args.hardware)
   return paxlike_steps_per_sec(out, args.skip)
 
