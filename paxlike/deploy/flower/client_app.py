@@ -26,6 +26,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from paxlike.data.sources import PADDED
 from paxlike.deploy.flower import records
 
 app = ClientApp()
@@ -49,14 +50,15 @@ def query(msg: Message, context: Context) -> Message:
 
 
 def client_inputs(plan: dict[str, Any], data: Any, seed: int, step: int, slot: int,
-                  client: int, down: dict[str, np.ndarray]) -> list[np.ndarray]:
-  """The client program's arguments for cohort slot `slot` (client `client`) of round `step`:
-  the values sent down, then this slot's own batches and weight from the data pipeline."""
-  cohort = records.cohort(data, seed, step, records.client_sizes(data))
+                  client: int, live: list[int], down: dict[str, np.ndarray]) -> list[np.ndarray]:
+  """The client program's arguments for cohort slot `slot` (client `client`, or PADDED) of
+  round `step`: the values sent down, then this slot's own batches and weight from the data
+  pipeline, drawn for the cohort among the `live` clients (the simulation's when all are)."""
+  cohort = records.cohort(data, seed, step, records.client_sizes(data), live)
   if int(cohort[slot]) != client:
     raise ValueError(f'round {step} slot {slot} is client {int(cohort[slot])} here, the server '
                      f'says {client}: the node and the server run different experiments')
-  batch, weights = data.round_batches(seed, step, clients=slice(slot, slot + 1))
+  batch, weights = data.round_batches(seed, step, clients=slice(slot, slot + 1), cohort=cohort)
   own = {'weights': np.asarray(weights[slot], np.float32)}
   own.update({f'batches.{key}': np.asarray(value)[0] for key, value in batch.items()})
   args = []
@@ -80,9 +82,12 @@ def _process_age() -> float:
 
 
 def run_slots(context: Context, step: int, slots: list[int], clients: list[int],
-              received: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+              live: list[int], received: dict[str, np.ndarray]
+              ) -> dict[int, dict[str, np.ndarray]]:
   """{slot: the client program's named outputs} for this node's `slots` of round `step`
-  (`received`: the values sent down, keyed by records.slot_key). The node's log gets the
+  (`live`: the clients the cohort was drawn among; `received`: the values sent down, keyed by
+  records.slot_key). A PADDED slot (a Poisson cohort's unused one) runs on its all-masked
+  batch, as the simulation's does. The node's log gets the
   slots it ran and where the time went: the process's start (Flower starts a ClientApp process
   per message), loading the program and the data, and the programs."""
   entered = time.perf_counter()
@@ -95,11 +100,11 @@ def run_slots(context: Context, step: int, slots: list[int], clients: list[int],
   outputs, compute = {}, 0.0
   loaded = time.perf_counter()
   for slot, client in zip(slots, clients):
-    if client not in held:
+    if client not in held and client != PADDED:
       raise ValueError(f'this node does not hold client {client}')
     prefix = records.slot_key(slot, '')
     down = {k[len(prefix):]: v for k, v in received.items() if k.startswith(prefix)}
-    args = client_inputs(plan, task.data, task.train.seed, step, slot, client, down)
+    args = client_inputs(plan, task.data, task.train.seed, step, slot, client, live, down)
     began = time.perf_counter()
     results = [np.asarray(value) for value in program.call(*args)]
     compute += time.perf_counter() - began
@@ -122,7 +127,7 @@ def train(msg: Message, context: Context) -> Message:
   round_config = msg.content['round']
   slots, clients = list(round_config['slots']), list(round_config['clients'])
   by_slot = run_slots(context, int(round_config['step']), slots, clients,
-                      records.from_record(msg.content['down']))
+                      list(round_config['live']), records.from_record(msg.content['down']))
   outputs = {records.slot_key(slot, name): value
              for slot, named in by_slot.items() for name, value in named.items()}
   return Message(RecordDict({'up': records.to_record(outputs)}), reply_to=msg)

@@ -97,5 +97,16 @@ class Members:
       del self.owner[client]
     self._event(event='lost', node=node, step=step, clients=clients)
 
+  def drop_disconnected(self, step: int) -> None:
+    """Loses the nodes holding clients that Flower no longer lists as connected (before round
+    `step`), so that the round's cohort is drawn among the clients still reachable."""
+    connected = set(self.grid.get_node_ids())
+    for node in sorted(set(self.owner.values()) - connected):
+      self.lose(node, step)
+
+  def live(self) -> list[int]:
+    """The client ids held by the nodes taking part, sorted."""
+    return sorted(self.owner)
+
   def nodes(self) -> int:
     return len(set(self.owner.values()))

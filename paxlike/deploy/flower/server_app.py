@@ -31,22 +31,18 @@ from paxlike.deploy.flower import (evaluate, membership, progress, records, roun
 app = ServerApp()
 
 
-def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], cohort: np.ndarray,
+def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], draw: rounds.Draw,
                    owner: dict[int, int], step: int) -> tuple[list[Message], list[int]]:
-  """One message per node with a slot in this round's cohort; the slots no node holds."""
-  by_node: dict[int, list[int]] = {}
-  orphans = []
-  for slot, client in enumerate(cohort):
-    if int(client) in owner:
-      by_node.setdefault(owner[int(client)], []).append(slot)
-    else:
-      orphans.append(slot)
+  """One message per node with a slot in this round's cohort (its slots, their clients, and
+  the live clients the cohort was drawn among, so the node draws the same cohort); the slots
+  no node runs."""
+  by_node, orphans = rounds.slots_by_node(draw.cohort, owner, draw.padded_run)
   messages = []
   for node, slots in by_node.items():
     down = {records.slot_key(s, n): v for s in slots
             for n, v in rounds.slot_down(plan, env, s).items()}
-    config = ConfigRecord({'step': step, 'slots': slots,
-                           'clients': [int(cohort[s]) for s in slots]})
+    config = ConfigRecord({'step': step, 'slots': slots, 'live': draw.live,
+                           'clients': [int(draw.cohort[s]) for s in slots]})
     content = RecordDict({'round': config, 'down': records.to_record(down)})
     messages.append(Message(content, node, 'train', group_id=str(step)))
   return messages, orphans
@@ -74,13 +70,13 @@ def collect(plan: dict[str, Any], grid: Grid, messages: list[Message], timeout: 
 
 
 def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
-            env: dict[str, np.ndarray], cohort: np.ndarray, step: int, timeout: float,
+            env: dict[str, np.ndarray], draw: rounds.Draw, step: int, timeout: float,
             scale: float | None
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[int, dict[str, np.ndarray]]]:
   """The round's aggregates from the nodes (SecAgg+ when `scale` is set), what it did, and
   each slot's outputs (none through SecAgg+, which sees only sums)."""
-  plan = ex.plan
-  messages, _ = train_messages(plan, env, cohort, members.owner, step)
+  plan, cohort = ex.plan, draw.cohort
+  messages, _ = train_messages(plan, env, draw, members.owner, step)
   if scale is None:
     got, missing, received = collect(plan, grid, messages, timeout)
     for node in missing:
@@ -96,7 +92,8 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
     by_node[m.metadata.dst_node_id] = (list(m.content['round']['slots']),
                                        list(m.content['round']['clients']))
   held = sorted(s for slots, _ in by_node.values() for s in slots)
-  sums = secure_round.secure_sums(grid, context, plan, env, by_node, step, scale, timeout)
+  sums = secure_round.secure_sums(grid, context, plan, env, by_node, draw.live, step, scale,
+                                  timeout)
   return (secure.aggregates(plan, sums, len(held), scale),
           {'dropped_slots': sorted(set(range(len(cohort))) - set(held)),
            'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
@@ -105,7 +102,7 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
 
 
 def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members,
-              carried: dict[str, np.ndarray], cohort: np.ndarray, step: int, seed: int,
+              carried: dict[str, np.ndarray], draw: rounds.Draw, step: int, seed: int,
               timeout: float, scale: float | None = None
               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """One round from the state `carried`: (server_post's named outputs, what the round did:
@@ -117,8 +114,7 @@ def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members
   env.update(rounds.named_outputs(spec['server_pre'], ex.programs['server_pre'].call(
       *rounds.program_args(spec['server_pre'], env))))
   server = time.perf_counter() - began
-  aggregated, done, got = _uplink(ex, grid, context, members, env, cohort, step, timeout,
-                                  scale)
+  aggregated, done, got = _uplink(ex, grid, context, members, env, draw, step, timeout, scale)
   began = time.perf_counter()
   env.update(aggregated)
   outputs = rounds.named_outputs(spec['server_post'], ex.programs['server_post'].call(
@@ -141,8 +137,6 @@ def main(grid: Grid, context: Context) -> None:
     raise RuntimeError(reason)
   task = records.load_task(str(settings['config']))
   seed, data, timeout = task.train.seed, task.data, float(settings['timeout'])
-  if (reason := rounds.unsupported_data(data)) is not None:
-    raise RuntimeError(reason)
   accountant = privacy.accountant(task)  # DP runs: the rows' dp_epsilon, as the trainer's.
   evaluator = evaluate.ServerEval(task)  # The trainer's eval_* fields, at its eval steps.
   out.mkdir(parents=True, exist_ok=True)
@@ -162,11 +156,14 @@ def main(grid: Grid, context: Context) -> None:
     rows, carried = progress.Rows(out, start.step, last), start.state
     for step in range(start.step + 1, last + 1):
       members.ask_new(timeout)
-      cohort = records.cohort(data, seed, step, sizes)
+      members.drop_disconnected(step)  # A node Flower no longer lists leaves before the draw.
+      live = members.live()
+      cohort = records.cohort(data, seed, step, sizes, live)
+      draw = rounds.Draw(cohort, live, rounds.padded_slots_run(data))
       began = time.perf_counter()
       scale = (max(1.0, float(sources.cohort_weights(sizes, cohort, data.sampling).sum()))
                if secure_sums else None)
-      outputs, done = run_round(ex, grid, context, members, carried, cohort, step, seed,
+      outputs, done = run_round(ex, grid, context, members, carried, draw, step, seed,
                                 timeout, scale)
       carried = {n: outputs[n] for n in carried}
       lost = sorted(set(range(clients)) - set(members.owner))
@@ -175,7 +172,8 @@ def main(grid: Grid, context: Context) -> None:
       rows.write(step, outputs, {'nodes': members.nodes(), 'clients_lost': len(lost),
                                  'dropped_slots': len(done['dropped_slots']),
                                  **privacy.round_metrics(accountant, step)},
-                 {'cohort': [int(c) for c in cohort], 'lost_clients': lost, **done,
+                 {'cohort': [int(c) for c in cohort], 'live_clients': live,
+                  'lost_clients': lost, **done,
                   'round_seconds': seconds}, evals)
       progress.save(checkpoints, step, carried, sizes, lost)
     checkpoints.wait()
