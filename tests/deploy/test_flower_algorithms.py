@@ -5,7 +5,8 @@ Grid (tests/deploy/local_grid.py: two nodes, each with its own node config and c
 every record the apps exchange is built, read and reduced as on a real federation, in seconds.
 The transport itself (SuperLink, SuperNodes, TLS, kills) is test_flower_local's; this file
 checks what differs per algorithm: the plan's messages, the server programs, DP's noise from
-the round key and its accounting, LoRA's adapters and base."""
+the round key and its accounting, LoRA's adapters and its base (sent once: a node's second
+message carries none of it)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,27 @@ CONFIGS = {
 }
 
 
+def _assert_downlink(plan: dict, grid, cohorts: list[dict]) -> None:
+  """Each round's bytes_down is what its messages carried; a node's first message carries every
+  value the plan sends once (the plan's download_once_bytes, plus each array's header), its
+  later ones none; each other broadcast travels once per message, not once per slot."""
+  once = sorted(e['value'] for e in plan['communication'] if e.get('once'))
+  shared = sorted(e['value'] for e in plan['communication']
+                  if e['kind'] == 'broadcast' and not e.get('once'))
+  seen = set()
+  for row in cohorts:
+    messages = [(node, keys) for step, node, keys in grid.down if step == row['step']]
+    assert messages and row['bytes_down'] == sum(sum(keys.values()) for _, keys in messages)
+    for node, keys in messages:
+      sent_once = sorted(k.removeprefix('once/') for k in keys if k.startswith('once/'))
+      assert sent_once == ([] if node in seen else once), (row['step'], node)
+      if sent_once:
+        nbytes = sum(keys[f'once/{n}'] for n in once)
+        assert 0 <= nbytes - plan['download_once_bytes'] <= 256 * len(once)
+      assert sorted(k.removeprefix('all/') for k in keys if k.startswith('all/')) == shared
+      seen.add(node)
+
+
 @pytest.mark.parametrize('algorithm', sorted(CONFIGS))
 def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
   monkeypatch.setattr(TaskIdentity, '_run_id', 1)  # Flower's Message needs a run and a node.
@@ -86,6 +108,11 @@ def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
     assert dep['clients_lost'] == dep['dropped_slots'] == 0
     for key in shared:
       np.testing.assert_allclose(dep[key], sim[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  plan = json.loads((tmp_path / 'export' / 'plan.json').read_text())
+  assert any(e.get('once') for e in plan['communication']) == (algorithm == 'lora_text')
+  cohorts = [json.loads(line) for line in (tmp_path / 'run' / 'server' / 'cohorts.jsonl')
+             .read_text().splitlines()]
+  _assert_downlink(plan, grid, cohorts)
   with np.load(tmp_path / 'run' / 'server' / 'final.npz') as final:
     assert sorted(final.files) == sorted(state)
     for name in final.files:

@@ -7,11 +7,14 @@ client.jaxexport), `config` (the experiment's saved config, for paxlike's data p
 A `query` message (a node's first) is answered with the sha256 of the node's config file and of
 its plan.json, so that the server refuses a node of another experiment or export, and with the
 node's client ids and their sizes in examples. A `train`
-message names the round's step and, for each cohort slot this node serves, its slot and client
-id, plus the values the server sends down. For each slot the node draws that client's batches
-with the simulation's (seed, step) order (`data.round_batches`, its own slot only), runs the
-client program, and replies with the contributions. A slot whose client it does not hold, or
-whose cohort the data disagrees with, is an error reply naming it.
+message names the round's step, the live clients the cohort was drawn among and, for each
+cohort slot this node serves, its slot and client id, plus the values the server sends down
+(each slot's own, the broadcasts once for all slots, and the `once` values the node does not
+hold yet, which it keeps in `context.state`: once.py). For each slot the node draws the
+cohort and that slot's batches in the simulation's (seed, step) order (`data.round_batches`
+for that cohort, its own slot only), runs the client program, and replies with the
+contributions. A slot whose client it does not hold, or whose cohort the data disagrees with,
+is an error reply naming it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from paxlike.data.sources import PADDED
-from paxlike.deploy.flower import records
+from paxlike.deploy.flower import once, records
 
 app = ClientApp()
 
@@ -82,11 +85,12 @@ def _process_age() -> float:
 
 
 def run_slots(context: Context, step: int, slots: list[int], clients: list[int],
-              live: list[int], received: dict[str, np.ndarray]
-              ) -> dict[int, dict[str, np.ndarray]]:
+              live: list[int], received: dict[str, np.ndarray],
+              kept: dict[str, np.ndarray] | None = None) -> dict[int, dict[str, np.ndarray]]:
   """{slot: the client program's named outputs} for this node's `slots` of round `step`
   (`live`: the clients the cohort was drawn among; `received`: the values sent down, keyed by
-  records.slot_key). A PADDED slot (a Poisson cohort's unused one) runs on its all-masked
+  records.slot_key of a slot or of records.SHARED, for all slots; `kept`: the once values the
+  node holds). A PADDED slot (a Poisson cohort's unused one) runs on its all-masked
   batch, as the simulation's does. The node's log gets the
   slots it ran and where the time went: the process's start (Flower starts a ClientApp process
   per message), loading the program and the data, and the programs."""
@@ -102,8 +106,8 @@ def run_slots(context: Context, step: int, slots: list[int], clients: list[int],
   for slot, client in zip(slots, clients):
     if client not in held and client != PADDED:
       raise ValueError(f'this node does not hold client {client}')
-    prefix = records.slot_key(slot, '')
-    down = {k[len(prefix):]: v for k, v in received.items() if k.startswith(prefix)}
+    down = {**(kept or {}), **records.with_prefix(received, records.SHARED),
+            **records.with_prefix(received, slot)}
     args = client_inputs(plan, task.data, task.train.seed, step, slot, client, live, down)
     began = time.perf_counter()
     results = [np.asarray(value) for value in program.call(*args)]
@@ -126,8 +130,10 @@ def train(msg: Message, context: Context) -> Message:
   """Runs the client program for each slot of this node in the message's round."""
   round_config = msg.content['round']
   slots, clients = list(round_config['slots']), list(round_config['clients'])
+  received = records.from_record(msg.content['down'])
+  kept = once.kept(context, records.with_prefix(received, records.ONCE))
   by_slot = run_slots(context, int(round_config['step']), slots, clients,
-                      list(round_config['live']), records.from_record(msg.content['down']))
+                      list(round_config['live']), received, kept)
   outputs = {records.slot_key(slot, name): value
              for slot, named in by_slot.items() for name, value in named.items()}
   return Message(RecordDict({'up': records.to_record(outputs)}), reply_to=msg)

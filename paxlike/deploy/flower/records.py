@@ -28,9 +28,18 @@ def payload_bytes(record: Any) -> int:
   return sum(len(array.data) for array in record.values())
 
 
-def slot_key(slot: int, name: str) -> str:
-  """The record key of cohort slot `slot`'s value `name`."""
+SHARED, ONCE = 'all', 'once'  # Record key prefixes: a message's broadcasts, its once values.
+
+
+def slot_key(slot: int | str, name: str) -> str:
+  """The record key of cohort slot `slot`'s value `name` (or SHARED's or ONCE's)."""
   return f'{slot}/{name}'
+
+
+def with_prefix(values: dict[str, np.ndarray], prefix: int | str) -> dict[str, np.ndarray]:
+  """The values whose key is `slot_key(prefix, name)`, by name."""
+  start = slot_key(prefix, '')
+  return {k[len(start):]: v for k, v in values.items() if k.startswith(start)}
 
 
 def read_plan(export_dir: str | Path) -> dict[str, Any]:

@@ -81,18 +81,26 @@ def rng_key_data(seed: int, step: int, key_impl: str) -> np.ndarray:
   return np.asarray(jax.random.key_data(key))
 
 
-def slot_down(plan: dict[str, Any], env: dict[str, np.ndarray], slot: int
-              ) -> dict[str, np.ndarray]:
-  """What the server sends cohort slot `slot`: broadcasts whole, scatters and the client state
-  their row `slot`."""
+def slot_down(plan: dict[str, Any], env: dict[str, np.ndarray], slot: int,
+              broadcasts: bool = True) -> dict[str, np.ndarray]:
+  """What the server sends cohort slot `slot`: broadcasts whole (unless not `broadcasts`: a
+  message then carries them once for all its slots, `shared_down`), scatters and the client
+  state their row `slot`."""
   sent = {name: env[name][slot] for name in client_state(plan)}
   for entry in plan['communication']:
     value = env[entry['value']] if entry['kind'] in executor.DOWN else None
-    if entry['kind'] == 'broadcast':
+    if entry['kind'] == 'broadcast' and broadcasts:
       sent[entry['value']] = value
     elif entry['kind'] == 'scatter':
       sent[entry['value']] = np.take(value, slot, axis=entry['axis'])
   return sent
+
+
+def shared_down(plan: dict[str, Any], env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The broadcasts a node's message carries once for all its slots, but for those the plan
+  sends `once` (once.py)."""
+  return {e['value']: env[e['value']] for e in plan['communication']
+          if e['kind'] == 'broadcast' and not e.get('once')}
 
 
 def aggregates(plan: dict[str, Any], contributions: list[dict[str, np.ndarray]]

@@ -25,22 +25,27 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from paxlike.deploy.flower import (evaluate, membership, progress, records, rounds, secure,
-                                   secure_round)
+from paxlike.deploy.flower import (evaluate, membership, once, progress, records, rounds,
+                                   secure, secure_round)
 
 app = ServerApp()
 
 
 def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], draw: rounds.Draw,
-                   owner: dict[int, int], step: int) -> tuple[list[Message], list[int]]:
+                   owner: dict[int, int], step: int, sent: once.Sent
+                   ) -> tuple[list[Message], list[int]]:
   """One message per node with a slot in this round's cohort (its slots, their clients, and
   the live clients the cohort was drawn among, so the node draws the same cohort); the slots
-  no node runs."""
+  no node runs. A message carries each slot's scattered values and client state, the
+  broadcasts once for all its slots, and the `once` values the node does not hold yet."""
   by_node, orphans = rounds.slots_by_node(draw.cohort, owner, draw.padded_run)
   messages = []
   for node, slots in by_node.items():
     down = {records.slot_key(s, n): v for s in slots
-            for n, v in rounds.slot_down(plan, env, s).items()}
+            for n, v in rounds.slot_down(plan, env, s, broadcasts=False).items()}
+    down.update({records.slot_key(records.SHARED, n): v
+                 for n, v in rounds.shared_down(plan, env).items()})
+    down.update({records.slot_key(records.ONCE, n): v for n, v in sent.due(node, env).items()})
     config = ConfigRecord({'step': step, 'slots': slots, 'live': draw.live,
                            'clients': [int(draw.cohort[s]) for s in slots]})
     content = RecordDict({'round': config, 'down': records.to_record(down)})
@@ -71,12 +76,13 @@ def collect(plan: dict[str, Any], grid: Grid, messages: list[Message], timeout: 
 
 def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
             env: dict[str, np.ndarray], draw: rounds.Draw, step: int, timeout: float,
-            scale: float | None
+            scale: float | None, sent: once.Sent
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[int, dict[str, np.ndarray]]]:
-  """The round's aggregates from the nodes (SecAgg+ when `scale` is set), what it did, and
-  each slot's outputs (none through SecAgg+, which sees only sums)."""
+  """The round's aggregates from the nodes (SecAgg+ when `scale` is set: its legacy messages
+  carry every value to every slot, once values included), what it did, and each slot's
+  outputs (none through SecAgg+, which sees only sums)."""
   plan, cohort = ex.plan, draw.cohort
-  messages, _ = train_messages(plan, env, draw, members.owner, step)
+  messages, _ = train_messages(plan, env, draw, members.owner, step, sent)
   if scale is None:
     got, missing, received = collect(plan, grid, messages, timeout)
     for node in missing:
@@ -103,7 +109,7 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
 
 def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members,
               carried: dict[str, np.ndarray], draw: rounds.Draw, step: int, seed: int,
-              timeout: float, scale: float | None = None
+              timeout: float, sent: once.Sent, scale: float | None = None
               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """One round from the state `carried`: (server_post's named outputs, what the round did:
   its dropped slots, the array bytes sent down and up, the seconds of the server's work)."""
@@ -114,7 +120,8 @@ def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members
   env.update(rounds.named_outputs(spec['server_pre'], ex.programs['server_pre'].call(
       *rounds.program_args(spec['server_pre'], env))))
   server = time.perf_counter() - began
-  aggregated, done, got = _uplink(ex, grid, context, members, env, draw, step, timeout, scale)
+  aggregated, done, got = _uplink(ex, grid, context, members, env, draw, step, timeout, scale,
+                                  sent)
   began = time.perf_counter()
   env.update(aggregated)
   outputs = rounds.named_outputs(spec['server_post'], ex.programs['server_post'].call(
@@ -154,6 +161,7 @@ def main(grid: Grid, context: Context) -> None:
       members.owner.pop(client, None)
     sizes = np.asarray(start.meta.get('sizes', members.sizes))
     rows, carried = progress.Rows(out, start.step, last), start.state
+    sent = once.Sent(plan)  # No node holds a once value from this run yet.
     for step in range(start.step + 1, last + 1):
       members.ask_new(timeout)
       members.drop_disconnected(step)  # A node Flower no longer lists leaves before the draw.
@@ -164,7 +172,7 @@ def main(grid: Grid, context: Context) -> None:
       scale = (max(1.0, float(sources.cohort_weights(sizes, cohort, data.sampling).sum()))
                if secure_sums else None)
       outputs, done = run_round(ex, grid, context, members, carried, draw, step, seed,
-                                timeout, scale)
+                                timeout, sent, scale)
       carried = {n: outputs[n] for n in carried}
       lost = sorted(set(range(clients)) - set(members.owner))
       seconds = time.perf_counter() - began
