@@ -9,10 +9,13 @@ secure.py; every node takes part in every round, and a node lost halts the run).
 It resumes from the newest Orbax checkpoint in `out-dir` (or starts from the export's state),
 asks the nodes which clients they hold (membership.py), then per round: runs server_pre on the
 state and the round's key (the trainer's fold_in(key(seed), step)); samples the cohort as the
-simulation does for that step; sends each node the values of the slots whose clients it holds;
-aggregates the replies as the plan's communication section says, a slot whose node is lost
-dropped (weight 0, as the simulation drops a straggler); runs server_post; writes the row and
-checkpoints the state (progress.py). `final.npz` holds the last state.
+simulation does for that step, among the clients whose nodes are still connected (exactly the
+simulation's cohort while none is lost); sends each node the values of the slots it runs (a
+Poisson cohort's padded slots included, rounds.slots_by_node), a `once` value only when the
+node lacks it (once.py); aggregates the replies as the plan's communication section says, a
+slot whose node is lost during the round dropped (weight 0, as the simulation drops a
+straggler); runs server_post; writes the row and checkpoints the state (progress.py).
+`final.npz` holds the last state.
 """
 
 from __future__ import annotations
@@ -98,11 +101,11 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
     by_node[m.metadata.dst_node_id] = (list(m.content['round']['slots']),
                                        list(m.content['round']['clients']))
   held = sorted(s for slots, _ in by_node.values() for s in slots)
-  sums = secure_round.secure_sums(grid, context, plan, env, by_node, draw.live, step, scale,
-                                  timeout)
+  sums, sent_down = secure_round.secure_sums(grid, context, plan, env, by_node, draw.live, step,
+                                             scale, timeout)
   return (secure.aggregates(plan, sums, len(held), scale),
           {'dropped_slots': sorted(set(range(len(cohort))) - set(held)),
-           'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
+           'bytes_down': sent_down,
            'bytes_up': None, 'secagg_sum_error_bound': secure.sum_error_bound(len(by_node),
                                                                               scale)}, {})
 
