@@ -3,6 +3,7 @@ drawn for an explicit cohort (round_batches(..., cohort=)): with every client li
 is the simulation's, and the batches for the simulation's cohort are the simulation's; a lost
 client is never drawn, and the batches follow the cohort they are given."""
 
+import json
 import math
 
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 
 from paxlike.data import ImageData
 from paxlike.data import sources
+from paxlike.data import token_store
+from paxlike.data.text_data import TextData
 from paxlike.errors import UserError
 
 SIZES = np.array([5, 40, 12, 7, 30, 9, 21, 16])
@@ -100,3 +103,27 @@ def test_batches_follow_the_cohort_given_and_a_bad_one_is_refused_in_one_line(pr
     with pytest.raises(UserError, match=message) as error:
       data.round_batches(7, 2, cohort=np.array(bad))
     assert '\n' not in str(error.value)
+
+
+def test_text_batches_follow_the_cohort_given(tmp_path, monkeypatch):
+  monkeypatch.setenv(token_store.TOKEN_DIR_ENV, str(tmp_path / 'tokens'))
+  letters = 'abcdef'  # One client per file, each of its own letter.
+  files = []
+  for x in letters:
+    path = tmp_path / f'{x}.jsonl'
+    path.write_text(''.join(json.dumps({'text': x * (1 + i % 30)}) + '\n' for i in range(40)))
+    files.append(str(path))
+  data = TextData(files=files, seq_len=16, batch_size=2, partition='file', clients_per_round=3,
+                  local_steps=2, eval_fraction=0.2)
+  sampled = sources.sample_cohort(4, 3, data.packed.client_tokens, 3, 'uniform')
+  batch, weights = data.round_batches(4, 3)
+  given, given_weights = data.round_batches(4, 3, cohort=sampled)
+  np.testing.assert_array_equal(given_weights, weights)
+  for key in batch:
+    np.testing.assert_array_equal(given[key], batch[key], err_msg=key)
+  cohort = np.array([5, 1, 2])
+  other, other_weights = data.round_batches(4, 3, cohort=cohort)
+  np.testing.assert_array_equal(other_weights, data.packed.client_tokens[cohort])
+  for slot, client in enumerate(cohort):
+    trained = set(other['targets'][slot][other['mask'][slot] == 1].tolist())
+    assert trained and trained <= {ord(letters[client]), ord('\n')}
