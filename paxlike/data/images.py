@@ -164,13 +164,16 @@ class ImageData(sources.DataSource):
     return sources.cohort_slots(self.sampling, self.clients_per_round, self.num_clients)
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
-                    rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
+                    rows: slice = slice(None), cohort: np.ndarray | None = None
+                    ) -> tuple[sources.Batch, np.ndarray]:
     """[num_slots, local_steps, batch_size, H, W, 1] batches (only cohort slots `clients` and
     batch rows `rows` of them) and the whole cohort's FedAvg weights; a Poisson cohort's unused
     slots hold example 0 with mask 0 and weight 0, and a straggler's steps past its last have
-    mask 0 (both are in the STEP_MASK)."""
+    mask 0 (both are in the STEP_MASK). `cohort`: this round's clients instead of the sampled
+    ones (DataSource.round_batches)."""
     sizes, per_client = self.client_sizes, self.local_steps * self.batch_size
-    cohort = sources.sample_cohort(seed, step, sizes, self.clients_per_round, self.sampling)
+    cohort = (sources.sample_cohort(seed, step, sizes, self.clients_per_round, self.sampling)
+              if cohort is None else sources.checked_cohort(self, cohort, self.num_clients))
     rng = sources.round_rng(seed, step, sources.EXAMPLE_STREAM)
     picks = []
     for c in cohort:

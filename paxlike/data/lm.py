@@ -204,12 +204,17 @@ class LmData(sources.DataSource):
                                 len(self.train_streams.sizes))
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
-                    rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
+                    rows: slice = slice(None), cohort: np.ndarray | None = None
+                    ) -> tuple[sources.Batch, np.ndarray]:
     """[num_slots, local_steps, batch_size, seq_len] batches (only cohort slots `clients` and
     batch rows `rows` of them) and the whole cohort's FedAvg weights; a Poisson cohort's
-    unused slots hold client 0's windows with mask 0 and weight 0."""
+    unused slots hold client 0's windows with mask 0 and weight 0. `cohort`: this round's
+    clients instead of the sampled ones (DataSource.round_batches)."""
     s, k = self.train_streams, self.clients_per_round
-    if self.partition == 'pooled':
+    pooled = self.partition == 'pooled'
+    if cohort is not None:
+      cohort = sources.checked_cohort(self, cohort, len(s.sizes), distinct=not pooled)
+    elif pooled:
       cohort = np.zeros(k, np.int64)
     else:
       cohort = sources.sample_cohort(seed, step, s.sizes, k, self.sampling)

@@ -155,13 +155,19 @@ class PreferenceData(TokenSource):
     _ = self.plan
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
-                    rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
+                    rows: slice = slice(None), cohort: np.ndarray | None = None
+                    ) -> tuple[sources.Batch, np.ndarray]:
     """[slots, local_steps, 2 * batch_size, seq_len] batches (cohort slots `clients`, batch
-    rows `rows` of them) and the cohort's weights (its clients' training pairs)."""
+    rows `rows` of them) and the cohort's weights (its clients' training pairs). `cohort`: this
+    round's clients instead of the sampled ones (DataSource.round_batches)."""
     plan, k, steps = self.plan, self.clients_per_round, self.local_steps
     sizes = plan['client_pairs']
-    cohort = (np.zeros(k, np.int64) if self.partition == 'pooled' else
-              sources.sample_cohort(seed, step, sizes, k, self.sampling))
+    pooled = self.partition == 'pooled'
+    if cohort is not None:
+      cohort = sources.checked_cohort(self, cohort, len(sizes), distinct=not pooled)
+    else:
+      cohort = (np.zeros(k, np.int64) if pooled else
+                sources.sample_cohort(seed, step, sizes, k, self.sampling))
     slots = np.arange(len(cohort))[clients][:, None, None]
     local = np.arange(steps)[None, :, None]
     row = np.arange(self.batch_size)[None, None, :]

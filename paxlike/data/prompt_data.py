@@ -130,8 +130,12 @@ class PromptData(TokenizedSource):
     return train[[orders[e][i] for e, i in zip(epochs.tolist(), at.tolist())]]
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
-                    rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
-    """Step `step`'s prompt batch (module docstring), rows `rows` of it, and weight [1]."""
+                    rows: slice = slice(None), cohort: np.ndarray | None = None
+                    ) -> tuple[sources.Batch, np.ndarray]:
+    """Step `step`'s prompt batch (module docstring), rows `rows` of it, and weight [1]. Its
+    one client is every round's cohort: `cohort` may only say so ([0])."""
+    if cohort is not None:
+      sources.checked_cohort(self, cohort, 1)
     picked = self.prompt_rows(seed, step)
     ids = [self.rows.ids[r] for r in picked.tolist()]
     pad = self.loaded_tokenizer.pad_id or 0

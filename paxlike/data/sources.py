@@ -102,12 +102,15 @@ class DataSource(abc.ABC):
 
   @abc.abstractmethod
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
-                    rows: slice = slice(None)) -> tuple[Batch, np.ndarray]:
+                    rows: slice = slice(None), cohort: np.ndarray | None = None
+                    ) -> tuple[Batch, np.ndarray]:
     """Batches with leading axes [slots, local_steps, rows, ...], cut to cohort slots
     `clients` and batch rows `rows` (one process's block), and the whole cohort's weights
     [slots] float32; a pure function of (seed, step), so a block equals the same slice of the
     whole. slots = `num_slots`: clients_per_round, or under 'poisson' sampling a cap whose
-    unused slots have weight 0 and mask 0."""
+    unused slots have weight 0 and mask 0. `cohort` (each slot's client id or PADDED,
+    `checked_cohort`) replaces the round's sampled cohort: the batches are drawn for it in the
+    same order (a deployment that re-draws the cohort among the clients it still reaches)."""
 
   @abc.abstractmethod
   def eval_batches(self, rows: slice = slice(None)) -> list[Batch]:
@@ -207,11 +210,19 @@ def poisson_cohort(seed: int, step: int, num_clients: int, k: int) -> np.ndarray
 _cached_slots = functools.lru_cache(maxsize=64)(poisson_slots)
 
 
-def sample_cohort(seed: int, step: int, sizes: np.ndarray, k: int, sampling: str) -> np.ndarray:
+def sample_cohort(seed: int, step: int, sizes: np.ndarray, k: int, sampling: str,
+                  live: Sequence[int] | None = None) -> np.ndarray:
   """Client indices for round `step`'s slots: `k` distinct ones uniformly, with probability
   proportional to size ('weighted'), or 'fixed': clients 0..k-1 in order every round, so slot i
   is always client i (DiLoCo replicas, PAPA members, BTM experts keep their data); 'poisson':
-  see `poisson_cohort` (PADDED in unused slots)."""
+  see `poisson_cohort` (PADDED in unused slots).
+
+  `live` (a deployment's clients still reachable; None: all) restricts the draw to those
+  clients, with the same stream, so that all clients live gives exactly the cohort without
+  `live`: uniform and weighted draw `k` among them (fewer live: all of them, then PADDED),
+  'poisson' keeps the joiners that are live, 'fixed' puts PADDED in a lost client's slot."""
+  if live is not None:
+    return _live_cohort(seed, step, sizes, k, sampling, np.unique(np.asarray(live, np.int64)))
   if sampling == 'fixed':
     return np.arange(k, dtype=np.int64)
   if sampling == 'poisson':
@@ -219,6 +230,41 @@ def sample_cohort(seed: int, step: int, sizes: np.ndarray, k: int, sampling: str
   rng = round_rng(seed, step, COHORT_STREAM)
   p = sizes / sizes.sum() if sampling == 'weighted' else None
   return rng.choice(len(sizes), size=k, replace=False, p=p)
+
+
+def _live_cohort(seed: int, step: int, sizes: np.ndarray, k: int, sampling: str,
+                 live: np.ndarray) -> np.ndarray:
+  """`sample_cohort` among the sorted client ids `live` only."""
+  if len(live) and (live[0] < 0 or live[-1] >= len(sizes)):
+    raise UserError(f'live clients must be ids in [0, {len(sizes)}), got {live.tolist()}')
+  if sampling == 'fixed':
+    return np.where(np.isin(np.arange(k), live), np.arange(k), PADDED).astype(np.int64)
+  if sampling == 'poisson':
+    joined = poisson_cohort(seed, step, len(sizes), k)
+    kept = joined[np.isin(joined, live)]
+    return np.concatenate([kept, np.full(len(joined) - len(kept), PADDED, np.int64)])
+  rng = round_rng(seed, step, COHORT_STREAM)
+  drawn = min(k, len(live))
+  p = sizes[live] / sizes[live].sum() if sampling == 'weighted' and drawn else None
+  chosen = live[rng.choice(len(live), size=drawn, replace=False, p=p)] if drawn else live
+  return np.concatenate([chosen, np.full(k - drawn, PADDED, np.int64)]).astype(np.int64)
+
+
+def checked_cohort(source: 'DataSource', cohort: Sequence[int] | np.ndarray, num_clients: int,
+                   distinct: bool = True) -> np.ndarray:
+  """`cohort` as int64 when it can be `source`'s round: `num_slots` entries, each a client id
+  in [0, num_clients) or PADDED, the clients distinct unless `distinct` is False (a pooled
+  partition's slots all read client 0); else a one-line UserError."""
+  array = np.asarray(cohort)
+  name, slots = type(source).__name__, source.num_slots
+  if (array.shape != (slots,) or not (array.size == 0 or np.issubdtype(array.dtype, np.integer))
+      or ((array < PADDED) | (array >= num_clients)).any()):
+    raise UserError(f'{name}: a cohort must be {slots} client ids in [0, {num_clients}) or '
+                    f'{PADDED} (padded), got {np.asarray(cohort).tolist()}')
+  real = array[array != PADDED]
+  if distinct and len(np.unique(real)) != len(real):
+    raise UserError(f'{name}: a cohort holds each client at most once, got {array.tolist()}')
+  return array.astype(np.int64)
 
 
 def cohort_weights(sizes: np.ndarray, cohort: np.ndarray, sampling: str) -> np.ndarray:

@@ -203,12 +203,17 @@ class TextData(TokenSource):
                                 len(self.packed.client_tokens))
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
-                    rows: slice = slice(None)) -> tuple[sources.Batch, np.ndarray]:
+                    rows: slice = slice(None), cohort: np.ndarray | None = None
+                    ) -> tuple[sources.Batch, np.ndarray]:
     """[num_slots, local_steps, batch_size, seq_len] batches (cohort slots `clients` and
     batch rows `rows` of them) and the whole cohort's weights; a Poisson cohort's unused slots
-    hold client 0's rows with mask 0 (no local step runs) and weight 0."""
+    hold client 0's rows with mask 0 (no local step runs) and weight 0. `cohort`: this round's
+    clients instead of the sampled ones (DataSource.round_batches)."""
     p, k, steps = self.packed, self.clients_per_round, self.local_steps
-    if self.partition == 'pooled':
+    pooled = self.partition == 'pooled'
+    if cohort is not None:
+      cohort = sources.checked_cohort(self, cohort, len(p.client_tokens), distinct=not pooled)
+    elif pooled:
       cohort = np.zeros(k, np.int64)
     else:
       cohort = sources.sample_cohort(seed, step, p.client_tokens, k, self.sampling)

@@ -1,17 +1,17 @@
 """The Flower apps' rounds equal `paxlike.main`'s for FedAdam, DiLoCo and SCAFFOLD (their state
-carried per client slot), DP-FedAvg (with its dp_epsilon) and federated LoRA on text: the ServerApp's `main` and the ClientApp's handlers run in this
-process over a stand-in for Flower's Grid that hands each message to the addressed node's
-handler (two nodes, each with its own node config and clients), so every record the apps
-exchange is built, read and reduced as on a real federation, in seconds. The transport itself
-(SuperLink, SuperNodes, TLS, kills) is test_flower_local's; this file checks what differs per
-algorithm: the plan's messages, the server programs, DP's noise from the round key and its
-accounting, LoRA's adapters and base."""
+carried per client slot), DP-FedAvg (with its dp_epsilon) and federated LoRA on text: the
+ServerApp's `main` and the ClientApp's handlers run in this process over a stand-in for Flower's
+Grid (tests/deploy/local_grid.py: two nodes, each with its own node config and clients), so
+every record the apps exchange is built, read and reduced as on a real federation, in seconds.
+The transport itself (SuperLink, SuperNodes, TLS, kills) is test_flower_local's; this file
+checks what differs per algorithm: the plan's messages, the server programs, DP's noise from
+the round key and its accounting, LoRA's adapters and its base (sent once: a node's second
+message carries none of it)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import fiddle as fdl
 import numpy as np
@@ -21,9 +21,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from configs import federated as fed
 from paxlike import registry
 from paxlike.config import config_io
-from paxlike.deploy.flower import client_app, records, server_app
-from paxlike.deploy.flower.rounds import clients_of_nodes
 from paxlike.export.__main__ import export_experiment
+from tests.deploy.local_grid import deploy
 from tests.export.export_task import TINY, digits, train_to
 from tests.federated.lora_task import lora_config
 from tests.helpers import TIMING_FIELDS
@@ -31,23 +30,6 @@ from tests.helpers import TIMING_FIELDS
 pytestmark = pytest.mark.slow  # A trainer run, an export and a deployed run, seconds each.
 
 ROUNDS, NODES = 2, 2
-
-
-class LocalGrid:
-  """Flower's Grid for nodes that live in this process: `send_and_receive` calls the ClientApp
-  handler of each message's type with the addressed node's context."""
-
-  def __init__(self, contexts: dict[int, SimpleNamespace]):
-    self.contexts, self.sent = contexts, []
-
-  def get_node_ids(self) -> list[int]:
-    return list(self.contexts)
-
-  def send_and_receive(self, messages, timeout: float):
-    handlers = {'query': client_app.query, 'train': client_app.train}
-    self.sent += [m.metadata.message_type for m in messages]
-    return [handlers[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id])
-            for m in messages]
 
 
 def _dp_fedavg(tmp_path: Path) -> fdl.Config:
@@ -74,20 +56,25 @@ CONFIGS = {
 }
 
 
-def deploy(cfg: fdl.Config, export: Path, out: Path) -> LocalGrid:
-  """Runs the exported rounds through the apps on NODES in-process nodes; the grid used."""
-  config = out / 'config.json'
-  out.mkdir(parents=True)
-  config.write_text(config_io.to_json(cfg))
-  num_clients = records.num_clients(config_io.build(cfg).data)
-  grid = LocalGrid({100 + k: SimpleNamespace(node_config={
-      'export-dir': str(export), 'config': str(config), 'log': str(out / f'node{k}.jsonl'),
-      'clients': ','.join(map(str, clients))})
-      for k, clients in enumerate(clients_of_nodes(num_clients, NODES))})
-  server_app.main(grid, SimpleNamespace(run_config={
-      'export-dir': str(export), 'config': str(config), 'out-dir': str(out / 'server'),
-      'rounds': ROUNDS, 'timeout': 60}))
-  return grid
+def _assert_downlink(plan: dict, grid, cohorts: list[dict]) -> None:
+  """Each round's bytes_down is what its messages carried; a node's first message carries every
+  value the plan sends once (the plan's download_once_bytes, plus each array's header), its
+  later ones none; each other broadcast travels once per message, not once per slot."""
+  once = sorted(e['value'] for e in plan['communication'] if e.get('once'))
+  shared = sorted(e['value'] for e in plan['communication']
+                  if e['kind'] == 'broadcast' and not e.get('once'))
+  seen = set()
+  for row in cohorts:
+    messages = [(node, keys) for step, node, keys in grid.down if step == row['step']]
+    assert messages and row['bytes_down'] == sum(sum(keys.values()) for _, keys in messages)
+    for node, keys in messages:
+      sent_once = sorted(k.removeprefix('once/') for k in keys if k.startswith('once/'))
+      assert sent_once == ([] if node in seen else once), (row['step'], node)
+      if sent_once:
+        nbytes = sum(keys[f'once/{n}'] for n in once)
+        assert 0 <= nbytes - plan['download_once_bytes'] <= 256 * len(once)
+      assert sorted(k.removeprefix('all/') for k in keys if k.startswith('all/')) == shared
+      seen.add(node)
 
 
 @pytest.mark.parametrize('algorithm', sorted(CONFIGS))
@@ -99,7 +86,7 @@ def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
   config_io.apply_overrides(cfg, [f'train.num_steps={ROUNDS}'])  # Both evaluate at the last.
   simulated, state = train_to(cfg, tmp_path / 'job', ROUNDS)
   export_experiment(cfg, tmp_path / 'export', rounds=ROUNDS, experiment=algorithm)
-  grid = deploy(cfg, tmp_path / 'export', tmp_path / 'run')
+  grid = deploy(cfg, tmp_path / 'export', tmp_path / 'run', ROUNDS, NODES)
 
   logs = [tmp_path / 'run' / f'node{k}.jsonl' for k in range(NODES)]  # None if never sent.
   ran = [[json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -121,6 +108,11 @@ def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
     assert dep['clients_lost'] == dep['dropped_slots'] == 0
     for key in shared:
       np.testing.assert_allclose(dep[key], sim[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  plan = json.loads((tmp_path / 'export' / 'plan.json').read_text())
+  assert any(e.get('once') for e in plan['communication']) == (algorithm == 'lora_text')
+  cohorts = [json.loads(line) for line in (tmp_path / 'run' / 'server' / 'cohorts.jsonl')
+             .read_text().splitlines()]
+  _assert_downlink(plan, grid, cohorts)
   with np.load(tmp_path / 'run' / 'server' / 'final.npz') as final:
     assert sorted(final.files) == sorted(state)
     for name in final.files:

@@ -3,8 +3,10 @@ authentication and two SuperNodes, separate processes) through the faults a fede
 an enrolled node of another experiment joins (refused at its first message), the ServerApp is
 killed with SIGKILL once round 1 is checkpointed (the launcher stops the dead run and submits
 the app again; it resumes from that checkpoint) and SuperNode 1 is killed with SIGKILL after
-round 2 (the launcher unregisters it; its slots are dropped from then on). Rounds 1-2 equal the reference executor's uninterrupted rounds; rounds 3-4 equal the
-executor's rounds with the lost node's slots at weight 0 (the simulation's dropped straggler)."""
+round 2 (the launcher unregisters it). Rounds 1-2 equal the reference executor's uninterrupted
+rounds; a round during which the node is lost drops its slots (weight 0, the simulation's
+dropped straggler), and every later cohort is re-drawn among the clients still connected; each
+round equals the executor on the cohort its row records."""
 
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ import numpy as np
 import pytest
 
 from paxlike.config import config_io
+from paxlike.data import sources
 from paxlike.deploy.flower import certs, processes
 from paxlike.export import run as executor
 from tests.deploy import flower_procs as fp
+from tests.deploy.reference import assert_rows_equal, executor_rounds
 from tests.helpers import TIMING_FIELDS, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow  # Flower processes, a ClientApp process per message, two kills.
@@ -74,42 +78,35 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, fl
   return export, out, began
 
 
-def _expected(export: Path, dropped: list[list[int]]) -> list[dict[str, np.ndarray]]:
-  """The executor's rounds from the export's state, round r's `dropped[r]` slots at weight 0."""
-  ex = executor.load(export)
-  carried, history = dict(ex.carried), []
-  for r, slots in enumerate(dropped):
-    values = {**carried, **{n: a[r] for n, a in ex.rounds.items()}}
-    values['weights'] = values['weights'].copy()
-    values['weights'][slots] = 0
-    history.append(executor.run_round(ex, values))
-    carried = {n: history[-1][n] for n in carried}
-  return history
-
-
 def test_rows_and_state_equal_the_executor_through_both_kills(federation):
   export, out, _ = federation
   rows = fp.rows(out / 'server' / 'metrics.jsonl')
   cohorts = fp.rows(out / 'server' / 'cohorts.jsonl')
   assert [r['step'] for r in rows] == [c['step'] for c in cohorts] == list(range(1, ROUNDS + 1))
-  dropped = [[s for s, c in enumerate(row['cohort']) if r >= 2 and c in LOST]
-             for r, row in enumerate(cohorts)]
-  assert [c['dropped_slots'] for c in cohorts] == dropped
-  assert dropped[2], 'round 3 had no slot on the killed node: the test checks no drop'
+  task = config_io.build(config_io.load_file(out / 'config.json'))
+  simulated = [sources.sample_cohort(task.train.seed, c['step'], task.data.client_sizes, 3,
+                                     'uniform').tolist() for c in cohorts]
+  live = sorted(set(range(5)) - LOST)
+  for r, row in enumerate(cohorts):
+    on_lost = [s for s, c in enumerate(row['cohort']) if c in LOST]
+    if r < 2:  # Before the kill: the simulation's cohort, every slot run.
+      assert (row['cohort'], row['dropped_slots'], row['live_clients']) == (
+          simulated[r], [], list(range(5)))
+    elif row['dropped_slots']:  # The node was lost during this round: its slots dropped.
+      assert r == 2 and row['cohort'] == simulated[r] and row['dropped_slots'] == on_lost
+    else:  # Drawn among the clients still connected.
+      assert (on_lost, row['live_clients'], len(set(row['cohort']))) == ([], live, 3)
+  assert any(c in LOST for c in simulated[3]) and cohorts[3]['cohort'] != simulated[3]
   assert [r['nodes'] for r in rows] == [2, 2, 1, 1]
   assert [r['clients_lost'] for r in rows] == [0, 0, len(LOST), len(LOST)]
-  assert [r['dropped_slots'] for r in rows] == [len(d) for d in dropped]
-  for row, outputs in zip(rows, _expected(export, dropped)):
-    metrics = {n.removeprefix('metrics.'): v.item() for n, v in outputs.items()
-               if n.startswith('metrics.')}
-    assert set(metrics) <= set(row) and 'steps_per_sec' in row  # The trainer's row format.
-    for name, value in metrics.items():
-      np.testing.assert_allclose(row[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
-  final_expected = _expected(export, dropped)[-1]
+  assert [r['dropped_slots'] for r in rows] == [len(c['dropped_slots']) for c in cohorts]
+  expected = executor_rounds(task, export, cohorts)
+  assert_rows_equal(rows, expected)
+  assert {'steps_per_sec', 'clients_lost'} <= set(rows[0])  # The trainer's row format, and ours.
   with np.load(out / 'server' / 'final.npz') as final:
     assert sorted(final.files) == sorted(executor.load(export).carried)
     for name in final.files:
-      np.testing.assert_allclose(final[name], final_expected[name], rtol=1e-5, atol=1e-6,
+      np.testing.assert_allclose(final[name], expected[-1][name], rtol=1e-5, atol=1e-6,
                                  err_msg=name)
 
 

@@ -1,6 +1,7 @@
 """Which nodes a deployed run admits (membership.py), against a stand-in for Flower's Grid: a
 node of another config or plan, one claiming a held client and one that never answers are
-refused in one line each; a lost node's clients leave the federation."""
+refused in one line each; a lost node's clients leave the federation, as do those of a node
+Flower no longer lists."""
 
 from __future__ import annotations
 
@@ -59,7 +60,15 @@ def test_nodes_are_admitted_or_refused_in_one_line_and_the_lost_leave(tmp_path, 
   assert all('\n' not in reason for reason in refused.values())
   members.ask_new(timeout=1)  # Nobody new: nobody is asked twice.
   assert sorted(grid.asked) == [1, 2, 3, 4, 5, 6]
+  assert members.live() == [0, 1, 2]
   members.lose(1, step=7)
-  assert members.owner == {1: 2} and members.nodes() == 1
+  assert members.owner == {1: 2} and members.nodes() == 1 and members.live() == [1]
   assert json.loads((tmp_path / 'nodes.jsonl').read_text().splitlines()[-1]) == {
       'event': 'lost', 'node': 1, 'step': 7, 'clients': [0, 2]}
+  members.drop_disconnected(step=8)  # Node 2 is still listed: it stays.
+  assert members.live() == [1]
+  del grid.answers[2]  # Flower no longer lists node 2 (unregistered, or its heartbeat lapsed).
+  members.drop_disconnected(step=8)
+  assert members.live() == [] and members.nodes() == 0
+  assert json.loads((tmp_path / 'nodes.jsonl').read_text().splitlines()[-1]) == {
+      'event': 'lost', 'node': 2, 'step': 8, 'clients': [1]}

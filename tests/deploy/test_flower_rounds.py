@@ -1,6 +1,6 @@
 """The server side of a deployed round apart from Flower: what a slot is sent, how contributions
 are reduced, the round key, which node holds which client, the client state kept for each slot,
-and the data it refuses."""
+which node runs which cohort slot, and which node is sent a once value."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import jax
 import numpy as np
+from flwr.app import RecordDict
 
-from paxlike.deploy.flower import rounds
+from paxlike.deploy.flower import once, rounds
 
 PLAN = {'inputs': [], 'communication': [
     {'kind': 'scatter', 'value': 'down.0', 'axis': 1},
@@ -65,7 +66,31 @@ def test_client_state_travels_with_its_slot_and_a_dropped_slot_keeps_its_row():
   np.testing.assert_array_equal(mu, np.arange(6.0).reshape(3, 2))  # The old rows untouched.
 
 
-def test_poisson_cohorts_are_refused_in_one_line():
-  reason = rounds.unsupported_data(SimpleNamespace(sampling='poisson'))
-  assert reason is not None and 'Poisson' in reason and '\n' not in reason
-  assert rounds.unsupported_data(SimpleNamespace(sampling='uniform')) is None
+def test_slots_go_to_their_clients_nodes_and_padded_ones_run_only_under_poisson():
+  owner = {0: 10, 1: 11, 2: 10, 3: 11}  # client -> node
+  cohort = np.array([3, 0, -1, 2, -1])
+  by_node, dropped = rounds.slots_by_node(cohort, owner, padded_run=True)
+  assert by_node == {11: [0, 2, 4], 10: [1, 3]} and dropped == []  # Padding: slot 0's node.
+  by_node, dropped = rounds.slots_by_node(cohort, owner, padded_run=False)
+  assert by_node == {11: [0], 10: [1, 3]} and dropped == [2, 4]
+  by_node, dropped = rounds.slots_by_node(np.array([-1, -1]), owner, padded_run=True)
+  assert by_node == {10: [0, 1]} and dropped == []  # No client: the lowest node id.
+  assert rounds.slots_by_node(np.array([1, 0]), {0: 10}, True) == ({10: [1]}, [0])
+  assert rounds.padded_slots_run(SimpleNamespace(sampling='poisson'))
+  assert not rounds.padded_slots_run(SimpleNamespace(sampling='uniform'))
+
+
+def test_a_once_value_goes_to_each_node_once_and_again_when_it_changes():
+  plan = {'communication': [{'kind': 'broadcast', 'value': 'down.0', 'once': True},
+                            {'kind': 'broadcast', 'value': 'down.1'}]}
+  sent = once.Sent(plan)
+  env = {'down.0': np.arange(3.0), 'down.1': np.ones(2)}
+  assert list(sent.due(7, env)) == ['down.0'] and sent.due(7, env) == {}
+  assert list(sent.due(8, env)) == ['down.0']  # Another node has not got it yet.
+  changed = {**env, 'down.0': np.arange(3.0) + 1}
+  np.testing.assert_array_equal(sent.due(8, changed)['down.0'], [1, 2, 3])
+  assert list(sent.due(7, changed)) == ['down.0'] and sent.due(7, changed) == {}
+  context = SimpleNamespace(state=RecordDict())  # A node keeps what it got between messages.
+  assert once.kept(context, {}) == {}
+  once.kept(context, {'down.0': np.arange(3.0)})
+  np.testing.assert_array_equal(once.kept(context, {})['down.0'], np.arange(3.0))

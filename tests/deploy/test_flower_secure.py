@@ -106,6 +106,10 @@ def test_a_secure_round_equals_the_executor_within_the_quantization_bound(export
   (cohort,) = [json.loads(line) for line in (out / 'server' / 'cohorts.jsonl').read_text()
                .splitlines()]
   total_weight = float(ex.rounds['weights'][0].sum())
+  down = [e for e in ex.plan['communication'] if e['kind'] in executor.DOWN]
+  slots = len(cohort['cohort'])  # SecAgg+'s fit messages carry every down value to each slot.
+  extra = cohort['bytes_down'] - slots * ex.plan['download_bytes_per_client']
+  assert 0 <= extra <= slots * len(down) * 256  # The serialized arrays' headers.
   assert cohort['secagg_sum_error_bound'] == pytest.approx(2 * 128 / 2**27 * total_weight)
   # FedAvg divides each weighted sum by the weights' sum (both off by at most the bound), so
   # a parameter or a weighted-mean metric v is off by at most bound / weight × (1 + |v|).

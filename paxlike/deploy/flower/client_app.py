@@ -7,11 +7,14 @@ client.jaxexport), `config` (the experiment's saved config, for paxlike's data p
 A `query` message (a node's first) is answered with the sha256 of the node's config file and of
 its plan.json, so that the server refuses a node of another experiment or export, and with the
 node's client ids and their sizes in examples. A `train`
-message names the round's step and, for each cohort slot this node serves, its slot and client
-id, plus the values the server sends down. For each slot the node draws that client's batches
-with the simulation's (seed, step) order (`data.round_batches`, its own slot only), runs the
-client program, and replies with the contributions. A slot whose client it does not hold, or
-whose cohort the data disagrees with, is an error reply naming it.
+message names the round's step, the live clients the cohort was drawn among and, for each
+cohort slot this node serves, its slot and client id, plus the values the server sends down
+(each slot's own, the broadcasts once for all slots, and the `once` values the node does not
+hold yet, which it keeps in `context.state`: once.py). For each slot the node draws the
+cohort and that slot's batches in the simulation's (seed, step) order (`data.round_batches`
+for that cohort, its own slot only), runs the client program, and replies with the
+contributions. A slot whose client it does not hold, or whose cohort the data disagrees with,
+is an error reply naming it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from paxlike.deploy.flower import records
+from paxlike.data.sources import PADDED
+from paxlike.deploy.flower import once, records
 
 app = ClientApp()
 
@@ -49,14 +53,15 @@ def query(msg: Message, context: Context) -> Message:
 
 
 def client_inputs(plan: dict[str, Any], data: Any, seed: int, step: int, slot: int,
-                  client: int, down: dict[str, np.ndarray]) -> list[np.ndarray]:
-  """The client program's arguments for cohort slot `slot` (client `client`) of round `step`:
-  the values sent down, then this slot's own batches and weight from the data pipeline."""
-  cohort = records.cohort(data, seed, step, records.client_sizes(data))
+                  client: int, live: list[int], down: dict[str, np.ndarray]) -> list[np.ndarray]:
+  """The client program's arguments for cohort slot `slot` (client `client`, or PADDED) of
+  round `step`: the values sent down, then this slot's own batches and weight from the data
+  pipeline, drawn for the cohort among the `live` clients (the simulation's when all are)."""
+  cohort = records.cohort(data, seed, step, records.client_sizes(data), live)
   if int(cohort[slot]) != client:
     raise ValueError(f'round {step} slot {slot} is client {int(cohort[slot])} here, the server '
                      f'says {client}: the node and the server run different experiments')
-  batch, weights = data.round_batches(seed, step, clients=slice(slot, slot + 1))
+  batch, weights = data.round_batches(seed, step, clients=slice(slot, slot + 1), cohort=cohort)
   own = {'weights': np.asarray(weights[slot], np.float32)}
   own.update({f'batches.{key}': np.asarray(value)[0] for key, value in batch.items()})
   args = []
@@ -80,9 +85,13 @@ def _process_age() -> float:
 
 
 def run_slots(context: Context, step: int, slots: list[int], clients: list[int],
-              received: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+              live: list[int], received: dict[str, np.ndarray],
+              kept: dict[str, np.ndarray] | None = None) -> dict[int, dict[str, np.ndarray]]:
   """{slot: the client program's named outputs} for this node's `slots` of round `step`
-  (`received`: the values sent down, keyed by records.slot_key). The node's log gets the
+  (`live`: the clients the cohort was drawn among; `received`: the values sent down, keyed by
+  records.slot_key of a slot or of records.SHARED, for all slots; `kept`: the once values the
+  node holds). A PADDED slot (a Poisson cohort's unused one) runs on its all-masked
+  batch, as the simulation's does. The node's log gets the
   slots it ran and where the time went: the process's start (Flower starts a ClientApp process
   per message), loading the program and the data, and the programs."""
   entered = time.perf_counter()
@@ -95,11 +104,11 @@ def run_slots(context: Context, step: int, slots: list[int], clients: list[int],
   outputs, compute = {}, 0.0
   loaded = time.perf_counter()
   for slot, client in zip(slots, clients):
-    if client not in held:
+    if client not in held and client != PADDED:
       raise ValueError(f'this node does not hold client {client}')
-    prefix = records.slot_key(slot, '')
-    down = {k[len(prefix):]: v for k, v in received.items() if k.startswith(prefix)}
-    args = client_inputs(plan, task.data, task.train.seed, step, slot, client, down)
+    down = {**(kept or {}), **records.with_prefix(received, records.SHARED),
+            **records.with_prefix(received, slot)}
+    args = client_inputs(plan, task.data, task.train.seed, step, slot, client, live, down)
     began = time.perf_counter()
     results = [np.asarray(value) for value in program.call(*args)]
     compute += time.perf_counter() - began
@@ -121,8 +130,10 @@ def train(msg: Message, context: Context) -> Message:
   """Runs the client program for each slot of this node in the message's round."""
   round_config = msg.content['round']
   slots, clients = list(round_config['slots']), list(round_config['clients'])
+  received = records.from_record(msg.content['down'])
+  kept = once.kept(context, records.with_prefix(received, records.ONCE))
   by_slot = run_slots(context, int(round_config['step']), slots, clients,
-                      records.from_record(msg.content['down']))
+                      list(round_config['live']), received, kept)
   outputs = {records.slot_key(slot, name): value
              for slot, named in by_slot.items() for name, value in named.items()}
   return Message(RecordDict({'up': records.to_record(outputs)}), reply_to=msg)

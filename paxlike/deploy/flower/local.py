@@ -25,7 +25,7 @@ from pathlib import Path
 from absl import app, flags
 
 from paxlike import main as cli
-from paxlike.deploy.flower import federation, processes, records, rounds, supervise
+from paxlike.deploy.flower import federation, processes, records, supervise
 from paxlike.deploy.flower.rounds import clients_of_nodes
 
 flags.DEFINE_string('export_dir', None, 'The export directory (python -m paxlike.export --out).')
@@ -136,8 +136,6 @@ def run(argv: list[str]) -> None:
       raise UserError(f'--secure_aggregation needs 2 to {secure.MAX_NODES} nodes (SecAgg+ sums '
                       'over nodes, in a modulus that must not wrap)')
   task = config_io.build(cfg)
-  if (reason := rounds.unsupported_data(task.data)) is not None:
-    raise UserError(reason)
   _stop_on_sigterm()
   num_clients = records.num_clients(task.data)
   run_federation(Path(FLAGS.export_dir), config_json, Path(FLAGS.out), FLAGS.rounds,

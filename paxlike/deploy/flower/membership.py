@@ -3,8 +3,9 @@
 A node's first message is a `query`: it answers with its config's and its plan's hashes and its
 client ids and sizes. A node whose hashes are not the run's, or that claims a client another
 node holds, is refused (one line in the log and in `nodes.jsonl`) and never sent work; the run
-goes on without it. A node that does not answer a round in time is lost: its clients leave the
-federation, so later rounds drop their slots. Nodes that join later are asked before each round.
+goes on without it. A node that does not answer a round in time, or that Flower no longer lists
+before a round, is lost: its clients leave the federation, so later cohorts are drawn without
+them. Nodes that join later are asked before each round.
 """
 
 from __future__ import annotations
@@ -96,6 +97,17 @@ class Members:
     for client in clients:
       del self.owner[client]
     self._event(event='lost', node=node, step=step, clients=clients)
+
+  def drop_disconnected(self, step: int) -> None:
+    """Loses the nodes holding clients that Flower no longer lists as connected (before round
+    `step`), so that the round's cohort is drawn among the clients still reachable."""
+    connected = set(self.grid.get_node_ids())
+    for node in sorted(set(self.owner.values()) - connected):
+      self.lose(node, step)
+
+  def live(self) -> list[int]:
+    """The client ids held by the nodes taking part, sorted."""
+    return sorted(self.owner)
 
   def nodes(self) -> int:
     return len(set(self.owner.values()))

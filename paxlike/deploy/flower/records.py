@@ -28,9 +28,18 @@ def payload_bytes(record: Any) -> int:
   return sum(len(array.data) for array in record.values())
 
 
-def slot_key(slot: int, name: str) -> str:
-  """The record key of cohort slot `slot`'s value `name`."""
+SHARED, ONCE = 'all', 'once'  # Record key prefixes: a message's broadcasts, its once values.
+
+
+def slot_key(slot: int | str, name: str) -> str:
+  """The record key of cohort slot `slot`'s value `name` (or SHARED's or ONCE's)."""
   return f'{slot}/{name}'
+
+
+def with_prefix(values: dict[str, np.ndarray], prefix: int | str) -> dict[str, np.ndarray]:
+  """The values whose key is `slot_key(prefix, name)`, by name."""
+  start = slot_key(prefix, '')
+  return {k[len(start):]: v for k, v in values.items() if k.startswith(start)}
 
 
 def read_plan(export_dir: str | Path) -> dict[str, Any]:
@@ -63,11 +72,15 @@ def num_clients(data: Any) -> int:
   return int(count) if count is not None else len(client_sizes(data))
 
 
-def cohort(data: Any, seed: int, step: int, sizes: np.ndarray) -> np.ndarray:
-  """Round `step`'s client per cohort slot, as the source's `round_batches` draws it: text
-  pooled into one client gives every slot client 0 (TextData's rule: each slot then reads its
-  own rows of the pool), any other source samples among the clients' `sizes`."""
+def cohort(data: Any, seed: int, step: int, sizes: np.ndarray,
+           live: list[int] | None = None) -> np.ndarray:
+  """Round `step`'s client per cohort slot among the `live` clients (None: all), as the
+  source's `round_batches` draws it when all are live: text pooled into one client gives every
+  slot client 0 (TextData's rule: each slot then reads its own rows of the pool; PADDED when
+  client 0 is lost), any other source samples among the clients' `sizes`
+  (`sources.sample_cohort`, which gives the simulation's cohort when every client is live)."""
   from paxlike.data import sources
   if getattr(data, 'partition', None) == 'pooled':
-    return np.zeros(data.clients_per_round, np.int64)
-  return sources.sample_cohort(seed, step, sizes, data.clients_per_round, data.sampling)
+    held = live is None or 0 in live
+    return np.full(data.clients_per_round, 0 if held else sources.PADDED, np.int64)
+  return sources.sample_cohort(seed, step, sizes, data.clients_per_round, data.sampling, live)

@@ -3,6 +3,7 @@ aggregation of the slots' contributions as the plan's communication section says
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -30,14 +31,42 @@ def client_state_rows(plan: dict[str, Any], carried: dict[str, np.ndarray],
   return state
 
 
-def unsupported_data(data: Any) -> str | None:
-  """Why this deployment cannot draw `data`'s cohorts (one line), or None: a Poisson cohort's
-  padded slots run the client program too (mask 0, weight 0) and enter the plan's `mean`
-  entries, and no node holds data for them."""
-  if data.sampling == 'poisson':
-    return ('Poisson cohorts are not deployed on Flower: their padded slots enter the plan\'s '
-            'means with client-program outputs that no node computes (use uniform sampling)')
-  return None
+@dataclasses.dataclass(frozen=True)
+class Draw:
+  """A round's cohort (client id per slot, PADDED where none), the live clients it was drawn
+  among (sorted), and whether its PADDED slots run the client program (`padded_slots_run`)."""
+
+  cohort: np.ndarray
+  live: list[int]
+  padded_run: bool
+
+
+def padded_slots_run(data: Any) -> bool:
+  """Whether a PADDED slot runs the client program, as in the simulation: a Poisson cohort's
+  unused slots do (mask 0, weight 0: their outputs enter the sums and means); under the other
+  samplings a PADDED slot is one the deployment could not fill (fewer live clients than
+  slots, a fixed slot whose client is lost), dropped as a straggler is."""
+  return data.sampling == 'poisson'
+
+
+def slots_by_node(cohort: np.ndarray, owner: dict[int, int], padded_run: bool
+                  ) -> tuple[dict[int, list[int]], list[int]]:
+  """({node: the cohort slots it runs}, the slots nobody runs). A slot goes to the node holding
+  its client; a PADDED slot that runs (`padded_run`) to the node of the cohort's first client
+  (the lowest node id when the cohort has none): its batch is all masked, drawn by the
+  source's own padding rule."""
+  from paxlike.data.sources import PADDED
+  clients = [int(c) for c in cohort]
+  first = next((owner[c] for c in clients if c in owner), min(owner.values(), default=None))
+  by_node: dict[int, list[int]] = {}
+  dropped = []
+  for slot, client in enumerate(clients):
+    node = owner.get(client) if client != PADDED else first if padded_run else None
+    if node is None:
+      dropped.append(slot)
+    else:
+      by_node.setdefault(node, []).append(slot)
+  return by_node, dropped
 
 
 def clients_of_nodes(num_clients: int, nodes: int) -> list[list[int]]:
@@ -52,18 +81,26 @@ def rng_key_data(seed: int, step: int, key_impl: str) -> np.ndarray:
   return np.asarray(jax.random.key_data(key))
 
 
-def slot_down(plan: dict[str, Any], env: dict[str, np.ndarray], slot: int
-              ) -> dict[str, np.ndarray]:
-  """What the server sends cohort slot `slot`: broadcasts whole, scatters and the client state
-  their row `slot`."""
+def slot_down(plan: dict[str, Any], env: dict[str, np.ndarray], slot: int,
+              broadcasts: bool = True) -> dict[str, np.ndarray]:
+  """What the server sends cohort slot `slot`: broadcasts whole (unless not `broadcasts`: a
+  message then carries them once for all its slots, `shared_down`), scatters and the client
+  state their row `slot`."""
   sent = {name: env[name][slot] for name in client_state(plan)}
   for entry in plan['communication']:
     value = env[entry['value']] if entry['kind'] in executor.DOWN else None
-    if entry['kind'] == 'broadcast':
+    if entry['kind'] == 'broadcast' and broadcasts:
       sent[entry['value']] = value
     elif entry['kind'] == 'scatter':
       sent[entry['value']] = np.take(value, slot, axis=entry['axis'])
   return sent
+
+
+def shared_down(plan: dict[str, Any], env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The broadcasts a node's message carries once for all its slots, but for those the plan
+  sends `once` (once.py)."""
+  return {e['value']: env[e['value']] for e in plan['communication']
+          if e['kind'] == 'broadcast' and not e.get('once')}
 
 
 def aggregates(plan: dict[str, Any], contributions: list[dict[str, np.ndarray]]

@@ -98,19 +98,21 @@ def aggregates(plan: dict[str, Any], sums: list[np.ndarray], slots: int, scale: 
   return results
 
 
-def fit_config(step: int, slots: list[int], clients: list[int], scale: float,
-               keys: list[str]) -> dict[str, Any]:
-  """A legacy fit message's config (scalars only): the round, the node's slots, the scale and
-  the names of the parameter list's arrays."""
+def fit_config(step: int, slots: list[int], clients: list[int], live: list[int],
+               scale: float, keys: list[str]) -> dict[str, Any]:
+  """A legacy fit message's config (scalars only): the round, the node's slots and their
+  clients, the live clients the cohort was drawn among, the scale and the names of the
+  parameter list's arrays."""
   return {'step': step, 'slots': json.dumps(slots), 'clients': json.dumps(clients),
-          'scale': float(scale), 'keys': json.dumps(keys)}
+          'live': json.dumps(live), 'scale': float(scale), 'keys': json.dumps(keys)}
 
 
-def read_fit_config(config: dict[str, Any]) -> tuple[int, list[int], list[int], float,
-                                                      list[str]]:
+def read_fit_config(config: dict[str, Any]
+                    ) -> tuple[int, list[int], list[int], list[int], float, list[str]]:
+  """(step, slots, clients, live, scale, keys) of `fit_config`."""
   return (int(config['step']), json.loads(str(config['slots'])),
-          json.loads(str(config['clients'])), float(config['scale']),
-          json.loads(str(config['keys'])))
+          json.loads(str(config['clients'])), json.loads(str(config['live'])),
+          float(config['scale']), json.loads(str(config['keys'])))
 
 
 def down_arrays(plan: dict[str, Any], env: dict[str, np.ndarray], slots: list[int]

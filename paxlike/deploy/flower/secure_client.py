@@ -24,9 +24,9 @@ def train(msg: Message, context: Context) -> Message:
   """This node's scaled sums for the round SecAgg+ is collecting (num_examples 1: the workflow
   weights every node alike, so its result is the nodes' mean)."""
   fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
-  step, slots, clients, scale, keys = secure.read_fit_config(fitins.config)
+  step, slots, clients, live, scale, keys = secure.read_fit_config(fitins.config)
   received = dict(zip(keys, parameters_to_ndarrays(fitins.parameters)))
-  by_slot = client_app.run_slots(context, step, slots, clients, received)
+  by_slot = client_app.run_slots(context, step, slots, clients, live, received)
   plan = records.read_plan(str(context.node_config['export-dir']))
   sums = secure.node_sum(plan, [by_slot[s] for s in slots], scale)
   fitres = FitRes(Status(Code.OK, 'ok'), ndarrays_to_parameters([np.asarray(s) for s in sums]),

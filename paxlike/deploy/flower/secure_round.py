@@ -56,15 +56,16 @@ class _Sums(Strategy):
 
 
 def secure_sums(grid: Grid, context: Context, plan: dict[str, Any], env: dict[str, np.ndarray],
-                by_node: dict[int, tuple[list[int], list[int]]], step: int, scale: float,
-                timeout: float) -> list[np.ndarray]:
-  """The sum over the nodes of what each sends (secure.node_sum), each node given its
-  (slots, clients) of round `step`; RuntimeError (one line) when SecAgg+ halts."""
+                by_node: dict[int, tuple[list[int], list[int]]], live: list[int], step: int,
+                scale: float, timeout: float) -> tuple[list[np.ndarray], int]:
+  """(The sum over the nodes of what each sends (secure.node_sum), the bytes of the arrays
+  sent down), each node given its (slots, clients) of round `step` and the `live` clients the
+  cohort was drawn among; RuntimeError (one line) when SecAgg+ halts."""
   fitins = {}
   for node, (slots, clients) in by_node.items():
     keys, arrays = secure.down_arrays(plan, env, slots)
     fitins[node] = FitIns(ndarrays_to_parameters(arrays),
-                          secure.fit_config(step, slots, clients, scale, keys))
+                          secure.fit_config(step, slots, clients, live, scale, keys))
   manager = SimpleClientManager()
   for node in by_node:
     manager.register(GridClientProxy(node, grid, context.run_id))
@@ -81,4 +82,5 @@ def secure_sums(grid: Grid, context: Context, plan: dict[str, Any], env: dict[st
   if strategy.mean is None:
     raise RuntimeError(f'round {step}: SecAgg+ halted (a node failed or did not answer; '
                        'see the ServerApp log)')
-  return [np.asarray(m, np.float64) * strategy.nodes for m in strategy.mean]
+  sent = sum(len(t) for f in fitins.values() for t in f.parameters.tensors)
+  return [np.asarray(m, np.float64) * strategy.nodes for m in strategy.mean], sent

@@ -9,10 +9,13 @@ secure.py; every node takes part in every round, and a node lost halts the run).
 It resumes from the newest Orbax checkpoint in `out-dir` (or starts from the export's state),
 asks the nodes which clients they hold (membership.py), then per round: runs server_pre on the
 state and the round's key (the trainer's fold_in(key(seed), step)); samples the cohort as the
-simulation does for that step; sends each node the values of the slots whose clients it holds;
-aggregates the replies as the plan's communication section says, a slot whose node is lost
-dropped (weight 0, as the simulation drops a straggler); runs server_post; writes the row and
-checkpoints the state (progress.py). `final.npz` holds the last state.
+simulation does for that step, among the clients whose nodes are still connected (exactly the
+simulation's cohort while none is lost); sends each node the values of the slots it runs (a
+Poisson cohort's padded slots included, rounds.slots_by_node), a `once` value only when the
+node lacks it (once.py); aggregates the replies as the plan's communication section says, a
+slot whose node is lost during the round dropped (weight 0, as the simulation drops a
+straggler); runs server_post; writes the row and checkpoints the state (progress.py).
+`final.npz` holds the last state.
 """
 
 from __future__ import annotations
@@ -25,28 +28,29 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from paxlike.deploy.flower import (evaluate, membership, progress, records, rounds, secure,
-                                   secure_round)
+from paxlike.deploy.flower import (evaluate, membership, once, progress, records, rounds,
+                                   secure, secure_round)
 
 app = ServerApp()
 
 
-def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], cohort: np.ndarray,
-                   owner: dict[int, int], step: int) -> tuple[list[Message], list[int]]:
-  """One message per node with a slot in this round's cohort; the slots no node holds."""
-  by_node: dict[int, list[int]] = {}
-  orphans = []
-  for slot, client in enumerate(cohort):
-    if int(client) in owner:
-      by_node.setdefault(owner[int(client)], []).append(slot)
-    else:
-      orphans.append(slot)
+def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], draw: rounds.Draw,
+                   owner: dict[int, int], step: int, sent: once.Sent
+                   ) -> tuple[list[Message], list[int]]:
+  """One message per node with a slot in this round's cohort (its slots, their clients, and
+  the live clients the cohort was drawn among, so the node draws the same cohort); the slots
+  no node runs. A message carries each slot's scattered values and client state, the
+  broadcasts once for all its slots, and the `once` values the node does not hold yet."""
+  by_node, orphans = rounds.slots_by_node(draw.cohort, owner, draw.padded_run)
   messages = []
   for node, slots in by_node.items():
     down = {records.slot_key(s, n): v for s in slots
-            for n, v in rounds.slot_down(plan, env, s).items()}
-    config = ConfigRecord({'step': step, 'slots': slots,
-                           'clients': [int(cohort[s]) for s in slots]})
+            for n, v in rounds.slot_down(plan, env, s, broadcasts=False).items()}
+    down.update({records.slot_key(records.SHARED, n): v
+                 for n, v in rounds.shared_down(plan, env).items()})
+    down.update({records.slot_key(records.ONCE, n): v for n, v in sent.due(node, env).items()})
+    config = ConfigRecord({'step': step, 'slots': slots, 'live': draw.live,
+                           'clients': [int(draw.cohort[s]) for s in slots]})
     content = RecordDict({'round': config, 'down': records.to_record(down)})
     messages.append(Message(content, node, 'train', group_id=str(step)))
   return messages, orphans
@@ -74,13 +78,14 @@ def collect(plan: dict[str, Any], grid: Grid, messages: list[Message], timeout: 
 
 
 def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
-            env: dict[str, np.ndarray], cohort: np.ndarray, step: int, timeout: float,
-            scale: float | None
+            env: dict[str, np.ndarray], draw: rounds.Draw, step: int, timeout: float,
+            scale: float | None, sent: once.Sent
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[int, dict[str, np.ndarray]]]:
-  """The round's aggregates from the nodes (SecAgg+ when `scale` is set), what it did, and
-  each slot's outputs (none through SecAgg+, which sees only sums)."""
-  plan = ex.plan
-  messages, _ = train_messages(plan, env, cohort, members.owner, step)
+  """The round's aggregates from the nodes (SecAgg+ when `scale` is set: its legacy messages
+  carry every value to every slot, once values included), what it did, and each slot's
+  outputs (none through SecAgg+, which sees only sums)."""
+  plan, cohort = ex.plan, draw.cohort
+  messages, _ = train_messages(plan, env, draw, members.owner, step, sent)
   if scale is None:
     got, missing, received = collect(plan, grid, messages, timeout)
     for node in missing:
@@ -96,17 +101,18 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
     by_node[m.metadata.dst_node_id] = (list(m.content['round']['slots']),
                                        list(m.content['round']['clients']))
   held = sorted(s for slots, _ in by_node.values() for s in slots)
-  sums = secure_round.secure_sums(grid, context, plan, env, by_node, step, scale, timeout)
+  sums, sent_down = secure_round.secure_sums(grid, context, plan, env, by_node, draw.live, step,
+                                             scale, timeout)
   return (secure.aggregates(plan, sums, len(held), scale),
           {'dropped_slots': sorted(set(range(len(cohort))) - set(held)),
-           'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
+           'bytes_down': sent_down,
            'bytes_up': None, 'secagg_sum_error_bound': secure.sum_error_bound(len(by_node),
                                                                               scale)}, {})
 
 
 def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members,
-              carried: dict[str, np.ndarray], cohort: np.ndarray, step: int, seed: int,
-              timeout: float, scale: float | None = None
+              carried: dict[str, np.ndarray], draw: rounds.Draw, step: int, seed: int,
+              timeout: float, sent: once.Sent, scale: float | None = None
               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """One round from the state `carried`: (server_post's named outputs, what the round did:
   its dropped slots, the array bytes sent down and up, the seconds of the server's work)."""
@@ -117,8 +123,8 @@ def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members
   env.update(rounds.named_outputs(spec['server_pre'], ex.programs['server_pre'].call(
       *rounds.program_args(spec['server_pre'], env))))
   server = time.perf_counter() - began
-  aggregated, done, got = _uplink(ex, grid, context, members, env, cohort, step, timeout,
-                                  scale)
+  aggregated, done, got = _uplink(ex, grid, context, members, env, draw, step, timeout, scale,
+                                  sent)
   began = time.perf_counter()
   env.update(aggregated)
   outputs = rounds.named_outputs(spec['server_post'], ex.programs['server_post'].call(
@@ -141,8 +147,6 @@ def main(grid: Grid, context: Context) -> None:
     raise RuntimeError(reason)
   task = records.load_task(str(settings['config']))
   seed, data, timeout = task.train.seed, task.data, float(settings['timeout'])
-  if (reason := rounds.unsupported_data(data)) is not None:
-    raise RuntimeError(reason)
   accountant = privacy.accountant(task)  # DP runs: the rows' dp_epsilon, as the trainer's.
   evaluator = evaluate.ServerEval(task)  # The trainer's eval_* fields, at its eval steps.
   out.mkdir(parents=True, exist_ok=True)
@@ -160,14 +164,18 @@ def main(grid: Grid, context: Context) -> None:
       members.owner.pop(client, None)
     sizes = np.asarray(start.meta.get('sizes', members.sizes))
     rows, carried = progress.Rows(out, start.step, last), start.state
+    sent = once.Sent(plan)  # No node holds a once value from this run yet.
     for step in range(start.step + 1, last + 1):
       members.ask_new(timeout)
-      cohort = records.cohort(data, seed, step, sizes)
+      members.drop_disconnected(step)  # A node Flower no longer lists leaves before the draw.
+      live = members.live()
+      cohort = records.cohort(data, seed, step, sizes, live)
+      draw = rounds.Draw(cohort, live, rounds.padded_slots_run(data))
       began = time.perf_counter()
       scale = (max(1.0, float(sources.cohort_weights(sizes, cohort, data.sampling).sum()))
                if secure_sums else None)
-      outputs, done = run_round(ex, grid, context, members, carried, cohort, step, seed,
-                                timeout, scale)
+      outputs, done = run_round(ex, grid, context, members, carried, draw, step, seed,
+                                timeout, sent, scale)
       carried = {n: outputs[n] for n in carried}
       lost = sorted(set(range(clients)) - set(members.owner))
       seconds = time.perf_counter() - began
@@ -175,7 +183,8 @@ def main(grid: Grid, context: Context) -> None:
       rows.write(step, outputs, {'nodes': members.nodes(), 'clients_lost': len(lost),
                                  'dropped_slots': len(done['dropped_slots']),
                                  **privacy.round_metrics(accountant, step)},
-                 {'cohort': [int(c) for c in cohort], 'lost_clients': lost, **done,
+                 {'cohort': [int(c) for c in cohort], 'live_clients': live,
+                  'lost_clients': lost, **done,
                   'round_seconds': seconds}, evals)
       progress.save(checkpoints, step, carried, sizes, lost)
     checkpoints.wait()

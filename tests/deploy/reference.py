@@ -1,0 +1,39 @@
+"""What a deployed run's rows must equal: the reference executor (paxlike.export.run) on the
+cohorts the run's cohorts.jsonl records, each round's batches drawn for that cohort by the data
+pipeline and its dropped slots at weight 0 (the simulation's dropped straggler)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paxlike.export import run as executor
+
+
+def executor_rounds(task: Any, export: Path, cohorts: list[dict]) -> list[dict[str, np.ndarray]]:
+  """The executor's rounds from the export's state; round r's batches and weights drawn by
+  `task.data` for `cohorts[r]['cohort']`, its `dropped_slots` at weight 0."""
+  ex = executor.load(export)
+  carried, history = dict(ex.carried), []
+  for r, row in enumerate(cohorts):
+    batch, weights = task.data.round_batches(task.train.seed, row['step'],
+                                             cohort=np.array(row['cohort']))
+    values = {**carried, **{n: a[r] for n, a in ex.rounds.items()}}
+    assert {f'batches.{k}' for k in batch} == {n for n in values if n.startswith('batches.')}
+    values.update({f'batches.{k}': v for k, v in batch.items()})
+    values['weights'] = weights.copy()
+    values['weights'][row['dropped_slots']] = 0
+    history.append(executor.run_round(ex, values))
+    carried = {n: history[-1][n] for n in carried}
+  return history
+
+
+def assert_rows_equal(rows: list[dict], outputs: list[dict[str, np.ndarray]]) -> None:
+  """Each row's metrics equal the executor's round's (rtol 1e-5)."""
+  for row, out in zip(rows, outputs, strict=True):
+    metrics = {n.removeprefix('metrics.'): v for n, v in out.items() if n.startswith('metrics.')}
+    assert {'loss', 'accuracy'} <= set(metrics) <= set(row)
+    for name, value in metrics.items():
+      np.testing.assert_allclose(row[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
