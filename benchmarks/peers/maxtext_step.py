@@ -7,9 +7,9 @@
 The same Llama-style model on both sides, float32, no scan, no remat, untied embeddings:
 `small` is 4 layers, d 256, 4 query / 2 kv heads of 64, SwiGLU 704, vocab 2,048, seq 256,
 global batch 8 (4.0 M params); `large` is 8 layers, d 512, 8 / 4 heads, SwiGLU 1,408, seq 512,
-global batch 4. Meshes: `1dev` (one CPU device), `fsdp8` (8 forced CPU devices, all on
-'fsdp': MaxText `ici_fsdp_parallelism=-1`, paxlike `mesh.axes=('fsdp',)`) and `dp8` (all 8 on
-'data'). MaxText runs `python -m maxtext.trainers.pre_train.train base.yml` in the peers'
+global batch 4 (8 on the 8-device meshes). Meshes: `1dev` (one CPU device), `fsdp8` (8
+forced CPU devices, all on 'fsdp': MaxText `ici_fsdp_parallelism=-1`, paxlike
+`mesh.axes=('fsdp',)`) and `dp8` (all 8 on 'data'). MaxText runs `python -m maxtext.trainers.pre_train.train base.yml` in the peers'
 environment (`make peers`) with `hardware=cpu`, synthetic data and its checkpoints off;
 paxlike runs `python -m paxlike.main --exp=lm.TextLM` (Tiny Shakespeare, bytes, its data
 pipeline in the loop) with checkpoints and eval out of the timed steps. Each system's step time
@@ -69,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   return args
 
 
+def global_batch(model: str, mesh: str) -> int:
+  """The model's global batch, raised to the mesh's device count where it is smaller (the
+  large model's 4 rows on 8 devices: paxlike splits a batch only whole rows per device)."""
+  return max(MODELS[model]['batch'], MESHES[mesh][0])
+
+
 def maxtext_settings(model: str, mesh: str, steps: int, out: Path,
                      hardware: str = 'cpu') -> dict[str, Any]:
   """MaxText's `key=value` settings for `model` on `mesh`: the same global batch as paxlike's
@@ -81,7 +87,7 @@ def maxtext_settings(model: str, mesh: str, steps: int, out: Path,
       run_name='peer', base_output_directory=out, hardware=hardware,
       skip_jax_distributed_system='true', dataset_type='synthetic', jax_cache_dir='',
       steps=steps, enable_checkpointing='false', enable_tensorboard='false',
-      log_period=10**6, per_device_batch_size=m['batch'] / devices,
+      log_period=10**6, per_device_batch_size=global_batch(model, mesh) / devices,
       max_target_length=m['seq'], base_emb_dim=m['d_model'], base_num_query_heads=m['heads'],
       base_num_kv_heads=m['kv_heads'], head_dim=m['head_dim'], base_mlp_dim=m['d_ff'],
       base_num_decoder_layers=m['layers'], vocab_size=m['vocab'], dtype='float32',
@@ -106,7 +112,7 @@ def paxlike_command(args: argparse.Namespace, mesh: str, out: Path) -> list[str]
   sets = {'model.num_layers': m['layers'], 'model.d_model': m['d_model'],
           'model.num_heads': m['heads'], 'model.num_kv_heads': m['kv_heads'],
           'model.d_ff': m['d_ff'], 'model.vocab_size': m['vocab'], 'model.max_len': m['seq'],
-          'data.seq_len': m['seq'], 'data.batch_size': m['batch'],
+          'data.seq_len': m['seq'], 'data.batch_size': global_batch(args.model, mesh),
           'train.num_steps': args.steps, 'train.log_every': 1,
           'train.checkpoint_every': 10**6, 'train.eval_every': 10**6,
           'mesh.axes': f"('{axis}',)"}
@@ -163,7 +169,7 @@ def one_run(system: str, mesh: str, args: argparse.Namespace, index: int) -> flo
     m = MODELS[args.model]
     return maxtext_steps_per_sec(run(maxtext_command(args, mesh, out), devices, dump,
                                      args.hardware), args.skip,
-                                 m['batch'] * m['seq'] // devices)
+                                 global_batch(args.model, mesh) * m['seq'] // devices)
   run(paxlike_command(args, mesh, out), devices, dump, args.hardware)
   return paxlike_steps_per_sec(out, args.skip)
 
