@@ -121,9 +121,7 @@ def kill_after_first_checkpoint(*args: str, job_dir: Path, devices: int = 1,
                                 timeout: float = 240) -> list[int]:
   """Starts `python -m paxlike.main ARGS --job_log_dir=JOB_DIR`, SIGKILLs it as soon as a
   checkpoint is committed, and returns the committed steps (asserting it was killed, not done)."""
-  proc = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *args, f'--job_log_dir={job_dir}'],
-                          cwd=REPO, env=cli_env(devices), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  proc = start_cli(*args, f'--job_log_dir={job_dir}', devices=devices)
   deadline = time.monotonic() + timeout
   while proc.poll() is None and time.monotonic() < deadline and not committed_steps(job_dir):
     time.sleep(0.01)
