@@ -37,7 +37,7 @@ import time
 import traceback
 import types
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 # What a training, eval or decode run imports.
