@@ -109,8 +109,10 @@ class ForkServer:
     that holds what the server preloads, one thread, no jax backend, and will start runs after
     it has lost one of these (threads, say)."""
     from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
-    assert all(name in sys.modules for name in PRELOAD), 'import what the server preloads first'
-    assert threading.active_count() == 1 and not xla_bridge.backends_are_initialized()
+    if not all(name in sys.modules for name in PRELOAD):
+      raise RuntimeError('ForkServer.here: import what the server preloads first')
+    if threading.active_count() != 1 or xla_bridge.backends_are_initialized():
+      raise RuntimeError('ForkServer.here: fork before any thread or jax backend starts')
     requests, replies = os.pipe(), os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
