@@ -12,9 +12,14 @@ A run whose environment differs from the server's in a variable read at import t
 PYTHONPATH, or JAX_* config) cannot be served. `ForkServer.run` then returns None, and the caller
 starts a plain subprocess.
 
+`ForkServer.start` is the server's `subprocess.Popen`: a handle with the child's pid, which a
+test may signal or SIGKILL; runs may overlap. A child of the server that starts runs of its own
+(scripts/reproduce.py's training runs) can fork a server from itself first (`ForkServer.here`,
+whose `popen` stands in for subprocess.Popen), while it still has one thread and no jax backend.
+
 Protocol, one JSON line each way on the server's stdin/stdout: a request {args, env, cwd, stdout,
-stderr} (args as after `python`; the last two are file paths), then the replies {"pid": N} and
-{"status": exit code}.
+stderr} (args as after `python`; the last two are file paths), answered at once with
+{"started": pid}; when a child exits, {"pid": pid, "status": exit code}.
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import traceback
 import types
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 # What a training, eval or decode run imports.
@@ -52,70 +60,196 @@ def runnable(args: list[str]) -> bool:
   return args[:2] == ['-m', 'paxlike.main'] or (len(args) == 2 and args[0] == '-c')
 
 
+class ForkedProcess:
+  """A forked `python ARGS` run, as much of `subprocess.Popen` as the suite uses: pid, poll,
+  wait, send_signal, kill, terminate, returncode."""
+
+  def __init__(self, server: ForkServer, args: list[str], pid: int):
+    self.server, self.args, self.pid, self.returncode = server, args, pid, None
+
+  def poll(self) -> int | None:
+    if self.returncode is None:
+      self.returncode = self.server.exit_code(self.pid, block=False)
+    return self.returncode
+
+  def wait(self, timeout: float | None = None) -> int:
+    if self.returncode is None:
+      self.returncode = self.server.exit_code(self.pid, block=True, timeout=timeout)
+    return self.returncode
+
+  def send_signal(self, sig: int) -> None:
+    if self.poll() is None:
+      os.kill(self.pid, sig)
+
+  def kill(self) -> None:
+    self.send_signal(signal.SIGKILL)
+
+  def terminate(self) -> None:
+    self.send_signal(signal.SIGTERM)
+
+
 class ForkServer:
-  """One server process; `run(args, ...)` is `subprocess.run([python, *args], ...)`."""
+  """One server process; `run(args, ...)` is `subprocess.run([python, *args], ...)` and
+  `start(args, ...)` is `subprocess.Popen`. Runs may overlap: the server forks each request at
+  once and reports each exit as it happens. Safe to use from several threads."""
 
   def __init__(self, env: dict[str, str]):
+    """A server in a new process started in `env` (see `here` for one forked from this one)."""
     self.env = dict(env)
+    self._lock = threading.RLock()
+    self._exits: dict[int, int] = {}  # pid -> exit code, reported but not yet asked for.
+    self._buffer = b''  # Reply bytes read but not yet a whole line.
     self.proc = subprocess.Popen([sys.executable, '-m', 'tests.forked_cli'], cwd=REPO, env=env,
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    self._requests, self._replies = self.proc.stdin, self.proc.stdout.fileno()
+
+  @classmethod
+  def here(cls) -> ForkServer:
+    """A server forked from this process now, serving runs in its environment: for a process
+    that holds what the server preloads, one thread, no jax backend, and will start runs after
+    it has lost one of these (threads, say)."""
+    from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+    if not all(name in sys.modules for name in PRELOAD):
+      raise RuntimeError('ForkServer.here: import what the server preloads first')
+    if threading.active_count() != 1 or xla_bridge.backends_are_initialized():
+      raise RuntimeError('ForkServer.here: fork before any thread or jax backend starts')
+    requests, replies = os.pipe(), os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+      try:
+        os.dup2(requests[0], 0)
+        os.dup2(replies[1], 1)
+        for fd in (*requests, *replies):
+          os.close(fd)
+        serve(preload=False)
+      finally:
+        os._exit(0)
+    os.close(requests[0])
+    os.close(replies[1])
+    self = cls.__new__(cls)
+    self.env = dict(os.environ)
+    self._lock = threading.RLock()
+    self._exits = {}
+    self._buffer = b''
+    self.proc = None
+    self._pid = pid
+    self._requests, self._replies = os.fdopen(requests[1], 'wb'), replies[0]
+    return self
 
   def alive(self) -> bool:
-    return self.proc.poll() is None
+    if self.proc is not None:
+      return self.proc.poll() is None
+    return os.waitpid(self._pid, os.WNOHANG)[0] == 0
+
+  def can_run(self, args: list[str], env: dict[str, str]) -> bool:
+    return self.alive() and runnable(args) and servable(self.env, env)
+
+  def start(self, args: list[str], env: dict[str, str], stdout: str | Path = os.devnull,
+            stderr: str | Path = os.devnull, cwd: str | Path = REPO) -> ForkedProcess | None:
+    """`python ARGS` started in the background in `cwd`, writing to the files `stdout` and
+    `stderr` (the same path: one file, as with stderr=subprocess.STDOUT); None if this server
+    cannot make it (see `runnable` and `servable`)."""
+    if not self.can_run(args, env):
+      return None
+    with self._lock:
+      self._requests.write(json.dumps({'args': args, 'env': env, 'cwd': str(cwd),
+                                       'stdout': str(stdout), 'stderr': str(stderr)}).encode()
+                           + b'\n')
+      self._requests.flush()
+      while 'started' not in (reply := self._reply(timeout=60)):
+        self._exits[reply['pid']] = reply['status']
+    return ForkedProcess(self, [sys.executable, *args], reply['started'])
+
+  def popen(self, argv: list[str], *, cwd: str | Path, env: dict[str, str], stdout: IO,
+            stderr: IO | int) -> ForkedProcess | subprocess.Popen:
+    """`subprocess.Popen(argv, ...)` for `argv` = [sys.executable, *ARGS]: forked by this server
+    when it can be, else started afresh. `stdout` is a file opened by path, `stderr` one or
+    subprocess.STDOUT."""
+    err = stdout if stderr == subprocess.STDOUT else stderr
+    if argv[0] == sys.executable and (
+        proc := self.start(argv[1:], env, stdout.name, err.name, cwd)):
+      return proc
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+
+  def exit_code(self, pid: int, block: bool, timeout: float | None = None) -> int | None:
+    """The exit code of the server's child `pid`: waiting for it up to `timeout` (None: for
+    ever) when `block`, else None if it has not been reported yet."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with self._lock:
+      while pid not in self._exits:
+        left = 0 if not block else None if deadline is None else max(0, deadline - time.monotonic())
+        if not self._line_within(left):
+          if block:
+            raise subprocess.TimeoutExpired(f'forked pid {pid}', timeout)
+          return None
+        reply = self._reply(timeout=60)
+        self._exits[reply['pid']] = reply['status']
+      return self._exits.pop(pid)
 
   def run(self, args: list[str], env: dict[str, str], timeout: float
           ) -> subprocess.CompletedProcess | None:
     """The finished `python ARGS` run, as subprocess.run(capture_output=True, text=True)
     returns it (raising TimeoutExpired after killing it past `timeout`); None if this server
     cannot make it (see `runnable` and `servable`)."""
-    if not (self.alive() and runnable(args) and servable(self.env, env)):
-      return None
     with tempfile.TemporaryDirectory(prefix='forked_cli') as tmp:
       out, err = Path(tmp) / 'stdout', Path(tmp) / 'stderr'
-      self.proc.stdin.write(json.dumps({'args': args, 'env': env, 'cwd': str(REPO),
-                                        'stdout': str(out), 'stderr': str(err)}) + '\n')
-      self.proc.stdin.flush()
-      pid = self._reply(timeout=60)['pid']
+      proc = self.start(args, env, out, err)
+      if proc is None:
+        return None
       try:
-        status = self._reply(timeout)['status']
+        proc.wait(timeout)
       except subprocess.TimeoutExpired:
-        os.kill(pid, signal.SIGKILL)
-        self._reply(timeout=60)
-        raise subprocess.TimeoutExpired([sys.executable, *args], timeout, out.read_text(),
+        proc.kill()
+        proc.wait(timeout=60)
+        raise subprocess.TimeoutExpired(proc.args, timeout, out.read_text(),
                                         err.read_text()) from None
-      return subprocess.CompletedProcess([sys.executable, *args], status, out.read_text(),
+      return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(),
                                          err.read_text())
 
+  def _line_within(self, timeout: float | None) -> bool:
+    """Whether a whole reply line is here, or comes within `timeout` (None: waits for one)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while b'\n' not in self._buffer:
+      left = None if deadline is None else max(0, deadline - time.monotonic())
+      if not select.select([self._replies], [], [], left)[0]:
+        return False
+      data = os.read(self._replies, 1 << 16)
+      if not data:
+        raise RuntimeError('the fork server exited')
+      self._buffer += data
+    return True
+
   def _reply(self, timeout: float) -> dict:
-    ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-    if not ready:
+    if not self._line_within(timeout):
       raise subprocess.TimeoutExpired('forked paxlike.main', timeout)
-    line = self.proc.stdout.readline()
-    if not line:
-      raise RuntimeError(f'the fork server exited ({self.proc.poll()})')
+    line, self._buffer = self._buffer.split(b'\n', 1)
     return json.loads(line)
 
   def close(self) -> None:
-    self.proc.stdin.close()
-    self.proc.wait(timeout=30)
+    self._requests.close()
+    if self.proc is not None:
+      self.proc.wait(timeout=30)
+    else:
+      os.close(self._replies)
+      os.waitpid(self._pid, 0)
 
 
-def _child(request: dict, replies: int) -> None:
-  """In the forked child: become `python ARGS` (`-m paxlike.main ...` or `-c SCRIPT`) with the
-  request's environment and output files, and exit with its code."""
+def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int) -> None:
+  """In a forked child: become `python ARGS` (`-m paxlike.main ...` or `-c SCRIPT`) in `env` and
+  `cwd`, writing to the file descriptors `stdout` and `stderr`, and exit with its code."""
   code = 1
   try:
-    os.close(replies)
-    os.chdir(request['cwd'])
+    os.chdir(cwd)
     os.environ.clear()
-    os.environ.update(request['env'])
+    os.environ.update(env)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    for fd, path in ((1, request['stdout']), (2, request['stderr'])):
-      os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    os.dup2(stdout, 1)
+    os.dup2(stderr, 2)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own defaults.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.modules['jax'].config.update('jax_platforms', os.environ.get('JAX_PLATFORMS') or None)
-    args = request['args']
     if args[0] == '-c':
       sys.argv = ['-c']
       sys.modules['__main__'] = module = types.ModuleType('__main__')
@@ -137,25 +271,53 @@ def _child(request: dict, replies: int) -> None:
     os._exit(code)
 
 
-def serve() -> None:
-  """The server's loop: a child per request line on stdin, its pid and exit status on stdout."""
+def _open(path: str) -> int:
+  return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+
+def serve(preload: bool = True) -> None:
+  """The server's loop: a child per request line on stdin, answered at once with {"started":
+  pid}; each child's exit, as it happens, with {"pid": pid, "status": exit code}. First the
+  imports of PRELOAD and every experiment, unless this process has them (`ForkServer.here`)."""
   replies = os.dup(1)
   os.dup2(2, 1)  # Nothing of the server's own goes down the reply channel.
-  for name in PRELOAD:
-    importlib.import_module(name)
-  from paxlike import registry
-  registry.import_all()
+  if preload:
+    for name in PRELOAD:
+      importlib.import_module(name)
+    from paxlike import registry
+    registry.import_all()
+  children: set[int] = set()
+  pending = b''
   with os.fdopen(replies, 'w') as reply:
-    for line in sys.stdin:
-      request = json.loads(line)
-      pid = os.fork()
-      if pid == 0:
-        _child(request, replies)
-      reply.write(json.dumps({'pid': pid}) + '\n')
+    def send(message: dict) -> None:
+      reply.write(json.dumps(message) + '\n')
       reply.flush()
-      _, status = os.waitpid(pid, 0)
-      reply.write(json.dumps({'status': os.waitstatus_to_exitcode(status)}) + '\n')
-      reply.flush()
+
+    while True:
+      # Requests as they come; while children run, look for their exits every 10 ms.
+      if select.select([0], [], [], 0.01 if children else None)[0]:
+        data = os.read(0, 1 << 16)
+        if not data:
+          return
+        pending += data
+        while b'\n' in pending:
+          line, pending = pending.split(b'\n', 1)
+          request = json.loads(line)
+          sys.stdout.flush()
+          sys.stderr.flush()
+          pid = os.fork()
+          if pid == 0:
+            os.close(reply.fileno())
+            out = _open(request['stdout'])
+            err = out if request['stderr'] == request['stdout'] else _open(request['stderr'])
+            _become(request['args'], request['env'], request['cwd'], out, err)
+          children.add(pid)
+          send({'started': pid})
+      for pid in list(children):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+          children.discard(pid)
+          send({'pid': pid, 'status': os.waitstatus_to_exitcode(status)})
 
 
 if __name__ == '__main__':

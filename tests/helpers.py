@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from tests.forked_cli import ForkServer
+from tests.forked_cli import ForkedProcess, ForkServer
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,21 +37,37 @@ def cli_env(devices: int = 1, optimized: bool = False, **extra: str) -> dict[str
 
 def run_cli(*args: str, devices: int = 1, timeout: float = 300, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-  """`python -m paxlike.main ARGS` (see `_python`), capturing text output; asserts exit 0 when
-  `check`."""
-  proc = _python(['-m', 'paxlike.main', *args], env or cli_env(devices), timeout)
+  """`python -m paxlike.main ARGS` (see `run_python`), capturing text output; asserts exit 0
+  when `check`."""
+  proc = run_python(['-m', 'paxlike.main', *args], env or cli_env(devices), timeout)
   if check:
     assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
 
 
-def _python(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+def run_python(args: list[str], env: dict[str, str], timeout: float
+               ) -> subprocess.CompletedProcess:
   """`python ARGS` in REPO, capturing text output: forked from the worker's fork server
   (tests/forked_cli.py) when it can be, else started afresh."""
   proc = _fork_server().run(args, env, timeout)
   if proc is None:
     proc = subprocess.run([sys.executable, *args], cwd=REPO, text=True, capture_output=True,
                           timeout=timeout, env=env)
+  return proc
+
+
+def start_cli(*args: str, devices: int = 1, env: dict[str, str] | None = None,
+              stdout: str | Path = os.devnull, stderr: str | Path = os.devnull
+              ) -> ForkedProcess | subprocess.Popen:
+  """`python -m paxlike.main ARGS` started in the background, writing to the files `stdout` and
+  `stderr` (two paths): forked from the worker's fork server when it can be (see `run_python`),
+  else started afresh. A Popen-like handle, to poll, signal or SIGKILL."""
+  args_ = ['-m', 'paxlike.main', *args]
+  env = env or cli_env(devices)
+  proc = _fork_server().start(args_, env, stdout, stderr)
+  if proc is None:
+    with open(stdout, 'w') as out, open(stderr, 'w') as err:
+      proc = subprocess.Popen([sys.executable, *args_], cwd=REPO, env=env, stdout=out, stderr=err)
   return proc
 
 
@@ -69,7 +85,7 @@ def _fork_server() -> ForkServer:
 def run_script(script: str, devices: int = 8, timeout: float = 300) -> str:
   """Runs `python -c script` on `devices` forced CPU devices (forked like run_cli's runs); its
   stdout, after asserting exit 0."""
-  proc = _python(['-c', script], cli_env(devices, JAX_PLATFORMS='cpu'), timeout)
+  proc = run_python(['-c', script], cli_env(devices, JAX_PLATFORMS='cpu'), timeout)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return proc.stdout
 
@@ -105,9 +121,7 @@ def kill_after_first_checkpoint(*args: str, job_dir: Path, devices: int = 1,
                                 timeout: float = 240) -> list[int]:
   """Starts `python -m paxlike.main ARGS --job_log_dir=JOB_DIR`, SIGKILLs it as soon as a
   checkpoint is committed, and returns the committed steps (asserting it was killed, not done)."""
-  proc = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *args, f'--job_log_dir={job_dir}'],
-                          cwd=REPO, env=cli_env(devices), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  proc = start_cli(*args, f'--job_log_dir={job_dir}', devices=devices)
   deadline = time.monotonic() + timeout
   while proc.poll() is None and time.monotonic() < deadline and not committed_steps(job_dir):
     time.sleep(0.01)

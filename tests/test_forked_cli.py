@@ -77,3 +77,40 @@ def test_a_forked_script_is_the_script_a_fresh_process_runs():
         'ZeroDivisionError: division by zero')
   finally:
     server.close()
+
+
+def test_started_runs_overlap_and_report_their_own_exits_and_signals(tmp_path):
+  server = forked_cli.ForkServer(cli_env(1))
+  try:
+    long = server.start(['-m', 'paxlike.main', *TINY, '--fdl_set=train.num_steps=100000',
+                         f'--job_log_dir={tmp_path / "long"}'], cli_env(1))
+    assert long.poll() is None
+    # Another run starts and ends while the first goes on: each exit reaches its own handle.
+    bad = server.start(['-m', 'paxlike.main', '--exp=no.Such'], cli_env(1),
+                       stderr=tmp_path / 'bad.err')
+    assert bad.wait(timeout=120) == 2 and 'no.Such' in (tmp_path / 'bad.err').read_text()
+    assert long.poll() is None
+    long.kill()
+    assert long.wait(timeout=60) == -9 and long.returncode == -9
+  finally:
+    server.close()
+
+
+def test_a_server_forked_from_a_forked_script_serves_it_after_it_starts_threads(tmp_path):
+  """What tests/test_reproduce.py does with scripts/reproduce.py, whose runs start from threads."""
+  out = run_script(f'''
+import os, subprocess, sys, threading
+from tests.forked_cli import ForkedProcess, ForkServer
+here = ForkServer.here()
+procs = []
+def start(i):
+  with open({str(tmp_path)!r} + f'/{{i}}.log', 'w') as log:
+    procs.append(here.popen([sys.executable, '-c', f'import sys; print({{i}}, file=sys.stderr)'],
+                            cwd='/', env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT))
+threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(sorted(p.wait(timeout=60) for p in procs), all(isinstance(p, ForkedProcess) for p in procs))
+''', devices=1)
+  assert out.strip() == '[0, 0] True'
+  assert [(tmp_path / f'{i}.log').read_text() for i in range(2)] == ['0\n', '1\n']

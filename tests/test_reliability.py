@@ -1,17 +1,14 @@
 """Kills, preemption, corrupt checkpoints, NaNs and bad input: nothing committed is ever lost."""
 
-import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, cli_env, made_once, metric_rows, run_cli, snapshot
+from tests.helpers import TINY, made_once, metric_rows, run_cli, snapshot, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +21,6 @@ def committed_steps(job: Path) -> list[int]:
   return sorted(int(p.name) for p in (job / 'checkpoints').iterdir() if p.name.isdigit())
 
 
-def start(*args: str) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, '-m', 'paxlike.main', *args], cwd=REPO, env=cli_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def max_logged_step(job: Path) -> int:
@@ -56,7 +50,7 @@ def test_sigkill_at_a_random_moment_then_restart_gives_identical_rows(uninterrup
   rng = random.Random(trial)
   target = rng.randint(1, 38)
   in_save = trial == 0  # One trial aims at an async save in flight.
-  proc = start(*LONG, f'--job_log_dir={tmp_path}')
+  proc = start_cli(*LONG, f'--job_log_dir={tmp_path}')
   deadline = time.monotonic() + 120
   while proc.poll() is None and time.monotonic() < deadline:
     ckpt = tmp_path / 'checkpoints'
@@ -75,12 +69,14 @@ def test_sigkill_at_a_random_moment_then_restart_gives_identical_rows(uninterrup
 
 def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
   never = ['--fdl_set=train.num_steps=100000', '--fdl_set=train.checkpoint_every=100000']
-  proc = start(*TINY, *never, f'--job_log_dir={tmp_path}')  # No periodic save can happen.
+  err = tmp_path.parent / f'{tmp_path.name}.stderr'
+  proc = start_cli(*TINY, *never, f'--job_log_dir={tmp_path}', stderr=err)  # No periodic save.
   deadline = time.monotonic() + 120
   while max_logged_step(tmp_path) < 7 and time.monotonic() < deadline:
     time.sleep(0.01)
   proc.send_signal(signal.SIGTERM)
-  _, stderr = proc.communicate(timeout=60)
+  proc.wait(timeout=60)
+  stderr = err.read_text()
   assert proc.returncode == 0, stderr[-2000:]
   [saved] = committed_steps(tmp_path)
   assert f'SIGTERM: saved step {saved}, exiting' in stderr

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, cli_env
+from tests.helpers import REPO, cli_env, run_python
 
 sys.path.insert(0, str(REPO / 'scripts'))
 
@@ -20,9 +20,21 @@ from reproductions import NAMES, dp, fedavg, page, scaffold, trainer  # noqa: E4
 PNG = b'\x89PNG\r\n\x1a\n'
 
 
+# `python scripts/reproduce.py ARGS`, forked from the worker's fork server, with its training
+# runs forked from it in turn (tests/forked_cli.py) instead of each importing paxlike again.
+REPRODUCE = """
+import sys
+sys.path.insert(0, 'scripts')
+import reproduce
+from reproductions import trainer
+from tests.forked_cli import ForkServer
+trainer.START = ForkServer.here().popen
+sys.exit(reproduce.main({args!r}))
+"""
+
+
 def reproduce(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, 'scripts/reproduce.py', *args], cwd=REPO, text=True,
-                        capture_output=True, timeout=900, env=cli_env(1))
+  return run_python(['-c', REPRODUCE.format(args=list(args))], cli_env(1), timeout=900)
 
 
 def test_list_names_every_reproduction():

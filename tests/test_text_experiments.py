@@ -14,7 +14,7 @@ import pytest
 from paxlike.config import config_io
 from paxlike.data import token_build
 from tests.fixture_data import SHAKESPEARE_SLICE
-from tests.helpers import REPO, cli_env, metric_rows, run_cli
+from tests.helpers import REPO, cli_env, metric_rows, run_cli, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -64,9 +64,7 @@ def test_kill_9_then_rerun_gives_the_uninterrupted_rows(corpus, tmp_path, monkey
   assert all(0 <= r['data_wait_time_fraction'] < 1 for r in metric_rows(whole, timing=True))
   efficiency = re.search(r'# packing efficiency: (\S+) train', (whole / 'config.txt').read_text())
   assert efficiency and 0.9 < float(efficiency.group(1)) <= 1
-  proc = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *text_args(corpus),
-                           f'--job_log_dir={killed}'], cwd=REPO, env=env(corpus),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc = start_cli(*text_args(corpus), f'--job_log_dir={killed}', env=env(corpus))
   deadline = time.monotonic() + 240
   while proc.poll() is None and time.monotonic() < deadline:
     metrics = killed / 'metrics.jsonl'

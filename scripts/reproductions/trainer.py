@@ -16,6 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 Row = dict[str, Any]
 REUSE = {'on': False}  # scripts/reproduce.py --reuse: read finished runs instead of training.
 SPENT = {'seconds': 0.0}  # Training time of this process's runs (reused ones: as recorded).
+# How a run's process starts, as subprocess.Popen(argv, cwd=, env=, stdout=, stderr=). The test
+# suite forks its runs from a process that has imported paxlike already (tests/forked_cli.py).
+START: Callable[..., Any] = subprocess.Popen
 
 
 def log(message: str) -> None:
@@ -58,12 +61,13 @@ def train(exp: str, job: Path, overrides: Mapping[str, Any],
   if job.exists():
     raise FileExistsError(f'{job} exists: each reproduction run needs a new job dir')
   job.parent.mkdir(parents=True, exist_ok=True)
+  paths = os.environ.get('PYTHONPATH', '').split(os.pathsep)
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
-      [str(REPO), *filter(None, [os.environ.get('PYTHONPATH')])])}
+      [str(REPO), *(p for p in paths if p and p != str(REPO))])}
   start = time.monotonic()
   with open(job.parent / f'{job.name}.log', 'w') as out:
-    proc = subprocess.Popen(command(exp, job, overrides), cwd=REPO, env=env, stdout=out,
-                            stderr=subprocess.STDOUT)
+    proc = START(command(exp, job, overrides), cwd=REPO, env=env, stdout=out,
+                 stderr=subprocess.STDOUT)
     try:
       rows = _watch(proc, job / 'metrics.jsonl', stop, time.monotonic() + timeout)
     finally:

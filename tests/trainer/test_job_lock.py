@@ -5,14 +5,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
 from paxlike.trainer import job_dir
 from paxlike.errors import UserError
-from tests.helpers import REPO, TINY, cli_env, run_cli
+from tests.helpers import TINY, run_cli, start_cli
 
 HOST = socket.gethostname()
 
@@ -58,9 +57,7 @@ def test_only_the_primary_locks_and_every_process_follows_its_outcome(tmp_path):
 @pytest.mark.slow
 def test_two_trainers_on_one_job_dir(tmp_path):
   long = [*TINY, '--fdl_set=train.num_steps=100000', '--fdl_set=train.checkpoint_every=2']
-  with open(tmp_path / 'first.err', 'w') as err:
-    first = subprocess.Popen([sys.executable, '-m', 'paxlike.main', *long, f'--job_log_dir={tmp_path / "job"}'],
-                             cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=err)
+  first = start_cli(*long, f'--job_log_dir={tmp_path / "job"}', stderr=tmp_path / 'first.err')
   try:
     checkpoints = tmp_path / 'job' / 'checkpoints'
     deadline = time.monotonic() + 240
