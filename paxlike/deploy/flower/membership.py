@@ -56,7 +56,7 @@ class Members:
       if time.monotonic() > deadline:
         raise RuntimeError(f'{len(self.owner)} of {clients} clients are held by the nodes '
                            f'after {timeout} s')
-      time.sleep(1)
+      time.sleep(0.2)
 
   def ask_new(self, timeout: float) -> None:
     """Sends a query to every connected node not asked yet, and admits or refuses each."""
