@@ -84,6 +84,18 @@ def _process_age() -> float:
   return time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf('SC_CLK_TCK')
 
 
+def _cache_compiles(jax: Any) -> None:
+  """Keeps the client program's compile in paxlike's persistent cache (every compile, not only
+  those over JAX's 1 s default): Flower starts a fresh ClientApp process per message, which
+  would otherwise compile the program again each round. A process whose cache is already set
+  (a test's) is left as it is."""
+  if jax.config.jax_compilation_cache_dir:
+    return
+  from paxlike.trainer import compile_cache
+  if compile_cache.configure(compile_cache.default_dir()):
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+
+
 def run_slots(context: Context, step: int, slots: list[int], clients: list[int],
               live: list[int], received: dict[str, np.ndarray],
               kept: dict[str, np.ndarray] | None = None) -> dict[int, dict[str, np.ndarray]]:
@@ -96,6 +108,7 @@ def run_slots(context: Context, step: int, slots: list[int], clients: list[int],
   per message), loading the program and the data, and the programs."""
   entered = time.perf_counter()
   import jax
+  _cache_compiles(jax)
   export_dir, config_file, held = _node_settings(context)
   plan = records.read_plan(export_dir)
   blob = (Path(export_dir) / plan['programs']['client']['file']).read_bytes()

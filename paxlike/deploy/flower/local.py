@@ -77,17 +77,23 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
   budget = timeout * (rounds + 2)
   try:
     fed.start_superlink(timeout)
-    names = [f'node{k}' for k in range(nodes)]
-    with ThreadPoolExecutor(4) as pool:  # Each enrollment is a `flwr` process: side by side.
-      keys = list(pool.map(fed.new_identity, names))
-    watch = supervise.Supervisor(fed, {
-        name: fed.start_node(name, key, node_config(export_dir, out, clients, name))
-        for name, key, clients in zip(names, keys, clients_of_nodes(num_clients, nodes))},
-        group.logs / 'supervisor.log')
-    for attempt in range(restarts + 1):
-      runner = group.start(f'flwr_run{attempt}', [
+
+    def submit(attempt: int) -> subprocess.Popen:
+      return group.start(f'flwr_run{attempt}', [
           str(processes.BIN / 'flwr'), 'run', str(out / 'app'), federation.CONNECTION,
           '--stream'])
+
+    def join(name: str, clients: list[int]) -> subprocess.Popen:
+      return fed.start_node(name, fed.new_identity(name),
+                            node_config(export_dir, out, clients, name))
+
+    runner = submit(0)  # The ServerApp starts up while the nodes enroll; it waits for them.
+    names = [f'node{k}' for k in range(nodes)]
+    with ThreadPoolExecutor(8) as pool:  # Each enrollment is a `flwr` process: side by side.
+      started = list(pool.map(join, names, clients_of_nodes(num_clients, nodes)))
+    watch = supervise.Supervisor(fed, dict(zip(names, started)), group.logs / 'supervisor.log')
+    for attempt in range(restarts + 1):
+      runner = runner if attempt == 0 else submit(attempt)
       watch.wait(runner, group.logs / f'flwr_run{attempt}.log', time.monotonic() + budget)
       if rows_done(out) == rounds:
         break

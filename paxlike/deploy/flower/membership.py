@@ -48,6 +48,8 @@ class Members:
   def wait_for(self, clients: int, timeout: float) -> None:
     """Asks new nodes until every one of the first `clients` client ids is held; RuntimeError
     (one line) when they are not after `timeout` seconds."""
+    if hasattr(self.grid, 'push_messages'):
+      return self._wait_overlapped(clients, timeout)
     deadline = time.monotonic() + timeout
     while len(self.owner) < clients:
       self.ask_new(timeout)
@@ -56,7 +58,38 @@ class Members:
       if time.monotonic() > deadline:
         raise RuntimeError(f'{len(self.owner)} of {clients} clients are held by the nodes '
                            f'after {timeout} s')
-      time.sleep(1)
+      time.sleep(0.2)
+
+  def _wait_overlapped(self, clients: int, timeout: float) -> None:
+    """wait_for over a Grid that pushes and pulls (Flower's): a node that connects while
+    others' queries are in flight is asked at once, not after their replies (a ClientApp
+    process each, seconds)."""
+    deadline, pending = time.monotonic() + timeout, {}  # message id -> node
+    ask = ConfigRecord({'what': 'clients'})
+    while len(self.owner) < clients:
+      new = [node for node in self.grid.get_node_ids() if node not in self.asked]
+      self.asked.update(new)
+      messages = [Message(RecordDict({'ask': ask}), node, 'query') for node in new]
+      ids = list(self.grid.push_messages(messages)) if messages else []
+      if len(ids) != len(new) or None in ids:
+        self.asked.difference_update(new)  # Not pushed: asked again in the next pass.
+      else:
+        pending.update(zip(ids, new))
+      for reply in (self.grid.pull_messages(list(pending)) if pending else []):
+        node = pending.pop(reply.metadata.reply_to_message_id)
+        reason = (f'failed: {_last_line(reply.error.reason)}' if reply.has_error() else
+                  self._admit(node, reply.content['node']))
+        if reason is not None:
+          self._event(event='refused', node=node, reason=reason)
+      if len(self.owner) >= clients:
+        self.asked.difference_update(pending.values())  # Asked again before the next round.
+        break
+      if time.monotonic() > deadline:
+        for node in pending.values():
+          self._event(event='refused', node=node, reason='no reply to its first message')
+        raise RuntimeError(f'{len(self.owner)} of {clients} clients are held by the nodes '
+                           f'after {timeout} s')
+      time.sleep(0.2)
 
   def ask_new(self, timeout: float) -> None:
     """Sends a query to every connected node not asked yet, and admits or refuses each."""

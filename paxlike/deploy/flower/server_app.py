@@ -28,8 +28,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from paxlike.deploy.flower import (evaluate, membership, once, progress, records, rounds,
-                                   secure, secure_round)
+from paxlike.deploy.flower import (evaluate, membership, once, polling, progress, records,
+                                   rounds, secure, secure_round)
 
 app = ServerApp()
 
@@ -138,6 +138,7 @@ def main(grid: Grid, context: Context) -> None:
   from paxlike.data import sources
   from paxlike.export import run as executor
   from paxlike.trainer import privacy
+  grid = polling.polled(grid)  # Replies collected every 0.1 s, not Flower's 3 s.
   settings = context.run_config
   export_dir, out = str(settings['export-dir']), Path(str(settings['out-dir']))
   ex = executor.load(export_dir)
