@@ -106,11 +106,11 @@ class ForkServer:
   @classmethod
   def here(cls) -> ForkServer:
     """A server forked from this process now, serving runs in its environment: for a process
-    that holds what the server preloads, one thread, no jax backend, and will start runs after
-    it has lost one of these (threads, say)."""
+    with one thread and no jax backend that will start runs after it has lost one of these
+    (threads, say). What the server preloads is imported here first when this process was not
+    itself forked from a server (a fresh interpreter, when its run could not be forked)."""
     from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
-    if not all(name in sys.modules for name in PRELOAD):
-      raise RuntimeError('ForkServer.here: import what the server preloads first')
+    preload()
     if threading.active_count() != 1 or xla_bridge.backends_are_initialized():
       raise RuntimeError('ForkServer.here: fork before any thread or jax backend starts')
     requests, replies = os.pipe(), os.pipe()
@@ -123,7 +123,7 @@ class ForkServer:
         os.dup2(replies[1], 1)
         for fd in (*requests, *replies):
           os.close(fd)
-        serve(preload=False)
+        serve(preloaded=True)
       finally:
         os._exit(0)
     os.close(requests[0])
@@ -275,17 +275,22 @@ def _open(path: str) -> int:
   return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
 
-def serve(preload: bool = True) -> None:
+def preload() -> None:
+  """Imports PRELOAD and every registered experiment (a no-op where they are imported)."""
+  for name in PRELOAD:
+    importlib.import_module(name)
+  from paxlike import registry  # pylint: disable=import-outside-toplevel
+  registry.import_all()
+
+
+def serve(preloaded: bool = False) -> None:
   """The server's loop: a child per request line on stdin, answered at once with {"started":
   pid}; each child's exit, as it happens, with {"pid": pid, "status": exit code}. First the
   imports of PRELOAD and every experiment, unless this process has them (`ForkServer.here`)."""
   replies = os.dup(1)
   os.dup2(2, 1)  # Nothing of the server's own goes down the reply channel.
-  if preload:
-    for name in PRELOAD:
-      importlib.import_module(name)
-    from paxlike import registry
-    registry.import_all()
+  if not preloaded:
+    preload()
   children: set[int] = set()
   pending = b''
   with os.fdopen(replies, 'w') as reply:
