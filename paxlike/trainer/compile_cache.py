@@ -2,10 +2,13 @@
 and export of it) loads its compiled programs instead of compiling them again.
 
 `--compilation_cache_dir` picks the directory (default `$XDG_CACHE_HOME/paxlike/jax`, else
-`~/.cache/paxlike/jax`; empty turns it off). JAX's own `JAX_COMPILATION_CACHE_DIR` wins when
-set. The cache is bounded (least recently used entries go first) and file-locked, so processes
-of several jobs can share it (where `filelock` is missing, say a bare accelerator image, it is
-unbounded, as JAX makes it). Only compiles that took over a second are kept (JAX's default
+`~/.cache/paxlike/jax`; empty turns it off). That cache is bounded (least recently used entries
+go first) and file-locked, so processes of several jobs can share it (where `filelock` is
+missing, say a bare accelerator image, it is unbounded, as JAX makes it). JAX's own
+`JAX_COMPILATION_CACHE_DIR` wins when set, and then the cache is JAX's as its variables set it
+(unbounded unless `JAX_COMPILATION_CACHE_MAX_SIZE` says otherwise): a bound costs every write a
+scan of the whole directory, which a cache of thousands of small programs, like the test
+suite's, should not pay. Only compiles that took over a second are kept (JAX's default
 `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`), which is the train step on any real model.
 """
 
@@ -27,10 +30,12 @@ def default_dir() -> str:
 
 
 def configure(directory: str) -> str | None:
-  """Points JAX's compilation cache at `directory` ('' = off) unless JAX_COMPILATION_CACHE_DIR
-  is set; returns the directory in use, or None when the cache is off."""
-  if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-    directory = os.environ['JAX_COMPILATION_CACHE_DIR']
+  """Points JAX's compilation cache at `directory` ('' = off), bounded, unless
+  JAX_COMPILATION_CACHE_DIR is set (then JAX's variables configure it); returns the directory in
+  use, or None when the cache is off."""
+  if jax_dir := os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    jax.config.update('jax_compilation_cache_dir', jax_dir)
+    return jax_dir
   if not directory:
     return None
   jax.config.update('jax_compilation_cache_dir', directory)

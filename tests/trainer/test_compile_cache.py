@@ -28,15 +28,22 @@ def test_a_rerun_compiles_nothing_new_and_trains_the_same(tmp_path):
 
 def test_an_empty_flag_turns_it_off_and_jax_s_own_variable_wins(monkeypatch, tmp_path):
   monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR')
-  before = jax.config.jax_compilation_cache_dir
+  before = (jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size)
   assert compile_cache.configure('') is None
-  assert jax.config.jax_compilation_cache_dir == before  # Untouched.
-  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path))
+  assert jax.config.jax_compilation_cache_dir == before[0]  # Untouched.
   try:
+    # paxlike's own directory is bounded.
+    assert compile_cache.configure(str(tmp_path / 'own')) == str(tmp_path / 'own')
+    assert jax.config.jax_compilation_cache_max_size == compile_cache.MAX_BYTES
+    # JAX's variable names the directory and leaves the bound to JAX's own settings.
+    jax.config.update('jax_compilation_cache_max_size', -1)
+    monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path))
     assert compile_cache.configure(str(tmp_path / 'ignored')) == str(tmp_path)
     assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+    assert jax.config.jax_compilation_cache_max_size == -1
   finally:  # This worker's other tests keep the suite's cache.
-    jax.config.update('jax_compilation_cache_dir', before)
+    jax.config.update('jax_compilation_cache_dir', before[0])
+    jax.config.update('jax_compilation_cache_max_size', before[1])
 
 
 def test_the_default_dir_follows_xdg_cache_home(monkeypatch, tmp_path):
