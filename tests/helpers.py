@@ -19,8 +19,10 @@ from tests.forked_cli import ForkedProcess, ForkServer
 
 
 REPO = Path(__file__).resolve().parents[1]
-# A few-second LM run: one layer, 20 steps, checkpoints every 10.
-TINY = ['--exp=lm.StdlibTiny', '--fdl_fiddler=tiny']
+# A few-second LM run: one layer, 20 steps, checkpoints every 10, on batches a quarter of the
+# experiment's (8 rows of 64 bytes: still a whole number of rows on 8 devices) and 2 eval batches.
+TINY = ['--exp=lm.StdlibTiny', '--fdl_fiddler=tiny', '--fdl_set=data.batch_size=8',
+        '--fdl_set=data.seq_len=64', '--fdl_set=data.num_eval_batches=2']
 
 
 def cli_env(devices: int = 1, optimized: bool = False, **extra: str) -> dict[str, str]:
