@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 from absl import app, flags
 
 from paxlike import main as cli
-from paxlike.deploy.flower import federation, processes, records, supervise
+from paxlike.deploy.flower import federation, processes, records, supervise, warm_clientapp
 from paxlike.deploy.flower.rounds import clients_of_nodes
 
 flags.DEFINE_string('export_dir', None, 'The export directory (python -m paxlike.export --out).')
@@ -38,6 +39,9 @@ flags.DEFINE_bool('secure_aggregation', False, 'Sum the clients\' contributions 
                   'SecAgg+ (the server sees only sums over the nodes; docs/flower.md).')
 flags.DEFINE_integer('server_restarts', 2, 'Times the app is submitted again when its ServerApp '
                      'stops before the last round (it resumes from its last checkpoint).')
+flags.DEFINE_bool('warm_clientapp', True, 'Fork each ClientApp process from a server that has '
+                  'imported Flower, JAX and paxlike (warm_clientapp.py) instead of starting a '
+                  'fresh `flwr-clientapp` per message.')
 FLAGS = flags.FLAGS
 
 
@@ -57,16 +61,28 @@ def _save_runs(fed: federation.Federation, path: Path) -> None:
   path.write_text(fed.flwr('ls', federation.CONNECTION, '--format', 'json').stdout)
 
 
+def start_warm_clientapp(group: processes.Group, socket: Path, bin_dir: Path
+                         ) -> subprocess.Popen:
+  """The warm ClientApp server in `group`: it writes the flwr-clientapp shim into `bin_dir`,
+  imports, then listens on `socket` (until then, or if it fails, the shim runs the real one)."""
+  return group.start('warm_clientapp', [
+      sys.executable, '-m', 'paxlike.deploy.flower.warm_clientapp', '--socket', str(socket),
+      '--bin-dir', str(bin_dir.absolute())])
+
+
 def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, nodes: int,
                    num_clients: int, timeout: int, restarts: int,
-                   secure_aggregation: bool = False) -> None:
-  """Starts the federation (TLS, only the nodes it enrolled), runs `rounds` rounds, submitting
-  the app again up to `restarts` times when its ServerApp stops early (it resumes from its
-  checkpoint), and stops every process; RunFailure when the rows are not all written."""
+                   secure_aggregation: bool = False, warm: bool = True) -> None:
+  """Starts the federation (TLS, only the nodes it enrolled; with `warm`, their ClientApp
+  processes forked by a warm server), runs `rounds` rounds, submitting the app again up to
+  `restarts` times when its ServerApp stops early (it resumes from its checkpoint), and stops
+  every process; RunFailure when the rows are not all written."""
   from paxlike.errors import RunFailure
   out.mkdir(parents=True)
   (out / 'config.json').write_text(config_json)
-  group = processes.Group(processes.flower_env(out / 'flwr_home'), out / 'logs')
+  bin_dir = out / 'warm_bin'
+  group = processes.Group(processes.flower_env(out / 'flwr_home', bin_dir if warm else None),
+                          out / 'logs')
   fed = federation.Federation(group, out, processes.free_port())
   processes.write_app(out / 'app', {
       'export-dir': str(export_dir.absolute()), 'config': str((out / 'config.json').absolute()),
@@ -75,7 +91,10 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
       'paxlike.deploy.flower.secure_client:app' if secure_aggregation
       else 'paxlike.deploy.flower.client_app:app')
   budget = timeout * (rounds + 2)
+  socket = warm_clientapp.socket_path(out)
   try:
+    # The warm server imports while the SuperLink starts.
+    server = start_warm_clientapp(group, socket, bin_dir) if warm else None
     fed.start_superlink(timeout)
 
     def submit(attempt: int) -> subprocess.Popen:
@@ -88,6 +107,8 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
                             node_config(export_dir, out, clients, name))
 
     runner = submit(0)  # The ServerApp starts up while the nodes enroll; it waits for them.
+    if server is not None:  # Before the nodes start, so that their first message is forked.
+      processes.wait_for_path(socket, 120, server)
     names = [f'node{k}' for k in range(nodes)]
     with ThreadPoolExecutor(8) as pool:  # Each enrollment is a `flwr` process: side by side.
       started = list(pool.map(join, names, clients_of_nodes(num_clients, nodes)))
@@ -146,7 +167,7 @@ def run(argv: list[str]) -> None:
   num_clients = records.num_clients(task.data)
   run_federation(Path(FLAGS.export_dir), config_json, Path(FLAGS.out), FLAGS.rounds,
                  min(FLAGS.nodes, num_clients), num_clients, FLAGS.round_timeout,
-                 FLAGS.server_restarts, FLAGS.secure_aggregation)
+                 FLAGS.server_restarts, FLAGS.secure_aggregation, FLAGS.warm_clientapp)
   print((Path(FLAGS.out) / 'server' / 'metrics.jsonl').read_text(), end='')
 
 

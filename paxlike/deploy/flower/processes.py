@@ -37,10 +37,22 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen) -> bool:
   return False
 
 
-def flower_env(flwr_home: Path) -> dict[str, str]:
-  """This process's environment with Flower's home at `flwr_home` and its network calls off."""
+def flower_env(flwr_home: Path, first_on_path: Path | None = None) -> dict[str, str]:
+  """This process's environment with Flower's home at `flwr_home` and its network calls off;
+  `first_on_path` (the warm ClientApp shim's directory) before BIN on PATH."""
   path = f'{BIN}{os.pathsep}{os.environ.get("PATH", "")}'  # They start flower-superexec.
+  if first_on_path is not None:
+    path = f'{first_on_path.absolute()}{os.pathsep}{path}'
   return {**os.environ, **QUIET, **FAST, 'FLWR_HOME': str(flwr_home), 'PATH': path}
+
+
+def wait_for_path(path: Path, timeout: float, proc: subprocess.Popen) -> bool:
+  """Whether `path` exists within `timeout` seconds while `proc` (the process meant to make it)
+  is alive."""
+  deadline = time.monotonic() + timeout
+  while not path.exists() and time.monotonic() < deadline and proc.poll() is None:
+    time.sleep(0.1)
+  return path.exists()
 
 
 def write_connection(flwr_home: Path, name: str, address: str, ca: Path) -> None:
