@@ -32,7 +32,7 @@ def digits_export(tmp_path_factory) -> Path:
 
 
 FLOWER_MARKERS = ('flower-superlink', 'flower-supernode', 'flower-superexec', 'flwr-serverapp',
-                  'flwr-clientapp', 'flwr run')
+                  'flwr-clientapp', 'flwr run', 'warm_clientapp')  # Its forks: its cmdline.
 
 
 def processes() -> dict[int, tuple[int, str, float]]:

@@ -150,6 +150,17 @@ def test_no_flower_process_outlives_the_run(federation):
   assert fp.flower_processes_since(began) == []
 
 
+def test_every_clientapp_process_was_forked_by_the_warm_server(federation):
+  """The nodes' ClientApp processes (Flower logs one start line each) were the warm server's
+  forks, none the real flwr-clientapp (the shim's fallback), through both kills."""
+  _, out, _ = federation
+  server = (out / 'logs' / 'warm_clientapp.log').read_text()
+  nodes = ''.join((out / 'logs' / f'node{k}.log').read_text() for k in range(NODES))
+  forked = [line for line in server.splitlines() if line.startswith('forked ')]
+  assert 'not forked' not in nodes and 'refused' not in server
+  assert len(forked) == nodes.count('Start `flwr-clientapp` process') > 2 * NODES
+
+
 def test_the_uninterrupted_rounds_equal_the_simulations_own_rows(federation, tmp_path):
   """Rounds 1-2 (before the node was killed; the second after the ServerApp's restart) against
   `python -m paxlike.main` on the same experiment and seed, row by row."""
