@@ -28,10 +28,12 @@ import tempfile
 import traceback
 from pathlib import Path
 
-# What a ClientApp process imports: Flower's entry point, paxlike's ClientApps, JAX.
-PRELOAD = ('flwr.supernode.cli.flwr_clientapp', 'paxlike.deploy.flower.client_app',
-           'paxlike.deploy.flower.secure_client', 'jax', 'jax.export',
-           'paxlike.config.config_io')
+# What a ClientApp process imports: Flower's entry point and its HTTP client, paxlike's
+# ClientApps, JAX and what loading a program imports, the data pipeline's TFDS and scipy.
+PRELOAD = ('flwr.supernode.cli.flwr_clientapp', 'httpcore', 'h11', 'toml',
+           'google.protobuf.json_format', 'paxlike.deploy.flower.client_app',
+           'paxlike.deploy.flower.secure_client', 'jax', 'jax.export', 'jaxlib.mlir.dialects.mhlo',
+           'paxlike.config.config_io', 'tensorflow_datasets', 'scipy.linalg', 'scipy.stats')
 # Variables read when those modules are imported: a caller whose values differ is refused.
 IMPORT_TIME_ENV = ('JAX_', 'XLA_', 'PYTHON', 'LD_', 'TF_', 'FLWR_TELEMETRY_', 'FLWR_SUPERGRID_')
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes.
