@@ -50,9 +50,23 @@ def processes() -> dict[int, tuple[int, str, float]]:
 
 
 def flower_processes_since(ticks: float) -> list[str]:
-  """Command lines of live Flower processes started after `ticks` (clock ticks since boot)."""
-  return [cmd for _, cmd, start in processes().values()
-          if start >= ticks and any(m in cmd for m in FLOWER_MARKERS)]
+  """Command lines of live Flower processes started after `ticks` (clock ticks since boot) by
+  this pytest worker."""
+  return [cmd for pid, (_, cmd, start) in processes().items()
+          if start >= ticks and any(m in cmd for m in FLOWER_MARKERS) and of_this_worker(pid)]
+
+
+def of_this_worker(pid: int) -> bool:
+  """Whether process `pid` descends from this pytest worker (its environment names the worker):
+  under -n, another worker's Flower processes run at the same time."""
+  worker = os.environ.get('PYTEST_XDIST_WORKER')
+  if worker is None:
+    return True
+  try:
+    env = Path(f'/proc/{pid}/environ').read_bytes().split(b'\0')
+  except OSError:
+    return False  # Gone since it was listed.
+  return f'PYTEST_XDIST_WORKER={worker}'.encode() in env
 
 
 def now_ticks() -> float:
