@@ -47,7 +47,7 @@ SOCKET, REAL = {socket!r}, {real!r}
 
 def forked():
   try:
-    fds = [fd if _open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
+    fds = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
     with socket.socket(socket.AF_UNIX) as s:
       s.settimeout(60)
       s.connect(SOCKET)
@@ -64,7 +64,7 @@ def forked():
   return 'pid' in reply
 
 
-def _open(fd):
+def _is_open(fd):
   try:
     return os.fstat(fd) is not None
   except OSError:
