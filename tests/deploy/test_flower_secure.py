@@ -20,7 +20,8 @@ from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from paxlike.deploy.flower import rounds, secure
 from paxlike.export import run as executor
 from tests.deploy import flower_procs as fp
-from tests.helpers import REPO, cli_env
+from tests.federated.lora_task import SMALL, write_corpus
+from tests.helpers import REPO, TIMING_FIELDS, cli_env, metric_rows, run_cli
 
 PLAN = {'algorithm': 'fed_avg',
         'programs': {'client': {'outputs': [
@@ -106,10 +107,13 @@ def test_a_secure_round_equals_the_executor_within_the_quantization_bound(export
   (cohort,) = [json.loads(line) for line in (out / 'server' / 'cohorts.jsonl').read_text()
                .splitlines()]
   total_weight = float(ex.rounds['weights'][0].sum())
+  # SecAgg+'s fit messages carry what the plain path's would: each slot's scattered values, and
+  # the broadcasts once per node that serves a slot (node k holds the clients k mod 2).
   down = [e for e in ex.plan['communication'] if e['kind'] in executor.DOWN]
-  slots = len(cohort['cohort'])  # SecAgg+'s fit messages carry every down value to each slot.
-  extra = cohort['bytes_down'] - slots * ex.plan['download_bytes_per_client']
-  assert 0 <= extra <= slots * len(down) * 256  # The serialized arrays' headers.
+  per_copy = sum(e['bytes'] for e in down if e['kind'] == 'broadcast')
+  slots, nodes = len(cohort['cohort']), len({c % 2 for c in cohort['cohort']})  # 2 nodes.
+  carried = slots * ex.plan['download_bytes_per_client'] - (slots - nodes) * per_copy
+  assert per_copy > 0 and 0 <= cohort['bytes_down'] - carried <= slots * len(down) * 256
   assert cohort['secagg_sum_error_bound'] == pytest.approx(2 * 128 / 2**27 * total_weight)
   # FedAvg divides each weighted sum by the weights' sum (both off by at most the bound), so
   # a parameter or a weighted-mean metric v is off by at most bound / weight × (1 + |v|).
@@ -142,3 +146,42 @@ def test_the_launcher_refuses_a_plan_secagg_cannot_sum(export, tmp_path):
   assert ran.returncode == 2
   assert kept['value'] in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
   assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.slow  # An export, a secure federation of two nodes for two rounds, a trainer run.
+def test_secure_lora_rounds_send_the_base_once_and_equal_the_simulation(tmp_path):
+  """Federated LoRA on text through SecAgg+ (two clients, a file each, on two nodes): round 2's
+  fit messages carry none of the frozen base, which the nodes kept from round 1 (a node that
+  lost it would fail round 2), and the rows equal `paxlike.main`'s within the quantization."""
+  for k in range(2):
+    (tmp_path / 'corpus' / str(k)).mkdir(parents=True)
+    write_corpus(tmp_path / 'corpus' / str(k))
+  flags = ['--exp=federated.TextLoraFedAvg', *(f'--fdl_set={o}' for o in SMALL),
+           f'--fdl_set=data.files={tmp_path}/corpus/*/corpus.txt', '--fdl_set=data.partition=file',
+           '--fdl_set=data.clients_per_round=2', '--fdl_set=train.num_steps=2']
+  exported = _python('paxlike.export', *flags, f'--out={tmp_path / "export"}', '--rounds=2',
+                     timeout=300)
+  assert exported.returncode == 0, exported.stderr[-3000:]
+  out = tmp_path / 'run'
+  ran = _python('paxlike.deploy.flower.local', *flags, f'--export_dir={tmp_path / "export"}',
+                f'--out={out}', '--rounds=2', '--nodes=2', '--round_timeout=180',
+                '--server_restarts=0', '--secure_aggregation', timeout=900)
+  assert ran.returncode == 0, ran.stderr[-3000:]
+  run_cli(*flags, f'--job_log_dir={tmp_path / "job"}', timeout=300)
+  plan = json.loads((tmp_path / 'export' / 'plan.json').read_text())
+  once = [e for e in plan['communication'] if e.get('once')]
+  cohorts = fp.rows(out / 'server' / 'cohorts.jsonl')
+  first, second = (c['bytes_down'] for c in cohorts)
+  # Each of the two nodes got the base in round 1 only (its bytes, plus the arrays' headers).
+  assert 0 <= first - second - 2 * plan['download_once_bytes'] <= 2 * 256 * len(once)
+  simulated, deployed = metric_rows(tmp_path / 'job'), fp.rows(out / 'server' / 'metrics.jsonl')
+  assert [r['step'] for r in deployed] == [r['step'] for r in simulated] == [1, 2]
+  for sim, dep, cohort in zip(simulated, deployed, cohorts):
+    shared = set(sim) & set(dep) - TIMING_FIELDS - {'step'}
+    assert {'loss', 'accuracy', 'clients', 'learning_rate'} <= shared, sorted(shared)
+    # The clients' learning rate is a plain mean, scaled like the sums by the cohort's total
+    # weight (tokens here): off by at most the sum's bound over the slots (secure.py).
+    lr_bound = cohort['secagg_sum_error_bound'] / sim['clients']
+    assert abs(dep['learning_rate'] - sim['learning_rate']) <= lr_bound
+    for key in shared - {'learning_rate'}:  # Weighted by the tokens: a level is ~1e-6 of each.
+      np.testing.assert_allclose(dep[key], sim[key], rtol=1e-4, atol=1e-5, err_msg=key)

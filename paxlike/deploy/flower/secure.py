@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from paxlike.deploy.flower import rounds
 from paxlike.export import run as executor
 
 CLIPPING_RANGE = 64.0  # A DP-FedAvg round's scaled stats reached 18.5: Flower's 8 is too tight.
@@ -114,13 +113,3 @@ def read_fit_config(config: dict[str, Any]
           json.loads(str(config['clients'])), json.loads(str(config['live'])),
           float(config['scale']), json.loads(str(config['keys'])))
 
-
-def down_arrays(plan: dict[str, Any], env: dict[str, np.ndarray], slots: list[int]
-                ) -> tuple[list[str], list[np.ndarray]]:
-  """(record keys, arrays) of what a node's slots are sent, as a legacy parameter list."""
-  keys, arrays = [], []
-  for slot in slots:
-    for name, value in rounds.slot_down(plan, env, slot).items():
-      keys.append(f'{slot}/{name}')
-      arrays.append(np.asarray(value))
-  return keys, arrays

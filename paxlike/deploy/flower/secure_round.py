@@ -55,16 +55,18 @@ class _Sums(Strategy):
     return None
 
 
-def secure_sums(grid: Grid, context: Context, plan: dict[str, Any], env: dict[str, np.ndarray],
-                by_node: dict[int, tuple[list[int], list[int]]], live: list[int], step: int,
-                scale: float, timeout: float) -> tuple[list[np.ndarray], int]:
+def secure_sums(grid: Grid, context: Context,
+                by_node: dict[int, tuple[list[int], list[int], dict[str, np.ndarray]]],
+                live: list[int], step: int, scale: float, timeout: float
+                ) -> tuple[list[np.ndarray], int]:
   """(The sum over the nodes of what each sends (secure.node_sum), the bytes of the arrays
-  sent down), each node given its (slots, clients) of round `step` and the `live` clients the
-  cohort was drawn among; RuntimeError (one line) when SecAgg+ halts."""
+  sent down), each node given its (slots, clients, values sent down, by record key) of round
+  `step` and the `live` clients the cohort was drawn among; RuntimeError (one line) when
+  SecAgg+ halts."""
   fitins = {}
-  for node, (slots, clients) in by_node.items():
-    keys, arrays = secure.down_arrays(plan, env, slots)
-    fitins[node] = FitIns(ndarrays_to_parameters(arrays),
+  for node, (slots, clients, down) in by_node.items():
+    keys = list(down)
+    fitins[node] = FitIns(ndarrays_to_parameters([np.asarray(down[k]) for k in keys]),
                           secure.fit_config(step, slots, clients, live, scale, keys))
   manager = SimpleClientManager()
   for node in by_node:

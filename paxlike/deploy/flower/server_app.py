@@ -82,8 +82,8 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
             scale: float | None, sent: once.Sent
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[int, dict[str, np.ndarray]]]:
   """The round's aggregates from the nodes (SecAgg+ when `scale` is set: its legacy messages
-  carry every value to every slot, once values included), what it did, and each slot's
-  outputs (none through SecAgg+, which sees only sums)."""
+  carry what the train messages would), what it did, and each slot's outputs (none through
+  SecAgg+, which sees only sums)."""
   plan, cohort = ex.plan, draw.cohort
   messages, _ = train_messages(plan, env, draw, members.owner, step, sent)
   if scale is None:
@@ -96,13 +96,16 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
             {'dropped_slots': sorted(set(range(len(cohort))) - set(got)),
              'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
              'bytes_up': received}, got)
-  by_node = {node: ([], []) for node in set(members.owner.values())}  # Every node takes part.
+  # Every node takes part (one with no slot is sent nothing); each node gets what its train
+  # message would carry: its slots' values, the broadcasts once, the once values it lacks.
+  by_node = {node: ([], [], {}) for node in set(members.owner.values())}
   for m in messages:
     by_node[m.metadata.dst_node_id] = (list(m.content['round']['slots']),
-                                       list(m.content['round']['clients']))
-  held = sorted(s for slots, _ in by_node.values() for s in slots)
-  sums, sent_down = secure_round.secure_sums(grid, context, plan, env, by_node, draw.live, step,
-                                             scale, timeout)
+                                       list(m.content['round']['clients']),
+                                       records.from_record(m.content['down']))
+  held = sorted(s for slots, _, _ in by_node.values() for s in slots)
+  sums, sent_down = secure_round.secure_sums(grid, context, by_node, draw.live, step, scale,
+                                             timeout)
   return (secure.aggregates(plan, sums, len(held), scale),
           {'dropped_slots': sorted(set(range(len(cohort))) - set(held)),
            'bytes_down': sent_down,
