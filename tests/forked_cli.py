@@ -34,10 +34,11 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import types
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
+
+from paxlike.deploy import forked_child
 
 REPO = Path(__file__).resolve().parents[1]
 # What a training, eval or decode run imports.
@@ -236,11 +237,11 @@ class ForkServer:
       os.waitpid(self._pid, 0)
 
 
-def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int) -> None:
+def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int
+            ) -> NoReturn:
   """In a forked child: become `python ARGS` (`-m paxlike.main ...` or `-c SCRIPT`) in `env` and
   `cwd`, writing to the file descriptors `stdout` and `stderr`, and exit with its code."""
-  code = 1
-  try:
+  def program() -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -258,17 +259,7 @@ def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr:
       main = sys.modules['paxlike.main']
       sys.argv = [main.__file__, *args[2:]]
       main.run_cli()
-    code = 0
-  except SystemExit as exit_:
-    code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    if isinstance(exit_.code, str):
-      print(exit_.code, file=sys.stderr)
-  except BaseException:  # pylint: disable=broad-except
-    traceback.print_exc()
-  finally:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+  forked_child.exit_as_main(program)
 
 
 def _open(path: str) -> int:

@@ -25,8 +25,10 @@ import signal
 import socket
 import sys
 import tempfile
-import traceback
 from pathlib import Path
+from typing import NoReturn
+
+from paxlike.deploy import forked_child
 
 # What a ClientApp process imports: Flower's entry point and its HTTP client, paxlike's
 # ClientApps, JAX and what loading a program imports, the data pipeline's TFDS and scipy.
@@ -114,11 +116,10 @@ def _log(line: str) -> None:
   print(line, flush=True)
 
 
-def become_clientapp(request: dict, fds: list[int]) -> None:
+def become_clientapp(request: dict, fds: list[int]) -> NoReturn:
   """In a forked child: `flwr-clientapp ARGS` with the caller's fds, env and cwd; exits with
   its code and never returns."""
-  code = 1
-  try:
+  def clientapp() -> None:
     for target, fd in enumerate(fds):
       os.dup2(fd, target)
     for fd in set(fds) - {0, 1, 2}:
@@ -131,17 +132,7 @@ def become_clientapp(request: dict, fds: list[int]) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     sys.argv = ['flwr-clientapp', *request['argv'][1:]]
     sys.modules['flwr.supernode.cli.flwr_clientapp'].flwr_clientapp()
-    code = 0
-  except SystemExit as exit_:
-    code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    if isinstance(exit_.code, str):
-      print(exit_.code, file=sys.stderr)
-  except BaseException:  # pylint: disable=broad-except
-    traceback.print_exc()
-  finally:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+  forked_child.exit_as_main(clientapp)
 
 
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:

@@ -1,0 +1,30 @@
+"""How a forked child that stands in for a fresh process ends (the warm ClientApp server's
+children; the test suite's forked CLI runs)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Callable, NoReturn
+
+
+def exit_as_main(main: Callable[[], object]) -> NoReturn:
+  """Runs `main` as the child's whole program, then exits the process with the code Python would
+  give it: 0 when it returns, a SystemExit's code (a text one printed on stderr, code 1), 1 with
+  the traceback on any other error. Output is flushed first and nothing else runs on the way out
+  (os._exit: no atexit handler the parent registered)."""
+  code = 1
+  try:
+    main()
+    code = 0
+  except SystemExit as exit_:
+    code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    if isinstance(exit_.code, str):
+      print(exit_.code, file=sys.stderr)
+  except BaseException:  # pylint: disable=broad-except
+    traceback.print_exc()
+  finally:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
