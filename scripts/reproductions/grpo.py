@@ -15,10 +15,7 @@ GRPO leaves it on problems it never trained on.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -79,11 +76,10 @@ def decoded(job: Path, prompts: Sequence[str], temperature: float, seed: int,
   """Each prompt's continuation by `--mode=decode` from `job` (4 new tokens), cut at EOS."""
   path = work / 'held_out_prompts.txt'
   path.write_text('\n'.join(prompts) + '\n')
-  out = subprocess.run(
-      [sys.executable, '-m', 'paxlike.main', f'--job_log_dir={job}', '--mode=decode',
-       f'--prompts_file={path}', f'--temperature={temperature}', f'--decode_seed={seed}',
-       '--decode_length=4'], cwd=trainer.REPO, text=True, capture_output=True, check=True,
-      env={**os.environ, 'PYTHONPATH': str(trainer.REPO)}).stdout
+  out = trainer.cli_output(
+      [f'--job_log_dir={job}', '--mode=decode', f'--prompts_file={path}',
+       f'--temperature={temperature}', f'--decode_seed={seed}', '--decode_length=4'],
+      work / f'decoded_{job.name}_t{temperature:g}_s{seed}.txt')
   return continuations(out, prompts)
 
 

@@ -61,12 +61,9 @@ def train(exp: str, job: Path, overrides: Mapping[str, Any],
   if job.exists():
     raise FileExistsError(f'{job} exists: each reproduction run needs a new job dir')
   job.parent.mkdir(parents=True, exist_ok=True)
-  paths = os.environ.get('PYTHONPATH', '').split(os.pathsep)
-  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
-      [str(REPO), *(p for p in paths if p and p != str(REPO))])}
   start = time.monotonic()
   with open(job.parent / f'{job.name}.log', 'w') as out:
-    proc = START(command(exp, job, overrides), cwd=REPO, env=env, stdout=out,
+    proc = START(command(exp, job, overrides), cwd=REPO, env=_env(), stdout=out,
                  stderr=subprocess.STDOUT)
     try:
       rows = _watch(proc, job / 'metrics.jsonl', stop, time.monotonic() + timeout)
@@ -81,6 +78,36 @@ def train(exp: str, job: Path, overrides: Mapping[str, Any],
   SPENT['seconds'] += seconds
   done.write_text(json.dumps({'command': command(exp, job, overrides), 'seconds': seconds}))
   return rows
+
+
+def cli_output(args: Sequence[str], out: Path, timeout: float = 600) -> str:
+  """The stdout of `python -m paxlike.main ARGS` (a `--mode=decode` run, say), kept in the file
+  `out`; with `REUSE['on']`, that file when a previous call wrote it (nothing runs again)."""
+  out = Path(out)
+  if REUSE['on'] and out.exists():
+    return out.read_text()
+  argv = [sys.executable, '-m', 'paxlike.main', *args]
+  partial = out.with_name(out.name + '.partial')
+  with open(partial, 'w') as stdout, open(out.with_suffix('.log'), 'w') as stderr:
+    proc = START(argv, cwd=REPO, env=_env(), stdout=stdout, stderr=stderr)
+    try:
+      code = proc.wait(timeout)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  if code != 0:
+    tail = out.with_suffix('.log').read_text()[-2000:]
+    raise RuntimeError(f'{" ".join(args)} failed (exit {code}):\n{tail}')
+  partial.replace(out)
+  return out.read_text()
+
+
+def _env() -> dict[str, str]:
+  """This process's environment with the repository first on PYTHONPATH."""
+  paths = os.environ.get('PYTHONPATH', '').split(os.pathsep)
+  return {**os.environ, 'PYTHONPATH': os.pathsep.join(
+      [str(REPO), *(p for p in paths if p and p != str(REPO))])}
 
 
 def _watch(proc: subprocess.Popen, metrics: Path, stop: Callable[[Row], bool] | None,
