@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from paxlike.deploy.flower import processes as processes_lib
 from tests.helpers import REPO, cli_env, made_once
 
 # DigitsFedAvg at test size: 5 clients, 3 a round of 2 local steps on batches of 8.
@@ -31,7 +32,8 @@ def digits_export(tmp_path_factory) -> Path:
   return made_once(tmp_path_factory, 'flower_digits_export', make)
 
 
-FLOWER_MARKERS = ('flower-superlink', 'flower-supernode', 'flower-superexec', 'flwr-serverapp',
+SUPERNODE_MARKERS = ('flower-supernode', 'paxlike.deploy.flower.supernode')
+FLOWER_MARKERS = ('flower-superlink', *SUPERNODE_MARKERS, 'flower-superexec', 'flwr-serverapp',
                   'flwr-clientapp', 'flwr run', 'warm_clientapp')  # Its forks: its cmdline.
 
 
@@ -103,7 +105,7 @@ def kill_server_app(out: Path) -> int:
 def kill_node(out: Path, name: str) -> int:
   """SIGKILLs SuperNode `name` of the federation in `out`; its pid."""
   for pid, (_, cmd, _) in processes().items():
-    if 'flower-supernode' in cmd and f'{out}/logs/{name}.jsonl' in cmd:
+    if any(m in cmd for m in SUPERNODE_MARKERS) and f'{out}/logs/{name}.jsonl' in cmd:
       os.kill(pid, signal.SIGKILL)
       return pid
   raise AssertionError(f'no SuperNode {name} is running')
@@ -118,10 +120,19 @@ def start_group(args: list[str], log: Path, env: dict[str, str] | None = None
 
 
 def stop_group(proc: subprocess.Popen) -> None:
+  """SIGKILLs `proc`'s session and every process below it: the local launcher starts Flower's
+  processes in sessions of their own, which a launcher killed mid-run (a failed test) would
+  leave running."""
+  below = processes_lib.descendants(proc.pid)
   try:
     os.killpg(proc.pid, signal.SIGKILL)
   except ProcessLookupError:
     pass
+  for pid in below:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
   proc.wait()
 
 

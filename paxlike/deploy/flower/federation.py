@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 from paxlike.deploy.flower import certs, processes
@@ -74,8 +75,9 @@ class Federation:
     return self.flwr('stop', str(run_id), CONNECTION).returncode == 0
 
   def start_node(self, name: str, key: Path, node_config: str) -> subprocess.Popen:
-    """A SuperNode `name` authenticating with private key `key`, on its own free port."""
+    """A SuperNode `name` authenticating with private key `key`, on its own free port (Flower's,
+    polling as often as a local federation can afford: paxlike.deploy.flower.supernode)."""
     return self.group.start(name, [
-        str(processes.BIN / 'flower-supernode'), '--root-certificates', str(self.tls.ca),
+        sys.executable, '-m', 'paxlike.deploy.flower.supernode', '--root-certificates', str(self.tls.ca),
         '--auth-supernode-private-key', str(key), '--superlink', f'127.0.0.1:{self.port}',
         '--port', str(processes.free_port()), '--node-config', node_config])

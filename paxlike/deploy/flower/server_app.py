@@ -142,6 +142,7 @@ def main(grid: Grid, context: Context) -> None:
   from paxlike.export import run as executor
   from paxlike.trainer import privacy
   grid = polling.polled(grid)  # Replies collected every 0.1 s, not Flower's 3 s.
+  polling.pull_replies_sooner()
   settings = context.run_config
   export_dir, out = str(settings['export-dir']), Path(str(settings['out-dir']))
   ex = executor.load(export_dir)
