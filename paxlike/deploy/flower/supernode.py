@@ -32,12 +32,18 @@ class _CappedSleeps:
     time.sleep(min(seconds, POLL))
 
 
-def main() -> None:
+def shorten_waits() -> None:
+  """In this process, Flower's SuperNode loop sleeps at most POLL seconds at a time and pulls a
+  message's arrays `polling.sooner`."""
   from flwr.supernode import start_client_internal
-  from flwr.supernode.cli import flower_supernode
   from paxlike.deploy.flower import polling
   start_client_internal.time = _CappedSleeps()
   start_client_internal.pull_objects = polling.sooner(start_client_internal.pull_objects)
+
+
+def main() -> None:
+  from flwr.supernode.cli import flower_supernode
+  shorten_waits()
   sys.argv[0] = 'flower-supernode'
   sys.exit(flower_supernode())
 
