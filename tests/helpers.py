@@ -58,6 +58,24 @@ def run_python(args: list[str], env: dict[str, str], timeout: float
   return proc
 
 
+# `python SCRIPT ARGS` as a `-c` the fork server runs: the script's directory first on sys.path.
+_SCRIPT = """
+import runpy, sys
+sys.argv = {argv!r}
+sys.path.insert(0, {directory!r})
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def run_file(script: str, *args: str, env: dict[str, str] | None = None,
+             timeout: float = 600) -> subprocess.CompletedProcess:
+  """`python SCRIPT ARGS` for a repository script (a benchmark, say; SCRIPT relative to REPO),
+  forked from the worker's fork server like `run_python`'s runs, capturing text output."""
+  path = REPO / script
+  code = _SCRIPT.format(argv=[str(path), *args], directory=str(path.parent))
+  return run_python(['-c', code], env or cli_env(1), timeout)
+
+
 def start_cli(*args: str, devices: int = 1, env: dict[str, str] | None = None,
               stdout: str | Path = os.devnull, stderr: str | Path = os.devnull
               ) -> ForkedProcess | subprocess.Popen:

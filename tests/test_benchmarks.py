@@ -9,16 +9,19 @@ import sys
 import fiddle as fdl
 import pytest
 
-from tests.helpers import REPO, cli_env
+from tests.helpers import REPO, cli_env, run_file
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
 
 def run_json(*args: str, timeout: float = 600, env: dict | None = None) -> dict:
-  """Runs a repo script (python file, or an executable), asserts exit 0 and one JSON line."""
-  command = list(args) if args[0].endswith('.sh') else [sys.executable, *args]
-  proc = subprocess.run(command, cwd=REPO, text=True, capture_output=True, timeout=timeout,
-                        env=env or cli_env(1))
+  """Runs a repo script (python file, forked as `run_file` does, or an executable), asserts
+  exit 0 and one JSON line."""
+  if args[0].endswith('.sh'):
+    proc = subprocess.run(list(args), cwd=REPO, text=True, capture_output=True, timeout=timeout,
+                          env=env or cli_env(1))
+  else:
+    proc = run_file(*args, env=env, timeout=timeout)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()
   assert len(lines) == 1, proc.stdout

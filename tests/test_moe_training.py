@@ -4,7 +4,6 @@ expert, bad input and MoE checkpoints are one-line exit-2 errors, and benchmarks
 
 import json
 import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from paxlike.interop import hf_llama
 from paxlike.layers import TransformerLM, moe
 from paxlike.trainer import losses
 from paxlike.core.partitioning import MeshConfig
-from tests.helpers import (REPO, cli_env, kill_after_first_checkpoint, metric_rows, run_cli,
+from tests.helpers import (kill_after_first_checkpoint, metric_rows, run_cli, run_file,
                            run_script)
 
 # lm.StdlibMoe at test size: one MoE layer of 4 experts (top-2) at d 32, seq 32, batch 8.
@@ -165,9 +164,8 @@ def test_finetuning_from_an_unsupported_moe_checkpoint_is_one_line_exit_2(tmp_pa
 
 @pytest.mark.slow
 def test_moe_benchmark_quick_prints_the_ratio_against_dense():
-  proc = subprocess.run([sys.executable, 'benchmarks/moe.py', '--quick', '--devices=2',
-                         '--mesh=expert=2', '--experts=4'], cwd=REPO, text=True,
-                        capture_output=True, timeout=600, env=cli_env(1))
+  proc = run_file('benchmarks/moe.py', '--quick', '--devices=2', '--mesh=expert=2',
+                    '--experts=4')
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   assert out['benchmark'] == 'moe' and out['mesh'] == {'expert': 2} and out['devices'] == 2

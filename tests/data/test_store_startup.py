@@ -4,7 +4,6 @@ hashed again, and --verify_data ($PAXLIKE_VERIFY_DATA) reads everything again.""
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -18,7 +17,7 @@ from paxlike.data import store_check
 from paxlike.data import text_files
 from paxlike.data import token_store
 from paxlike.tokenizers import BytesTokenizer
-from tests.helpers import REPO, cli_env
+from tests.helpers import run_file
 
 F = text_files.Fields
 WATCHED: set[str] = set()  # Corpus paths whose opens OPENED records (one hook per process).
@@ -194,8 +193,7 @@ def test_the_verify_data_flag_asks_every_process_for_a_full_check(monkeypatch):
 
 @pytest.mark.slow
 def test_the_startup_benchmark_sees_a_plain_start_read_no_corpus_and_a_verify_read_it_all():
-  proc = subprocess.run([sys.executable, 'benchmarks/data_build.py', '--quick'], cwd=REPO,
-                        text=True, capture_output=True, timeout=300, env=cli_env(1))
+  proc = run_file('benchmarks/data_build.py', '--quick', timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   assert out['benchmark'] == 'data_startup' and out['same_store'] and out['corpus_mb'] == 4

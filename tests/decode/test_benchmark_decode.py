@@ -2,15 +2,12 @@
 token per model and batch, and the same greedy tokens from both."""
 
 import json
-import subprocess
-import sys
 
-from tests.helpers import REPO, cli_env
+from tests.helpers import run_file
 
 
 def test_decode_benchmark_quick_times_both_decoders_and_they_agree():
-  proc = subprocess.run([sys.executable, 'benchmarks/decode.py', '--quick'], cwd=REPO,
-                        capture_output=True, text=True, timeout=600, env=cli_env(1))
+  proc = run_file('benchmarks/decode.py', '--quick')
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout)
   assert out['benchmark'] == 'decode' and out['quick']
@@ -24,9 +21,7 @@ def test_decode_benchmark_quick_times_both_decoders_and_they_agree():
 
 
 def test_decode_benchmark_times_a_family_beside_the_llama():
-  proc = subprocess.run([sys.executable, 'benchmarks/decode.py', '--quick', '--family',
-                         'gemma3_text'], cwd=REPO, capture_output=True, text=True, timeout=600,
-                        env=cli_env(1))
+  proc = run_file('benchmarks/decode.py', '--quick', '--family', 'gemma3_text')
   assert proc.returncode == 0, proc.stderr[-3000:]
   row = json.loads(proc.stdout)['families']['gemma3_text']
   assert row['tokens_per_sec'] > 0 and row['llama_tokens_per_sec'] > 0

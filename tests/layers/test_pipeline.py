@@ -1,8 +1,6 @@
 """GPipe over a 'stage' mesh axis gives the unpipelined stack's outputs, loss and gradients."""
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -13,7 +11,7 @@ from jax.sharding import AbstractMesh
 
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
-from tests.helpers import REPO, cli_env, run_script
+from tests.helpers import cli_env, run_file, run_script
 
 # A TransformerLM (scan_layers=True) whose 4 DecoderBlocks run as a 4-stage pipeline on a 4 stage
 # x 2 data mesh, on a packed batch (segment ids and positions travel with each microbatch), each
@@ -164,9 +162,8 @@ def test_bad_input_is_one_user_error_line(layers, batch, microbatches, repeats, 
 
 
 def test_benchmark_quick_prints_bubbles_against_the_formula():
-  proc = subprocess.run([sys.executable, 'benchmarks/pipeline.py', '--quick', '--circular=2'],
-                        cwd=REPO, text=True, capture_output=True, timeout=300,
-                        env=cli_env(1, JAX_PLATFORMS='cpu'))
+  proc = run_file('benchmarks/pipeline.py', '--quick', '--circular=2',
+                    env=cli_env(1, JAX_PLATFORMS='cpu'), timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   assert out['benchmark'] == 'pipeline' and out['devices'] == 8 and out['quick']
