@@ -28,13 +28,22 @@ def test_a_rerun_compiles_nothing_new_and_trains_the_same(tmp_path):
 
 def test_an_empty_flag_turns_it_off_and_jax_s_own_variable_wins(monkeypatch, tmp_path):
   monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR')
-  before = (jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size)
+  monkeypatch.delenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', raising=False)
+  before = (jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size,
+            jax.config.jax_persistent_cache_min_compile_time_secs)
   assert compile_cache.configure('') is None
   assert jax.config.jax_compilation_cache_dir == before[0]  # Untouched.
   try:
-    # paxlike's own directory is bounded.
+    # paxlike's own directory is bounded and keeps compiles of a tenth of a second (a small
+    # model's decode loop), not only JAX's default of those over a second.
     assert compile_cache.configure(str(tmp_path / 'own')) == str(tmp_path / 'own')
     assert jax.config.jax_compilation_cache_max_size == compile_cache.MAX_BYTES
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.1
+    # JAX's variable for the threshold wins.
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 2.0)
+    monkeypatch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '2.0')
+    compile_cache.configure(str(tmp_path / 'own'))
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 2.0
     # JAX's variable names the directory and leaves the bound to JAX's own settings.
     jax.config.update('jax_compilation_cache_max_size', -1)
     monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path))
@@ -44,6 +53,7 @@ def test_an_empty_flag_turns_it_off_and_jax_s_own_variable_wins(monkeypatch, tmp
   finally:  # This worker's other tests keep the suite's cache.
     jax.config.update('jax_compilation_cache_dir', before[0])
     jax.config.update('jax_compilation_cache_max_size', before[1])
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', before[2])
 
 
 def test_the_default_dir_follows_xdg_cache_home(monkeypatch, tmp_path):
