@@ -78,6 +78,7 @@ class Federation:
     """A SuperNode `name` authenticating with private key `key`, on its own free port (Flower's,
     polling as often as a local federation can afford: paxlike.deploy.flower.supernode)."""
     return self.group.start(name, [
-        sys.executable, '-m', 'paxlike.deploy.flower.supernode', '--root-certificates', str(self.tls.ca),
-        '--auth-supernode-private-key', str(key), '--superlink', f'127.0.0.1:{self.port}',
+        sys.executable, '-m', 'paxlike.deploy.flower.supernode',
+        '--root-certificates', str(self.tls.ca), '--auth-supernode-private-key', str(key),
+        '--superlink', f'127.0.0.1:{self.port}',
         '--port', str(processes.free_port()), '--node-config', node_config])

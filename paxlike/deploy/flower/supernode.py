@@ -5,9 +5,9 @@ flwr 1.42's SuperNode sleeps 3 s after each pull that found no message and 0.5 s
 it waits for a ClientApp's reply, so every message (a round's train message, each SecAgg+ stage)
 waited about 1.75 s on average before any work began; and it lists a message before the
 ServerApp has pushed its arrays, whose pull then retries after 1 s, then 2 s. On one machine a
-pull is a loopback call;
-across hosts, where a pull crosses the network to a SuperLink that many nodes poll, Flower's own
-intervals are the right ones, and docs/flower.md's deployment commands start `flower-supernode`.
+pull is a loopback call; across hosts, where a pull crosses the network to a SuperLink that many
+nodes poll, Flower's own intervals are the right ones, and docs/flower.md's deployment commands
+start `flower-supernode`.
 
     python -m paxlike.deploy.flower.supernode [flower-supernode's arguments]
 """
