@@ -50,9 +50,11 @@ def test_the_sum_through_flowers_quantization_is_within_the_bound():
   slots = [{'up.0': rng.normal(size=3).astype(np.float32) * 50, 'up.1': np.float32(w),
             'up.2': np.int32(1)} for w in (288, 100, 35)]
   scale = 423.0  # The cohort's total weight.
-  sent = [secure.node_sum(PLAN, slots[:2], scale), secure.node_sum(PLAN, slots[2:], scale)]
+  scales = secure.value_scales(PLAN, scale, 3)
+  assert scales == {'up.0': scale, 'up.1': scale, 'up.2': scale}  # Each one is summed.
+  sent = [secure.node_sum(PLAN, slots[:2], scales), secure.node_sum(PLAN, slots[2:], scales)]
   assert all(a.ndim >= 1 for node in sent for a in node)  # 0-d values travel as (1,).
-  got = secure.aggregates(PLAN, _unmasked_sum(sent), 3, scale)
+  got = secure.aggregates(PLAN, _unmasked_sum(sent), 3, scales)
   exact = rounds.aggregates(PLAN, slots)
   bound = secure.sum_error_bound(2, scale)
   assert bound == pytest.approx(2 * 128 / 2**27 * scale)
@@ -63,10 +65,28 @@ def test_the_sum_through_flowers_quantization_is_within_the_bound():
   assert got['agg.3'] == 3  # Integer sums come back exact.
 
 
+def test_a_plain_mean_is_scaled_by_the_slots_not_by_a_total_weight_of_thousands():
+  """A mean of the clients' learning rates beside sums weighted by tokens: divided by the
+  total weight, 3 × 0.003 / 33,682 is a tenth of one quantization level and the mean comes
+  back as 0 or a multiple of 0.01; divided by the cohort's 3 slots it keeps 6 digits."""
+  plan = json.loads(json.dumps(PLAN))
+  plan['programs']['client']['outputs'].append({'name': 'up.3', 'shape': [], 'dtype': 'float32'})
+  plan['communication'].append({'kind': 'mean', 'value': 'up.3', 'result': 'agg.4'})
+  weight, rates = 33_682.0, (0.003, 0.002, 0.004)
+  scales = secure.value_scales(plan, weight, 3)
+  assert scales == {'up.0': weight, 'up.1': weight, 'up.2': weight, 'up.3': 3.0}
+  slots = [{'up.0': np.float32([1, 2, 3]), 'up.1': np.float32(10), 'up.2': np.int32(1),
+            'up.3': np.float32(r)} for r in rates]
+  sent = [secure.node_sum(plan, slots[:2], scales), secure.node_sum(plan, slots[2:], scales)]
+  got = secure.aggregates(plan, _unmasked_sum(sent), 3, scales)
+  mean_bound = secure.sum_error_bound(2, 3) / 3
+  assert mean_bound < 2e-6 and abs(float(got['agg.4']) - np.mean(rates)) <= mean_bound
+
+
 def test_a_value_outside_the_clipping_range_is_refused_in_one_line():
   slot = {'up.0': np.float32([1, 2, 3]), 'up.1': np.float32(65), 'up.2': np.int32(1)}
   with pytest.raises(ValueError) as error:
-    secure.node_sum(PLAN, [slot], 1.0)
+    secure.node_sum(PLAN, [slot], secure.value_scales(PLAN, 1.0, 1))
   assert 'up.1' in str(error.value) and '\n' not in str(error.value)
 
 
@@ -179,9 +199,11 @@ def test_secure_lora_rounds_send_the_base_once_and_equal_the_simulation(tmp_path
   for sim, dep, cohort in zip(simulated, deployed, cohorts):
     shared = set(sim) & set(dep) - TIMING_FIELDS - {'step'}
     assert {'loss', 'accuracy', 'clients', 'learning_rate'} <= shared, sorted(shared)
-    # The clients' learning rate is a plain mean, scaled like the sums by the cohort's total
-    # weight (tokens here): off by at most the sum's bound over the slots (secure.py).
-    lr_bound = cohort['secagg_sum_error_bound'] / sim['clients']
-    assert abs(dep['learning_rate'] - sim['learning_rate']) <= lr_bound
+    # The clients' learning rate is a plain mean, scaled by the cohort's slots (not by its
+    # total weight, thousands of tokens here, which left it 0): within its own bound.
+    assert cohort['secagg_mean_error_bound'] == pytest.approx(
+        secure.sum_error_bound(2, sim['clients']) / sim['clients'])
+    assert sim['learning_rate'] > 1e3 * cohort['secagg_mean_error_bound']
+    assert abs(dep['learning_rate'] - sim['learning_rate']) <= cohort['secagg_mean_error_bound']
     for key in shared - {'learning_rate'}:  # Weighted by the tokens: a level is ~1e-6 of each.
       np.testing.assert_allclose(dep[key], sim[key], rtol=1e-4, atol=1e-5, err_msg=key)

@@ -4,9 +4,11 @@ sum over the nodes of their contributions, never one node's.
 Flower 1.42 has SecAgg+ only on its legacy path: `SecAggPlusWorkflow` driving a strategy's
 `configure_fit`/`aggregate_fit`, and the nodes' `secaggplus_mod` around a handler that answers
 a legacy fit message (parameters: a list of arrays). Each node sends the sum over its slots of
-every summed or averaged value, divided by the round's `scale` (the cohort's total weight, at
-least 1, which the server knows) so that it lies in ±CLIPPING_RANGE; the mod quantizes each
-value stochastically to QUANTIZATION_RANGE levels over that range and masks it; the server
+every summed or averaged value, divided by that value's scale (`value_scales`, which the server
+knows too) so that it lies in ±CLIPPING_RANGE: a weighted sum's is the cohort's total weight (at
+least 1), a plain mean's the cohort's number of slots (a mean of the clients' learning rates
+divided by a total weight of thousands of tokens would fall below one level). The mod quantizes
+each value stochastically to QUANTIZATION_RANGE levels over that range and masks it; the server
 unmasks only the sum over the nodes (of their mean: times the nodes). Each node's value is off
 by less than one level, so a summed value differs from the exact sum by less than
 nodes × 2 × CLIPPING_RANGE / QUANTIZATION_RANGE × scale (`sum_error_bound`). A node whose
@@ -52,33 +54,44 @@ def summed_values(plan: dict[str, Any]) -> list[str]:
   return names
 
 
+def value_scales(plan: dict[str, Any], weight: float, slots: int) -> dict[str, float]:
+  """Per summed value, what a node divides it by: the cohort's number of `slots` for a value
+  only averaged, else the cohort's total `weight` (each at least 1)."""
+  kinds: dict[str, set[str]] = {}
+  for entry in plan['communication']:
+    if entry['kind'] in executor.UP:
+      kinds.setdefault(entry['value'], set()).add(entry['kind'])
+  return {name: float(max(1, slots)) if kinds[name] == {'mean'} else max(1.0, float(weight))
+          for name in summed_values(plan)}
+
+
 def sum_error_bound(nodes: int, scale: float) -> float:
   """The most a SecAgg+ sum of `nodes` nodes' values differs from the exact sum."""
   return nodes * 2 * CLIPPING_RANGE / QUANTIZATION_RANGE * scale
 
 
-def node_sum(plan: dict[str, Any], contributions: list[dict[str, np.ndarray]], scale: float
-             ) -> list[np.ndarray]:
-  """What a node sends: per summed value, its slots' sum (zeros when it has none) / `scale`,
-  in float64; ValueError (one line) when a value leaves ±CLIPPING_RANGE."""
+def node_sum(plan: dict[str, Any], contributions: list[dict[str, np.ndarray]],
+             scales: dict[str, float]) -> list[np.ndarray]:
+  """What a node sends: per summed value, its slots' sum (zeros when it has none) / its scale
+  (`value_scales`), in float64; ValueError (one line) when a value leaves ±CLIPPING_RANGE."""
   specs = {d['name']: d for d in plan['programs']['client']['outputs']}
   out = []
   for name in summed_values(plan):
     total = np.zeros(specs[name]['shape'], np.float64)
     for c in contributions:
       total = total + np.asarray(c[name], np.float64)
-    scaled = total / scale
+    scaled = total / scales[name]
     if scaled.size and np.max(np.abs(scaled)) > CLIPPING_RANGE:
-      raise ValueError(f'{name} / {scale:g} reaches {np.max(np.abs(scaled)):.3g}, outside '
-                       f'SecAgg+\'s clipping range ±{CLIPPING_RANGE:g}')
+      raise ValueError(f'{name} / {scales[name]:g} reaches {np.max(np.abs(scaled)):.3g}, '
+                       f'outside SecAgg+\'s clipping range ±{CLIPPING_RANGE:g}')
     out.append(np.atleast_1d(scaled))  # The workflow's unmasking skips 0-d arrays.
   return out
 
 
-def aggregates(plan: dict[str, Any], sums: list[np.ndarray], slots: int, scale: float
-               ) -> dict[str, np.ndarray]:
-  """The plan's aggregates from the unmasked per-value sums (scaled back, as the executor's
-  dtypes; a mean divides by the `slots` that contributed)."""
+def aggregates(plan: dict[str, Any], sums: list[np.ndarray], slots: int,
+               scales: dict[str, float]) -> dict[str, np.ndarray]:
+  """The plan's aggregates from the unmasked per-value sums (scaled back by `scales`, as the
+  executor's dtypes; a mean divides by the `slots` that contributed)."""
   specs = {d['name']: d for d in plan['programs']['client']['outputs']}
   total = dict(zip(summed_values(plan), sums))
   results = {}
@@ -87,7 +100,7 @@ def aggregates(plan: dict[str, Any], sums: list[np.ndarray], slots: int, scale: 
       continue
     dtype = specs[entry['value']]['dtype']
     shape = specs[entry['value']]['shape']
-    value = np.asarray(total[entry['value']], np.float64).reshape(shape) * scale
+    value = np.asarray(total[entry['value']], np.float64).reshape(shape) * scales[entry['value']]
     if entry['kind'] == 'mean':
       results[entry['result']] = (value / slots).astype(executor._mean_dtype(dtype))
     else:
@@ -98,18 +111,18 @@ def aggregates(plan: dict[str, Any], sums: list[np.ndarray], slots: int, scale: 
 
 
 def fit_config(step: int, slots: list[int], clients: list[int], live: list[int],
-               scale: float, keys: list[str]) -> dict[str, Any]:
+               scales: dict[str, float], keys: list[str]) -> dict[str, Any]:
   """A legacy fit message's config (scalars only): the round, the node's slots and their
-  clients, the live clients the cohort was drawn among, the scale and the names of the
-  parameter list's arrays."""
+  clients, the live clients the cohort was drawn among, the values' scales and the names of
+  the parameter list's arrays."""
   return {'step': step, 'slots': json.dumps(slots), 'clients': json.dumps(clients),
-          'live': json.dumps(live), 'scale': float(scale), 'keys': json.dumps(keys)}
+          'live': json.dumps(live), 'scales': json.dumps(scales), 'keys': json.dumps(keys)}
 
 
 def read_fit_config(config: dict[str, Any]
-                    ) -> tuple[int, list[int], list[int], list[int], float, list[str]]:
-  """(step, slots, clients, live, scale, keys) of `fit_config`."""
+                    ) -> tuple[int, list[int], list[int], list[int], dict[str, float], list[str]]:
+  """(step, slots, clients, live, scales, keys) of `fit_config`."""
   return (int(config['step']), json.loads(str(config['slots'])),
           json.loads(str(config['clients'])), json.loads(str(config['live'])),
-          float(config['scale']), json.loads(str(config['keys'])))
+          json.loads(str(config['scales'])), json.loads(str(config['keys'])))
 

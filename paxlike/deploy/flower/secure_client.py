@@ -25,12 +25,12 @@ def train(msg: Message, context: Context) -> Message:
   """This node's scaled sums for the round SecAgg+ is collecting (num_examples 1: the workflow
   weights every node alike, so its result is the nodes' mean)."""
   fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
-  step, slots, clients, live, scale, keys = secure.read_fit_config(fitins.config)
+  step, slots, clients, live, scales, keys = secure.read_fit_config(fitins.config)
   received = dict(zip(keys, parameters_to_ndarrays(fitins.parameters)))
   kept = once.kept(context, records.with_prefix(received, records.ONCE))
   by_slot = client_app.run_slots(context, step, slots, clients, live, received, kept)
   plan = records.read_plan(str(context.node_config['export-dir']))
-  sums = secure.node_sum(plan, [by_slot[s] for s in slots], scale)
+  sums = secure.node_sum(plan, [by_slot[s] for s in slots], scales)
   fitres = FitRes(Status(Code.OK, 'ok'), ndarrays_to_parameters([np.asarray(s) for s in sums]),
                   1, {})
   return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)

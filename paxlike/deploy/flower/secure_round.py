@@ -57,7 +57,7 @@ class _Sums(Strategy):
 
 def secure_sums(grid: Grid, context: Context,
                 by_node: dict[int, tuple[list[int], list[int], dict[str, np.ndarray]]],
-                live: list[int], step: int, scale: float, timeout: float
+                live: list[int], step: int, scales: dict[str, float], timeout: float
                 ) -> tuple[list[np.ndarray], int]:
   """(The sum over the nodes of what each sends (secure.node_sum), the bytes of the arrays
   sent down), each node given its (slots, clients, values sent down, by record key) of round
@@ -67,7 +67,7 @@ def secure_sums(grid: Grid, context: Context,
   for node, (slots, clients, down) in by_node.items():
     keys = list(down)
     fitins[node] = FitIns(ndarrays_to_parameters([np.asarray(down[k]) for k in keys]),
-                          secure.fit_config(step, slots, clients, live, scale, keys))
+                          secure.fit_config(step, slots, clients, live, scales, keys))
   manager = SimpleClientManager()
   for node in by_node:
     manager.register(GridClientProxy(node, grid, context.run_id))

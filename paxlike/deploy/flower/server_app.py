@@ -104,13 +104,16 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
                                        list(m.content['round']['clients']),
                                        records.from_record(m.content['down']))
   held = sorted(s for slots, _, _ in by_node.values() for s in slots)
-  sums, sent_down = secure_round.secure_sums(grid, context, by_node, draw.live, step, scale,
+  scales = secure.value_scales(plan, scale, len(cohort))
+  sums, sent_down = secure_round.secure_sums(grid, context, by_node, draw.live, step, scales,
                                              timeout)
-  return (secure.aggregates(plan, sums, len(held), scale),
+  nodes = len(by_node)
+  return (secure.aggregates(plan, sums, len(held), scales),
           {'dropped_slots': sorted(set(range(len(cohort))) - set(held)),
-           'bytes_down': sent_down,
-           'bytes_up': None, 'secagg_sum_error_bound': secure.sum_error_bound(len(by_node),
-                                                                              scale)}, {})
+           'bytes_down': sent_down, 'bytes_up': None,
+           'secagg_sum_error_bound': secure.sum_error_bound(nodes, scale),
+           'secagg_mean_error_bound': secure.sum_error_bound(nodes, max(1, len(cohort)))
+                                      / max(1, len(held))}, {})
 
 
 def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members,
