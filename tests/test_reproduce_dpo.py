@@ -62,6 +62,13 @@ def test_runs_tune_from_the_sft_job_and_the_probe_does_not_move():
   assert runs['simpo'][1]['loss.gamma'] == 1.0 and runs['dpo_full'][1]['model.lora_rank'] == 0
 
 
+def test_a_quick_plan_shrinks_every_run_alike():
+  """Tuning from the base job needs the base's shapes: the quick plan's one layer is in every
+  run's overrides, the full plan's runs keep the experiments' model."""
+  assert {o.get('model.num_layers') for _, _, o in dpo.runs(dpo.QUICK, Path('/w'))} == {1}
+  assert all('model.num_layers' not in o for _, _, o in dpo.runs(dpo.FULL, Path('/w')))
+
+
 def _rows(accuracy, chosen, rejected, beta=0.1, reference=(-20.0, -25.0)):
   """Eval rows at steps 10, 20 whose log-ratios are `chosen` and `rejected` (pairs of values)."""
   return [{'step': 10 * (i + 1), 'eval_rewards/accuracies': a, 'eval_loss': 0.5,

@@ -24,9 +24,9 @@ from reproductions.page import Report
 NAME, TITLE = 'dpo', 'DPO, SimPO and ORPO on preference pairs made from local text'
 BASE, TUNE = 'lm.StdlibTiny', 'lm.DpoTiny'
 FULL = dict(base_steps=150, steps=80, batch=8, seq_len=128, eval_every=20, eval_batches=8,
-            eval_batch=16, lr=2e-3)
+            eval_batch=16, lr=2e-3, model={})
 QUICK = dict(base_steps=2, steps=2, batch=2, seq_len=128, eval_every=2, eval_batches=1,
-             eval_batch=4, lr=2e-3)
+             eval_batch=4, lr=2e-3, model={'model.num_layers': 1})  # Every run one layer.
 # Each method's loss settings: DPO's beta as TRL's default; SimPO's as the paper's range
 # (beta 2, gamma / beta 0.5); ORPO's lambda as the paper's 0.1.
 METHODS = {'dpo': dict(kind='dpo', beta=0.1, lora=True),
@@ -102,7 +102,8 @@ def runs(plan: dict, work: Path) -> list[tuple[str, str, dict]]:
                          'train.log_every': plan['base_steps'],
                          'train.checkpoint_every': plan['base_steps']}),
          ('probe', TUNE, _overrides(plan, base, None))]
-  return out + [(name, TUNE, _overrides(plan, base, method)) for name, method in METHODS.items()]
+  out += [(name, TUNE, _overrides(plan, base, method)) for name, method in METHODS.items()]
+  return [(name, exp, {**plan['model'], **overrides}) for name, exp, overrides in out]
 
 
 def run(quick: bool, work: Path) -> Report:

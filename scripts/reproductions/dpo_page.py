@@ -33,8 +33,8 @@ y_w, so it should keep the chosen's likelihood rising."""
 
 
 def _setting(quick: bool, plan: dict) -> str:
-  size = ('`--quick`: a couple of steps per run: a smoke test of the pipeline, whose numbers '
-          'mean nothing.\n\n' if quick else '')
+  size = ('`--quick`: a couple of steps per run of a 1-layer model: a smoke test of the '
+          'pipeline, whose numbers mean nothing.\n\n' if quick else '')
   methods = '; '.join(f"{name}: kind {m['kind']}, β {m['beta']:g}"
                       + (f", γ {m['gamma']:g}" if 'gamma' in m else '')
                       + (', LoRA rank 8 (attention)' if m['lora'] else ', every weight')
