@@ -24,17 +24,21 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plot_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# How a run's process starts, as subprocess.Popen(argv, cwd=, env=, stdout=, stderr=). The test
+# suite forks its runs from a process that has imported paxlike already (tests/forked_cli.py).
+START: Callable[..., Any] = subprocess.Popen
 DEFAULT_EXPERIMENTS = ('federated.ShakespeareFedAvg', 'federated.ShakespeareFedAdam',
                        'federated.ShakespeareDiLoCo', 'federated.ShakespearePapa',
                        'federated.ShakespeareBtm', 'federated.ShakespeareCentralized')
@@ -115,16 +119,20 @@ def run(p: Plan, out: Path, overrides: list[str], evals: int, timeout: float) ->
   log_path = out / 'runs' / f'{p.name}.log'
   start = time.perf_counter()
   with log_path.open('w') as log:
-    proc = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                          timeout=timeout)
-  record = {'command': command, 'returncode': proc.returncode,
-            'wall_time_s': time.perf_counter() - start}
-  if proc.returncode == 0:
+    proc = START(command, cwd=REPO, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+    try:
+      code = proc.wait(timeout)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  record = {'command': command, 'returncode': code, 'wall_time_s': time.perf_counter() - start}
+  if code == 0:
     record_path.write_text(json.dumps(record))
   else:
     tail = log_path.read_text().strip().splitlines()[-1:] or ['']
     record['error'] = tail[0]
-    print(f'compare: {p.name} failed (exit {proc.returncode}): {tail[0]}', file=sys.stderr)
+    print(f'compare: {p.name} failed (exit {code}): {tail[0]}', file=sys.stderr)
   return record
 
 

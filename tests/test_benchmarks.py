@@ -9,7 +9,7 @@ import sys
 import fiddle as fdl
 import pytest
 
-from tests.helpers import REPO, cli_env, run_file
+from tests.helpers import REPO, cli_env, run_file, run_python
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
@@ -223,12 +223,23 @@ def test_weak_scaling_quick_grows_cohort_with_devices_and_plots(tmp_path):
   assert out['min_efficiency'] == min(p['efficiency'] for p in points)
 
 
+# `python scripts/compare.py ARGS`, forked from the worker's fork server, with its training runs
+# forked from it in turn (tests/forked_cli.py) instead of each importing paxlike again.
+COMPARE = """
+import sys
+sys.path.insert(0, 'scripts')
+import compare
+from tests.forked_cli import ForkServer
+compare.START = ForkServer.here().popen
+sys.exit(compare.main({args!r}))
+"""
+
+
 @pytest.mark.slow
 def test_compare_writes_the_report_and_both_plots(tmp_path):
-  args = [sys.executable, 'scripts/compare.py', f'--out={tmp_path}', '--rounds=3', '--evals=1',
+  args = [f'--out={tmp_path}', '--rounds=3', '--evals=1',
           '--experiments=lm.StdlibTiny,lm.ShakespeareTiny', '--set=model.num_layers=1']
-  proc = subprocess.run(args, cwd=REPO, text=True, capture_output=True, timeout=600,
-                        env=cli_env(1))
+  proc = run_python(['-c', COMPARE.format(args=args)], cli_env(1), timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   report = (tmp_path / 'report.md').read_text()
   for name in ('lm.StdlibTiny', 'lm.ShakespeareTiny'):
@@ -238,8 +249,7 @@ def test_compare_writes_the_report_and_both_plots(tmp_path):
     assert cells[8] == '0'  # Centralized training communicates nothing.
   for png in ('loss_vs_round.png', 'loss_vs_communication.png'):
     assert (tmp_path / png).read_bytes()[:8] == PNG
-  again = subprocess.run(args, cwd=REPO, text=True, capture_output=True, timeout=600,
-                         env=cli_env(1))
+  again = run_python(['-c', COMPARE.format(args=args)], cli_env(1), timeout=600)
   assert again.returncode == 0 and again.stderr.count('reusing') == 2
 
 
