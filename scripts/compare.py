@@ -24,21 +24,18 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli_runs  # noqa: E402
 import plot_metrics  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-# How a run's process starts, as subprocess.Popen(argv, cwd=, env=, stdout=, stderr=). The test
-# suite forks its runs from a process that has imported paxlike already (tests/forked_cli.py).
-START: Callable[..., Any] = subprocess.Popen
+REPO = cli_runs.REPO
 DEFAULT_EXPERIMENTS = ('federated.ShakespeareFedAvg', 'federated.ShakespeareFedAdam',
                        'federated.ShakespeareDiLoCo', 'federated.ShakespearePapa',
                        'federated.ShakespeareBtm', 'federated.ShakespeareCentralized')
@@ -118,14 +115,8 @@ def run(p: Plan, out: Path, overrides: list[str], evals: int, timeout: float) ->
         f'{p.local_steps} local steps)', file=sys.stderr, flush=True)
   log_path = out / 'runs' / f'{p.name}.log'
   start = time.perf_counter()
-  with log_path.open('w') as log:
-    proc = START(command, cwd=REPO, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
-    try:
-      code = proc.wait(timeout)
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+  with log_path.open('w') as log, cli_runs.started(command, log, subprocess.STDOUT) as proc:
+    code = proc.wait(timeout)
   record = {'command': command, 'returncode': code, 'wall_time_s': time.perf_counter() - start}
   if code == 0:
     record_path.write_text(json.dumps(record))

@@ -228,9 +228,9 @@ def test_weak_scaling_quick_grows_cohort_with_devices_and_plots(tmp_path):
 COMPARE = """
 import sys
 sys.path.insert(0, 'scripts')
-import compare
+import cli_runs, compare
 from tests.forked_cli import ForkServer
-compare.START = ForkServer.here().popen
+cli_runs.START = ForkServer.here().popen
 sys.exit(compare.main({args!r}))
 """
 

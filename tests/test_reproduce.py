@@ -25,10 +25,9 @@ PNG = b'\x89PNG\r\n\x1a\n'
 REPRODUCE = """
 import sys
 sys.path.insert(0, 'scripts')
-import reproduce
-from reproductions import trainer
+import cli_runs, reproduce
 from tests.forked_cli import ForkServer
-trainer.START = ForkServer.here().popen
+cli_runs.START = ForkServer.here().popen
 sys.exit(reproduce.main({args!r}))
 """
 

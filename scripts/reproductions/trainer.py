@@ -5,20 +5,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-REPO = Path(__file__).resolve().parents[2]
+import cli_runs
+
+REPO = cli_runs.REPO
 Row = dict[str, Any]
 REUSE = {'on': False}  # scripts/reproduce.py --reuse: read finished runs instead of training.
 SPENT = {'seconds': 0.0}  # Training time of this process's runs (reused ones: as recorded).
-# How a run's process starts, as subprocess.Popen(argv, cwd=, env=, stdout=, stderr=). The test
-# suite forks its runs from a process that has imported paxlike already (tests/forked_cli.py).
-START: Callable[..., Any] = subprocess.Popen
 
 
 def log(message: str) -> None:
@@ -62,15 +60,9 @@ def train(exp: str, job: Path, overrides: Mapping[str, Any],
     raise FileExistsError(f'{job} exists: each reproduction run needs a new job dir')
   job.parent.mkdir(parents=True, exist_ok=True)
   start = time.monotonic()
-  with open(job.parent / f'{job.name}.log', 'w') as out:
-    proc = START(command(exp, job, overrides), cwd=REPO, env=_env(), stdout=out,
-                 stderr=subprocess.STDOUT)
-    try:
-      rows = _watch(proc, job / 'metrics.jsonl', stop, time.monotonic() + timeout)
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+  with (open(job.parent / f'{job.name}.log', 'w') as out,
+        cli_runs.started(command(exp, job, overrides), out, subprocess.STDOUT) as proc):
+    rows = _watch(proc, job / 'metrics.jsonl', stop, time.monotonic() + timeout)
   if rows is None:
     tail = (job.parent / f'{job.name}.log').read_text()[-2000:]
     raise RuntimeError(f'training {exp} in {job} failed (exit {proc.returncode}):\n{tail}')
@@ -88,26 +80,14 @@ def cli_output(args: Sequence[str], out: Path, timeout: float = 600) -> str:
     return out.read_text()
   argv = [sys.executable, '-m', 'paxlike.main', *args]
   partial = out.with_name(out.name + '.partial')
-  with open(partial, 'w') as stdout, open(out.with_suffix('.log'), 'w') as stderr:
-    proc = START(argv, cwd=REPO, env=_env(), stdout=stdout, stderr=stderr)
-    try:
-      code = proc.wait(timeout)
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+  with (open(partial, 'w') as stdout, open(out.with_suffix('.log'), 'w') as stderr,
+        cli_runs.started(argv, stdout, stderr) as proc):
+    code = proc.wait(timeout)
   if code != 0:
     tail = out.with_suffix('.log').read_text()[-2000:]
     raise RuntimeError(f'{" ".join(args)} failed (exit {code}):\n{tail}')
   partial.replace(out)
   return out.read_text()
-
-
-def _env() -> dict[str, str]:
-  """This process's environment with the repository first on PYTHONPATH."""
-  paths = os.environ.get('PYTHONPATH', '').split(os.pathsep)
-  return {**os.environ, 'PYTHONPATH': os.pathsep.join(
-      [str(REPO), *(p for p in paths if p and p != str(REPO))])}
 
 
 def _watch(proc: subprocess.Popen, metrics: Path, stop: Callable[[Row], bool] | None,
