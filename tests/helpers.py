@@ -25,11 +25,16 @@ TINY = ['--exp=lm.StdlibTiny', '--fdl_fiddler=tiny', '--fdl_set=data.batch_size=
         '--fdl_set=data.seq_len=64', '--fdl_set=data.num_eval_batches=2']
 
 
-def cli_env(devices: int = 1, optimized: bool = False, **extra: str) -> dict[str, str]:
-  """The environment of a CLI subprocess on `devices` forced CPU devices, keeping the suite's
-  XLA flags (conftest.py), less its -O0 when `optimized` (long runs, where compiling is not
-  the cost)."""
-  env = {**os.environ, 'PYTHONPATH': str(REPO), **extra}
+# The environment the suite started in, before any test set a variable of its own.
+SUITE_ENV = dict(os.environ)
+
+
+def cli_env(devices: int = 1, optimized: bool = False, base: dict[str, str] | None = None,
+            **extra: str) -> dict[str, str]:
+  """The environment of a CLI subprocess on `devices` forced CPU devices: `base` (the current
+  one by default) with the suite's XLA flags (conftest.py), less its -O0 when `optimized` (long
+  runs, where compiling is not the cost)."""
+  env = {**(os.environ if base is None else base), 'PYTHONPATH': str(REPO), **extra}
   kept = [f for f in os.environ.get('XLA_FLAGS', '').split()
           if not f.startswith('--xla_force_host_platform_device_count')
           and not (optimized and f.startswith('--xla_backend_optimization_level'))]
@@ -95,9 +100,11 @@ _SERVER: list[ForkServer] = []
 
 
 def _fork_server() -> ForkServer:
-  """This process's fork server, started on first use (and again if it died)."""
+  """This process's fork server, started on first use (and again if it died) in the suite's own
+  environment: not in that of the test that happens to ask first, whose variables (a private
+  XDG_CACHE_HOME, say) would leave every later run unservable, each then a fresh process."""
   if not (_SERVER and _SERVER[0].alive()):
-    _SERVER[:] = [ForkServer(cli_env(1))]
+    _SERVER[:] = [ForkServer(cli_env(1, base=SUITE_ENV))]
     atexit.register(_SERVER[0].close)
   return _SERVER[0]
 

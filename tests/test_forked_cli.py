@@ -6,7 +6,7 @@ jax backend, which is what lets each child choose its devices."""
 import subprocess
 import sys
 
-from tests import forked_cli
+from tests import forked_cli, helpers
 from tests.helpers import REPO, TINY, cli_env, run_script
 
 
@@ -47,6 +47,20 @@ def test_only_the_cli_and_scripts_with_runtime_variables_changed_are_forked():
   assert not forked_cli.servable(env, {k: v for k, v in env.items() if k != 'PATH'})
   assert forked_cli.runnable(['-m', 'paxlike.main', '--list']) and forked_cli.runnable(['-c', 'x'])
   assert not forked_cli.runnable(['-m', 'paxlike.export']) and not forked_cli.runnable(['x.py'])
+
+
+def test_the_workers_server_starts_in_the_suites_environment_whoever_asks_first(monkeypatch):
+  """A test that sets an import-time variable of its own gets fresh processes for its runs; the
+  server, even when that test is the first to ask for it, serves every other test's."""
+  monkeypatch.setenv('XDG_CACHE_HOME', '/elsewhere')
+  monkeypatch.setattr(helpers, '_SERVER', [])
+  server = helpers._fork_server()  # pylint: disable=protected-access
+  try:
+    assert not server.can_run(['-m', 'paxlike.main'], cli_env(1))
+    monkeypatch.undo()
+    assert server.can_run(['-m', 'paxlike.main'], cli_env(8))
+  finally:
+    server.close()
 
 
 def test_importing_what_the_server_preloads_starts_no_backend():
