@@ -4,8 +4,6 @@ whose reimport gives the fine-tuned model's logits."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import fiddle as fdl
 import flax.linen as nn
@@ -18,7 +16,7 @@ from paxlike.config import config_io
 from paxlike.interop import load_hf_checkpoint
 from paxlike.layers import lora
 from paxlike.trainer import restore
-from tests.helpers import REPO, cli_env, metric_rows, run_cli
+from tests.helpers import cli_env, metric_rows, run_cli, run_python
 from tests.interop import checkpoints
 
 pytestmark = pytest.mark.slow
@@ -31,9 +29,10 @@ def source_dir(root, family):
   with open(root / 'sft.jsonl', 'w') as f:
     for i in range(200):
       f.write(json.dumps({'prompt': f'Q: {i} plus {i}?\nA:', 'completion': f' {2 * i}'}) + '\n')
-  subprocess.run([sys.executable, '-m', 'paxlike.tokenizers', 'train', f'--files={root}/sft.jsonl',
-                  '--text_field=prompt', '--vocab_size=400', '--kind=bpe', f'--out={hf}',
-                  '--overwrite'], check=True, cwd=REPO, env=cli_env(), capture_output=True)
+  made = run_python(['-m', 'paxlike.tokenizers', 'train', f'--files={root}/sft.jsonl',
+                     '--text_field=prompt', '--vocab_size=400', '--kind=bpe', f'--out={hf}',
+                     '--overwrite'], cli_env(), timeout=300)
+  assert made.returncode == 0, made.stderr[-2000:]
   return hf
 
 
@@ -54,8 +53,8 @@ def test_a_fine_tune_exports_as_its_source_family(tmp_path, family):
           env=env)
   assert [r['step'] for r in metric_rows(job)] == [3]
   shutil.rmtree(hf)
-  proc = subprocess.run([sys.executable, '-m', 'paxlike.interop.hf', f'--job_log_dir={job}',
-                         f'--out={out}'], cwd=REPO, env=env, capture_output=True, text=True)
+  proc = run_python(['-m', 'paxlike.interop.hf', f'--job_log_dir={job}', f'--out={out}'], env,
+                    timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   written = json.loads((out / 'config.json').read_text())
   assert written['model_type'] == family and written['architectures'] == [ARCHITECTURES[family]]

@@ -4,8 +4,6 @@ whose source is gone continues from its own checkpoints."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -14,7 +12,7 @@ import pytest
 
 from paxlike.interop import hf_llama
 from paxlike.layers import TransformerLM
-from tests.helpers import REPO, cli_env, metric_rows, run_cli
+from tests.helpers import cli_env, metric_rows, run_cli, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -32,9 +30,10 @@ def source(tmp_path_factory):
   with open(root / 'sft.jsonl', 'w') as f:
     for i in range(300):
       f.write(json.dumps({'prompt': f'Q: {i} plus {i}?\nA:', 'completion': f' {2 * i}'}) + '\n')
-  subprocess.run([sys.executable, '-m', 'paxlike.tokenizers', 'train', f'--files={root}/sft.jsonl',
-                  '--text_field=prompt', '--vocab_size=400', '--kind=bpe', f'--out={root / "hf"}',
-                  '--overwrite'], check=True, cwd=REPO, env=cli_env(), capture_output=True)
+  made = run_python(['-m', 'paxlike.tokenizers', 'train', f'--files={root}/sft.jsonl',
+                     '--text_field=prompt', '--vocab_size=400', '--kind=bpe',
+                     f'--out={root / "hf"}', '--overwrite'], cli_env(), timeout=300)
+  assert made.returncode == 0, made.stderr[-2000:]
   return root
 
 
@@ -70,9 +69,8 @@ def test_sft_takes_the_checkpoints_shape_and_tokenizer_and_outlives_its_source(s
                     '--decode_length=4', '--temperature=0', env=env)
   assert decoded.stdout.startswith('Q: 3 plus 3?'), decoded.stdout
   out = tmp_path / 'hf_out'
-  exported = subprocess.run([sys.executable, '-m', 'paxlike.interop.hf_llama',
-                             f'--job_log_dir={job}', f'--out={out}'], cwd=REPO, env=env,
-                            capture_output=True, text=True)
+  exported = run_python(['-m', 'paxlike.interop.hf_llama', f'--job_log_dir={job}',
+                         f'--out={out}'], env, timeout=300)
   assert exported.returncode == 0, exported.stderr[-2000:]
   assert (out / 'tokenizer.json').read_bytes() == (job / 'source' / 'tokenizer.json').read_bytes()
 
@@ -108,8 +106,8 @@ def test_export_merges_lora_and_reimports_to_identical_logits(source, tmp_path):
   job, out = tmp_path / 'job', tmp_path / 'exported'
   run_cli(*sft_args(source, job, 4), '--fdl_set=optimizer.learning_rate=0.05',
           env=cli_env(PAXLIKE_TOKEN_DIR=str(tmp_path / 'tokens')))
-  proc = subprocess.run([sys.executable, '-m', 'paxlike.interop.hf_llama', f'--job_log_dir={job}',
-                         f'--out={out}'], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+  proc = run_python(['-m', 'paxlike.interop.hf_llama', f'--job_log_dir={job}', f'--out={out}'],
+                    cli_env(), timeout=300)
   assert proc.returncode == 0 and proc.stdout.startswith(f'wrote {out}'), proc.stderr[-2000:]
   assert {p.name for p in out.iterdir()} >= {'config.json', 'model.safetensors', 'tokenizer.json'}
   registry.import_all()
@@ -124,6 +122,6 @@ def test_export_merges_lora_and_reimports_to_identical_logits(source, tmp_path):
   cfg, imported = hf_llama.load_hf_checkpoint(out)
   got = TransformerLM(**{**cfg.__arguments__}).apply({'params': imported}, tokens)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
-  again = subprocess.run([sys.executable, '-m', 'paxlike.interop.hf_llama', f'--job_log_dir={job}',
-                          f'--out={out}'], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+  again = run_python(['-m', 'paxlike.interop.hf_llama', f'--job_log_dir={job}', f'--out={out}'],
+                     cli_env(), timeout=300)
   assert again.returncode == 2 and 'exists and is not empty' in again.stderr

@@ -10,8 +10,9 @@ from tests import forked_cli, helpers
 from tests.helpers import REPO, TINY, cli_env, run_script
 
 
-def fresh(*args: str, devices: int = 1) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-m', 'paxlike.main', *args], cwd=REPO, text=True,
+def fresh(*args: str, module: str = 'paxlike.main', devices: int = 1
+          ) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, '-m', module, *args], cwd=REPO, text=True,
                         capture_output=True, timeout=300, env=cli_env(devices))
 
 
@@ -25,6 +26,15 @@ def test_a_forked_run_is_the_run_a_fresh_process_makes(tmp_path):
       assert (forked.returncode, forked.stdout, forked.stderr) == (
           alone.returncode, alone.stdout, alone.stderr), args
     assert forked.returncode == 2
+    # Another module of the package (a package's __main__; absl's and argparse's program names).
+    for module, args, needle in (('paxlike.tokenizers', ['train'], '--files'),
+                                 ('paxlike.interop.hf_llama', [], '--job_log_dir'),
+                                 ('paxlike.export.run', [f'--dir={tmp_path}'], 'plan.json')):
+      forked = server.run(['-m', module, *args], cli_env(1), timeout=120)
+      alone = fresh(*args, module=module)
+      assert (forked.returncode, forked.stdout, forked.stderr) == (
+          alone.returncode, alone.stdout, alone.stderr), module
+      assert forked.returncode in (1, 2) and needle in forked.stderr
     # The mesh of `cpu8` needs 8 devices: the child has them when its XLA_FLAGS say so.
     args = [*TINY, '--fdl_fiddler=cpu8', '--fdl_set=train.num_steps=1', '--fdl_set=train.eval_every=1']
     one = server.run(['-m', 'paxlike.main', *args, f'--job_log_dir={tmp_path / "one"}'], cli_env(1),
@@ -46,7 +56,8 @@ def test_only_the_cli_and_scripts_with_runtime_variables_changed_are_forked():
   assert not forked_cli.servable(env, {**env, 'JAX_ENABLE_X64': '1'})
   assert not forked_cli.servable(env, {k: v for k, v in env.items() if k != 'PATH'})
   assert forked_cli.runnable(['-m', 'paxlike.main', '--list']) and forked_cli.runnable(['-c', 'x'])
-  assert not forked_cli.runnable(['-m', 'paxlike.export']) and not forked_cli.runnable(['x.py'])
+  assert forked_cli.runnable(['-m', 'paxlike.export', '--exp=x'])
+  assert not forked_cli.runnable(['-m', 'flwr']) and not forked_cli.runnable(['x.py'])
 
 
 def test_the_workers_server_starts_in_the_suites_environment_whoever_asks_first(monkeypatch):

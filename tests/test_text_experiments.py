@@ -5,7 +5,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from paxlike.config import config_io
 from paxlike.data import token_build
 from tests.fixture_data import SHAKESPEARE_SLICE
-from tests.helpers import REPO, cli_env, metric_rows, run_cli, start_cli
+from tests.helpers import cli_env, metric_rows, run_cli, run_python, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +30,9 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
         speaker, _, text = speech.partition(':\n')
         f.write(json.dumps({'speaker': speaker, 'text': text}) + '\n')
   tok = root / 'tok'
-  subprocess.run([sys.executable, '-m', 'paxlike.tokenizers', 'train',
-                  f'--files={root}/*.jsonl', '--vocab_size=500', '--kind=bpe', f'--out={tok}'],
-                 check=True, cwd=REPO, env=cli_env(), capture_output=True)
+  made = run_python(['-m', 'paxlike.tokenizers', 'train', f'--files={root}/*.jsonl',
+                     '--vocab_size=500', '--kind=bpe', f'--out={tok}'], cli_env(), timeout=300)
+  assert made.returncode == 0, made.stderr[-2000:]
   return {'root': root, 'tokenizer': tok / 'tokenizer.json', 'tokens': root / 'token_store'}
 
 

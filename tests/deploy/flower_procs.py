@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from paxlike.deploy.flower import processes as processes_lib
-from tests.helpers import REPO, cli_env, made_once
+from tests.helpers import REPO, cli_env, made_once, run_python
 
 # DigitsFedAvg at test size: 5 clients, 3 a round of 2 local steps on batches of 8.
 CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3',
@@ -25,9 +25,8 @@ def digits_export(tmp_path_factory) -> Path:
   """CLI_TINY's export of EXPORT_ROUNDS rounds, made once per pytest run (the local and the
   secure federations both run it)."""
   def make(out: Path) -> None:
-    made = subprocess.run([sys.executable, '-m', 'paxlike.export', *CLI_TINY, f'--out={out}',
-                           f'--rounds={EXPORT_ROUNDS}'], cwd=REPO, env=cli_env(), text=True,
-                          capture_output=True, timeout=300)
+    made = run_python(['-m', 'paxlike.export', *CLI_TINY, f'--out={out}',
+                       f'--rounds={EXPORT_ROUNDS}'], cli_env(), timeout=300)
     assert made.returncode == 0, made.stderr[-2000:]
   return made_once(tmp_path_factory, 'flower_digits_export', make)
 

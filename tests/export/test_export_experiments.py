@@ -21,7 +21,7 @@ from paxlike.export import run
 from paxlike.export.__main__ import export_experiment
 from tests.export.export_task import (TINY, assert_round_matches, digits,
                                       exported_rounds_match_training, train_to)
-from tests.helpers import REPO, cli_env, metric_rows
+from tests.helpers import REPO, cli_env, metric_rows, run_python
 
 pytestmark = pytest.mark.slow  # Trainer runs and CLI subprocesses, each a few seconds.
 
@@ -77,9 +77,8 @@ def test_fedadam_export_from_a_job_dir_continues_its_training(tmp_path):
 def fedavg_export(tmp_path_factory) -> Path:
   """The CLI's export of two tiny DigitsFedAvg rounds."""
   out = tmp_path_factory.mktemp('fedavg') / 'export'
-  proc = subprocess.run([sys.executable, '-m', 'paxlike.export', *CLI_TINY, f'--out={out}',
-                         '--rounds=2'], cwd=REPO, env=cli_env(), text=True, capture_output=True,
-                        timeout=300)
+  proc = run_python(['-m', 'paxlike.export', *CLI_TINY, f'--out={out}', '--rounds=2'], cli_env(),
+                    timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert {'plan.json', 'client.jaxexport', 'server_pre.jaxexport', 'server_post.jaxexport',
           'state', 'rounds.npz'} <= {line.split('\t')[0] for line in proc.stdout.splitlines()}
@@ -87,9 +86,8 @@ def fedavg_export(tmp_path_factory) -> Path:
 
 
 def executor(directory: Path, *args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-m', 'paxlike.export.run', f'--dir={directory}',
-                         *args], cwd=REPO, env=cli_env(), text=True, capture_output=True,
-                        timeout=300)
+  return run_python(['-m', 'paxlike.export.run', f'--dir={directory}', *args], cli_env(),
+                    timeout=300)
 
 
 def test_fedavg_cli_export_runs_like_training(fedavg_export, tmp_path):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +21,7 @@ from paxlike.federated.scaffold import scaffold
 from paxlike.core.algorithm import AlgorithmConfigError
 from paxlike.trainer.centralized import centralized
 from tests.federated.test_algorithms import D, _params, _run
-from tests.helpers import REPO, cli_env, metric_rows, run_cli
+from tests.helpers import cli_env, metric_rows, run_cli, run_python
 
 L, ETA, MU = 4, 0.05, 0.5
 
@@ -235,8 +233,8 @@ def test_cli_rows_count_the_stragglers_and_a_resumed_run_repeats_them(tmp_path):
 def test_a_round_with_partial_work_still_exports_as_one_round_trip(tmp_path):
   """The step mask's guards sit on the server after the sums: no second round trip (a
   Poisson cohort's padded slots and stragglers take the same path)."""
-  proc = subprocess.run([sys.executable, '-m', 'paxlike.export', '--exp=federated.DigitsFedAvg',
-                         '--fdl_set=data.sampling="poisson"', f'--out={tmp_path}'], cwd=REPO,
-                        text=True, capture_output=True, timeout=600, env=cli_env(1))
+  proc = run_python(['-m', 'paxlike.export', '--exp=federated.DigitsFedAvg',
+                     '--fdl_set=data.sampling="poisson"', f'--out={tmp_path}'], cli_env(1),
+                    timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert json.loads((tmp_path / 'plan.json').read_text())

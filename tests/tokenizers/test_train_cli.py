@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -15,15 +14,13 @@ from paxlike.data import text_files
 from paxlike.errors import RunFailure, UserError
 from paxlike.tokenizers import __main__ as cli
 from paxlike.tokenizers import load_tokenizer, train
-from tests.tokenizers.conftest import REPO
+from tests.helpers import cli_env, run_python
 
 PREFIX = 'paxlike.tokenizers: error: '
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-m', 'paxlike.tokenizers', 'train', *args], cwd=REPO,
-                        text=True, capture_output=True, timeout=120,
-                        env={**os.environ, 'PYTHONPATH': str(REPO)})
+  return run_python(['-m', 'paxlike.tokenizers', 'train', *args], cli_env(), timeout=120)
 
 
 def _one_error_line(proc: subprocess.CompletedProcess, needle: str, code: int = 2) -> None:
