@@ -51,10 +51,14 @@ PRELOAD = ('paxlike.main', 'paxlike.trainer.loop', 'paxlike.trainer.build', 'pax
 RUNTIME_ENV = ('XLA_FLAGS', 'PAXLIKE_', 'PYTEST_', 'JAX_PLATFORMS')
 
 
+def import_key(env: dict[str, str]) -> frozenset[tuple[str, str]]:
+  """What of `env` a run's imports may read: the variables not in RUNTIME_ENV."""
+  return frozenset((k, v) for k, v in env.items() if not k.startswith(RUNTIME_ENV))
+
+
 def servable(server_env: dict[str, str], env: dict[str, str]) -> bool:
   """Whether a run in `env` can be forked from a server started in `server_env`."""
-  changed = {k for k in server_env.keys() | env.keys() if server_env.get(k) != env.get(k)}
-  return all(k.startswith(RUNTIME_ENV) for k in changed)
+  return import_key(server_env) == import_key(env)
 
 
 def runnable(args: list[str]) -> bool:

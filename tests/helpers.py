@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from tests.forked_cli import ForkedProcess, ForkServer
+from tests.forked_cli import ForkedProcess, ForkServer, import_key
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,16 +25,11 @@ TINY = ['--exp=lm.StdlibTiny', '--fdl_fiddler=tiny', '--fdl_set=data.batch_size=
         '--fdl_set=data.seq_len=64', '--fdl_set=data.num_eval_batches=2']
 
 
-# The environment the suite started in, before any test set a variable of its own.
-SUITE_ENV = dict(os.environ)
-
-
-def cli_env(devices: int = 1, optimized: bool = False, base: dict[str, str] | None = None,
-            **extra: str) -> dict[str, str]:
-  """The environment of a CLI subprocess on `devices` forced CPU devices: `base` (the current
-  one by default) with the suite's XLA flags (conftest.py), less its -O0 when `optimized` (long
-  runs, where compiling is not the cost)."""
-  env = {**(os.environ if base is None else base), 'PYTHONPATH': str(REPO), **extra}
+def cli_env(devices: int = 1, optimized: bool = False, **extra: str) -> dict[str, str]:
+  """The environment of a CLI subprocess on `devices` forced CPU devices, keeping the suite's
+  XLA flags (conftest.py), less its -O0 when `optimized` (long runs, where compiling is not
+  the cost)."""
+  env = {**os.environ, 'PYTHONPATH': str(REPO), **extra}
   kept = [f for f in os.environ.get('XLA_FLAGS', '').split()
           if not f.startswith('--xla_force_host_platform_device_count')
           and not (optimized and f.startswith('--xla_backend_optimization_level'))]
@@ -56,7 +51,7 @@ def run_python(args: list[str], env: dict[str, str], timeout: float
                ) -> subprocess.CompletedProcess:
   """`python ARGS` in REPO, capturing text output: forked from the worker's fork server
   (tests/forked_cli.py) when it can be, else started afresh."""
-  proc = _fork_server().run(args, env, timeout)
+  proc = _fork_server(env).run(args, env, timeout)
   if proc is None:
     proc = subprocess.run([sys.executable, *args], cwd=REPO, text=True, capture_output=True,
                           timeout=timeout, env=env)
@@ -89,24 +84,33 @@ def start_cli(*args: str, devices: int = 1, env: dict[str, str] | None = None,
   else started afresh. A Popen-like handle, to poll, signal or SIGKILL."""
   args_ = ['-m', 'paxlike.main', *args]
   env = env or cli_env(devices)
-  proc = _fork_server().start(args_, env, stdout, stderr)
+  proc = _fork_server(env).start(args_, env, stdout, stderr)
   if proc is None:
     with open(stdout, 'w') as out, open(stderr, 'w') as err:
       proc = subprocess.Popen([sys.executable, *args_], cwd=REPO, env=env, stdout=out, stderr=err)
   return proc
 
 
-_SERVER: list[ForkServer] = []
+# This process's fork servers, by the import-time part of their environment (forked_cli.
+# import_key), the most recently used last.
+_SERVERS: dict[frozenset, ForkServer] = {}
+MAX_SERVERS = 3
 
 
-def _fork_server() -> ForkServer:
-  """This process's fork server, started on first use (and again if it died) in the suite's own
-  environment: not in that of the test that happens to ask first, whose variables (a private
-  XDG_CACHE_HOME, say) would leave every later run unservable, each then a fresh process."""
-  if not (_SERVER and _SERVER[0].alive()):
-    _SERVER[:] = [ForkServer(cli_env(1, base=SUITE_ENV))]
-    atexit.register(_SERVER[0].close)
-  return _SERVER[0]
+def _fork_server(env: dict[str, str]) -> ForkServer:
+  """A fork server that can serve runs in `env`: one per import-time environment, started on
+  first use (and again if it died), so that a test that sets such a variable of its own
+  (XDG_CACHE_HOME, say) neither goes without one nor leaves the others' runs unservable. Past
+  MAX_SERVERS the least recently used one is closed."""
+  key = import_key(env)
+  server = _SERVERS.pop(key, None)
+  if server is None or not server.alive():
+    server = ForkServer(env)
+    atexit.register(server.close)
+  _SERVERS[key] = server
+  while len(_SERVERS) > MAX_SERVERS:
+    _SERVERS.pop(next(iter(_SERVERS))).close()
+  return server
 
 
 def run_script(script: str, devices: int = 8, timeout: float = 300) -> str:

@@ -60,18 +60,24 @@ def test_only_the_cli_and_scripts_with_runtime_variables_changed_are_forked():
   assert not forked_cli.runnable(['-m', 'flwr']) and not forked_cli.runnable(['x.py'])
 
 
-def test_the_workers_server_starts_in_the_suites_environment_whoever_asks_first(monkeypatch):
-  """A test that sets an import-time variable of its own gets fresh processes for its runs; the
-  server, even when that test is the first to ask for it, serves every other test's."""
-  monkeypatch.setenv('XDG_CACHE_HOME', '/elsewhere')
-  monkeypatch.setattr(helpers, '_SERVER', [])
-  server = helpers._fork_server()  # pylint: disable=protected-access
+def test_a_variable_read_at_import_gets_a_server_of_its_own_and_leaves_the_others(monkeypatch):
+  """A run in an environment of its own (XDG_CACHE_HOME, say) is forked from a server started
+  in it; runs in the usual environment keep theirs, whichever asked first."""
+  monkeypatch.setattr(helpers, '_SERVERS', {})
+  usual = cli_env(1)
+  own = cli_env(1, XDG_CACHE_HOME='/elsewhere')
   try:
-    assert not server.can_run(['-m', 'paxlike.main'], cli_env(1))
-    monkeypatch.undo()
-    assert server.can_run(['-m', 'paxlike.main'], cli_env(8))
+    first = helpers._fork_server(own)  # pylint: disable=protected-access
+    assert first.can_run(['-m', 'paxlike.main'], own)
+    assert not first.can_run(['-m', 'paxlike.main'], usual)
+    second = helpers._fork_server(cli_env(8))  # pylint: disable=protected-access
+    assert second is not first and second.can_run(['-m', 'paxlike.main'], usual)
+    assert helpers._fork_server(own) is first  # pylint: disable=protected-access
+    assert forked_cli.import_key(own) != forked_cli.import_key(usual) == forked_cli.import_key(
+        {**usual, 'XLA_FLAGS': '--x', 'PAXLIKE_DATA_DIR': '/b', 'PYTEST_CURRENT_TEST': 't'})
   finally:
-    server.close()
+    for server in helpers._SERVERS.values():  # pylint: disable=protected-access
+      server.close()
 
 
 def test_importing_what_the_server_preloads_starts_no_backend():
