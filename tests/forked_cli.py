@@ -1,4 +1,5 @@
-"""A fork server for the suite's `python -m paxlike.MODULE ARGS` and `python -c SCRIPT` runs.
+"""A fork server for the suite's `python -m paxlike.main ARGS` (and the few other command lines
+of FORKABLE) and `python -c SCRIPT` runs.
 
 Each test worker keeps one server process that has imported the command line and what a run
 imports, without starting a jax backend, so that XLA_FLAGS (the device count) stay each run's own.
@@ -48,6 +49,9 @@ PRELOAD = ('paxlike.main', 'paxlike.trainer.loop', 'paxlike.trainer.build', 'pax
 # Variables a run reads when it runs, not when its modules are imported: these may differ
 # between the server and a run it serves (the child hands JAX_PLATFORMS to jax's config, which
 # read it at import).
+# The other command lines the server runs, as `python -m` would, from what it preloaded (not
+# paxlike.interop.hf, whose --job_log_dir would be defined a second time beside paxlike.main's).
+FORKABLE = ('paxlike.export', 'paxlike.export.run', 'paxlike.tokenizers')
 RUNTIME_ENV = ('XLA_FLAGS', 'PAXLIKE_', 'PYTEST_', 'JAX_PLATFORMS')
 
 
@@ -62,9 +66,9 @@ def servable(server_env: dict[str, str], env: dict[str, str]) -> bool:
 
 
 def runnable(args: list[str]) -> bool:
-  """Whether `python ARGS` is a run the server makes: `-m paxlike.MODULE ...` (the command line,
-  the tokenizer trainer, the exporters...) or `-c SCRIPT`."""
-  return ((len(args) >= 2 and args[0] == '-m' and args[1].startswith('paxlike.'))
+  """Whether `python ARGS` is a run the server makes: `-m paxlike.main ...`, `-m MODULE ...` for
+  a MODULE of FORKABLE, or `-c SCRIPT`."""
+  return ((len(args) >= 2 and args[0] == '-m' and args[1] in ('paxlike.main', *FORKABLE))
           or (len(args) == 2 and args[0] == '-c'))
 
 
@@ -246,7 +250,7 @@ class ForkServer:
 
 def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int
             ) -> NoReturn:
-  """In a forked child: become `python ARGS` (`-m paxlike.MODULE ...` or `-c SCRIPT`) in `env` and
+  """In a forked child: become `python ARGS` (`-m MODULE ...` or `-c SCRIPT`) in `env` and
   `cwd`, writing to the file descriptors `stdout` and `stderr`, and exit with its code."""
   def program() -> None:
     os.chdir(cwd)
@@ -267,24 +271,9 @@ def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr:
       sys.argv = [main.__file__, *args[2:]]
       main.run_cli()
     else:
-      _forget_paxlike()
       sys.argv = [args[1], *args[2:]]
       runpy.run_module(args[1], run_name='__main__', alter_sys=True)  # argv[0]: the module's file.
   forked_child.exit_as_main(program)
-
-
-def _forget_paxlike() -> None:
-  """In a child that runs a paxlike module other than paxlike.main: forgets the paxlike modules
-  the server preloaded and the absl flags they defined, so that the module imports them as a
-  fresh interpreter would (~0.2 s; the third-party imports, the server's real saving, stay)."""
-  from absl import flags  # pylint: disable=import-outside-toplevel
-  for module, defined in list(flags.FLAGS.flags_by_module_dict().items()):
-    if module == 'paxlike' or module.startswith('paxlike.'):
-      for flag in list(defined):  # Each deletion takes the flag off this list too.
-        for name in {flag.name, flag.short_name} & set(flags.FLAGS):
-          delattr(flags.FLAGS, name)
-  for name in [m for m in sys.modules if m == 'paxlike' or m.startswith('paxlike.')]:
-    del sys.modules[name]
 
 
 def _open(path: str) -> int:

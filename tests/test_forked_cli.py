@@ -26,10 +26,12 @@ def test_a_forked_run_is_the_run_a_fresh_process_makes(tmp_path):
       assert (forked.returncode, forked.stdout, forked.stderr) == (
           alone.returncode, alone.stdout, alone.stderr), args
     assert forked.returncode == 2
-    # Another module of the package (a package's __main__; absl's and argparse's program names).
+    # The other command lines it forks (a package's __main__; absl's and argparse's program
+    # names; the registry's experiments).
     for module, args, needle in (('paxlike.tokenizers', ['train'], '--files'),
-                                 ('paxlike.interop.hf_llama', [], '--job_log_dir'),
-                                 ('paxlike.export.run', [f'--dir={tmp_path}'], 'plan.json')):
+                                 ('paxlike.export.run', [f'--dir={tmp_path}'], 'plan.json'),
+                                 ('paxlike.export', ['--exp=federated.NoSuch', f'--out={tmp_path}'],
+                                  'did you mean')):  # The registry, imported again.
       forked = server.run(['-m', module, *args], cli_env(1), timeout=120)
       alone = fresh(*args, module=module)
       assert (forked.returncode, forked.stdout, forked.stderr) == (
@@ -57,7 +59,7 @@ def test_only_the_cli_and_scripts_with_runtime_variables_changed_are_forked():
   assert not forked_cli.servable(env, {k: v for k, v in env.items() if k != 'PATH'})
   assert forked_cli.runnable(['-m', 'paxlike.main', '--list']) and forked_cli.runnable(['-c', 'x'])
   assert forked_cli.runnable(['-m', 'paxlike.export', '--exp=x'])
-  assert not forked_cli.runnable(['-m', 'flwr']) and not forked_cli.runnable(['x.py'])
+  assert not forked_cli.runnable(['-m', 'paxlike.interop.hf']) and not forked_cli.runnable(['x.py'])
 
 
 def test_a_variable_read_at_import_gets_a_server_of_its_own_and_leaves_the_others(monkeypatch):
