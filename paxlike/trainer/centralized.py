@@ -49,14 +49,18 @@ def centralized(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     # A masked-mean loss is differentiated as sums and divided after: one all-reduce per step.
     grad_fn = value_and_mean_grad(loss_fn, lambda p: merge_params(p, frozen))
 
-    def accumulate(total, inputs):
-      batch, key = inputs
-      return jax.tree.map(jnp.add, total, grad_fn(params, batch, key)), None
-
-    first = jax.tree.map(lambda x: x[0], micro)
+    # The sum starts from zeros shaped by eval_shape, whose trace the scan's jit call reuses
+    # (same function, same argument types): the loss is traced once.
+    keys = jax.random.split(rng, num_micro)
+    first = jax.tree.map(lambda x: x[0], (micro, keys))
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                         jax.eval_shape(grad_fn, params, first, rng))
-    total, _ = jax.lax.scan(accumulate, zeros, (micro, jax.random.split(rng, num_micro)))
+                         jax.eval_shape(grad_fn, params, *first))
+    traced_grad_fn = jax.jit(grad_fn)
+
+    def accumulate(total, inputs):
+      return jax.tree.map(jnp.add, total, traced_grad_fn(params, *inputs)), None
+
+    total, _ = jax.lax.scan(accumulate, zeros, (micro, keys))
     (loss, aux), grads = jax.tree.map(lambda x: x / num_micro, total)
     updates, opt_state = optimizer.update(grads, state.opt_state, params)
     new = CentralizedState(merge_params(optax.apply_updates(params, updates), frozen), opt_state)

@@ -6,6 +6,8 @@ micro-batches that mean is exactly the full-batch gradient, so k micro-batches o
 and one batch of k·b give the same update (float32, to rounding).
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -59,3 +61,24 @@ def test_a_cohort_of_two_clients_is_refused():
   two = jax.tree.map(lambda x: jnp.concatenate([x, x]), _batches(2))
   with pytest.raises(AlgorithmConfigError, match=r'a cohort of 1 client, got 2; set data\.'):
     jax.eval_shape(ALG.next, ALG.init(params), two, jnp.ones((2,)), jax.random.key(2))
+
+
+@pytest.mark.parametrize('masked_mean', [True, False])
+def test_the_step_traces_the_loss_once(masked_mean):
+  """The accumulator's zeros are shaped by an eval_shape whose trace the scan reuses: compiling
+  the step traces the model's loss once, not twice (for a MaskedMeanLoss and a plain one)."""
+  calls = []
+
+  def counted(fn):
+    def wrapper(*args):
+      calls.append(1)
+      return fn(*args)
+    return wrapper
+
+  loss_fn = (dataclasses.replace(LOSS_FN, sums=counted(LOSS_FN.sums)) if masked_mean
+             else counted(LOSS_FN))
+  alg = centralized(loss_fn, optax.sgd(1.0))
+  params = jax.eval_shape(lambda: nn.unbox(MODEL.init(jax.random.key(0),
+                                                      _batches(1)['inputs'][0, 0]))['params'])
+  jax.jit(alg.next).trace(alg.init(params), _batches(4), jnp.ones((1,)), jax.random.key(2))
+  assert len(calls) == 1
