@@ -1,18 +1,21 @@
 """An in-process stand-in for Flower's Grid, and a deployed run over it: the ServerApp's `main`
 and the ClientApp's handlers exchange every record as on a real federation, each node with its
-own node config and clients, in seconds. The transport itself (SuperLink, SuperNodes, TLS,
-kills) is test_flower_local's."""
+own node config and clients, in seconds; with `secure`, the train messages are SecAgg+'s four
+stages, answered through Flower's own `secaggplus_mod` around secure_client's handler. The
+transport itself (SuperLink, SuperNodes, TLS, kills) is test_flower_local's."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from types import SimpleNamespace
 
 import fiddle as fdl
-from flwr.app import RecordDict
+from flwr.app import Context, RecordDict
+from flwr.client.mod import secaggplus_mod
 
 from paxlike.config import config_io
-from paxlike.deploy.flower import client_app, records, server_app
+from paxlike.deploy.flower import client_app, records, secure_client, server_app
 from paxlike.deploy.flower.rounds import clients_of_nodes
 
 FIRST_NODE = 100  # Node k's id is FIRST_NODE + k.
@@ -25,8 +28,10 @@ class LocalGrid:
   `lose_at[node] = step`: from round `step` on the node answers nothing and is no longer
   listed (a node that died during that round)."""
 
-  def __init__(self, contexts: dict[int, SimpleNamespace], lose_at: dict[int, int] | None = None):
+  def __init__(self, contexts: dict[int, SimpleNamespace], lose_at: dict[int, int] | None = None,
+               secure: bool = False):
     self.contexts, self.sent, self.lose_at = contexts, [], dict(lose_at or {})
+    self.secure = secure
     self.down: list[tuple[int, int, dict[str, int]]] = []  # (step, node, {key: array bytes}).
 
   def get_node_ids(self) -> list[int]:
@@ -38,6 +43,11 @@ class LocalGrid:
     replies = []
     for m in messages:
       node = m.metadata.dst_node_id
+      if m.metadata.message_type == 'train' and self.secure:  # A SecAgg+ stage of round group_id.
+        if not self._dies(node, int(m.metadata.group_id)):  # A copy, as if sent: the mod
+          replies.append(secaggplus_mod(copy.deepcopy(m), self.contexts[node],  # edits it.
+                                        secure_client.train))
+        continue
       if m.metadata.message_type == 'train':
         step = int(m.content['round']['step'])
         self.down.append((step, node, {k: len(a.data) for k, a in m.content['down'].items()}))
@@ -54,9 +64,10 @@ class LocalGrid:
 
 
 def deploy(cfg: fdl.Config, export: Path, out: Path, rounds: int, nodes: int,
-           lose_at: dict[int, int] | None = None) -> LocalGrid:
+           lose_at: dict[int, int] | None = None, secure: bool = False) -> LocalGrid:
   """Runs `rounds` exported rounds through the apps on `nodes` in-process nodes (node k logs to
-  out/node{k}.jsonl, the server writes to out/server); the grid used."""
+  out/node{k}.jsonl, the server writes to out/server), through SecAgg+ when `secure`; the grid
+  used."""
   config = out / 'config.json'
   out.mkdir(parents=True)
   config.write_text(config_io.to_json(cfg))
@@ -64,8 +75,9 @@ def deploy(cfg: fdl.Config, export: Path, out: Path, rounds: int, nodes: int,
   grid = LocalGrid({FIRST_NODE + k: SimpleNamespace(state=RecordDict(), node_config={
       'export-dir': str(export), 'config': str(config), 'log': str(out / f'node{k}.jsonl'),
       'clients': ','.join(map(str, clients))})
-      for k, clients in enumerate(clients_of_nodes(num_clients, nodes))}, lose_at)
-  server_app.main(grid, SimpleNamespace(run_config={
-      'export-dir': str(export), 'config': str(config), 'out-dir': str(out / 'server'),
-      'rounds': rounds, 'timeout': 60}))
+      for k, clients in enumerate(clients_of_nodes(num_clients, nodes))}, lose_at, secure)
+  server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                run_config={'export-dir': str(export), 'config': str(config),
+                                            'out-dir': str(out / 'server'), 'rounds': rounds,
+                                            'timeout': 60, 'secure-aggregation': int(secure)}))
   return grid

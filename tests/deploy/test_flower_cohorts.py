@@ -1,7 +1,8 @@
 """Cohorts on a deployment (the apps over tests/deploy/local_grid.py's stand-in Grid): after a
 node is lost the next cohort is re-drawn among the clients still connected, and each round
 equals the reference executor on the cohort its row records; with no loss, and with Poisson
-cohorts (their padded slots run as the simulation's do), rounds equal `paxlike.main`'s."""
+cohorts (their padded slots run as the simulation's do), rounds equal `paxlike.main`'s; through
+SecAgg+, a node lost mid-round makes the round run again among the others."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from paxlike.config import config_io
 from paxlike.data import sources
+from paxlike.deploy.flower import rounds
 from paxlike.export.__main__ import export_experiment
 from tests.deploy.local_grid import FIRST_NODE, deploy
 from tests.deploy.reference import assert_rows_equal, executor_rounds
@@ -96,3 +98,51 @@ def test_poisson_cohorts_with_their_padded_slots_equal_the_simulation(tmp_path):
     assert sorted(final.files) == sorted(state)
     for name in final.files:
       np.testing.assert_allclose(final[name], state[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_secure_poisson_rounds_outlive_a_node_lost_mid_round(tmp_path):
+  """Poisson cohorts through SecAgg+ on 3 nodes, node 1 lost during round 2: SecAgg+ halts
+  (every node's masks must come off), the round runs again among nodes 0 and 2 with node 1's
+  slots dropped (weight 0: the plain path's dropped straggler), round 3 is drawn among the
+  clients still connected, and every round equals the reference executor on the cohort its
+  row records, within the quantization's bound."""
+  cfg, rounds_, nodes = digits(), 3, 3
+  config_io.apply_overrides(cfg, ['data.sampling=poisson', f'train.num_steps={rounds_}',
+                                 'train.seed=39'])  # Node 1 serves rounds 1-3.
+  export_experiment(cfg, tmp_path / 'export', rounds=rounds_, experiment='poisson')
+  task = config_io.build(cfg)
+  seed, sizes = task.train.seed, task.data.client_sizes
+  simulated = [sources.sample_cohort(seed, s, sizes, 3, 'poisson').tolist() for s in (1, 2, 3)]
+  owner = {c: FIRST_NODE + c % nodes for c in range(20)}
+  lost = FIRST_NODE + 1
+  on_lost = [rounds.slots_by_node(np.array(c), owner, True)[0].get(lost, []) for c in simulated]
+  assert on_lost[1] and any(c % nodes == 1 for c in simulated[2])  # The loss shows in both.
+  run = tmp_path / 'run'
+  deploy(cfg, tmp_path / 'export', run, rounds_, nodes, lose_at={lost: 2}, secure=True)
+
+  cohorts = _lines(run / 'server' / 'cohorts.jsonl')
+  rows = _lines(run / 'server' / 'metrics.jsonl')
+  assert [c['cohort'] for c in cohorts[:2]] == simulated[:2]
+  assert sources.PADDED in sum((c['cohort'] for c in cohorts), [])  # Padded slots ran too.
+  assert [c['secagg_attempts'] for c in cohorts] == [1, 2, 1]
+  assert [c['dropped_slots'] for c in cohorts[:2]] == [[], on_lost[1]]
+  live = [c for c in range(20) if c % nodes != 1]
+  assert cohorts[2]['live_clients'] == live and cohorts[2]['dropped_slots'] == []
+  assert set(cohorts[2]['cohort']) - {sources.PADDED} <= set(live)
+  assert [r['nodes'] for r in rows] == [3, 2, 2]
+  assert [r['clients_lost'] for r in rows] == [0, 20 - len(live), 20 - len(live)]
+  assert [e['step'] for e in _lines(run / 'node1.jsonl')] == [1]  # Round 2's run was lost.
+  expected = executor_rounds(task, tmp_path / 'export', cohorts)
+  for row, cohort, out in zip(rows, cohorts, expected, strict=True):
+    _, weights = task.data.round_batches(seed, cohort['step'], cohort=np.array(cohort['cohort']))
+    held = float(np.delete(weights, cohort['dropped_slots']).sum())
+    # FedAvg divides each weighted sum by the weights' sum, both off by at most the bound.
+    relative = cohort['secagg_sum_error_bound'] / held
+    for name in ('loss', 'accuracy'):
+      value = float(out[f'metrics.{name}'])
+      assert abs(row[name] - value) <= 2 * relative * (1 + abs(value)) + 1e-6, name
+  with np.load(run / 'server' / 'final.npz') as final:
+    for name in final.files:
+      want = expected[-1][name].astype(np.float64)
+      allowed = 2 * 3 * relative * (1 + np.abs(want)) + 1e-6 * np.abs(want)  # Three rounds.
+      assert np.all(np.abs(final[name] - want) <= allowed), name

@@ -55,13 +55,17 @@ class _Sums(Strategy):
     return None
 
 
+class Halted(RuntimeError):
+  """SecAgg+ stopped before the sum: a node failed, left or did not answer in time."""
+
+
 def secure_sums(grid: Grid, context: Context,
                 by_node: dict[int, tuple[list[int], list[int], dict[str, np.ndarray]]],
                 live: list[int], step: int, scales: dict[str, float], timeout: float
                 ) -> tuple[list[np.ndarray], int]:
   """(The sum over the nodes of what each sends (secure.node_sum), the bytes of the arrays
   sent down), each node given its (slots, clients, values sent down, by record key) of round
-  `step` and the `live` clients the cohort was drawn among; RuntimeError (one line) when
+  `step` and the `live` clients the cohort was drawn among; `Halted` (one line) when
   SecAgg+ halts."""
   fitins = {}
   for node, (slots, clients, down) in by_node.items():
@@ -82,7 +86,7 @@ def secure_sums(grid: Grid, context: Context,
                                 modulus_range=secure.MODULUS_RANGE, timeout=timeout)
   workflow(grid, legacy)
   if strategy.mean is None:
-    raise RuntimeError(f'round {step}: SecAgg+ halted (a node failed or did not answer; '
+    raise Halted(f'round {step}: SecAgg+ halted (a node failed or did not answer; '
                        'see the ServerApp log)')
   sent = sum(len(t) for f in fitins.values() for t in f.parameters.tensors)
   return [np.asarray(m, np.float64) * strategy.nodes for m in strategy.mean], sent

@@ -4,7 +4,8 @@ Run config (`flwr run --run-config`): `export-dir`, `config` (the experiment's s
 seed, cohort size and sampling), `out-dir` (rows, checkpoints and node events go there),
 `rounds` (the run's last round, counted from the export's start), `timeout` (seconds a round,
 or the nodes joining, may take) and `secure-aggregation` (1: the sums go through SecAgg+,
-secure.py; every node takes part in every round, and a node lost halts the run).
+secure.py; every node takes part in every round, and a node lost during one halts SecAgg+,
+which then runs the round again among the nodes still connected).
 
 It resumes from the newest Orbax checkpoint in `out-dir` (or starts from the export's state),
 asks the nodes which clients they hold (membership.py), then per round: runs server_pre on the
@@ -103,17 +104,42 @@ def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
     by_node[m.metadata.dst_node_id] = (list(m.content['round']['slots']),
                                        list(m.content['round']['clients']),
                                        records.from_record(m.content['down']))
-  held = sorted(s for slots, _, _ in by_node.values() for s in slots)
   scales = secure.value_scales(plan, scale, len(cohort))
-  sums, sent_down = secure_round.secure_sums(grid, context, by_node, draw.live, step, scales,
-                                             timeout)
+  sums, sent_down, attempts = _secure_sums_of_live_nodes(grid, context, members, by_node, draw,
+                                                         step, scales, timeout)
+  held = sorted(s for slots, _, _ in by_node.values() for s in slots)
   nodes = len(by_node)
   return (secure.aggregates(plan, sums, len(held), scales),
           {'dropped_slots': sorted(set(range(len(cohort))) - set(held)),
-           'bytes_down': sent_down, 'bytes_up': None,
+           'bytes_down': sent_down, 'bytes_up': None, 'secagg_attempts': attempts,
            'secagg_sum_error_bound': secure.sum_error_bound(nodes, scale),
            'secagg_mean_error_bound': secure.sum_error_bound(nodes, max(1, len(cohort)))
                                       / max(1, len(held))}, {})
+
+
+def _secure_sums_of_live_nodes(grid: Grid, context: Context, members: membership.Members,
+                               by_node: dict[int, Any], draw: rounds.Draw, step: int,
+                               scales: dict[str, float], timeout: float
+                               ) -> tuple[list[np.ndarray], int, int]:
+  """SecAgg+'s sums over `by_node` (secure_round.secure_sums), the bytes sent down and the
+  attempts it took. A node lost during the round halts SecAgg+ (every node's masks must be
+  removed); the round then runs again among the nodes still connected, the lost node's slots
+  dropped from `by_node` (weight 0, as the plain path drops them). A halt with no node lost is
+  raised."""
+  attempt = 1
+  while True:
+    try:
+      sums, sent_down = secure_round.secure_sums(grid, context, by_node, draw.live, step, scales,
+                                                 timeout)
+      return sums, sent_down, attempt
+    except secure_round.Halted:
+      members.drop_disconnected(step)
+      lost = set(by_node) - set(members.owner.values())
+      if not lost or lost == set(by_node):
+        raise
+      for node in lost:
+        del by_node[node]
+      attempt += 1
 
 
 def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members,
