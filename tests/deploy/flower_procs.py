@@ -101,11 +101,12 @@ def kill_server_app(out: Path) -> int:
   raise AssertionError('no ServerApp process is running')
 
 
-def kill_node(out: Path, name: str) -> int:
-  """SIGKILLs SuperNode `name` of the federation in `out`; its pid."""
+def kill_node(out: Path, name: str, sig: int = signal.SIGKILL) -> int:
+  """Sends `sig` (SIGKILL unless told) to SuperNode `name` of the federation in `out`; its
+  pid."""
   for pid, (_, cmd, _) in processes().items():
     if any(m in cmd for m in SUPERNODE_MARKERS) and f'{out}/logs/{name}.jsonl' in cmd:
-      os.kill(pid, signal.SIGKILL)
+      os.kill(pid, sig)
       return pid
   raise AssertionError(f'no SuperNode {name} is running')
 

@@ -3,23 +3,28 @@ node sends and how the server reads the unmasked sum, through Flower's own quant
 within `sum_error_bound`; plans whose clients keep individual values are refused in one line.
 Slow: one DigitsFedAvg round on two nodes through the SecAgg+ workflow and mods equals the
 reference executor's within the bound that quantization leaves, and differs from it (the sums
-really were quantized)."""
+really were quantized); a node killed during a secure round is left out and the round runs
+again among the other two."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
+from paxlike.config import config_io
 from paxlike.deploy.flower import rounds, secure
 from paxlike.export import run as executor
 from tests.deploy import flower_procs as fp
+from tests.deploy.reference import executor_rounds
 from tests.federated.lora_task import SMALL, write_corpus
 from tests.helpers import REPO, TIMING_FIELDS, cli_env, metric_rows, run_cli
 
@@ -151,6 +156,47 @@ def test_a_secure_round_equals_the_executor_within_the_quantization_bound(export
   for name in ('loss', 'accuracy'):
     value = float(expected[f'metrics.{name}'])
     assert abs(row[name] - value) <= 2 * relative * (1 + abs(value)) + 1e-6, name
+
+
+@pytest.mark.slow  # Three nodes through SecAgg+ for two rounds, one of them run twice.
+def test_a_node_killed_during_a_secure_round_is_left_out_and_the_round_runs_again(export,
+                                                                                  tmp_path):
+  """Node 1 of 3 stops answering as round 2 begins (SIGSTOP, so it is certainly inside the
+  round), then is killed with SIGKILL: the launcher unregisters it, SecAgg+ halts for want of
+  its shares, and the ServerApp runs round 2 again among nodes 0 and 2 with node 1's slots
+  dropped. Both rounds equal the reference executor on the cohorts the rows record, within the
+  quantization's bound."""
+  out, nodes = tmp_path / 'run', 3
+  launcher = fp.start_group([sys.executable, '-m', 'paxlike.deploy.flower.local', *CLI_TINY,
+                             f'--export_dir={export}', f'--out={out}', '--rounds=2',
+                             f'--nodes={nodes}', '--round_timeout=120', '--server_restarts=0',
+                             '--secure_aggregation'], tmp_path / 'launcher.log')
+  try:
+    metrics = out / 'server' / 'metrics.jsonl'
+    fp.wait_until(lambda: len(fp.rows(metrics)) >= 1, 600, 'round 1', launcher)
+    fp.kill_node(out, 'node1', signal.SIGSTOP)
+    time.sleep(3)  # Round 2's SecAgg+ waits on the stopped node.
+    fp.kill_node(out, 'node1')
+    assert launcher.wait(timeout=600) == 0, (tmp_path / 'launcher.log').read_text()[-3000:]
+  finally:
+    fp.stop_group(launcher)
+  cohorts, rows = fp.rows(out / 'server' / 'cohorts.jsonl'), fp.rows(metrics)
+  assert [c['secagg_attempts'] for c in cohorts] == [1, 2]
+  assert cohorts[0]['dropped_slots'] == []
+  assert cohorts[1]['dropped_slots'] == [s for s, c in enumerate(cohorts[1]['cohort'])
+                                         if c % nodes == 1]
+  assert [r['nodes'] for r in rows] == [3, 2] and [r['clients_lost'] for r in rows] == [0, 2]
+  assert 'node node1 exited (-9); unregistered' in (out / 'logs' / 'supervisor.log').read_text()
+  task = config_io.build(config_io.load_file(out / 'config.json'))
+  expected = executor_rounds(task, export, cohorts)
+  for row, cohort, round_ in zip(rows, cohorts, expected, strict=True):
+    _, weights = task.data.round_batches(task.train.seed, cohort['step'],
+                                         cohort=np.array(cohort['cohort']))
+    held = float(np.delete(weights, cohort['dropped_slots']).sum())
+    relative = cohort['secagg_sum_error_bound'] / held  # As in the one-round test above.
+    for name in ('loss', 'accuracy'):
+      value = float(round_[f'metrics.{name}'])
+      assert abs(row[name] - value) <= 2 * relative * (1 + abs(value)) + 1e-6, name
 
 
 def test_the_launcher_refuses_a_plan_secagg_cannot_sum(export, tmp_path):
