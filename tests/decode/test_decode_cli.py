@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from paxlike.cli import run_config
+from paxlike.cli import decode_text, run_config
 from paxlike.config import config_io
 from paxlike.tokenizers import load_tokenizer
 from paxlike.trainer import restore
@@ -27,6 +27,17 @@ def compile_counts(stderr: str) -> dict[str, int]:
   for name in re.findall(r'Compiling (\S+?) ', stderr):
     counts[name] = counts.get(name, 0) + 1
   return counts
+
+
+def prefill_rows(stderr: str) -> int:
+  """The batch rows of the prefill JAX compiled (its int32 tokens [rows, width] argument)."""
+  line = re.search(r'Compiling jit\(prefill\) with global shapes and types (.*)', stderr)[1]
+  return int(re.search(r'int32\[(\d+),\d+\]', line)[1])
+
+
+def test_decode_batches_are_the_smallest_power_of_two_that_holds_the_prompts():
+  rows = [decode_text.batch_rows(n) for n in (1, 2, 3, 5, 16, 17, 32, 40, 1000)]
+  assert rows == [1, 2, 4, 8, 16, 32, 32, 32, 32]
 
 
 def greedy_rows(model, params, prompts: np.ndarray, steps: int) -> np.ndarray:
@@ -61,6 +72,7 @@ def test_a_decode_run_compiles_once_for_any_length_and_prompt_count(tmp_path):
     counts = compile_counts(run.stderr)
     assert (counts.get('jit(prefill)'), counts.get('jit(decode_loop)')) == (1, 1), counts
     assert not {'jit(train_step)', 'jit(step)', 'jit(fresh)'} & set(counts)  # Params alone.
+    assert prefill_rows(run.stderr) == 1  # One prompt, one row: no idle rows decoded.
     assert re.search(r'^time to first token: \d+\.\d\d s$', run.stderr, re.M)
     [want] = greedy_rows(task.model, params, np.asarray(bytes_.encode_batch(['def '])), length)
     assert run.stdout == 'def ' + bytes_.decode(want.tolist()) + '\n'
@@ -70,6 +82,7 @@ def test_a_decode_run_compiles_once_for_any_length_and_prompt_count(tmp_path):
   run = decode(job, '--decode_length=3', f'--prompts_file={tmp_path / "prompts.txt"}')
   counts = compile_counts(run.stderr)
   assert (counts.get('jit(prefill)'), counts.get('jit(decode_loop)')) == (1, 1), counts
+  assert prefill_rows(run.stderr) == decode_text.BATCH_SIZE
   want = greedy_rows(task.model, params, np.asarray(bytes_.encode_batch(prompts)), 3)
   assert run.stdout == '\n\n'.join(prompt + bytes_.decode(row.tolist())
                                    for prompt, row in zip(prompts, want)) + '\n'
