@@ -22,9 +22,8 @@ BATCH_SIZE = 32
 
 def batch_rows(prompts: int) -> int:
   """The rows of a decode batch for `prompts` prompts: the smallest power of two that holds
-  them, at most BATCH_SIZE. Each row costs a whole row's work every step, idle or not (a single
-  prompt in 32 rows decoded 7x slower), and powers of two keep the compiled shapes few for the
-  persistent compilation cache."""
+  them, at most BATCH_SIZE. Each row costs a whole row's work every step, idle or not, and
+  powers of two keep the compiled shapes few for the persistent compilation cache."""
   rows = 1
   while rows < min(prompts, BATCH_SIZE):
     rows *= 2
