@@ -87,6 +87,6 @@ def secure_sums(grid: Grid, context: Context,
   workflow(grid, legacy)
   if strategy.mean is None:
     raise Halted(f'round {step}: SecAgg+ halted (a node failed or did not answer; '
-                       'see the ServerApp log)')
+                 'see the ServerApp log)')
   sent = sum(len(t) for f in fitins.values() for t in f.parameters.tensors)
   return [np.asarray(m, np.float64) * strategy.nodes for m in strategy.mean], sent
