@@ -37,3 +37,20 @@ def assert_rows_equal(rows: list[dict], outputs: list[dict[str, np.ndarray]]) ->
     assert {'loss', 'accuracy'} <= set(metrics) <= set(row)
     for name, value in metrics.items():
       np.testing.assert_allclose(row[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def assert_rows_within_secagg_bound(task: Any, rows: list[dict], cohorts: list[dict],
+                                    outputs: list[dict[str, np.ndarray]]) -> float:
+  """Each SecAgg+ row's loss and accuracy equal the executor's round within what quantization
+  leaves: FedAvg divides each weighted sum by the weights' sum over the slots held, both off by
+  at most the round's `secagg_sum_error_bound`, so a value v is off by at most
+  2 × bound / held × (1 + |v|). The last round's bound / held."""
+  for row, cohort, out in zip(rows, cohorts, outputs, strict=True):
+    _, weights = task.data.round_batches(task.train.seed, cohort['step'],
+                                         cohort=np.array(cohort['cohort']))
+    held = float(np.delete(weights, cohort['dropped_slots']).sum())
+    relative = cohort['secagg_sum_error_bound'] / held
+    for name in ('loss', 'accuracy'):
+      value = float(out[f'metrics.{name}'])
+      assert abs(row[name] - value) <= 2 * relative * (1 + abs(value)) + 1e-6, name
+  return relative
