@@ -29,6 +29,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from paxlike.core import partitioning
+from paxlike.decode import program_store
 from paxlike.decode.sampling import Sampling, sample
 from paxlike.errors import UserError
 from paxlike.layers import lora
@@ -56,6 +57,10 @@ class State(NamedTuple):
   out: jax.Array  # int32 [B, cache_size]
   count: jax.Array  # int32 []
   rng: jax.Array
+
+
+# The loop's carry is its programs' output: program_store keeps them as jax.export files.
+jax.export.register_namedtuple_serialization(State, serialized_name='paxlike.decode.State')
 
 
 class Decoder(NamedTuple):
@@ -154,12 +159,17 @@ def _context(mesh: Mesh | None, rules: partitioning.LogicalRules | None) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def decoder(model: nn.Module, options: Options, mesh: Mesh | None = None,
-            rules: partitioning.LogicalRules | None = None) -> Decoder:
+            rules: partitioning.LogicalRules | None = None,
+            store: program_store.Store | None = None) -> Decoder:
   """The jitted prefill and loop of `model` (remat off: nothing is differentiated) for
-  `options`, run under `mesh` and its logical `rules` (already fitted to the mesh)."""
+  `options`, run under `mesh` and its logical `rules` (already fitted to the mesh); with a
+  `store`, their traces are read from it (or written to it) instead of made anew."""
   model = model.clone(remat_policy='none', parent=None)
   jitted = (jax.jit(functools.partial(prefill, model, options)),
             jax.jit(functools.partial(decode_loop, model, options), donate_argnums=(1,)))
+  if store is not None:
+    jitted = (store.traced(jitted[0], ('prefill', repr(model), options, rules), mesh),
+              store.traced(jitted[1], ('loop', repr(model), options, rules), mesh, (1,)))
 
   def in_context(fn: Callable[..., State]) -> Callable[..., State]:
     def run(*args: Any) -> State:
@@ -226,14 +236,16 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
              eos_id: int | None = None, seed: int = 0, cache_len: int | None = None,
              pad_id: int = 0, mesh: Mesh | None = None,
              rules: partitioning.LogicalRules | None = None, batch_size: int | None = None,
-             on_first_token: Callable[[], None] | None = None) -> list[np.ndarray]:
+             on_first_token: Callable[[], None] | None = None,
+             store: program_store.Store | None = None) -> list[np.ndarray]:
   """The new tokens (int32, cut after EOS) of each prompt, sampled from `model` with a KV cache
   of at most `cache_len` slots (default `model.max_len`; see `shapes_for`). Greedy at
   temperature 0. The prompts go in batches of `batch_size` (default: all at once), the last
   one padded with idle rows, so every batch runs the same compiled prefill and loop; batch i > 0
   samples from key `fold_in(key(seed), i)`. `on_first_token` is called once the first batch's
   first tokens are on the host side. With `mesh`, runs under it and `rules` (default
-  `partitioning.DEFAULT_RULES`). LoRA adapters are merged into the kernels first."""
+  `partitioning.DEFAULT_RULES`). LoRA adapters are merged into the kernels first. With a
+  `store` (program_store.py), the prefill's and loop's traces come from it when it has them."""
   prompts = [np.asarray(p, np.int32) for p in prompts]
   if getattr(model, 'lora_rank', 0):
     params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
@@ -243,7 +255,7 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
     rules = partitioning.rules_for_mesh(rules or partitioning.DEFAULT_RULES, mesh)
   cache_size, width = shapes_for(max(map(len, prompts)), max_new_tokens, cache_len)
   options = Options(cache_size, Sampling(temperature, top_k, top_p), eos_id)
-  run = decoder(model, options, mesh, rules)
+  run = decoder(model, options, mesh, rules, store)
   rows = batch_size or len(prompts)
   rows += -rows % _batch_shards(mesh, rules)
   limit, key, out = np.int32(max_new_tokens), jax.random.key(seed), []

@@ -1,14 +1,16 @@
 """Decoding with the params sharded over an 8-device CPU mesh (FSDP x tensor parallel): the same
-greedy tokens as on one device, with the cache split like the kv activations."""
+greedy tokens as on one device, also through traces kept in a program store, with the cache
+split like the kv activations."""
 
 import textwrap
 
 from tests.helpers import run_script
 
 SCRIPT = textwrap.dedent("""
+    import pathlib, tempfile
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
     from paxlike.core import partitioning
-    from paxlike.decode import engine, generate
+    from paxlike.decode import engine, generate, program_store
     from paxlike.layers import TransformerLM, stack_layers
     from paxlike.core.partitioning import MeshConfig
     assert jax.device_count() == 8
@@ -34,6 +36,15 @@ SCRIPT = textwrap.dedent("""
       got = generate(model, sharded, prompts, max_new_tokens=12, mesh=mesh, rules=cfg.rules)
       for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+      # Its traces kept in a program store, then read back, give those tokens too.
+      store = program_store.Store(pathlib.Path(tempfile.mkdtemp()))
+      for _ in range(2):
+        engine.decoder.cache_clear()
+        kept = generate(model, sharded, prompts, max_new_tokens=12, mesh=mesh, rules=cfg.rules,
+                        store=store)
+        for g, w in zip(kept, want):
+          np.testing.assert_array_equal(g, w)
+      assert len(list(store.directory.glob('*.jaxexport'))) == 2
       # The cache: batch over 'fsdp', kv heads over 'model', as the kv activations.
       options = engine.Options(64)
       run = engine.decoder(model, options, mesh, rules)
