@@ -8,6 +8,7 @@ Exit codes: 0 success, 2 usage or config error, 1 runtime failure; errors are on
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -263,8 +264,20 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def run_cli() -> None:
-  """Console-script entry point."""
-  app.run(main, flags_parser=parse_flags)
+  """Console-script entry point. A run that succeeds exits once its output is flushed and its
+  atexit handlers have run (jax.distributed's shutdown among them), skipping the interpreter's
+  teardown: about 0.3 s of module and XLA client destructors on every run (an eighth of a warm
+  decode's) that free nothing the operating system does not. Every file a run writes is
+  closed by then (the trainer closes its checkpoints and writers itself)."""
+  try:
+    app.run(main, flags_parser=parse_flags)
+  except SystemExit as done:
+    if done.code not in (None, 0):
+      raise
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)
 
 
 if __name__ == '__main__':
