@@ -9,10 +9,12 @@ specs (JSON), and the programs as `jax.export` serializations (StableHLO), which
 and compiles (from its cache) without running the model's Python. An entry's key hashes
 everything a trace reads: what the caller names (the model's attributes, the decode options,
 the mesh and its rules), the arguments' tree, shapes, dtypes and shardings, the devices, the
-jax, jaxlib and flax versions, every jax config value and the source of paxlike itself. A
-key that matches loads its entry; any change misses, and the run traces as before and writes
-the entry. An entry that cannot be read is traced again and overwritten; a program JAX cannot
-export (a custom call without a stable target, say) runs as traced.
+jax, jaxlib and flax versions, every jax config value, the source of paxlike itself and the
+size and mtime of every other loaded module's file outside the standard library (a user's
+model class, an upgraded library). A key that matches loads its entry; any change misses,
+and the run traces as before and writes the entry. An entry that cannot be read is traced
+again and overwritten; a program JAX cannot export (a custom call without a stable target,
+say) runs as traced.
 
 It lives beside JAX's compilation cache (`DIRNAME` inside it) and is on exactly when that
 cache is (`current`); it keeps the MAX_ENTRIES newest entries.
@@ -26,6 +28,8 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import sys
+import sysconfig
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +41,7 @@ import paxlike
 
 DIRNAME = 'paxlike-decode'
 MAX_ENTRIES = 64
+SUFFIXES = ('.json', '.jaxexport')  # An entry's file; a '.tmp' one is being written.
 
 
 @functools.cache
@@ -49,12 +54,36 @@ def _source_digest() -> str:
   return digest.hexdigest()
 
 
+@functools.cache
+def _loaded_code() -> tuple:
+  """(path, size, mtime) of the file of every module loaded when this process first asks, the
+  standard library's aside: the user's experiments and models and every installed library,
+  whose edits or upgrades then miss. Taken once per process, so that every key of a run sees
+  the same set (a run that traces imports more than one that reads its traces)."""
+  paths = sysconfig.get_paths()
+  stdlib = tuple({paths['stdlib'], paths['platstdlib']} - {paths['purelib'], paths['platlib']})
+  libraries = (paths['purelib'], paths['platlib'])
+  files = set()
+  for module in list(sys.modules.values()):
+    file = getattr(module, '__file__', None)
+    if file and (not file.startswith(stdlib) or file.startswith(libraries)):
+      files.add(file)
+  stats = []
+  for file in sorted(files):
+    try:
+      stat = os.stat(file)
+    except OSError:
+      continue
+    stats.append((file, stat.st_size, stat.st_mtime_ns))
+  return tuple(stats)
+
+
 def _environment() -> tuple:
   """What a trace reads besides its arguments and what the caller names."""
   versions = tuple(importlib.metadata.version(p) for p in ('jax', 'jaxlib', 'flax'))
   config = tuple(sorted((name, repr(value)) for name, value in jax.config.values.items()))
   devices = tuple((d.platform, d.device_kind, d.id) for d in jax.devices())
-  return _source_digest(), versions, config, devices, jax.process_count()
+  return (_source_digest(), _loaded_code(), versions, config, devices, jax.process_count())
 
 
 def mesh_key(mesh: Mesh | None) -> tuple | None:
@@ -96,7 +125,8 @@ class Store:
     tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
     tmp.write_bytes(blob)
     os.replace(tmp, path)
-    entries = sorted(self.directory.glob('*.*'), key=lambda p: p.stat().st_mtime, reverse=True)
+    entries = [p for p in self.directory.iterdir() if p.suffix in SUFFIXES]
+    entries.sort(key=lambda p: p.stat().st_mtime, reverse=True)
     for old in entries[MAX_ENTRIES:]:
       old.unlink(missing_ok=True)
 

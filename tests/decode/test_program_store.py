@@ -3,6 +3,8 @@ tokens a fresh trace gives; anything a trace reads changes the key; a bad entry 
 the abstract params come back as they were made; the newest entries are kept."""
 
 import os
+import sys
+import types
 
 import flax.linen as nn
 import jax
@@ -80,6 +82,33 @@ def test_what_a_trace_reads_is_in_the_key(tmp_path, traces, monkeypatch, change)
   assert traces[0] == before + 2, change  # Traced again ...
   assert len(list(tmp_path.glob('*.jaxexport'))) == 4  # ... under new keys.
   assert got == decode(model, params, None, **options)
+
+
+def test_an_edited_module_of_the_users_is_a_new_key(tmp_path, monkeypatch):
+  """A model class outside paxlike: its file's edit misses, though the model's attributes (its
+  repr) did not change."""
+  source = tmp_path / 'user_model_for_the_store.py'
+  source.write_text('SCALE = 1.0\n')
+  module = types.ModuleType('user_model_for_the_store')
+  module.__file__ = str(source)
+  monkeypatch.setitem(sys.modules, module.__name__, module)  # As if the experiment imported it.
+  mesh = jax.make_mesh((1,), ('data',), axis_types=(AxisType.Auto,))
+  store, calls = program_store.Store(tmp_path / 'store'), []
+
+  def make():
+    calls.append(1)
+    return {'w': jax.ShapeDtypeStruct((2,), np.float32, sharding=NamedSharding(mesh, P()))}
+
+  def abstract_params_in_a_new_process():
+    program_store._loaded_code.cache_clear()  # What a new process would see loaded.
+    store.abstract_params(('model',), mesh, make)
+  abstract_params_in_a_new_process()
+  abstract_params_in_a_new_process()
+  assert len(calls) == 1
+  source.write_text('SCALE = 2.0  # the edit\n')
+  abstract_params_in_a_new_process()
+  assert len(calls) == 2
+  program_store._loaded_code.cache_clear()
 
 
 def test_an_unreadable_entry_is_traced_again_and_rewritten(tmp_path, traces):
