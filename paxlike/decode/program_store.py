@@ -125,9 +125,14 @@ class Store:
     tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
     tmp.write_bytes(blob)
     os.replace(tmp, path)
-    entries = [p for p in self.directory.iterdir() if p.suffix in SUFFIXES]
-    entries.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in entries[MAX_ENTRIES:]:
+    entries = []
+    for entry in self.directory.iterdir():
+      try:
+        if entry.suffix in SUFFIXES:
+          entries.append((entry.stat().st_mtime_ns, entry))
+      except FileNotFoundError:  # Dropped meanwhile by another process's write.
+        continue
+    for _, old in sorted(entries, reverse=True)[MAX_ENTRIES:]:
       old.unlink(missing_ok=True)
 
   def abstract_params(self, parts: tuple, mesh: Mesh, make: Callable[[], Any]) -> Any:
