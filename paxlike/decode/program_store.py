@@ -14,7 +14,7 @@ size and mtime of every other loaded module's file outside the standard library 
 model class, an upgraded library). A key that matches loads its entry; any change misses,
 and the run traces as before and writes the entry. An entry that cannot be read is traced
 again and overwritten; a program JAX cannot export (a custom call without a stable target,
-say) runs as traced.
+say) runs as traced; a store that cannot be written (read-only, full) only warns.
 
 It lives beside JAX's compilation cache (`DIRNAME` inside it) and is on exactly when that
 cache is (`current`); it keeps the MAX_ENTRIES newest entries.
@@ -22,6 +22,7 @@ cache is (`current`); it keeps the MAX_ENTRIES newest entries.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -30,6 +31,7 @@ import json
 import os
 import sys
 import sysconfig
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -112,19 +114,27 @@ class Store:
     return self.directory / f'{key[:40]}{suffix}'
 
   def _read(self, path: Path) -> bytes:
-    """The entry at `path`, marked used (its mtime: the newest entries are kept); OSError when
-    there is none."""
+    """The entry at `path`, marked used where the store may be written (its mtime: the newest
+    entries are kept); OSError when there is none."""
     blob = path.read_bytes()
-    os.utime(path)
+    with contextlib.suppress(OSError):  # A store this process may only read.
+      os.utime(path)
     return blob
 
   def _write(self, path: Path, blob: bytes) -> None:
     """Writes `path` whole (a temporary file renamed), then drops the oldest entries past
-    MAX_ENTRIES."""
-    self.directory.mkdir(parents=True, exist_ok=True)
+    MAX_ENTRIES. A store that cannot take it (read-only, full) is a warning: the run goes on
+    with what it traced."""
     tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
-    tmp.write_bytes(blob)
-    os.replace(tmp, path)
+    try:
+      self.directory.mkdir(parents=True, exist_ok=True)
+      tmp.write_bytes(blob)
+      os.replace(tmp, path)
+    except OSError as error:
+      with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
+      warnings.warn(f'decode traces not kept in {self.directory}: {error}', stacklevel=3)
+      return
     entries = []
     for entry in self.directory.iterdir():
       try:
@@ -133,7 +143,8 @@ class Store:
       except FileNotFoundError:  # Dropped meanwhile by another process's write.
         continue
     for _, old in sorted(entries, reverse=True)[MAX_ENTRIES:]:
-      old.unlink(missing_ok=True)
+      with contextlib.suppress(OSError):
+        old.unlink(missing_ok=True)
 
   def abstract_params(self, parts: tuple, mesh: Mesh, make: Callable[[], Any]) -> Any:
     """`make()` (the params as sharded ShapeDtypeStructs on `mesh`, each NamedSharding'd), or

@@ -75,9 +75,9 @@ def load_latest_params(task: Task, job_dir: Path) -> tuple[Mesh, Any]:
     raise UserError(f'no checkpoint in {directory}; train first')
   from paxlike.decode import program_store  # pylint: disable=import-outside-toplevel
   mesh = partitioning.make_mesh(task.mesh)
-  store = program_store.current()
-  want = (abstract_params(task, mesh) if store is None else store.abstract_params(
-      (repr(task.model), task.mesh.rules), mesh, lambda: abstract_params(task, mesh)))
+  store, make = program_store.current(), functools.partial(abstract_params, task, mesh)
+  want = make() if store is None else store.abstract_params(
+      (repr(task.model), task.mesh.rules), mesh, make)
   checkpoint._drop_read_only_notice()  # pylint: disable=protected-access
   manager = ocp.CheckpointManager(
       directory.absolute(), options=ocp.CheckpointManagerOptions(read_only=True, create=False),

@@ -3,6 +3,7 @@ tokens a fresh trace gives; anything a trace reads changes the key; a bad entry 
 the abstract params come back as they were made; the newest entries are kept."""
 
 import os
+import pathlib
 import sys
 import types
 
@@ -109,6 +110,19 @@ def test_an_edited_module_of_the_users_is_a_new_key(tmp_path, monkeypatch):
   abstract_params_in_a_new_process()
   assert len(calls) == 2
   program_store._loaded_code.cache_clear()
+
+
+def test_a_store_that_cannot_be_written_warns_and_the_decode_goes_on(tmp_path, traces,
+                                                                     monkeypatch):
+  params, store = params_of(MODEL), program_store.Store(tmp_path)
+  want = decode(MODEL, params, None)
+
+  def full(self, data):
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(pathlib.Path, 'write_bytes', full)
+  with pytest.warns(UserWarning, match='decode traces not kept in .*No space left'):
+    assert decode(MODEL, params, store) == want
+  assert list(tmp_path.iterdir()) == []  # No entry, no temporary file left behind.
 
 
 def test_an_unreadable_entry_is_traced_again_and_rewritten(tmp_path, traces):
