@@ -12,14 +12,17 @@ import numpy as np
 from paxlike.export import run as executor
 
 
-def executor_rounds(task: Any, export: Path, cohorts: list[dict]) -> list[dict[str, np.ndarray]]:
-  """The executor's rounds from the export's state; round r's batches and weights drawn by
-  `task.data` for `cohorts[r]['cohort']`, its `dropped_slots` at weight 0."""
+def executor_rounds(task: Any, export: Path, cohorts: list[dict],
+                    state: dict[str, np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
+  """The executor's rounds from `state` (the export's own unless given: the state before
+  `cohorts[0]`'s round); each round's batches and weights drawn by `task.data` for its row's
+  `cohort`, its `dropped_slots` at weight 0."""
   ex = executor.load(export)
-  carried, history = dict(ex.carried), []
-  for r, row in enumerate(cohorts):
+  carried, history = dict(ex.carried if state is None else state), []
+  for row in cohorts:
     batch, weights = task.data.round_batches(task.train.seed, row['step'],
                                              cohort=np.array(row['cohort']))
+    r = row['step'] - ex.plan['start_step'] - 1  # The export's per-round inputs of that round.
     values = {**carried, **{n: a[r] for n, a in ex.rounds.items()}}
     assert {f'batches.{k}' for k in batch} == {n for n in values if n.startswith('batches.')}
     values.update({f'batches.{k}': v for k, v in batch.items()})
