@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
@@ -153,10 +152,8 @@ def _deployed_state(server: Path, export: Path, step: int) -> dict[str, np.ndarr
   """The server state a deployed run checkpointed after round `step`."""
   checkpoints = progress.open_checkpoints(server)
   try:
-    carried = executor.load(export).carried
-    abstract = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in carried.items()}
-    restored_step, state, _ = checkpoints.restore(abstract, step=step)
+    resumed = progress.resume(checkpoints, 0, executor.load(export).carried, step)
   finally:
     checkpoints.close()
-  assert restored_step == step
-  return {n: np.asarray(v) for n, v in state.items()}
+  assert resumed.step == step
+  return resumed.state

@@ -37,10 +37,12 @@ def open_checkpoints(out: Path) -> Checkpoints:
   return Checkpoints(out / 'checkpoints', _KEEP)
 
 
-def resume(checkpoints: Checkpoints, start_step: int, initial: dict[str, np.ndarray]) -> Resumed:
-  """The latest committed checkpoint's state, or the export's `initial` state at `start_step`."""
+def resume(checkpoints: Checkpoints, start_step: int, initial: dict[str, np.ndarray],
+           step: int | None = None) -> Resumed:
+  """The latest committed checkpoint's state (at or before `step`, when given), or the export's
+  `initial` state at `start_step`."""
   abstract = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in initial.items()}
-  restored = checkpoints.restore(abstract)
+  restored = checkpoints.restore(abstract, step)
   if restored is None:
     return Resumed(start_step, dict(initial), {})
   step, state, meta = restored
