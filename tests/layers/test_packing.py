@@ -45,12 +45,13 @@ def _docs(lengths: list[list[int]], seed: int = 0) -> list[list[np.ndarray]]:
 
 def _check_packed_equals_alone(model, params, docs, seq_len, atol=2e-5):
   tokens, segments, positions = pack(docs, seq_len)
-  packed = model.apply({'params': params}, jnp.asarray(tokens), segment_ids=jnp.asarray(segments),
-                       positions=jnp.asarray(positions))
+  packed = jax.jit(model.apply)({'params': params}, jnp.asarray(tokens),
+                                segment_ids=jnp.asarray(segments), positions=jnp.asarray(positions))
+  apply_alone = jax.jit(model.clone(attention_impl='xla').apply)
   for r, row in enumerate(docs):
     start = 0
     for doc in row:
-      alone = model.clone(attention_impl='xla').apply({'params': params}, jnp.asarray(doc)[None])
+      alone = apply_alone({'params': params}, jnp.asarray(doc)[None])
       np.testing.assert_allclose(packed[r, start:start + len(doc)], alone[0], atol=atol,
                                  rtol=1e-5)
       start += len(doc)
@@ -61,36 +62,38 @@ def _check_packed_equals_alone(model, params, docs, seq_len, atol=2e-5):
 def test_packed_document_logits_equal_the_document_alone(variant):
   model = TransformerLM(**TINY, **VARIANTS[variant])
   docs = _docs([[5, 9, 3], [12, 7]])
-  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 24), jnp.int32)))['params']
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 24), jnp.int32)))['params']
   packed = _check_packed_equals_alone(model, params, docs, 24)
   # The same tokens without segment ids see their neighbours: the test can tell.
   tokens, _, _ = pack(docs, 24)
-  plain = model.apply({'params': params}, jnp.asarray(tokens))
+  plain = jax.jit(model.apply)({'params': params}, jnp.asarray(tokens))
   assert not np.allclose(plain[0, 5:14], packed[0, 5:14], atol=1e-3)
 
 
 def test_padding_rows_stay_finite_and_segment_none_is_bitwise_todays_path():
   model = TransformerLM(**TINY, num_kv_heads=2)
   tokens, segments, positions = pack(_docs([[4], [3, 2]]), 16)
-  params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(tokens)))['params']
-  out = model.apply({'params': params}, jnp.asarray(tokens), segment_ids=jnp.asarray(segments),
-                    positions=jnp.asarray(positions))
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.asarray(tokens)))['params']
+  apply = jax.jit(model.apply)
+  out = apply({'params': params}, jnp.asarray(tokens), segment_ids=jnp.asarray(segments),
+              positions=jnp.asarray(positions))
   assert np.isfinite(np.asarray(out)).all()
-  default = model.apply({'params': params}, jnp.asarray(tokens))
-  explicit = model.apply({'params': params}, jnp.asarray(tokens), segment_ids=None, positions=None)
+  default = apply({'params': params}, jnp.asarray(tokens))
+  explicit = apply({'params': params}, jnp.asarray(tokens), segment_ids=None, positions=None)
   np.testing.assert_array_equal(np.asarray(default), np.asarray(explicit))
 
 
 def test_learned_positions_are_gathered_per_row():
   model = TransformerLM(**TINY, rope=False)
   tokens = jnp.asarray(_docs([[6], [6]])[0][0])[None].repeat(2, axis=0)
-  params = nn.unbox(model.init(jax.random.key(0), tokens))['params']
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), tokens))['params']
+  apply = jax.jit(model.apply)
   positions = jnp.asarray([np.arange(6), np.arange(6) + 9])
-  out = model.apply({'params': params}, tokens, positions=positions)
-  np.testing.assert_allclose(out[0], model.apply({'params': params}, tokens[:1])[0], atol=1e-6)
+  out = apply({'params': params}, tokens, positions=positions)
+  np.testing.assert_allclose(out[0], apply({'params': params}, tokens[:1])[0], atol=1e-6)
   shifted = params['pos_embed'][9:15]
   moved = {**params, 'pos_embed': params['pos_embed'].at[:6].set(shifted)}
-  np.testing.assert_allclose(out[1], model.apply({'params': moved}, tokens[:1])[0], atol=1e-6)
+  np.testing.assert_allclose(out[1], apply({'params': moved}, tokens[:1])[0], atol=1e-6)
 
 
 def test_rope_with_per_row_positions_rotates_each_row_by_its_own_positions():
@@ -114,7 +117,7 @@ def _interpreted_splash(monkeypatch):
 def test_packed_documents_with_the_splash_kernel_equal_each_document_alone(monkeypatch, variant):
   model = TransformerLM(**{**TINY, 'num_layers': 1}, **VARIANTS[variant], attention_impl='splash')
   docs = _docs([[40, 50, 30], [128]], seed=1)
-  params = nn.unbox(model.clone(attention_impl='xla').init(
+  params = nn.unbox(jax.jit(model.clone(attention_impl='xla').init)(
       jax.random.key(0), jnp.zeros((1, 128), jnp.int32)))['params']
   _interpreted_splash(monkeypatch)
   _check_packed_equals_alone(model, params, docs, 128)
