@@ -22,10 +22,13 @@ def _qkv(dtype=jnp.float32):
           jax.random.normal(keys[2], (B, T, K, H), dtype))
 
 
+@functools.partial(jax.jit, static_argnums=3)
 def _xla(q, k, v, window):
   return attention_kernels.attend(q, k, v, 'xla', window)
 
 
+# Eager: the first call makes (and caches) the kernel with concrete masks; made inside a jit
+# trace, the cached kernel would hold that trace's tracers.
 def _splash(q, k, v, window):
   return attention_kernels.splash_attention(q, k, v, window, interpret=True)
 
@@ -34,7 +37,8 @@ def _loss_grads(attn, q, k, v):
   """Gradients of a loss that weighs every output feature differently (so no symmetry hides
   a wrong dq, dk or dv)."""
   weights = jnp.cos(jnp.arange(H, dtype=jnp.float32))
-  return jax.grad(lambda q, k, v: (attn(q, k, v) * weights).sum(), argnums=(0, 1, 2))(q, k, v)
+  return jax.jit(jax.grad(lambda q, k, v: (attn(q, k, v) * weights).sum(), argnums=(0, 1, 2)))(
+      q, k, v)
 
 
 @pytest.mark.parametrize('window', [None, 100])
@@ -68,7 +72,7 @@ q_spec, kv_spec = P('data', None, 'model', None), P('data', None, None, None)
 with jax.set_mesh(mesh):
   got = jax.jit(lambda q, k, v: attention_kernels.attend(
       q, k, v, 'splash', None, q_spec, kv_spec, interpret=True))(q, k, v)
-want = attention_kernels.attend(q, k, v, 'xla', None)
+want = jax.jit(lambda q, k, v: attention_kernels.attend(q, k, v, 'xla', None))(q, k, v)
 print(float(jnp.abs(got - want).max()))
 """
 

@@ -45,11 +45,11 @@ def test_scanned_equals_unrolled_with_every_feature():
 def test_lora_trains_the_adapters_of_a_featured_model():
   model = TransformerLM(**EVERYTHING, lora_rank=2, lora_targets=('query', 'value', 'wi_up'),
                         scan_layers=True)
-  params = nn.unbox(model.init(jax.random.key(0), TOKENS))['params']
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), TOKENS))['params']
   params = jax.tree_util.tree_map_with_path(
       lambda p, x: x + 0.1 if str(p[-1]).endswith("lora_b']") else x, params)
   loss = lambda p: jnp.mean(model.apply({'params': p}, TOKENS) ** 2)
-  grads = flatten_dict(jax.grad(loss)(params))
+  grads = flatten_dict(jax.jit(jax.grad(loss))(params))
   adapters = [g for k, g in grads.items() if k[-1].endswith('_lora_a')]
   assert adapters and all(np.isfinite(g).all() and np.abs(g).max() > 0 for g in adapters)
 

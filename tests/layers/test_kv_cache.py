@@ -21,7 +21,7 @@ VARIANTS = {
 def layer_and_inputs(variant: str):
   layer = CausalSelfAttention(head_dim=8, implementation='xla', **VARIANTS[variant])
   x = jax.random.normal(jax.random.key(1), (B, T, D), jnp.float32)
-  params = nn.unbox(layer.init(jax.random.key(0), x))['params']
+  params = nn.unbox(jax.jit(layer.init)(jax.random.key(0), x))['params']
   return layer, params, x
 
 
@@ -45,13 +45,13 @@ def cached_outputs(layer, params, x: jax.Array) -> np.ndarray:
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_cached_decode_equals_the_full_sequence_position_by_position(variant):
   layer, params, x = layer_and_inputs(variant)
-  full = np.asarray(layer.apply({'params': params}, x))
+  full = np.asarray(jax.jit(layer.apply)({'params': params}, x))
   np.testing.assert_allclose(cached_outputs(layer, params, x), full, rtol=1e-5, atol=1e-5)
 
 
 def test_a_cache_written_one_slot_off_is_caught(monkeypatch):
   layer, params, x = layer_and_inputs('rope_gqa')
-  full = np.asarray(layer.apply({'params': params}, x))
+  full = np.asarray(jax.jit(layer.apply)({'params': params}, x))
   write = kv_cache.write
   monkeypatch.setattr(kv_cache, 'write',
                       lambda cache, new, index, axis: write(cache, new, index + 1, axis))

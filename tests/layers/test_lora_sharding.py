@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent("""
                           lora_targets=('query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wo'))
     windows = jax.random.randint(jax.random.key(1), (8, 17), 0, 128, dtype=jnp.int32)
     batch = {'inputs': windows[:, :-1], 'targets': windows[:, 1:], 'mask': jnp.ones((8, 16))}
-    params = nn.unbox(model.init(jax.random.key(0), batch['inputs']))['params']
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), batch['inputs']))['params']
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: x + 0.05 if str(path[-1].key).endswith('_lora_b') else x, params)
     loss_fn = jax.jit(jax.value_and_grad(lambda p, b: losses.model_loss_fn(model)(p, b, None)[0]))

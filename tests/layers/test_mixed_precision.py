@@ -46,7 +46,7 @@ def _batch(windows: jax.Array) -> dict[str, jax.Array]:
 def _train_and_eval(dtype, train: np.ndarray, evals: np.ndarray) -> tuple[float, float, Any]:
   model = fdl.build(models.lm_tiny_llama()).clone(dtype=dtype)
   loss_fn = losses.model_loss_fn(model)
-  params = nn.unbox(model.init(jax.random.key(0), train[0, :, :-1]))['params']
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), train[0, :, :-1]))['params']
   opt = optax.adam(3e-3)
 
   def step(carry, windows):

@@ -34,6 +34,9 @@ def _reference_route(probs: np.ndarray, k: int, slots: int):
   return placed, dropped
 
 
+_route = jax.jit(moe.route, static_argnums=(1, 2))
+
+
 def _hand_probs() -> np.ndarray:
   """One row of 6 tokens over 3 experts: first choices 0,0,0,1,0,2 and second 1,2,1,0,1,0."""
   return np.array([[[.6, .3, .1], [.5, .1, .4], [.7, .2, .1],
@@ -51,12 +54,12 @@ def test_capacity():
 def test_dropped_count_is_exact_on_a_hand_built_routing():
   probs = _hand_probs()
   # k=1, 2 slots: expert 0 is picked by tokens 0, 1, 2, 4 and keeps 0 and 1; 2 and 4 drop.
-  routing = moe.route(jnp.asarray(probs), k=1, slots=2)
+  routing = _route(jnp.asarray(probs), 1, 2)
   assert int(routing.dropped) == 2
   assert np.asarray(routing.dispatch).sum(axis=(2, 3)).tolist() == [[1, 1, 0, 1, 0, 1]]
   # k=2, 2 slots: expert 0 gets 0, 1 (first choices; 2, 4 and token 3's and 5's second choices
   # drop); expert 1 gets 3 (first), then 0 (second; 2 and 4 drop); expert 2 gets 5, then 1.
-  routing = moe.route(jnp.asarray(probs), k=2, slots=2)
+  routing = _route(jnp.asarray(probs), 2, 2)
   assert int(routing.dropped) == 6
   want, dropped = _reference_route(probs, 2, 2)
   assert dropped == 6
@@ -65,8 +68,9 @@ def test_dropped_count_is_exact_on_a_hand_built_routing():
 
 @pytest.mark.parametrize('k, slots', [(1, 3), (2, 3), (2, 5), (3, 2)])
 def test_route_matches_the_loop_reference(k, slots):
-  probs = np.asarray(jax.nn.softmax(jax.random.normal(jax.random.key(k * 7 + slots), (3, 9, 4))))
-  routing = moe.route(jnp.asarray(probs), k, slots)
+  probs = np.asarray(jax.jit(jax.nn.softmax)(
+      jax.random.normal(jax.random.key(k * 7 + slots), (3, 9, 4))))
+  routing = _route(jnp.asarray(probs), k, slots)
   placed, dropped = _reference_route(probs, k, slots)
   want = np.zeros(routing.dispatch.shape, np.float32)
   for (b, t, e), c in placed.items():
@@ -84,11 +88,11 @@ def test_load_balance_loss_equals_its_formula_on_a_hand_built_routing():
   probs = _hand_probs()
   # k=1: expert shares f = (4, 1, 1)/6; mean probs P = (2.9, 1.7, 1.4)/6.
   want = 3 * (4 * 2.9 + 1 * 1.7 + 1 * 1.4) / 36
-  choices = moe.route(jnp.asarray(probs), 1, 6).choices
+  choices = _route(jnp.asarray(probs), 1, 6).choices
   np.testing.assert_allclose(moe.load_balance_loss(jnp.asarray(probs), choices), want, rtol=1e-6)
   # k=2: choices per expert (first + second) = (4+2, 1+3, 1+1) over 12.
   want = 3 * (6 * 2.9 + 4 * 1.7 + 2 * 1.4) / 72
-  choices = moe.route(jnp.asarray(probs), 2, 6).choices
+  choices = _route(jnp.asarray(probs), 2, 6).choices
   np.testing.assert_allclose(moe.load_balance_loss(jnp.asarray(probs), choices), want, rtol=1e-6)
   uniform = jnp.full((1, 4, 2), 0.5)
   assert float(moe.load_balance_loss(uniform, jnp.asarray([[[0], [1], [0], [1]]]))) == 1.0
@@ -102,12 +106,14 @@ def test_one_expert_top1_equals_the_dense_mlp():
   x = jax.random.normal(jax.random.key(0), (2, 5, D))
   for gated in (True, False):
     dense = Mlp(F, gated=gated)
-    params = nn.unbox(dense.init(jax.random.key(1), x))['params']
+    params = nn.unbox(jax.jit(dense.init)(jax.random.key(1), x))['params']
     experts = {name: p['kernel'][None] for name, p in params.items()}
     layer = _layer(1, 1, capacity_factor=1.0, gated=gated, activation='silu')
     router = jax.random.normal(jax.random.key(2), (D, 1))
-    y, stats = layer.apply({'params': {'router': router, **experts}}, x, mutable=[moe.COLLECTION])
-    np.testing.assert_allclose(y, dense.apply({'params': params}, x), rtol=1e-6, atol=1e-6)
+    apply = jax.jit(layer.apply, static_argnames=('mutable',))
+    y, stats = apply({'params': {'router': router, **experts}}, x, mutable=(moe.COLLECTION,))
+    np.testing.assert_allclose(y, jax.jit(dense.apply)({'params': params}, x), rtol=1e-6,
+                               atol=1e-6)
     assert float(moe.summarize(stats[moe.COLLECTION])['dropped']) == 0.0
 
 
@@ -117,9 +123,10 @@ def _hand_routed_layer(num_experts: int, k: int, capacity_factor: float):
   logits = np.log(_hand_probs()[0]) + 0.3 * np.arange(6)[:, None]
   x = jnp.eye(6, D)[None]  # Token t is the unit vector e_t, so its logits are row t.
   layer = _layer(num_experts, k, capacity_factor)
-  params = nn.unbox(layer.init(jax.random.key(0), x))['params']
+  params = nn.unbox(jax.jit(layer.init)(jax.random.key(0), x))['params']
   params['router'] = jnp.zeros((D, num_experts)).at[:6].set(logits)
-  out, stats = layer.apply({'params': params}, x, mutable=[moe.COLLECTION])
+  out, stats = jax.jit(layer.apply, static_argnames=('mutable',))(
+      {'params': params}, x, mutable=(moe.COLLECTION,))
   return params, x, out, moe.summarize(stats[moe.COLLECTION]), logits
 
 
@@ -146,18 +153,18 @@ def test_dropped_tokens_pass_nothing_through_the_experts():
 def test_gradients_reach_the_router(k):
   x = jax.random.normal(jax.random.key(0), (2, 8, D))
   layer = _layer(4, k, capacity_factor=1.0, aux_loss_weight=0.0, router_z_loss_weight=0.0)
-  params = nn.unbox(layer.init(jax.random.key(1), x))['params']
+  params = nn.unbox(jax.jit(layer.init)(jax.random.key(1), x))['params']
   target = jax.random.normal(jax.random.key(2), x.shape)
 
   def loss(p):
     y, stats = layer.apply({'params': p}, x, mutable=[moe.COLLECTION])
     return jnp.mean((y - target) ** 2) + moe.summarize(stats[moe.COLLECTION])['loss']
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   assert float(jnp.abs(grads['router']).max()) > 1e-6  # Through the gates alone (no aux loss).
   assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
   aux = lambda p: moe.summarize(layer.apply({'params': p}, x, mutable=[moe.COLLECTION])[1][
       moe.COLLECTION])['aux_loss']
-  assert float(jnp.abs(jax.grad(aux)(params)['router']).max()) > 1e-6
+  assert float(jnp.abs(jax.jit(jax.grad(aux))(params)['router']).max()) > 1e-6
 
 
 def test_summarize_reduces_over_layers():
@@ -172,7 +179,7 @@ def test_summarize_reduces_over_layers():
 
 def test_no_statistics_at_init():
   x = jnp.ones((1, 4, D))
-  assert set(_layer(2, 1).init(jax.random.key(0), x)) == {'params'}
+  assert set(jax.jit(_layer(2, 1).init)(jax.random.key(0), x)) == {'params'}
 
 
 def test_bad_expert_configs_are_refused():
@@ -198,7 +205,8 @@ def test_scanned_moe_model_equals_the_unrolled_one(every, remat):
       range(every - 1, 4, every))
   scanned = model.clone(scan_layers=True, remat_policy=remat)
   stacked = stack_layers(params, 4, every)
-  shapes = jax.tree.map(jnp.shape, nn.unbox(scanned.init(jax.random.key(1), tokens))['params'])
+  shapes = jax.tree.map(jnp.shape,
+                        nn.unbox(jax.jit(scanned.init)(jax.random.key(1), tokens))['params'])
   assert shapes == jax.tree.map(jnp.shape, stacked)
   assert jax.tree.all(jax.tree.map(np.array_equal, unstack_layers(stacked), params))
 
@@ -221,7 +229,8 @@ def test_scanned_moe_model_equals_the_unrolled_one(every, remat):
 ])
 def test_bad_moe_model_fields_are_refused(fields, message):
   with pytest.raises(ValueError, match=message):
-    TransformerLM(**{**TINY_LM, **fields}).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))
+    jax.jit(TransformerLM(**{**TINY_LM, **fields}).init)(jax.random.key(0),
+                                                         jnp.ones((1, 4), jnp.int32))
 
 
 def test_flops_count_only_the_active_experts():
@@ -229,7 +238,8 @@ def test_flops_count_only_the_active_experts():
   times (a token runs k of the E experts); the router counts whole."""
   model = TransformerLM(**{**TINY_LM, 'moe_every': 2})
   seq = 12
-  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, seq), jnp.int32)))['params']
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, seq), jnp.int32)))[
+      'params']
   flat = traverse_util.flatten_dict(params)
   expert = lambda path, x: 'mlp' in path and x.ndim == 3
   n = sum(x.size * (2 / 4 if expert(path, x) else 1) for path, x in flat.items() if x.ndim >= 2)

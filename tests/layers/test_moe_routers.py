@@ -33,8 +33,8 @@ def pax_params(block: ref.SparseMoe) -> dict:
 
 def run_layer(layer: moe.MoeMlp, block: ref.SparseMoe, x: np.ndarray):
   """(output, summarized statistics) of `layer` holding `block`'s weights."""
-  y, stats = layer.apply({'params': pax_params(block)}, jnp.asarray(x, jnp.float32),
-                         mutable=[moe.COLLECTION])
+  y, stats = jax.jit(layer.apply, static_argnames=('mutable',))(
+      {'params': pax_params(block)}, jnp.asarray(x, jnp.float32), mutable=(moe.COLLECTION,))
   return np.asarray(y), moe.summarize(stats[moe.COLLECTION])
 
 
@@ -86,7 +86,8 @@ def test_dropless_capacity_keeps_every_token_when_all_pick_one_expert():
 
 def test_route_renormalize_overrides_the_k_rule():
   probs = jnp.asarray([[[0.5, 0.3, 0.2]]])
-  gates = lambda k, renorm: np.asarray(moe.route(probs, k, 1, renormalize=renorm).combine)[
+  route = jax.jit(moe.route, static_argnums=(1, 2), static_argnames=('renormalize',))
+  gates = lambda k, renorm: np.asarray(route(probs, k, 1, renormalize=renorm).combine)[
       0, 0].sum(-1)
   np.testing.assert_allclose(gates(1, None), [0.5, 0, 0], rtol=1e-6)  # Switch's raw gate.
   np.testing.assert_allclose(gates(1, True), [1, 0, 0], rtol=1e-6)
@@ -102,7 +103,7 @@ TINY = dict(vocab_size=64, num_layers=4, d_model=32, num_heads=4, d_ff=48, max_l
 def test_model_fields_size_the_experts_and_the_shared_expert():
   model = TransformerLM(**TINY)
   tokens = jnp.zeros((1, 12), jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(0), tokens))['params']
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), tokens))['params']
   assert params['block_0']['mlp']['wi_gate']['kernel'].shape == (32, 48)  # Dense: d_ff.
   mlp = params['block_1']['mlp']
   assert mlp['wi_gate'].shape == (4, 32, 16) and mlp['wo'].shape == (4, 16, 32)
@@ -121,7 +122,8 @@ def test_scanned_model_with_a_shared_expert_equals_the_unrolled_one():
   tokens = jax.random.randint(jax.random.key(0), (2, 10), 0, 64)
   params = nn.unbox(model.init(jax.random.key(1), tokens))['params']
   want = model.apply({'params': params}, tokens)
-  got = model.clone(scan_layers=True).apply({'params': stack_layers(params, 4, 2)}, tokens)
+  got = jax.jit(model.clone(scan_layers=True).apply)({'params': stack_layers(params, 4, 2)},
+                                                     tokens)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -131,7 +133,8 @@ def test_scanned_model_with_a_shared_expert_equals_the_unrolled_one():
 ])
 def test_bad_expert_widths_are_refused(fields, message):
   with pytest.raises(ValueError, match=message):
-    TransformerLM(**{**TINY, **fields}).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))
+    jax.jit(TransformerLM(**{**TINY, **fields}).init)(jax.random.key(0),
+                                                      jnp.ones((1, 4), jnp.int32))
 
 
 LORA = dict(lora_rank=2, lora_alpha=4.0, lora_targets=('query', 'wi_gate', 'wi_up', 'wo'))
@@ -165,5 +168,5 @@ def test_lora_on_the_experts_adapts_each_expert_and_merges_into_its_kernel():
     np.testing.assert_allclose(merged['block_1']['mlp']['wo'][e], expect, rtol=1e-5, atol=1e-6)
   # Scanned: the same adapters stacked, the same logits.
   scanned = model.clone(scan_layers=True)
-  np.testing.assert_allclose(scanned.apply({'params': stack_layers(moved, 4, 2)}, tokens), want,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jax.jit(scanned.apply)({'params': stack_layers(moved, 4, 2)},
+                                                    tokens), want, rtol=1e-5, atol=1e-5)

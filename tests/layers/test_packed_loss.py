@@ -31,9 +31,10 @@ def _packed_batch() -> tuple[dict[str, np.ndarray], list[list[np.ndarray]]]:
 def _numpy_loss_and_accuracy(params, docs) -> tuple[float, float]:
   """Sums over every document's own next-token predictions (the model on the document alone)."""
   total, correct, count = 0.0, 0.0, 0
+  apply = jax.jit(MODEL.apply)
   for row in docs:
     for doc in row:
-      logits = np.asarray(MODEL.apply({'params': params}, jnp.asarray(doc)[None])[0], np.float64)
+      logits = np.asarray(apply({'params': params}, jnp.asarray(doc)[None])[0], np.float64)
       logits, targets = logits[:-1], doc[1:]
       shifted = logits - logits.max(-1, keepdims=True)
       log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
@@ -46,17 +47,18 @@ def _numpy_loss_and_accuracy(params, docs) -> tuple[float, float]:
 def test_packed_loss_and_accuracy_are_means_over_unmasked_positions_only():
   batch, docs = _packed_batch()
   assert 0 < batch['mask'].mean() < 1
-  params = nn.unbox(MODEL.init(jax.random.key(0), jnp.asarray(batch['inputs'])))['params']
-  loss, aux = losses.model_loss_fn(MODEL)(params, jax.tree.map(jnp.asarray, batch), None)
+  params = nn.unbox(jax.jit(MODEL.init)(jax.random.key(0), jnp.asarray(batch['inputs'])))[
+      'params']
+  loss, aux = jax.jit(losses.model_loss_fn(MODEL))(params, jax.tree.map(jnp.asarray, batch), None)
   want_loss, want_accuracy = _numpy_loss_and_accuracy(params, docs)
   np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5)
   np.testing.assert_allclose(float(aux['accuracy']), want_accuracy, rtol=1e-6)
   # The padding and the masked positions' losses differ from the unmasked ones: a plain mean
   # over all positions (or a loss without the segment ids) would give another number.
-  logits = MODEL.apply({'params': params}, jnp.asarray(batch['inputs']),
-                       segment_ids=jnp.asarray(batch['segment_ids']),
-                       positions=jnp.asarray(batch['positions']))
-  per_position, _ = losses.per_example_loss(logits, batch)
+  logits = jax.jit(MODEL.apply)({'params': params}, jnp.asarray(batch['inputs']),
+                                segment_ids=jnp.asarray(batch['segment_ids']),
+                                positions=jnp.asarray(batch['positions']))
+  per_position, _ = jax.jit(losses.per_example_loss)(logits, batch)
   assert abs(float(per_position.mean()) - want_loss) > 1e-3
 
 

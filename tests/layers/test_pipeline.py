@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent("""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     seg = jnp.repeat(jnp.array([[1] * 5 + [2] * 3]), 8, 0)
     pos = jnp.repeat(jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]]), 8, 0)
-    params = nn.unbox(model.init(jax.random.key(0), inputs))['params']
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs))['params']
 
     def xent(logits):
       logp = jax.nn.log_softmax(logits)
@@ -81,8 +81,8 @@ SCRIPT = textwrap.dedent("""
     scale = jnp.linspace(0.5, 1.5, 16)[:, None]
     loss_of = lambda run: (lambda s, x: jnp.sum(jnp.sin(run(s, x))))
     scanned = lambda s, x: pipeline.scan_layers(mlp, s, x, scale)
-    ref_y = scanned(stack, x)
-    ref_g = jax.grad(loss_of(scanned), argnums=(0, 1))(stack, x)
+    ref_y = jax.jit(scanned)(stack, x)
+    ref_g = jax.jit(jax.grad(loss_of(scanned), argnums=(0, 1)))(stack, x)
     # (mesh, microbatches, repeats): GPipe under FSDP; circular, 2 passes of 4 or 2 chunks.
     for shape, axes, m, r in [((2, 2, 2), ('stage', 'data', 'fsdp'), 4, 1),
                               ((2, 4), ('stage', 'data'), 2, 2), ((4, 2), ('stage', 'data'), 4, 2)]:

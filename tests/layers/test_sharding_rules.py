@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
                          d_ff=128, tied_embeddings=False, qk_norm=True)
     windows = jax.random.randint(jax.random.key(1), (8, 17), 0, 128, dtype=jnp.int32)
     batch = {'inputs': windows[:, :-1], 'targets': windows[:, 1:], 'mask': jnp.ones((8, 16))}
-    params = nn.unbox(base.init(jax.random.key(0), batch['inputs']))['params']
+    params = nn.unbox(jax.jit(base.init)(jax.random.key(0), batch['inputs']))['params']
     trees = {False: params, True: stack_layers(params, 2)}
 
     def loss_and_grads(model, p, b):
