@@ -50,9 +50,12 @@ def _splash_kernel(seq_len: int, groups: int, window: int | None, interpret: boo
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                             block_q_dq=block, block_kv_dq=block)
-  return splash.make_splash_mqa_single_device(
-      splash.MultiHeadMask([head_mask] * groups), block_sizes=sizes, interpret=interpret,
-      attn_logits_soft_cap=softcap)
+  # Concrete mask arrays even when first asked for inside a trace: this kernel is cached and
+  # serves every later trace (the eval step after the train step), where a tracer would leak.
+  with jax.ensure_compile_time_eval():
+    return splash.make_splash_mqa_single_device(
+        splash.MultiHeadMask([head_mask] * groups), block_sizes=sizes, interpret=interpret,
+        attn_logits_soft_cap=softcap)
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None = None,

@@ -27,8 +27,6 @@ def _xla(q, k, v, window):
   return attention_kernels.attend(q, k, v, 'xla', window)
 
 
-# Eager: the first call makes (and caches) the kernel with concrete masks; made inside a jit
-# trace, the cached kernel would hold that trace's tracers.
 def _splash(q, k, v, window):
   return attention_kernels.splash_attention(q, k, v, window, interpret=True)
 
@@ -49,6 +47,16 @@ def test_splash_kernel_in_interpret_mode_equals_xla_forward_and_gradients(window
   for got, want in zip(_loss_grads(functools.partial(_splash, window=window), q, k, v),
                        _loss_grads(functools.partial(_xla, window=window), q, k, v)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_first_made_inside_a_trace_serves_the_next_trace():
+  """The train step's trace makes (and caches) the kernel; the eval step's trace, same shapes,
+  reuses it: its masks must be arrays, not the first trace's tracers."""
+  attention_kernels._splash_kernel.cache_clear()
+  q, k, v = (x[:1, :128] for x in _qkv())
+  train = jax.jit(lambda q, k, v: _splash(q, k, v, None))(q, k, v)
+  evaluate = jax.jit(lambda q, k, v: 2 * _splash(q, k, v, None))(q, k, v)
+  np.testing.assert_allclose(evaluate, 2 * train, rtol=1e-6)
 
 
 def test_splash_kernel_sees_the_causal_mask():
