@@ -1,6 +1,8 @@
 """The KV-cache decoder against a full recompute of the growing sequence, batched against one
 prompt at a time, stopping at EOS, and the requests it refuses."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -33,13 +35,18 @@ def recompute_greedy(model: TransformerLM, params, prompt: np.ndarray, steps: in
   """The reference: the whole model (no cache) rerun on the growing sequence for every new
   token. The sequence sits left-aligned in a fixed `max_len` window, so one compiled forward
   pass serves every length (causal attention: what follows a token cannot change it)."""
-  forward = jax.jit(lambda p, window: model.apply({'params': p}, window[None])[0])
+  forward = _forward(model)
   tokens = list(prompt)
   for _ in range(steps):
     window = np.zeros(model.max_len, np.int32)
     window[:len(tokens)] = tokens
     tokens.append(int(np.argmax(forward(params, window)[len(tokens) - 1])))
   return np.asarray(tokens[len(prompt):], np.int32)
+
+
+@functools.cache  # One jitted forward per model, reused across prompts and params.
+def _forward(model: TransformerLM):
+  return jax.jit(lambda p, window: model.apply({'params': p}, window[None])[0])
 
 
 def prompts_of(lengths, seed: int = 0, vocab: int = 64) -> list[np.ndarray]:

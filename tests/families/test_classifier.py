@@ -39,8 +39,11 @@ def _batches(clients, steps, batch=6):
           'mask': np.ones(shape, np.float32)}
 
 
+_INIT = jax.jit(MODEL.init)  # One program: eagerly, every op of the init compiles on its own.
+
+
 def test_step_flops_are_one_gradients_count_times_clients_and_local_steps_per_device():
-  boxed = MODEL.init(jax.random.key(0), jnp.zeros((1, 4, 4, 1)))['params']
+  boxed = _INIT(jax.random.key(0), jnp.zeros((1, 4, 4, 1)))['params']
   loss_fn = losses.model_loss_fn(MODEL)
   one = FAMILY.step_flops(MODEL, loss_fn, boxed, _batches(1, 1), 1)
   # At least the forward and weight-gradient matmuls of 6 examples: 2 × 2·6·(16·8 + 8·5).
@@ -50,16 +53,18 @@ def test_step_flops_are_one_gradients_count_times_clients_and_local_steps_per_de
 
 
 def test_the_ensemble_is_the_prior_weighted_mixture():
-  params = nn.unbox(MODEL.init(jax.random.key(0), jnp.zeros((1, 4, 4, 1))))['params']
-  experts = jax.tree.map(lambda p: jnp.stack([p, p * -1.5]), params)
+  params = nn.unbox(_INIT(jax.random.key(0), jnp.zeros((1, 4, 4, 1))))['params']
+  experts = jax.tree.map(lambda p: np.stack([p, np.asarray(p) * np.float32(-1.5)]), params)
   inputs = jax.random.normal(jax.random.key(1), (3, 4, 4, 1))
   prior = np.array([0.4, 0.6])
 
   def apply(p, x):
     return MODEL.apply({'params': p}, x)
 
-  probs = [jax.nn.softmax(apply(jax.tree.map(lambda x: x[k], experts), inputs)) for k in (0, 1)]
-  mixed = FAMILY.mix_ensemble(apply, experts, inputs, jnp.log(prior))
+  # Jitted: eagerly, every op compiles on its own.
+  softmax = jax.jit(lambda p: jax.nn.softmax(apply(p, inputs)))
+  probs = [np.asarray(softmax(jax.tree.map(lambda x: x[k], experts))) for k in (0, 1)]
+  mixed = jax.jit(FAMILY.mix_ensemble, static_argnums=0)(apply, experts, inputs, jnp.log(prior))
   np.testing.assert_allclose(np.exp(mixed), prior[0] * probs[0] + prior[1] * probs[1],
                              rtol=1e-5, atol=1e-7)
 

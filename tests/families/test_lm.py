@@ -21,8 +21,11 @@ MODEL = TransformerLM(vocab_size=256, num_layers=2, d_model=32, num_heads=4, d_f
 FAMILY = lm.FAMILY
 
 
-def _params(model=MODEL, seq=16):
-  return nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, seq), jnp.int32)))['params']
+_INIT = jax.jit(MODEL.init)  # One program: eagerly, every op of the init compiles on its own.
+
+
+def _params(seq=16):
+  return nn.unbox(_INIT(jax.random.key(0), jnp.zeros((1, seq), jnp.int32)))['params']
 
 
 def test_every_form_of_a_transformer_is_in_the_lm_family():
@@ -65,17 +68,18 @@ def test_memory_summary_counts_float32_params_gradients_and_adamw_moments():
 def test_the_ensemble_is_mixed_by_the_domain_posterior():
   """At position 0 the posterior is the prior, so the mixture there is Σ prior_k p_k; later
   positions weigh each expert by how well it predicted the context."""
-  experts = jax.tree.map(lambda *x: jnp.stack(x), _params(), jax.tree.map(
-      lambda p: p + 0.5, _params()))
-  tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 256)
+  experts = jax.tree.map(lambda *x: np.stack(x), _params(), jax.tree.map(
+      lambda p: np.asarray(p) + np.float32(0.5), _params()))
+  tokens = np.asarray(jax.random.randint(jax.random.key(1), (2, 8), 0, 256))
   prior = np.array([0.25, 0.75])
 
   def apply(params, inputs):
     return MODEL.apply({'params': params}, inputs)
 
-  mixed = FAMILY.mix_ensemble(apply, experts, tokens, jnp.log(prior))
-  probs = np.stack([jax.nn.softmax(apply(jax.tree.map(lambda x: x[k], experts), tokens))
-                    for k in range(2)])
+  # Jitted: eagerly, every op of the model compiles on its own.
+  mixed = jax.jit(FAMILY.mix_ensemble, static_argnums=0)(apply, experts, tokens, jnp.log(prior))
+  softmax = jax.jit(lambda params: jax.nn.softmax(apply(params, tokens)))
+  probs = np.stack([softmax(jax.tree.map(lambda x: x[k], experts)) for k in range(2)])
   np.testing.assert_allclose(np.exp(mixed[:, 0]), np.tensordot(prior, probs[:, :, 0], 1),
                              rtol=1e-5, atol=1e-7)
   likelihood = probs[:, 0, 0, tokens[0, 1]] * prior

@@ -28,6 +28,10 @@ def loss_fn(params, batch, rng):
   return jnp.mean(residual**2), {'mae': jnp.mean(jnp.abs(residual))}
 
 
+# The loss's gradient, jitted: one program per batch shape, where eagerly every op compiles.
+_grad = jax.jit(jax.grad(lambda p, batch: loss_fn(p, batch, None)[0]))
+
+
 def _params(seed: int = 0):
   return {'w': jax.random.normal(jax.random.key(seed), (D,)), 'b': jnp.float32(0.5)}
 
@@ -52,7 +56,7 @@ def _close(a, b, rtol=1e-5, atol=1e-6):
 
 def _pooled_grad(params, batches, step):
   pooled = jax.tree.map(lambda x: x[:, step].reshape(-1, *x.shape[3:]), batches)
-  return jax.grad(lambda p: loss_fn(p, pooled, None)[0])(params)
+  return _grad(params, pooled)
 
 
 @pytest.mark.parametrize('server_lr', [1.0, 0.5])
@@ -79,7 +83,7 @@ def test_weighted_mean_uses_weights():
   weights = jnp.array([1.0, 3.0, 6.0])
   state, metrics = _run(fed_avg(loss_fn, optax.sgd(eta)), params, 1, batches, weights)
   per_client = [jax.tree.map(lambda x: x[i, 0], batches) for i in range(3)]
-  grads = [jax.grad(lambda p: loss_fn(p, b, None)[0])(params) for b in per_client]
+  grads = [_grad(params, b) for b in per_client]
   losses = np.array([loss_fn(params, b, None)[0] for b in per_client])
   w = np.asarray(weights) / 10.0
   want = jax.tree.map(lambda p, *g: p - eta * sum(wi * gi for wi, gi in zip(w, g)),
@@ -169,8 +173,7 @@ def test_fedavg_trains_each_client_separately_then_averages():
     for i in range(3):
       params, opt_state = want, optimizer.init(want)
       for h in range(H):
-        grads = jax.grad(lambda p: loss_fn(p, jax.tree.map(lambda x: x[i, h], batches), None)[0])(
-            params)
+        grads = _grad(params, jax.tree.map(lambda x: x[i, h], batches))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
       clients.append(params)
@@ -194,7 +197,7 @@ def test_diloco_default_outer_nesterov_over_two_rounds_by_hand():
     for i in range(4):
       w = x
       for h in range(H):
-        grads = jax.grad(lambda p: loss_fn(p, jax.tree.map(lambda v: v[i, h], batches), None)[0])(w)
+        grads = _grad(w, jax.tree.map(lambda v: v[i, h], batches))
         w = jax.tree.map(lambda p, g: p - eta * np.asarray(g), w, grads)
       replicas.append(w)
     delta = jax.tree.map(lambda p, *c: p - sum(wi * ci for wi, ci in zip(weights / 8, c)),
@@ -263,7 +266,7 @@ def test_diloco_single_replica_is_inner_adamw():
     state, _ = step(state, round_batches, jnp.ones((1,)), jax.random.key(r))
     for h in range(3):
       batch = jax.tree.map(lambda x: x[0, h], round_batches)
-      grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(want)
+      grads = _grad(want, batch)
       updates, opt_state = inner.update(grads, opt_state, want)
       want = optax.apply_updates(want, updates)
   _close(state.params, want, rtol=1e-4, atol=1e-5)

@@ -49,7 +49,8 @@ def tobytes(tree) -> list[bytes]:
 @pytest.fixture(scope='module')
 def params():
   """The tiny LoRA model's params with nonzero B (so the adapters change the loss)."""
-  p = nn.meta.unbox(MODEL.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params'])
+  # Jitted: eagerly, every op of the init compiles on its own.
+  p = nn.meta.unbox(jax.jit(MODEL.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params'])
   noise = jax.random.normal(jax.random.key(1), (), jnp.float32)
   return jax.tree_util.tree_map_with_path(
       lambda path, x: x + 0.05 * noise if path[-1].key.endswith('_lora_b') else x, p)
@@ -62,18 +63,20 @@ def round_inputs(seed: int):
   return batches, jnp.asarray([1.0, 2.0, 5.0]), jax.random.key(seed)
 
 
+# The adapters' gradient, one program for every call (the base an argument, not a constant).
+_adapter_grad = jax.jit(jax.grad(lambda a, base, batch: losses.model_loss_fn(MODEL)(
+    merge_params(a, base), batch, jax.random.key(0))[0]))
+
+
 def by_hand_fedavg(adapters, base, batches, weights):
   """Each client: STEPS SGD steps on its adapters (the loss of base + adapters); then the
-  weighted mean of the client adapters."""
-  loss_fn = losses.model_loss_fn(MODEL)
-  grad = jax.jit(jax.grad(lambda a, batch: loss_fn(merge_params(a, base), batch,
-                                                   jax.random.key(0))[0]))
+  weighted mean of the client adapters (the steps and the mean in numpy)."""
   results = []
   for c in range(CLIENTS):
-    a = adapters
+    a = jax.tree.map(np.asarray, adapters)
     for s in range(STEPS):
-      g = grad(a, jax.tree.map(lambda x: x[c, s], batches))
-      a = jax.tree.map(lambda w, d: w - LR * d, a, g)
+      g = _adapter_grad(a, base, jax.tree.map(lambda x: x[c, s], batches))
+      a = jax.tree.map(lambda w, d: w - np.float32(LR) * np.asarray(d), a, g)
     results.append(a)
   w = np.asarray(weights) / np.sum(weights)
   return jax.tree.map(lambda *xs: sum(wi * x for wi, x in zip(w, xs)), *results)

@@ -24,9 +24,10 @@ def _rand(seed: int, shape: tuple[int, ...]) -> jax.Array:
   return jax.random.normal(jax.random.key(seed), shape)
 
 
-def _vdot(a, b) -> jax.Array:
-  """Inner product of two pytrees with the same structure."""
-  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+def _vdot(a, b) -> float:
+  """Inner product of two pytrees with the same structure (in numpy: no compile per shape)."""
+  return sum(np.vdot(np.asarray(x, np.float64), np.asarray(y, np.float64))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 broadcast = federated_program(clients=N)(federated_broadcast)
@@ -143,13 +144,13 @@ def test_map_names_the_clients_axis() -> None:
 
   for run in (centred, jax.jit(centred)):
     out, gathered, index = run(xs)
-    np.testing.assert_allclose(out, xs - xs.mean(0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(gathered, jnp.broadcast_to(xs, (N, N, D)))
+    np.testing.assert_allclose(out, np.asarray(xs) - np.asarray(xs).mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gathered, np.broadcast_to(xs, (N, N, D)))
     np.testing.assert_array_equal(index, np.arange(N))
   # d/dx_j of sum_i (x_i - mean)·c_i = c_j - mean(c).
   c = _rand(1, (N, D))
   grad = jax.grad(lambda xs: jnp.sum(centred(xs)[0] * c))(xs)
-  np.testing.assert_allclose(grad, c - c.mean(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(grad, np.asarray(c) - np.asarray(c).mean(0), rtol=1e-5, atol=1e-6)
 
 
 # Adjoint identities and Jacobians.
@@ -160,8 +161,8 @@ def test_adjoint_broadcast_is_sum() -> None:
   y = {'a': _rand(2, (N, D)), 'b': _rand(3, (N, 2, 2))}
   _, vjp = jax.vjp(broadcast, x)
   (x_bar,) = vjp(y)
-  lhs = _vdot(jax.tree.map(lambda v: jnp.broadcast_to(v, (N, *v.shape)), x), y)
-  rhs = _vdot(x, jax.tree.map(lambda v: v.sum(0), y))
+  lhs = _vdot(jax.tree.map(lambda v: np.broadcast_to(v, (N, *v.shape)), x), y)
+  rhs = _vdot(x, jax.tree.map(lambda v: np.asarray(v).sum(0), y))
   np.testing.assert_allclose(lhs, rhs, rtol=1e-5)
   np.testing.assert_allclose(_vdot(x, x_bar), lhs, rtol=1e-5)
   (y_bar,) = jax.linear_transpose(fsum, y)(x)  # sum^T = broadcast.
@@ -170,13 +171,13 @@ def test_adjoint_broadcast_is_sum() -> None:
 
 def test_adjoint_mean_is_broadcast_over_n() -> None:
   x, y = _rand(0, (D,)), _rand(1, (N, D))
-  lhs = jnp.vdot(jnp.mean(y, 0), x)
-  rhs = jnp.vdot(y, jnp.broadcast_to(x, (N, D))) / N
+  lhs = _vdot(np.mean(np.asarray(y), 0), x)
+  rhs = _vdot(y, np.broadcast_to(x, (N, D))) / N
   np.testing.assert_allclose(lhs, rhs, rtol=1e-5)
   (y_bar,) = jax.linear_transpose(fmean, y)(x)
-  np.testing.assert_allclose(jnp.vdot(y, y_bar), lhs, rtol=1e-5)
+  np.testing.assert_allclose(_vdot(y, y_bar), lhs, rtol=1e-5)
   _, vjp = jax.vjp(fmean, y)
-  np.testing.assert_allclose(vjp(x)[0], jnp.broadcast_to(x, (N, D)) / N, rtol=1e-6)
+  np.testing.assert_allclose(vjp(x)[0], np.broadcast_to(x, (N, D)) / N, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -221,8 +222,8 @@ def test_symbolic_zero_cotangents() -> None:
 
   x = _rand(0, (D,))
   g = jax.grad(f, has_aux=True)(x)[0]
-  np.testing.assert_allclose(g, 2 * x, rtol=1e-6)
-  np.testing.assert_allclose(jax.jacfwd(lambda v: f(v)[0])(x), 2 * x, rtol=1e-6)
+  np.testing.assert_allclose(g, 2 * np.asarray(x), rtol=1e-6)
+  np.testing.assert_allclose(jax.jacfwd(lambda v: f(v)[0])(x), 2 * np.asarray(x), rtol=1e-6)
 
 
 # vmap over a whole program.
@@ -249,10 +250,11 @@ def test_vmap_over_program(axis: int) -> None:
 def test_vmap_reductions_any_batch_axis(axis: int) -> None:
   ys = _rand(0, (5, N, D))
   moved = jnp.moveaxis(ys, 0, axis)
-  np.testing.assert_allclose(jax.vmap(fsum, in_axes=axis)(moved), ys.sum(1), rtol=1e-6)
-  np.testing.assert_allclose(jax.vmap(fmean, in_axes=axis)(moved), ys.mean(1), rtol=1e-6)
+  want_sum, want_mean = np.asarray(ys).sum(1), np.asarray(ys).mean(1)
+  np.testing.assert_allclose(jax.vmap(fsum, in_axes=axis)(moved), want_sum, rtol=1e-6)
+  np.testing.assert_allclose(jax.vmap(fmean, in_axes=axis)(moved), want_mean, rtol=1e-6)
   jitted = jax.jit(jax.vmap(fmean, in_axes=axis))(moved)
-  np.testing.assert_allclose(jitted, ys.mean(1), rtol=1e-6)
+  np.testing.assert_allclose(jitted, want_mean, rtol=1e-6)
 
 
 # Weighted mean.
@@ -272,10 +274,11 @@ def test_weighted_mean_gradients() -> None:
   x, w = _rand(0, (N, D)), jnp.array([1.0, 2.0, 5.0])
   f = lambda x, w: wmean(x, w).sum()
   gx, gw = jax.grad(f, argnums=(0, 1))(x, w)
-  np.testing.assert_allclose(gx, jnp.broadcast_to((w / w.sum())[:, None], (N, D)), rtol=1e-6)
+  w_np = np.asarray(w)
+  np.testing.assert_allclose(gx, np.broadcast_to((w_np / w_np.sum())[:, None], (N, D)), rtol=1e-6)
   # f = sum_i w_i s_i / W with s_i = sum(x_i), so df/dw_j = (s_j - f) / W.
-  s = x.sum(1)
-  np.testing.assert_allclose(gw, (s - f(x, w)) / w.sum(), rtol=1e-5, atol=1e-6)
+  s = np.asarray(x).sum(1)
+  np.testing.assert_allclose(gw, (s - np.asarray(f(x, w))) / w_np.sum(), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(jax.jacfwd(f, argnums=1)(x, w), gw, rtol=1e-5, atol=1e-6)
 
 
@@ -298,12 +301,13 @@ def test_fedsgd_step_matches_hand_computation() -> None:
     return federated_mean(losses)
 
   grads = jax.jit(jax.grad(mean_client_loss))(params, inputs, targets)
+  params, grads, inputs, targets = jax.tree.map(np.asarray, (params, grads, inputs, targets))
   step = jax.tree.map(lambda p, g: p - lr * g, params, grads)
 
-  # By hand: d/dw mean((Xw + b - y)^2) = 2 X^T r / B and d/db = 2 mean(r), per client.
-  residual = jnp.einsum('nbd,d->nb', inputs, params['w']) + params['b'] - targets
-  grad_w = jnp.mean(2 * jnp.einsum('nbd,nb->nd', inputs, residual) / 8, axis=0)
-  grad_b = jnp.mean(2 * jnp.mean(residual, axis=1))
+  # By hand (numpy): d/dw mean((Xw + b - y)^2) = 2 X^T r / B and d/db = 2 mean(r), per client.
+  residual = np.einsum('nbd,d->nb', inputs, params['w']) + params['b'] - targets
+  grad_w = np.mean(2 * np.einsum('nbd,nb->nd', inputs, residual) / 8, axis=0)
+  grad_b = np.mean(2 * np.mean(residual, axis=1))
   np.testing.assert_allclose(step['w'], params['w'] - lr * grad_w, rtol=1e-5)
   np.testing.assert_allclose(step['b'], params['b'] - lr * grad_b, rtol=1e-5)
 

@@ -71,17 +71,18 @@ def test_data_local_steps_alone_sets_a_fedavg_rounds_local_steps(configs):
   batches, weights = task.data.round_batches(task.train.seed, 1)
   assert batches['inputs'].shape[:2] == (5, 3)
   loss_fn = losses.model_loss_fn(task.model)
-  params = nn.unbox(task.model.init(jax.random.key(0), batches['inputs'][0, 0]))['params']
+  # Jitted, so each compiles one program: eagerly, every op compiles on its own.
+  params = nn.unbox(jax.jit(task.model.init)(jax.random.key(0), batches['inputs'][0, 0]))['params']
   algorithm = task.algorithm(loss_fn, task.optimizer)
-  state, _ = algorithm.next(algorithm.init(params), batches, jnp.asarray(weights),
-                            jax.random.key(1))
+  state, _ = jax.jit(algorithm.next)(algorithm.init(params), batches, jnp.asarray(weights),
+                                     jax.random.key(1))
+  grad = jax.jit(jax.grad(lambda p, batch: loss_fn(p, batch, None)[0]))
   clients = []
   for i in range(5):
-    client = params
+    client = jax.tree.map(np.asarray, params)
     for h in range(3):
-      batch = jax.tree.map(lambda x: x[i, h], batches)
-      grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(client)
-      client = jax.tree.map(lambda p, g: p - 0.1 * g, client, grads)
+      grads = grad(client, jax.tree.map(lambda x: x[i, h], batches))
+      client = jax.tree.map(lambda p, g: p - np.float32(0.1) * np.asarray(g), client, grads)
     clients.append(client)
   share = weights / weights.sum()
   want = jax.tree.map(lambda *c: sum(s * x for s, x in zip(share, c)), *clients)

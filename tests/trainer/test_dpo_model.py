@@ -23,8 +23,13 @@ LORA = BASE.clone(lora_rank=4, lora_targets=('query', 'value', 'out'))
 PROMPT, SEQ, PAIRS = 5, 12, 4
 
 
+# Jitted once each: eagerly, every op of init/apply compiles on its own for each shape.
+_INIT = {model: jax.jit(model.init) for model in (BASE, LORA)}
+_APPLY = {model: jax.jit(model.apply) for model in (BASE, LORA)}
+
+
 def init(model: TransformerLM, seed: int):
-  return nn.meta.unbox(model.init(jax.random.key(seed), jnp.zeros((1, SEQ), jnp.int32))['params'])
+  return nn.meta.unbox(_INIT[model](jax.random.key(seed), jnp.zeros((1, SEQ), jnp.int32))['params'])
 
 
 def pair_batch(seed: int = 0) -> dict[str, jnp.ndarray]:
@@ -43,8 +48,13 @@ def pair_batch(seed: int = 0) -> dict[str, jnp.ndarray]:
 
 def lora_params(seed: int = 0, adapters: float = 0.0):
   """LORA's params, its adapters' B scaled from zero (the init) by `adapters`."""
-  flat = traverse_util.flatten_dict(init(LORA, seed), sep='/')
-  keys = jax.random.split(jax.random.key(seed + 1), len(flat))
+  return _scaled_adapters(init(LORA, seed), jax.random.key(seed + 1), adapters)
+
+
+@jax.jit
+def _scaled_adapters(params, key, adapters):
+  flat = traverse_util.flatten_dict(params, sep='/')
+  keys = jax.random.split(key, len(flat))
   flat = {k: (adapters * jax.random.normal(key, v.shape) if k.endswith('_lora_b') else v)
           for (k, v), key in zip(flat.items(), keys)}
   return traverse_util.unflatten_dict(flat, sep='/')
@@ -77,9 +87,10 @@ def test_the_dpo_gradient_is_the_derivative_of_the_numpy_formula():
   beta, batch = 0.5, pair_batch(1)
   params = lora_params(2, adapters=0.3)  # Away from the reference: D != 0 for every pair.
   base_params = preference.without_adapters(params)
-  ref_logits = BASE.apply({'params': base_params}, batch['inputs'])
+  ref_logits = _APPLY[BASE]({'params': base_params}, batch['inputs'])
   loss_fn = preference.preference_loss_fn(LORA, PreferenceLoss(beta=beta))
-  grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
+  # One program for the loss and its gradient.
+  value, grads = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, batch, None)[0]))(params)
   flat = traverse_util.flatten_dict(params, sep='/')
   adapters = sorted(k for k in flat if k.endswith(('_lora_a', '_lora_b')))
   rng = np.random.default_rng(3)
@@ -92,24 +103,26 @@ def test_the_dpo_gradient_is_the_derivative_of_the_numpy_formula():
   def numpy_loss(step):
     moved = {k: (v + step * direction[k] if k in direction else v) for k, v in flat.items()}
     moved = traverse_util.unflatten_dict(moved, sep='/')
-    return numpy_dpo(LORA.apply({'params': moved}, batch['inputs']), ref_logits, batch, beta)
+    return numpy_dpo(_APPLY[LORA]({'params': moved}, batch['inputs']), ref_logits, batch, beta)
   eps = 3e-3
   numeric = (numpy_loss(eps) - numpy_loss(-eps)) / (2 * eps)
   assert abs(analytic) > 1e-2
   assert analytic == pytest.approx(numeric, rel=1e-3)
-  assert float(loss_fn(params, batch, None)[0]) == pytest.approx(numpy_loss(0.0), rel=1e-5)
+  assert float(value) == pytest.approx(numpy_loss(0.0), rel=1e-5)
 
 
 def test_only_completion_targets_are_scored():
   batch = pair_batch()
-  logits = LORA.apply({'params': lora_params(adapters=0.2)}, batch['inputs'])
-  logps, tokens = preference.sequence_logps(logits, batch)
+  logits = _APPLY[LORA]({'params': lora_params(adapters=0.2)}, batch['inputs'])
+  sequence_logps = jax.jit(preference.sequence_logps)  # One program for the three calls.
+  logps, tokens = sequence_logps(logits, batch)
   np.testing.assert_array_equal(tokens, np.asarray(batch['mask']).sum(-1))
   masked = np.asarray(batch['mask']) == 0
-  changed = jnp.where(jnp.asarray(masked)[..., None], logits + 5 * jnp.arange(64.0), logits)
-  np.testing.assert_array_equal(preference.sequence_logps(changed, batch)[0], logps)
-  at_completion = jnp.where(jnp.asarray(~masked)[..., None], logits + jnp.arange(64.0), logits)
-  assert (np.asarray(preference.sequence_logps(at_completion, batch)[0]) != logps).all()
+  logits, vocab = np.asarray(logits), np.arange(64.0, dtype=np.float32)
+  changed = np.where(masked[..., None], logits + 5 * vocab, logits)
+  np.testing.assert_array_equal(sequence_logps(changed, batch)[0], logps)
+  at_completion = np.where(~masked[..., None], logits + vocab, logits)
+  assert (np.asarray(sequence_logps(at_completion, batch)[0]) != logps).all()
 
 
 def test_the_adapters_off_reference_is_bitwise_the_base_model():
@@ -121,13 +134,13 @@ def test_the_adapters_off_reference_is_bitwise_the_base_model():
   reference = jax.jit(preference.reference_logps(LORA))(params, batch)
   base_logits = jax.jit(BASE.apply)({'params': base_params}, batch['inputs'])
   np.testing.assert_array_equal(reference, preference.sequence_logps(base_logits, batch)[0])
-  policy = preference.sequence_logps(LORA.apply({'params': params}, batch['inputs']), batch)[0]
+  policy = preference.sequence_logps(_APPLY[LORA]({'params': params}, batch['inputs']), batch)[0]
   assert (np.asarray(policy) != np.asarray(reference)).all()
 
 
 def test_reference_free_kinds_tune_a_model_without_adapters():
   for kind in ('simpo', 'orpo'):
-    value, metrics = preference.preference_loss_fn(BASE, PreferenceLoss(kind=kind))(
+    value, metrics = jax.jit(preference.preference_loss_fn(BASE, PreferenceLoss(kind=kind)))(
         init(BASE, 0), pair_batch(), None)
     assert np.isfinite(float(value)) and 'rewards/accuracies' in metrics
 
@@ -143,12 +156,12 @@ def test_a_full_fine_tune_scores_against_its_frozen_copy():
   ref = jax.jit(preference.reference_logps(BASE))(params, batch)
   frozen_logits = jax.jit(BASE.apply)({'params': frozen}, batch['inputs'])
   np.testing.assert_array_equal(ref, preference.sequence_logps(frozen_logits, batch)[0])
-  grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
+  grads = jax.jit(jax.grad(lambda p: loss_fn(p, batch, None)[0]))(params)
   copy_grads = jax.tree.leaves(grads[reference.REFERENCE])
   assert all(not np.asarray(g).any() for g in copy_grads)  # No gradient through the copy.
   assert any(np.asarray(g).any() for g in jax.tree.leaves(reference.policy(grads)))
   with pytest.raises(ValueError, match='frozen copy'):
-    loss_fn(policy, batch, None)
+    jax.jit(loss_fn)(policy, batch, None)
 
 
 def test_mismatched_loss_and_data_are_one_line_errors():
@@ -161,7 +174,7 @@ def test_mismatched_loss_and_data_are_one_line_errors():
 def test_padding_pairs_are_left_out_of_the_means():
   batch = pair_batch(5)
   padded = {k: jnp.concatenate([v, jnp.zeros((4, SEQ), v.dtype)]) for k, v in batch.items()}
-  loss_fn = preference.preference_loss_fn(LORA, PreferenceLoss(beta=0.3))
+  loss_fn = jax.jit(preference.preference_loss_fn(LORA, PreferenceLoss(beta=0.3)))
   params = lora_params(6, adapters=0.3)
   value, metrics = loss_fn(params, batch, None)
   padded_value, padded_metrics = loss_fn(params, padded, None)

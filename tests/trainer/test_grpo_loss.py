@@ -80,15 +80,23 @@ def test_the_loss_averages_over_tokens_or_over_completions(loss_type):
   assert float(jnp.sum(terms.loss * weights) / count) == pytest.approx(want, rel=1e-5)
 
 
-def _tiny_lora_lm():
-  model = TransformerLM(vocab_size=32, num_layers=1, d_model=16, num_heads=2, d_ff=32,
-                        max_len=16, lora_rank=2, lora_targets=('query', 'value'))
-  tokens = jnp.asarray(RNG.integers(1, 32, (4, 9)), jnp.int32)
-  params = model.init(jax.random.key(0), tokens[:, :-1])['params']
+TINY_LORA_LM = TransformerLM(vocab_size=32, num_layers=1, d_model=16, num_heads=2, d_ff=32,
+                             max_len=16, lora_rank=2, lora_targets=('query', 'value'))
+
+
+@jax.jit  # One program: eagerly, every op of the init compiles on its own.
+def _tiny_lora_params(tokens):
+  params = TINY_LORA_LM.init(jax.random.key(0), tokens)['params']
   # Adapters away from their zero init, so that the policy differs from the base.
-  params = jax.tree_util.tree_map_with_path(
+  return jax.tree_util.tree_map_with_path(
       lambda path, x: x + 0.3 * jax.random.normal(jax.random.key(len(str(path))), x.shape)
       if 'lora' in str(path) else x, params)
+
+
+def _tiny_lora_lm():
+  model = TINY_LORA_LM
+  tokens = jnp.asarray(RNG.integers(1, 32, (4, 9)), jnp.int32)
+  params = _tiny_lora_params(tokens[:, :-1])
   mask = np.zeros((4, 8), np.float32)
   mask[:, 4:] = 1.0  # The completion: the last 4 targets.
   batch = {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:], 'mask': jnp.asarray(mask),
@@ -101,10 +109,10 @@ def test_with_a_constant_reward_the_gradient_is_the_kl_terms_alone(beta):
   model, params, batch = _tiny_lora_lm()
   loss = GrpoLoss(reward_fns=(rewards.exact_match,), num_generations=2, beta=beta)
   scored = jax.tree.map(lambda x: x[0, 0],
-                        grpo.scorer(model, loss)(params, jax.tree.map(lambda x: x[None, None],
-                                                                      batch)))
+                        jax.jit(grpo.scorer(model, loss))(
+                            params, jax.tree.map(lambda x: x[None, None], batch)))
   assert np.all(np.asarray(scored['advantages']) == 0)
-  grads = jax.grad(lambda p: grpo.grpo_loss_fn(model, loss)(p, scored, None)[0])(params)
+  grads = jax.jit(jax.grad(lambda p: grpo.grpo_loss_fn(model, loss)(p, scored, None)[0]))(params)
 
   def kl_only(p):  # beta * the mean k3 KL over the completion tokens, written out.
     logits = model.apply({'params': p}, batch['inputs'])
@@ -113,10 +121,10 @@ def test_with_a_constant_reward_the_gradient_is_the_kl_terms_alone(beta):
       return 0.0 * jnp.sum(logp)
     delta = scored['ref_logps'] - logp
     return beta * jnp.sum((jnp.exp(delta) - delta - 1) * batch['mask']) / jnp.sum(batch['mask'])
-  want = jax.grad(kl_only)(params)
+  want = jax.jit(jax.grad(kl_only))(params)
   for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-4, atol=1e-7)
-  norm = sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads))
+  norm = sum(float(np.sum(np.asarray(g)**2)) for g in jax.tree.leaves(grads))
   assert (norm == 0.0) if not beta else norm > 0
 
 
@@ -158,9 +166,10 @@ def test_num_iterations_takes_that_many_updates_from_the_sampling_policys_logps(
           lambda x: x[0, 0], batches), loss.temperature))
   alg = centralized(grpo.grpo_loss_fn(model, loss), optax.adam(1e-2))
   state, weights, rng = alg.init(params), jnp.ones(1), jax.random.key(3)
-  twice, metrics = grpo.repeated(alg, 2).next(state, batches, weights, rng)
-  once, first = alg.next(state, batches, weights, jax.random.split(rng, 2)[0])
-  again, second = alg.next(once, batches, weights, jax.random.split(rng, 2)[1])
+  twice, metrics = jax.jit(grpo.repeated(alg, 2).next)(state, batches, weights, rng)
+  step = jax.jit(alg.next)  # One program for both single updates.
+  once, first = step(state, batches, weights, jax.random.split(rng, 2)[0])
+  again, second = step(once, batches, weights, jax.random.split(rng, 2)[1])
   for got, want in zip(jax.tree.leaves(twice), jax.tree.leaves(again)):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
   assert float(first['clip_ratio']) == 0  # Iteration 1: the ratio is exactly 1.

@@ -26,7 +26,8 @@ from tests.tiny_task import SMALL, tiny_config, tiny_task
 
 def write_hf_dir(directory, model, seed: int = 3):
   """An HF Llama dir for `model` with random weights (not the model's init), and its params."""
-  boxed = model.init(jax.random.key(seed), np.zeros((1, 8), np.int32))['params']
+  # Jitted: eagerly, every op of the init compiles on its own.
+  boxed = jax.jit(model.init)(jax.random.key(seed), np.zeros((1, 8), np.int32))['params']
   params = jax.tree.map(np.asarray, nn.meta.unbox(boxed))
   params = jax.tree.map(lambda x: x + np.float32(0.05), params)  # Far from any fresh init.
   directory.mkdir(parents=True, exist_ok=True)
@@ -59,8 +60,8 @@ def test_first_step_loss_is_the_imported_models_and_resume_never_reimports(tmp_p
   proc = run_cli(*args, '--fdl_set=train.num_steps=2')
   assert 'initialised from hf:' in proc.stderr
   batches, _ = task.data.round_batches(task.train.seed, 1)
-  direct = float(losses.model_loss_fn(task.model)(source, jax.tree.map(lambda x: x[0, 0], batches),
-                                                  None)[0])
+  direct = float(jax.jit(losses.model_loss_fn(task.model))(
+      source, jax.tree.map(lambda x: x[0, 0], batches), None)[0])
   assert metric_rows(job)[0]['loss'] == pytest.approx(direct, rel=1e-5)
   assert abs(direct - 5.55) > 0.1  # Not the loss of a fresh init (~ln 256).
   record = json.loads((job / 'init_source.json').read_text())
@@ -183,6 +184,6 @@ def test_lora_import_fills_the_base_and_keeps_the_adapters_init(tmp_path):
       x.tobytes() for x in leaves(split_params(fresh.alg.params, lora_mask)[0])]
   batches, _ = placed.task.data.round_batches(placed.task.train.seed, 1)
   batch = jax.tree.map(lambda x: x[0, 0], batches)
-  lora_loss = losses.model_loss_fn(placed.task.model)(state.alg.params, batch, None)[0]
-  base_loss = losses.model_loss_fn(tiny_task().model)(source, batch, None)[0]
+  lora_loss = jax.jit(losses.model_loss_fn(placed.task.model))(state.alg.params, batch, None)[0]
+  base_loss = jax.jit(losses.model_loss_fn(tiny_task().model))(source, batch, None)[0]
   assert float(lora_loss) == pytest.approx(float(base_loss), rel=1e-6)  # B = 0 at the start.

@@ -21,6 +21,7 @@ from tests.helpers import run_script
 from tests.tiny_task import restored, tiny_task, with_steps
 
 MODEL = TransformerLM(vocab_size=64, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=16)
+_INIT = jax.jit(MODEL.init)  # One program: eagerly, every op of the init compiles on its own.
 
 
 def norms_only(params):
@@ -40,7 +41,7 @@ def nbytes(tree) -> int:
 
 
 def test_split_and_merge_are_inverse():
-  params = MODEL.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
+  params = _INIT(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
   trained, frozen = split_params(params, norms_only)
   assert all('norm' in '/'.join(k) for k in traverse_util.flatten_dict(trained))
   assert not any('norm' in '/'.join(k) for k in traverse_util.flatten_dict(frozen))
@@ -49,7 +50,7 @@ def test_split_and_merge_are_inverse():
 
 
 def test_frozen_leaves_unchanged_and_state_of_trained_leaves_only():
-  params = MODEL.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
+  params = _INIT(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
   alg = centralized(losses.model_loss_fn(MODEL), optax.adam(1e-2), trainable=norms_only)
   state = alg.init(params)
   trained, frozen = split_params(params, norms_only)
@@ -69,7 +70,7 @@ def test_frozen_leaves_unchanged_and_state_of_trained_leaves_only():
 
 def test_the_same_update_as_full_training_on_the_trained_leaves():
   """One SGD step: the trained leaves move exactly as full training moves them."""
-  params = MODEL.init(jax.random.key(1), jnp.zeros((1, 8), jnp.int32))['params']
+  params = _INIT(jax.random.key(1), jnp.zeros((1, 8), jnp.int32))['params']
   loss_fn = losses.model_loss_fn(MODEL)
   full = centralized(loss_fn, optax.sgd(0.5))
   part = centralized(loss_fn, optax.sgd(0.5), trainable=norms_only)
@@ -91,7 +92,7 @@ def count_dots(alg, params) -> int:
 def test_no_gradient_is_computed_for_frozen_kernels():
   """The step's program: full training has a weight-gradient matmul per kernel that the frozen
   step lacks (JAX transposes only towards the differentiated leaves)."""
-  params = MODEL.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
+  params = _INIT(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
   loss_fn = losses.model_loss_fn(MODEL)
   full = count_dots(centralized(loss_fn, optax.sgd(0.1)), params)
   frozen = count_dots(centralized(loss_fn, optax.sgd(0.1), trainable=norms_only), params)

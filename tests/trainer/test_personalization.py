@@ -31,8 +31,8 @@ def _task(steps: int | None, learning_rate: float = 0.5) -> Task:
               train=TrainConfig(personalize_steps=steps, seed=3))
 
 
-def _params():
-  return MODEL.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))['params']
+def _params():  # Jitted here and below: eagerly, every op compiles on its own.
+  return jax.jit(MODEL.init)(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))['params']
 
 
 def _personalization(task, client_eval):
@@ -43,7 +43,7 @@ def _personalization(task, client_eval):
 
 def _client_eval_summary(task, params):
   client_eval = task.data.client_eval()
-  step, totals = evaluation.eval_step(MODEL, task.data.item, client_eval.num_groups), None
+  step, totals = jax.jit(evaluation.eval_step(MODEL, task.data.item, client_eval.num_groups)), None
   for batch, groups in zip(task.data.eval_batches(), client_eval.groups):
     totals = evaluation.combine(totals, step(State(params), batch, groups))
   return evaluation.finish(totals, client_eval)[0]
@@ -72,11 +72,16 @@ def test_one_step_is_each_client_fine_tuned_and_scored_on_its_own_mix():
                   clients_per_round=6, sampling='fixed', batch_size=4)
   batches, _ = own.round_batches(task.train.seed, evaluation.PERSONALIZE_STEP)
   client_losses, client_accuracies = [], []
-  for c in range(6):
-    batch = jax.tree.map(lambda x: x[c, 0], batches)
+
+  @jax.jit
+  def tuned_logits(params, batch, images):
     grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
     tuned = jax.tree.map(lambda p, g: p - lr * g, params, grads)
-    logits = np.asarray(MODEL.apply({'params': tuned}, test_images), np.float64)
+    return MODEL.apply({'params': tuned}, images)
+
+  for c in range(6):
+    logits = np.asarray(tuned_logits(params, jax.tree.map(lambda x: x[c, 0], batches),
+                                     test_images), np.float64)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     nll = -log_probs[np.arange(len(test_labels)), test_labels]
     hit = logits.argmax(-1) == test_labels
