@@ -91,7 +91,10 @@ class ForkedProcess:
 
   def send_signal(self, sig: int) -> None:
     if self.poll() is None:
-      os.kill(self.pid, sig)
+      try:  # It may have exited (and been reaped by the server) since its exit was last read.
+        os.kill(self.pid, sig)
+      except ProcessLookupError:  # As subprocess.Popen.send_signal: a run already gone.
+        pass
 
   def kill(self) -> None:
     self.send_signal(signal.SIGKILL)

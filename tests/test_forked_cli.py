@@ -125,6 +125,12 @@ def test_started_runs_overlap_and_report_their_own_exits_and_signals(tmp_path):
     assert long.poll() is None
     long.kill()
     assert long.wait(timeout=60) == -9 and long.returncode == -9
+    # A run gone before its exit is read (reaped, its report still on the way) takes a signal
+    # as subprocess.Popen's does: nothing happens.
+    gone = subprocess.Popen(['true'])
+    gone.wait()
+    assert forked_cli.ForkedProcess(server, ['-c', 'pass'], gone.pid).poll() is None
+    forked_cli.ForkedProcess(server, ['-c', 'pass'], gone.pid).kill()
   finally:
     server.close()
 
