@@ -4,14 +4,12 @@ exactly, and a `clients` mesh axis on 8 devices matches 1 device (cohort shapes:
 import json
 import math
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, cli_env, made_once, metric_rows, run_cli
+from tests.helpers import cli_env, made_once, metric_rows, run_cli, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -169,8 +167,7 @@ SHARDING_SCRIPT = textwrap.dedent('''
 
 
 def test_round_batches_on_a_4x2_clients_data_mesh():
-  proc = subprocess.run([sys.executable, '-c', SHARDING_SCRIPT], cwd=REPO, env=cli_env(8),
-                        capture_output=True, text=True, timeout=300)
+  proc = run_python(['-c', SHARDING_SCRIPT], cli_env(8), timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   assert out['mesh'] == {'clients': 4, 'data': 2}

@@ -8,16 +8,13 @@ did not keep it would fail round 2."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.deploy import flower_procs as fp
 from tests.federated.lora_task import SMALL, write_corpus
-from tests.helpers import REPO, TIMING_FIELDS, cli_env, metric_rows, run_cli
+from tests.helpers import TIMING_FIELDS, cli_env, metric_rows, run_cli, run_python
 
 pytestmark = pytest.mark.slow  # An export, Flower processes, a trainer run.
 
@@ -25,8 +22,7 @@ ROUNDS = 2
 
 
 def _python(*args: str, timeout: float) -> None:
-  done = subprocess.run([sys.executable, *args], cwd=REPO, env=cli_env(), text=True,
-                        capture_output=True, timeout=timeout)
+  done = run_python(list(args), cli_env(), timeout)  # The export forked; the launcher afresh.
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
 

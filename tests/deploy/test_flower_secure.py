@@ -26,7 +26,7 @@ from paxlike.export import run as executor
 from tests.deploy import flower_procs as fp
 from tests.deploy.reference import assert_rows_within_secagg_bound, executor_rounds
 from tests.federated.lora_task import SMALL, write_corpus
-from tests.helpers import REPO, TIMING_FIELDS, cli_env, metric_rows, run_cli
+from tests.helpers import TIMING_FIELDS, cli_env, metric_rows, run_cli, run_python
 
 PLAN = {'algorithm': 'fed_avg',
         'programs': {'client': {'outputs': [
@@ -110,8 +110,7 @@ CLI_TINY = fp.CLI_TINY
 
 
 def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-m', *args], cwd=REPO, env=cli_env(), text=True,
-                        capture_output=True, timeout=timeout)
+  return run_python(['-m', *args], cli_env(), timeout)  # The export forked; the launcher afresh.
 
 
 @pytest.fixture(scope='module')

@@ -7,7 +7,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from paxlike.config import config_io
-from tests.helpers import REPO, TINY, cli_env, metric_rows, run_cli
+from tests.helpers import TINY, cli_env, metric_rows, run_cli, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -90,14 +90,14 @@ def test_eval_and_decode_use_the_latest_checkpoint(tiny_run):
 
 
 MESH_SCRIPT = textwrap.dedent('''
-    import json, sys
+    import json
     import jax
     from paxlike import registry
     from paxlike.config import config_io
     from paxlike.trainer import build, loop
     registry.import_all()
     results = {}
-    for ici, axes in json.loads(sys.argv[1]):
+    for ici, axes in MESHES:
       cfg = registry.get('lm.StdlibTiny')().config()
       config_io.apply_overrides(cfg, ['train.num_steps=3', 'train.log_every=1', 'train.eval_every=3',
                                       'model.num_layers=1',
@@ -117,13 +117,11 @@ MESH_SCRIPT = textwrap.dedent('''
 
 
 def test_meshes_give_the_same_losses_as_one_device():
-  import subprocess, sys
   meshes = [[[1], ['data']], [[8, 1], ['data', 'model']], [[4, 2], ['data', 'model']],
             [[2, 2, 2], ['data', 'fsdp', 'model']]]
   out = {}
   for devices, chosen in ((1, meshes[:1]), (8, meshes[1:])):
-    proc = subprocess.run([sys.executable, '-c', MESH_SCRIPT, json.dumps(chosen)], cwd=REPO,
-                          env=cli_env(devices), capture_output=True, text=True, timeout=300)
+    proc = run_python(['-c', f'MESHES = {chosen!r}\n{MESH_SCRIPT}'], cli_env(devices), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
   reference = out["[1]['data']"]['losses']
