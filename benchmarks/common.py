@@ -17,11 +17,19 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
+
+# What starts `run_children`'s processes: None, subprocess.Popen with stdout piped and stderr
+# passed through; or (the test suite's runs) a stand-in with Popen's signature, called as
+# START([sys.executable, *args], cwd=, env=, stdout=, stderr=) with stdout and stderr files
+# opened by path, that forks the child from a process holding paxlike's imports
+# (tests/forked_cli.py, ForkServer.popen) instead of starting a fresh interpreter.
+START: Callable[..., Any] | None = None
 
 
 def log(message: str) -> None:
@@ -86,7 +94,9 @@ def child_env(devices: int = 1, **extra: str) -> dict[str, str]:
   flags = [f for f in env.get('XLA_FLAGS', '').split()
            if not f.startswith('--xla_force_host_platform_device_count')]
   env['XLA_FLAGS'] = ' '.join(flags + [f'--xla_force_host_platform_device_count={devices}'])
-  env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(REPO), env.get('PYTHONPATH')]))
+  path = env.get('PYTHONPATH')
+  if not path or path.split(os.pathsep)[0] != str(REPO):  # Not twice: the same environment.
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(REPO), path]))
   return env
 
 
@@ -101,16 +111,43 @@ def run_children(commands: Sequence[Sequence[str]], env: dict[str, str] | None =
                  timeout: float = 1800) -> list[dict[str, Any]]:
   """`run_child` for several commands at once (all running together: use it only where the
   children measure something other than time, such as memory)."""
+  if START is not None:
+    return _run_started(commands, env or child_env(), timeout)
   procs = [subprocess.Popen([sys.executable, *args], cwd=REPO, env=env or child_env(),
                             stdout=subprocess.PIPE, text=True) for args in commands]
   results = []
   for args, proc in zip(commands, procs):
     out, _ = proc.communicate(timeout=timeout)
-    lines = out.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-      raise RuntimeError(f'{" ".join(args)} exited {proc.returncode}')
-    results.append(json.loads(lines[-1]))
+    results.append(_result(args, proc.returncode, out))
   return results
+
+
+def _run_started(commands: Sequence[Sequence[str]], env: dict[str, str], timeout: float
+                 ) -> list[dict[str, Any]]:
+  """`run_children` through START: each child writes to files, its stderr copied to ours when
+  it exits."""
+  with tempfile.TemporaryDirectory(prefix='paxlike_bench_') as tmp:
+    files = [(open(Path(tmp) / f'{i}.out', 'w'), open(Path(tmp) / f'{i}.err', 'w'))
+             for i in range(len(commands))]
+    procs = [START([sys.executable, *args], cwd=REPO, env=env, stdout=out, stderr=err)
+             for args, (out, err) in zip(commands, files)]
+    results = []
+    for args, proc, (out, err) in zip(commands, procs, files):
+      returncode = proc.wait(timeout=timeout)
+      out.close()
+      err.close()
+      sys.stderr.write(Path(err.name).read_text())
+      sys.stderr.flush()
+      results.append(_result(args, returncode, Path(out.name).read_text()))
+    return results
+
+
+def _result(args: Sequence[str], returncode: int, out: str) -> dict[str, Any]:
+  """The JSON object on the last line of a child's stdout; RuntimeError if it failed."""
+  lines = out.strip().splitlines()
+  if returncode != 0 or not lines:
+    raise RuntimeError(f'{" ".join(args)} exited {returncode}')
+  return json.loads(lines[-1])
 
 
 def add_repo_to_path() -> None:

@@ -266,12 +266,15 @@ def main(argv: list[str] | None = None) -> None:
   with tempfile.TemporaryDirectory() as tmp:
     args.tmp = tmp
     os.environ['PAXLIKE_TOKEN_DIR'] = str(Path(tmp) / 'tokens')
-    files, _, tokenizers = make_corpus(Path(tmp) / 'corpus', args.copies)
-    sp = str(tokenizers['sentencepiece'].parent)
+    corpus = functools.cache(lambda: make_corpus(Path(tmp) / 'corpus', args.copies))
+    files = lambda: corpus()[0]
+    sp = lambda: str(corpus()[2]['sentencepiece'].parent)
+    # Made for the first section that reads it, not at all for `--only steps,rss` (the
+    # tokenizers are trained by the first make_corpus; the build's copies share them).
     runs = {'build': lambda: data_build.build_rates(
                 args, *make_corpus(Path(tmp) / 'build', args.build_copies)),
-            'loader': lambda: loader_rates(args, files, sp), 'steps': lambda: step_rates(args),
-            'packing': lambda: packing_efficiency(sp), 'rss': lambda: rss_by_size(args)}
+            'loader': lambda: loader_rates(args, files(), sp()), 'steps': lambda: step_rates(args),
+            'packing': lambda: packing_efficiency(sp()), 'rss': lambda: rss_by_size(args)}
     for section in sections:
       start = time.perf_counter()
       result[section] = runs[section]()

@@ -14,12 +14,18 @@ from tests.helpers import REPO, cli_env, run_file, run_python
 PNG = b'\x89PNG\r\n\x1a\n'
 
 
-def run_json(*args: str, timeout: float = 600, env: dict | None = None) -> dict:
+def run_json(*args: str, timeout: float = 600, env: dict | None = None,
+             fork_children: bool = False) -> dict:
   """Runs a repo script (python file, forked as `run_file` does, or an executable), asserts
-  exit 0 and one JSON line."""
+  exit 0 and one JSON line. `fork_children`: the script's own children (benchmarks/common.py
+  run_children) are forked too, see FORKING_CHILDREN."""
   if args[0].endswith('.sh'):
     proc = subprocess.run(list(args), cwd=REPO, text=True, capture_output=True, timeout=timeout,
                           env=env or cli_env(1))
+  elif fork_children:
+    path = REPO / args[0]
+    code = FORKING_CHILDREN.format(argv=[str(path), *args[1:]], directory=str(path.parent))
+    proc = run_python(['-c', code], env or cli_env(1), timeout)
   else:
     proc = run_file(*args, env=env, timeout=timeout)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -28,9 +34,33 @@ def run_json(*args: str, timeout: float = 600, env: dict | None = None) -> dict:
   return json.loads(lines[0])
 
 
+# `python SCRIPT ARGS`, forked as `run_file` runs it, whose `python CHILD.py ARGS` and
+# `python -c CODE` children (benchmarks/common.py START) are forked in turn from a server forked
+# from it first (tests/forked_cli.py ForkServer.here), instead of each importing paxlike again.
+# Not for a benchmark that times a child's start-up (benchmarks/startup.py).
+FORKING_CHILDREN = """
+import os, runpy, sys
+sys.argv = {argv!r}
+sys.path.insert(0, {directory!r})
+from benchmarks import common
+from tests.forked_cli import ForkServer
+server = ForkServer.here()
+CHILD = 'import runpy, sys; sys.argv = %r; sys.path.insert(0, %r); ' \\
+        'runpy.run_path(sys.argv[0], run_name="__main__")'
+
+def start(argv, **kwargs):
+  if argv[1].endswith('.py'):  # python CHILD.py ARGS: as the `-c` the server runs.
+    argv = [argv[0], '-c', CHILD % (argv[1:], os.path.dirname(os.path.abspath(argv[1])))]
+  return server.popen(argv, **kwargs)
+
+common.START = start
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
 @pytest.mark.slow
 def test_overhead_compares_the_same_work_on_1_and_8_devices():
-  out = run_json('benchmarks/overhead.py', '--quick')
+  out = run_json('benchmarks/overhead.py', '--quick', fork_children=True)
   assert out['benchmark'] == 'overhead' and set(out['devices']) == {'1', '8'}
   for devices, row in out['devices'].items():
     assert row['devices'] == int(devices)
@@ -52,7 +82,7 @@ def test_overhead_compares_the_same_work_on_1_and_8_devices():
 
 @pytest.mark.slow
 def test_federated_round_times_real_data_and_its_modes_compute_the_same_round():
-  out = run_json('benchmarks/federated_round.py', '--quick')
+  out = run_json('benchmarks/federated_round.py', '--quick', fork_children=True)
   assert out['benchmark'] == 'federated_round'
   # It times the experiment's own data: a fallback to synthetic bytes (the benchmark's escape
   # hatch when the data layer fails) would time something else, and must fail here.
@@ -211,7 +241,8 @@ def test_device_check_rejects_unknown_parts():
 @pytest.mark.bench
 def test_weak_scaling_quick_grows_cohort_with_devices_and_plots(tmp_path):
   png = tmp_path / 'weak.png'
-  out = run_json('benchmarks/weak_scaling.py', '--quick', f'--png={png}')
+  out = run_json('benchmarks/weak_scaling.py', '--quick', f'--png={png}',
+                 fork_children=True)
   assert out['benchmark'] == 'weak_scaling' and out['png'] == str(png)
   assert png.read_bytes()[:8] == PNG
   points = out['points']

@@ -1,23 +1,17 @@
 """benchmarks/data_pipeline.py: its quick run prints every number it promises (timings are
 never asserted)."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
+from tests import test_benchmarks
 from tests.fixture_data import SHAKESPEARE_SLICE
-from tests.helpers import REPO, cli_env
 
 
 def run_json(*args: str, timeout: float) -> dict:
-  proc = subprocess.run([sys.executable, 'benchmarks/data_pipeline.py', *args], cwd=REPO,
-                        text=True, capture_output=True, timeout=timeout, env=cli_env(1))
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  lines = proc.stdout.strip().splitlines()
-  assert len(lines) == 1, proc.stdout
-  return json.loads(lines[0])
+  """`python benchmarks/data_pipeline.py ARGS`'s one JSON line, after asserting exit 0: forked,
+  with its child processes (the rss section's) forked in turn."""
+  return test_benchmarks.run_json('benchmarks/data_pipeline.py', *args, timeout=timeout,
+                                  fork_children=True)
 
 
 @pytest.mark.slow
