@@ -54,6 +54,18 @@ def out_dir(args: argparse.Namespace) -> Path:
   return REPO / 'docs' / 'reproductions'
 
 
+def preload(argv: list[str]) -> None:
+  """Imports the named reproduction's module and its RUN_IMPORTS: what its training runs import
+  beyond the CLI's own modules (dp: dp_accounting, with scipy, ~1 s a run), for a caller that
+  then forks the runs from this process (tests/forked_cli.py's ForkServer.here), so that each
+  run has them already. Modules this process imports anyway; it starts no thread."""
+  args = parse(argv)
+  if args.name is not None:
+    module = importlib.import_module(f'reproductions.{args.name}')
+    for name in getattr(module, 'RUN_IMPORTS', ()):
+      importlib.import_module(name)
+
+
 def main(argv: list[str]) -> int:
   args = parse(argv)
   if args.list:

@@ -21,12 +21,14 @@ PNG = b'\x89PNG\r\n\x1a\n'
 
 
 # `python scripts/reproduce.py ARGS`, forked from the worker's fork server, with its training
-# runs forked from it in turn (tests/forked_cli.py) instead of each importing paxlike again.
+# runs forked from it in turn (tests/forked_cli.py) instead of each importing paxlike again (nor
+# what the reproduction's runs import besides: reproduce.preload).
 REPRODUCE = """
 import sys
 sys.path.insert(0, 'scripts')
 import cli_runs, reproduce
 from tests.forked_cli import ForkServer
+reproduce.preload({args!r})
 cli_runs.START = ForkServer.here().popen
 sys.exit(reproduce.main({args!r}))
 """

@@ -6,13 +6,12 @@ trainer's own per-domain eval of the same experts."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, assert_verdict, cli_env
+from tests.helpers import REPO, assert_verdict, cli_env, run_python
 
 sys.path.insert(0, str(REPO / 'scripts'))
 
@@ -120,9 +119,8 @@ def test_scoring_a_trained_job_is_the_trainers_per_domain_eval(tmp_path):
   ensemble, and its uniform average is close to the trainer's size-weighted merge."""
   plan = btm.QUICK
   job = tmp_path / 'domains'
-  proc = subprocess.run(
-      trainer.command(btm.EXP, job, btm._overrides(plan, 'domains', 0)), cwd=REPO, text=True,
-      capture_output=True, timeout=600, env=cli_env(1))
+  command = trainer.command(btm.EXP, job, btm._overrides(plan, 'domains', 0))
+  proc = run_python(command[1:], cli_env(1), timeout=600)  # Forked: no interpreter start-up.
   assert proc.returncode == 0, proc.stderr[-2000:]
   scores = btm_eval.score(job)
   table = btm.domain_table(job)

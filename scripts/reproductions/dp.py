@@ -23,6 +23,7 @@ from reproductions.page import Report
 NAME, TITLE = 'dp', 'DP-FedAvg: the accountant, the noise cost vs cohort, adaptive clipping'
 EXP = 'federated.DigitsDpFedAvg'
 POPULATION, NOISE, DELTA = 400, 6.0, 1e-5  # The experiment's own settings.
+RUN_IMPORTS = ('dp_accounting',)  # Each run's accountant (scripts/reproduce.py's preload).
 # McMahan et al. 2018, Table 1 (the row K = 1e5 users, C = 100 expected per round, z = 1):
 # ε at δ = K^-1.1 after 1 round and after 1e5 rounds.
 PAPER_TABLE1 = dict(population=10**5, cohort=100, noise=1.0, epsilon={1: 0.70, 100_000: 1.90})

@@ -26,7 +26,8 @@ BASE, TUNE = 'lm.StdlibTiny', 'lm.DpoTiny'
 FULL = dict(base_steps=150, steps=80, batch=8, seq_len=128, eval_every=20, eval_batches=8,
             eval_batch=16, lr=2e-3, model={})
 QUICK = dict(base_steps=2, steps=2, batch=2, seq_len=128, eval_every=2, eval_batches=1,
-             eval_batch=4, lr=2e-3, model={'model.num_layers': 1})  # Every run one layer.
+             eval_batch=4, lr=2e-3, model={'model.num_layers': 1},  # Every run one layer.
+             probe_as='simpo')  # See `_overrides`.
 # Each method's loss settings: DPO's beta as TRL's default; SimPO's as the paper's range
 # (beta 2, gamma / beta 0.5); ORPO's lambda as the paper's 0.1.
 METHODS = {'dpo': dict(kind='dpo', beta=0.1, lora=True),
@@ -75,7 +76,14 @@ def verdict(accuracy: float, margins: tuple[float, float], chosen: float, reject
 
 def _overrides(plan: dict, base: Path, method: dict | None) -> dict:
   """A tuning run's CLI overrides: `method` None is the probe (SimPO at learning rate 0, one
-  step: its evaluation is the SFT model's)."""
+  step: its evaluation is the SFT model's). With `plan['probe_as']` (the quick plan) the probe
+  is that method's run evaluated after its first step instead, which the schedule's warm-up
+  from 0 takes at learning rate 0 (`run` checks it): the same XLA programs as that method's
+  run (its loss constants and schedule), so the probe compiles nothing of its own. Its beta
+  and gamma change no log-probability and no accuracy (beta > 0 scales both rewards)."""
+  if method is None and plan.get('probe_as'):
+    return {**_overrides(plan, base, METHODS[plan['probe_as']]), 'train.eval_every': 1,
+            'train.log_every': 1}
   fields = {'train.init_from': f'job:{base}', 'data.batch_size': plan['batch'],
             'data.seq_len': plan['seq_len'], 'data.eval_batch_size': plan['eval_batch'],
             'data.num_eval_batches': plan['eval_batches'],
@@ -108,7 +116,12 @@ def runs(plan: dict, work: Path) -> list[tuple[str, str, dict]]:
 
 def run(quick: bool, work: Path) -> Report:
   plan = QUICK if quick else FULL
-  rows = {name: trainer.train(exp, work / name, overrides)
+  first_eval = (lambda row: 'eval_rewards/accuracies' in row) if plan.get('probe_as') else None
+  rows = {name: trainer.train(exp, work / name, overrides,
+                              stop=first_eval if name == 'probe' else None)
           for name, exp, overrides in runs(plan, work)}
+  if first_eval and rows['probe'][-1].get('learning_rate') != 0:
+    raise RuntimeError(f"the probe's first step trained (learning rate "
+                       f"{rows['probe'][-1].get('learning_rate')}): it is not the SFT model")
   from reproductions import dpo_page
   return dpo_page.report(quick, plan, rows)
