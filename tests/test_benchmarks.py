@@ -16,46 +16,17 @@ PNG = b'\x89PNG\r\n\x1a\n'
 
 def run_json(*args: str, timeout: float = 600, env: dict | None = None,
              fork_children: bool = False) -> dict:
-  """Runs a repo script (python file, forked as `run_file` does, or an executable), asserts
-  exit 0 and one JSON line. `fork_children`: the script's own children (benchmarks/common.py
-  run_children) are forked too, see FORKING_CHILDREN."""
+  """Runs a repo script (python file, forked as `run_file` does, with its own children too when
+  `fork_children`; or an executable), asserts exit 0 and one JSON line."""
   if args[0].endswith('.sh'):
     proc = subprocess.run(list(args), cwd=REPO, text=True, capture_output=True, timeout=timeout,
                           env=env or cli_env(1))
-  elif fork_children:
-    path = REPO / args[0]
-    code = FORKING_CHILDREN.format(argv=[str(path), *args[1:]], directory=str(path.parent))
-    proc = run_python(['-c', code], env or cli_env(1), timeout)
   else:
-    proc = run_file(*args, env=env, timeout=timeout)
+    proc = run_file(*args, env=env, timeout=timeout, fork_children=fork_children)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()
   assert len(lines) == 1, proc.stdout
   return json.loads(lines[0])
-
-
-# `python SCRIPT ARGS`, forked as `run_file` runs it, whose `python CHILD.py ARGS` and
-# `python -c CODE` children (benchmarks/common.py START) are forked in turn from a server forked
-# from it first (tests/forked_cli.py ForkServer.here), instead of each importing paxlike again.
-# Not for a benchmark that times a child's start-up (benchmarks/startup.py).
-FORKING_CHILDREN = """
-import os, runpy, sys
-sys.argv = {argv!r}
-sys.path.insert(0, {directory!r})
-from benchmarks import common
-from tests.forked_cli import ForkServer
-server = ForkServer.here()
-CHILD = 'import runpy, sys; sys.argv = %r; sys.path.insert(0, %r); ' \\
-        'runpy.run_path(sys.argv[0], run_name="__main__")'
-
-def start(argv, **kwargs):
-  if argv[1].endswith('.py'):  # python CHILD.py ARGS: as the `-c` the server runs.
-    argv = [argv[0], '-c', CHILD % (argv[1:], os.path.dirname(os.path.abspath(argv[1])))]
-  return server.popen(argv, **kwargs)
-
-common.START = start
-runpy.run_path(sys.argv[0], run_name='__main__')
-"""
 
 
 @pytest.mark.slow

@@ -1,17 +1,22 @@
 """benchmarks/data_pipeline.py: its quick run prints every number it promises (timings are
 never asserted)."""
 
+import json
+
 import pytest
 
-from tests import test_benchmarks
 from tests.fixture_data import SHAKESPEARE_SLICE
+from tests.helpers import run_file
 
 
 def run_json(*args: str, timeout: float) -> dict:
   """`python benchmarks/data_pipeline.py ARGS`'s one JSON line, after asserting exit 0: forked,
   with its child processes (the rss section's) forked in turn."""
-  return test_benchmarks.run_json('benchmarks/data_pipeline.py', *args, timeout=timeout,
-                                  fork_children=True)
+  proc = run_file('benchmarks/data_pipeline.py', *args, timeout=timeout, fork_children=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.strip().splitlines()
+  assert len(lines) == 1, proc.stdout
+  return json.loads(lines[0])
 
 
 @pytest.mark.slow
