@@ -18,9 +18,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@if [ -z "$(PYTHON)" ]; then echo "paxlike needs Python >= 3.12 (jax 0.12). Install it (e.g. 'pyenv install 3.12') or pass PYTHON=/path/to/python3.12." >&2; exit 2; fi
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt uv
-	$(PY) -m uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt -e '.[test]' || { \
-	  echo "uv could not install from its index; installing with pip, which reads pip's own configuration" >&2; \
+	{ $(PY) -m pip install -q -c constraints.txt uv && \
+	  $(PY) -m uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt -e '.[test]'; } || { \
+	  echo "uv could not be installed or reach its index; installing with pip, which reads pip's own configuration" >&2; \
 	  $(PY) -m pip install -q -c constraints.txt -e '.[test]'; }
 	@touch $(STAMP)
 
