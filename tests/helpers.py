@@ -67,27 +67,28 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 """
 
 
-# _SCRIPT for a benchmark whose own `python CHILD.py ARGS` and `python -c CODE` children
-# (benchmarks/common.py START) are forked in turn, from a server forked from it first
+def script_code(path: str | Path, *args: str) -> str:
+  """`python PATH ARGS` as the `-c SCRIPT` a fork server runs (_SCRIPT)."""
+  path = os.path.abspath(path)
+  return _SCRIPT.format(argv=[path, *args], directory=os.path.dirname(path))
+
+
+# Put before a benchmark's script_code: its own `python CHILD.py ARGS` and `python -c CODE`
+# children (benchmarks/common.py START) are forked in turn, from a server forked from it first
 # (ForkServer.here), instead of each importing paxlike again. Not for a benchmark that times a
 # child's start-up (benchmarks/startup.py) or reads its children's CPU (benchmarks/cpu_step.py).
 _FORKING_CHILDREN = """
-import os, runpy, sys
-sys.argv = {argv!r}
-sys.path.insert(0, {directory!r})
 from benchmarks import common
 from tests.forked_cli import ForkServer
+from tests.helpers import script_code
 server = ForkServer.here()
-CHILD = 'import runpy, sys; sys.argv = %r; sys.path.insert(0, %r); ' \\
-        'runpy.run_path(sys.argv[0], run_name="__main__")'
 
 def start(argv, **kwargs):
   if argv[1].endswith('.py'):  # python CHILD.py ARGS: as the `-c` the server runs.
-    argv = [argv[0], '-c', CHILD % (argv[1:], os.path.dirname(os.path.abspath(argv[1])))]
+    argv = [argv[0], '-c', script_code(*argv[1:])]
   return server.popen(argv, **kwargs)
 
 common.START = start
-runpy.run_path(sys.argv[0], run_name='__main__')
 """
 
 
@@ -96,10 +97,9 @@ def run_file(script: str, *args: str, env: dict[str, str] | None = None, timeout
   """`python SCRIPT ARGS` for a repository script (a benchmark, say; SCRIPT relative to REPO),
   forked from the worker's fork server like `run_python`'s runs, capturing text output; with
   `fork_children`, a benchmark whose children are forked too (_FORKING_CHILDREN)."""
-  path = REPO / script
-  template = _FORKING_CHILDREN if fork_children else _SCRIPT
-  code = template.format(argv=[str(path), *args], directory=str(path.parent))
-  return run_python(['-c', code], env or cli_env(1), timeout)
+  code = script_code(REPO / script, *args)
+  return run_python(['-c', _FORKING_CHILDREN + code if fork_children else code],
+                    env or cli_env(1), timeout)
 
 
 def start_cli(*args: str, devices: int = 1, env: dict[str, str] | None = None,
