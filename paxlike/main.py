@@ -168,12 +168,14 @@ def train(cfg, task) -> None:
   from paxlike.data import fingerprint
   from paxlike.families import family_of
   from paxlike.trainer import build, distributed, loop
-  trainer = build.setup(task)  # Checks mesh, data and model before the job dir is touched.
+  task.data.prepare()
+  data = task.data.fingerprint()
+  # Checks mesh, data and model before the job dir is touched.
+  trainer = build.setup(task, kept_as=(config_io.trace_key(cfg), data))
   with job_dir.undone_if_refused(FLAGS.job_log_dir):  # E.g. an init_from of another shape.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
                                 [*FLAGS.allow_import, *registry.trusted_modules()])
     notes = family_of(task.model).kernel_line(task.model, task.data) + task.data.config_lines()
-    data = task.data.fingerprint()
 
     def on_start() -> None:  # Restored: say which attention kernel runs, record config, data.
       print(notes.replace('# ', ''), end='', file=sys.stderr)

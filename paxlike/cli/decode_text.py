@@ -91,12 +91,12 @@ def _fitted(task: Task, ids: list[np.ndarray], request: DecodeRequest,
             started: float | None = None) -> tuple[list[np.ndarray], dict[str, Any]]:
   """The prompts cut to the model's context and `generate`'s options: sampling, batches of
   `batch_rows`, the first token's time reported from `started` (notes printed), and the
-  traces kept beside the compilation cache (decode.program_store)."""
+  traces kept beside the compilation cache (core.program_store)."""
   from paxlike.decode import cache_len_for  # pylint: disable=import-outside-toplevel
   ids, new_tokens, notes = fit_context(ids, task.model.max_len, request.max_new_tokens)
   for note in notes:
     print(f'note: {note}', file=sys.stderr)
-  from paxlike.decode import program_store  # pylint: disable=import-outside-toplevel
+  from paxlike.core import program_store  # pylint: disable=import-outside-toplevel
   return ids, dict(max_new_tokens=new_tokens, **dataclasses.asdict(request.sampling),
                    seed=request.seed,
                    cache_len=cache_len_for(task.model, max(map(len, ids)), new_tokens),

@@ -28,6 +28,8 @@ from paxlike.core import optim
 # extended, and the mesh, since checkpoints restore onto any mesh (the math is the same).
 RESUMABLE_FIELDS = ('.train.num_steps', '.train.log_every', '.train.eval_every',
                     '.train.checkpoint_every', '.mesh.')
+# The train settings that only the loop reads: how long and how often, and what it keeps.
+LOOP_FIELDS = ('num_steps', 'log_every', 'eval_every', 'checkpoint_every', 'max_to_keep')
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -147,6 +149,19 @@ def build(cfg: fdl.Buildable) -> Any:
 
 def to_json(cfg: fdl.Buildable) -> str:
   return serialization.dump_json(cfg, indent=2)
+
+
+def trace_key(cfg: fdl.Buildable) -> str:
+  """What of `cfg` a run's programs are made from: its JSON with the run lengths filled in
+  (`with_run_lengths`: a schedule's length is in its programs) and the loop's intervals, which
+  no program reads, left out (a run extended by --fdl_set=train.num_steps keeps its programs)."""
+  cfg = with_run_lengths(cfg)
+  if isinstance(getattr(cfg, 'train', None), fdl.Buildable):
+    cfg = copy.deepcopy(cfg)
+    for name in LOOP_FIELDS:
+      if name in cfg.train.__arguments__:
+        delattr(cfg.train, name)
+  return to_json(cfg)
 
 
 def to_text(cfg: fdl.Buildable) -> str:

@@ -29,7 +29,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from paxlike.core import partitioning
-from paxlike.decode import program_store
+from paxlike.core import program_store
 from paxlike.decode.sampling import Sampling, sample
 from paxlike.errors import UserError
 from paxlike.layers import lora

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from paxlike.core import program_store
 from paxlike.trainer.task import Task
 from paxlike.trainer import grpo, grpo_step, privacy
 from paxlike.trainer.evaluator import Evaluator, build_evaluator
-from paxlike.trainer.program import Program, compile_train_step, place
+from paxlike.trainer.program import Kept, Program, compile_train_step, place
 from paxlike.trainer.reporters import Reporters, build_reporters
 from paxlike.trainer.train_state import TrainState
 
@@ -32,20 +33,25 @@ class Trainer:
   reporters: Reporters | None
 
 
-def setup(task: Task, *, train_step: bool = True, evaluator: bool = True) -> Trainer:
+def setup(task: Task, *, train_step: bool = True, evaluator: bool = True,
+          kept_as: tuple | None = None) -> Trainer:
   """Places `task` on its mesh and compiles its init, its train step and row reporters
   (`train_step`) and its eval step (`evaluator`), all from `task` with its DP aggregator's
   divisor bound to the data's cohort (privacy.cohort_bound; `Trainer.task`). The data is
   prepared first (its one read of the corpus or dataset), and a run over its privacy budget is
-  refused before anything is compiled."""
+  refused before anything is compiled. With `kept_as` (what built `task`: its config's
+  `config_io.trace_key` and its data's fingerprint), the programs are kept compiled beside the
+  compilation cache, and a run that another built the same way compiles none of them."""
   task.data.prepare()
   task = privacy.cohort_bound(task)
   accountant = privacy.checked_accountant(task)
-  program = place(task)
+  store = None if kept_as is None else program_store.current(program_store.TRAIN_DIRNAME)
+  kept = None if store is None else Kept(store, kept_as)
+  program = place(task, kept)
   step, trained = None, program  # A GRPO step samples, then trains on its own batch shape.
   if train_step:
     step, trained = (grpo_step.build(task, program) if grpo.is_grpo(task) else
-                     (compile_train_step(task, program), program))
+                     (compile_train_step(task, program, kept), program))
   return Trainer(task=task, program=program, step=step,
-                 evaluator=build_evaluator(task, program) if evaluator else None,
+                 evaluator=build_evaluator(task, program, kept) if evaluator else None,
                  reporters=build_reporters(task, trained, accountant) if train_step else None)

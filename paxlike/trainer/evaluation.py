@@ -30,10 +30,23 @@ Ensemble = Callable[[Any], tuple[Any, jax.Array]]
 Outputs = dict[str, tuple['EvalMetrics', jax.Array]]  # Prefix ('' or 'ensemble_') -> results.
 
 
+def named_average(output: str, name: str, module: str) -> type:
+  """clu's `Average.from_output(output)` (a class clu makes anew inside each call) named
+  `module.name`, where the caller binds it, so that pickle finds it: the output tree of an eval
+  program kept compiled names it (core.program_store)."""
+  average = clu_metrics.Average.from_output(output)
+  average.__module__, average.__name__, average.__qualname__ = module, name, name
+  return average
+
+
+EvalLoss = named_average('loss', 'EvalLoss', __name__)
+EvalAccuracy = named_average('accuracy', 'EvalAccuracy', __name__)
+
+
 @clu_metrics.flax.struct.dataclass
 class EvalMetrics(clu_metrics.Collection):
-  loss: clu_metrics.Average.from_output('loss')
-  accuracy: clu_metrics.Average.from_output('accuracy')
+  loss: EvalLoss
+  accuracy: EvalAccuracy
 
 
 def group_sums(values: jax.Array, correct: jax.Array, mask: jax.Array, groups: jax.Array,

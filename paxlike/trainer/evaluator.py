@@ -17,7 +17,7 @@ from paxlike.core.trainable import TrainableMask
 from paxlike.data.sources import ClientEval
 from paxlike.federated.clients import fine_tuned
 from paxlike.trainer import evaluation, grpo, losses, preference
-from paxlike.trainer.program import Program, placed_spec
+from paxlike.trainer.program import Kept, Program, compiled, placed_spec
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import TrainState, ema_params
 
@@ -65,8 +65,9 @@ class Evaluator:
     return evals, clients
 
 
-def build_evaluator(task: Task, program: Program) -> Evaluator:
-  """The evaluator of `task` placed as `program`, its eval step compiled for the mesh."""
+def build_evaluator(task: Task, program: Program, kept: Kept | None = None) -> Evaluator:
+  """The evaluator of `task` placed as `program`, its eval step compiled for the mesh (kept
+  where `kept` says)."""
   data, mesh = task.data, program.mesh
   client_eval = data.client_eval()
   eval_batch = program.eval_batch_spec  # Read once, by `place`.
@@ -78,11 +79,12 @@ def build_evaluator(task: Task, program: Program) -> Evaluator:
                                 client_eval.num_groups if client_eval else 1,
                                 program.algorithm.ensemble)
   with jax.set_mesh(mesh), nn.logical_axis_rules(program.rules):
-    compiled = jax.jit(step).lower(
+    step = compiled(jax.jit(step), (
         program.abstract_state.alg, jax.tree.map(lambda x: placed_spec(x, sharding), eval_batch),
-        jax.ShapeDtypeStruct(eval_batch['mask'].shape, np.int32, sharding=sharding)).compile()
+        jax.ShapeDtypeStruct(eval_batch['mask'].shape, np.int32, sharding=sharding)), mesh, kept,
+                    'eval_step')
   batch_size = eval_batch['inputs'].shape[0]
-  return Evaluator(data=data, mesh=mesh, step=compiled, client_eval=client_eval,
+  return Evaluator(data=data, mesh=mesh, step=step, client_eval=client_eval,
                    batch_size=batch_size,
                    rows=partitioning.process_block(sharding, (batch_size,))[0],
                    personalized=evaluation.personalization(task, client_eval, fine_tuned(

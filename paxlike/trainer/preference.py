@@ -21,6 +21,7 @@ from clu import metrics as clu_metrics
 from paxlike.errors import UserError
 from paxlike.layers import lora
 from paxlike.trainer import losses, reference
+from paxlike.trainer.evaluation import named_average
 from paxlike.trainer.preference_loss import METRICS, PairLogps, PreferenceLoss, pair_losses, pair_metrics
 
 
@@ -131,15 +132,24 @@ def task_loss_fn(model: nn.Module, loss: PreferenceLoss | None, data: Any = None
 _FIELDS = {name.replace('/', '_'): name for name in METRICS}
 
 
+PairLoss = named_average('loss', 'PairLoss', __name__)
+RewardsChosen = named_average('rewards_chosen', 'RewardsChosen', __name__)
+RewardsRejected = named_average('rewards_rejected', 'RewardsRejected', __name__)
+RewardsMargins = named_average('rewards_margins', 'RewardsMargins', __name__)
+RewardsAccuracies = named_average('rewards_accuracies', 'RewardsAccuracies', __name__)
+LogpsChosen = named_average('logps_chosen', 'LogpsChosen', __name__)
+LogpsRejected = named_average('logps_rejected', 'LogpsRejected', __name__)
+
+
 @clu_metrics.flax.struct.dataclass
 class PreferenceEvalMetrics(clu_metrics.Collection):
-  loss: clu_metrics.Average.from_output('loss')
-  rewards_chosen: clu_metrics.Average.from_output('rewards_chosen')
-  rewards_rejected: clu_metrics.Average.from_output('rewards_rejected')
-  rewards_margins: clu_metrics.Average.from_output('rewards_margins')
-  rewards_accuracies: clu_metrics.Average.from_output('rewards_accuracies')
-  logps_chosen: clu_metrics.Average.from_output('logps_chosen')
-  logps_rejected: clu_metrics.Average.from_output('logps_rejected')
+  loss: PairLoss
+  rewards_chosen: RewardsChosen
+  rewards_rejected: RewardsRejected
+  rewards_margins: RewardsMargins
+  rewards_accuracies: RewardsAccuracies
+  logps_chosen: LogpsChosen
+  logps_rejected: LogpsRejected
 
   def compute(self) -> dict[str, jax.Array]:
     return {_FIELDS.get(k, k): v for k, v in super().compute().items()}

@@ -3,7 +3,8 @@ the abstract (sharded) train state, and which block of each round this process l
 
 `place(task)` fails, before anything is written, on everything a run can get wrong by
 configuration (mesh, batch divisibility, data, model fields). The train step is compiled apart
-(`compile_train_step`), so evaluation, decoding and export never pay for it.
+(`compile_train_step`), so evaluation, decoding and export never pay for it. Given a `Kept`,
+each program is kept compiled for the next run of the same task (core.program_store).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from flax import traverse_util
 from jax.sharding import Mesh
 
 from paxlike.core import partitioning
+from paxlike.core import program_store
 from paxlike.core.algorithm import Algorithm
 from paxlike.core.loss import LossFn
 from paxlike.core.trainable import TrainableMask
@@ -29,6 +31,30 @@ from paxlike.trainer.grpo import task_loss_fn
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
                                          init_state, train_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+  """Where a task's compiled programs are kept, and under what key: what determines them
+  besides the code, the mesh, the devices and the arguments' shapes (the config they were
+  built from and the data's fingerprint)."""
+
+  store: program_store.Store
+  key: tuple
+
+
+def compiled(jitted: Any, args: tuple, mesh: Mesh, kept: Kept | None, name: str) -> Any:
+  """`jitted.lower(*args).compile()`, kept under `name` where `kept` says (`Store.compiled`)."""
+  if kept is None:
+    return jitted.lower(*args).compile()
+  return kept.store.compiled(jitted, args, (kept.key, name), mesh)
+
+
+def made(make: Callable[[], Any], kept: Kept | None, name: str, mesh: Mesh) -> Any:
+  """`make()`, kept under `name` where `kept` says (`Store.value`)."""
+  if kept is None:
+    return make()
+  return kept.store.value((kept.key, name, program_store.mesh_key(mesh)), make)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +171,9 @@ def _abstract_params(task: Task, sample: np.ndarray) -> Any:
     raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
 
 
-def place(task: Task) -> Program:
+def place(task: Task, kept: Kept | None = None) -> Program:
   """Builds the mesh and shardings of `task` (its data prepared: `DataSource.prepare`) and
-  compiles its init (not its train step)."""
+  compiles its init (not its train step), kept where `kept` says."""
   mesh, data = partitioning.make_mesh(task.mesh), task.data
   spec = data.batch_spec()
   inputs = spec.eval['inputs']
@@ -161,7 +187,8 @@ def place(task: Task) -> Program:
   # A full fine-tune's DPO keeps a frozen copy of the initial params beside them (reference.py).
   finish = reference.attach if reference.needs_copy(task.model, task.loss) else (lambda p: p)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    model_params = _abstract_params(task, sample)
+    model_params = made(functools.partial(_abstract_params, task, sample), kept,
+                        f'abstract_params{sample.shape}', mesh)
     boxed_params = finish(model_params)
     param_shardings = partitioning.logical_shardings(boxed_params, mesh, task.mesh.rules)
     model_shardings = reference.policy(param_shardings)
@@ -177,9 +204,9 @@ def place(task: Task) -> Program:
                              param_shardings=param_shardings, trainable=trainable,
                              ema=task.train.ema_decay is not None)
     fresh = functools.partial(init, params_at=params_at)  # rng -> a fresh state.
-    compiled_init = jax.jit(fresh).lower(RNG_SPEC).compile()
+    compiled_init = compiled(jax.jit(fresh), (RNG_SPEC,), mesh, kept, 'init')
     state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
-    abstract_state = jax.tree.map(placed_spec, jax.eval_shape(fresh, RNG_SPEC), state_shardings)
+    abstract_state = jax.tree.map(placed_spec, compiled_init.out_info, state_shardings)
   round_shape = spec.round['mask'].shape[:3]
   return Program(
       mesh=mesh, rules=rules, algorithm=algorithm, loss_fn=loss_fn, init=compiled_init,
@@ -199,9 +226,10 @@ def place(task: Task) -> Program:
       trainable=trainable, adapters=adapter_mask(task))
 
 
-def compile_train_step(task: Task, program: Program) -> Callable[..., tuple[TrainState, dict]]:
+def compile_train_step(task: Task, program: Program, kept: Kept | None = None
+                       ) -> Callable[..., tuple[TrainState, dict]]:
   """`step(state, batches, weights, rng) -> (state, metrics)`, compiled for `program`'s mesh
-  with the state donated."""
+  with the state donated, kept where `kept` says."""
   state_shardings = jax.tree.map(lambda s: s.sharding, program.abstract_state)
   batches, weights = program.round_specs
   step = functools.partial(train_step, algorithm=program.algorithm,
@@ -210,7 +238,8 @@ def compile_train_step(task: Task, program: Program) -> Callable[..., tuple[Trai
                            ema_decay=task.train.ema_decay, trainable=program.trainable)
   batch_sharding = jax.tree.map(lambda s: s.sharding, batches)
   with jax.set_mesh(program.mesh), nn.logical_axis_rules(program.rules):
-    return jax.jit(step, donate_argnums=0,
-                   in_shardings=(state_shardings, batch_sharding, weights.sharding, None),
-                   out_shardings=(state_shardings, None)).lower(
-        program.abstract_state, batches, weights, RNG_SPEC).compile()
+    jitted = jax.jit(step, donate_argnums=0,
+                     in_shardings=(state_shardings, batch_sharding, weights.sharding, None),
+                     out_shardings=(state_shardings, None))
+    return compiled(jitted, (program.abstract_state, batches, weights, RNG_SPEC), program.mesh,
+                    kept, 'train_step')

@@ -73,7 +73,7 @@ def load_latest_params(task: Task, job_dir: Path) -> tuple[Mesh, Any]:
   directory = job_dir / 'checkpoints'
   if not directory.is_dir():
     raise UserError(f'no checkpoint in {directory}; train first')
-  from paxlike.decode import program_store  # pylint: disable=import-outside-toplevel
+  from paxlike.core import program_store  # pylint: disable=import-outside-toplevel
   mesh = partitioning.make_mesh(task.mesh)
   store, make = program_store.current(), functools.partial(abstract_params, task, mesh)
   want = make() if store is None else store.abstract_params(

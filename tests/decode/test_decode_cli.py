@@ -24,7 +24,7 @@ TRAIN = ['--exp=lm.StdlibTiny', '--fdl_set=model.num_layers=1', '--fdl_set=model
 def compile_counts(stderr: str) -> dict[str, int]:
   """How many programs JAX compiled or read from its persistent cache, by function
   (JAX_LOG_COMPILES=1 times both as "XLA compilation"). Lowerings are not counted: a decode whose traces are not yet in
-  decode.program_store lowers its programs twice (once to keep them), and compiles once."""
+  core.program_store lowers its programs twice (once to keep them), and compiles once."""
   counts = {}
   for name in re.findall(r'Finished XLA compilation of (\S+) in', stderr):
     counts[name] = counts.get(name, 0) + 1

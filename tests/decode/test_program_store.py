@@ -1,4 +1,4 @@
-"""decode.program_store: a decode whose traces are on disk runs no model Python and gives the
+"""core.program_store: a decode whose traces are on disk runs no model Python and gives the
 tokens a fresh trace gives; anything a trace reads changes the key; a bad entry is made again;
 the abstract params come back as they were made; the newest entries are kept."""
 
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from paxlike.decode import engine, generate, program_store
+from paxlike.core import program_store
+from paxlike.decode import engine, generate
 from paxlike.layers import TransformerLM
 
 MODEL = TransformerLM(vocab_size=64, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2,
@@ -120,7 +121,7 @@ def test_a_store_that_cannot_be_written_warns_and_the_decode_goes_on(tmp_path, t
   def full(self, data):
     raise OSError(28, 'No space left on device')
   monkeypatch.setattr(pathlib.Path, 'write_bytes', full)
-  with pytest.warns(UserWarning, match='decode traces not kept in .*No space left'):
+  with pytest.warns(UserWarning, match='traces not kept in .*No space left'):
     assert decode(MODEL, params, store) == want
   assert list(tmp_path.iterdir()) == []  # No entry, no temporary file left behind.
 
@@ -157,10 +158,9 @@ def test_abstract_params_come_back_as_they_were_made(tmp_path):
   assert len(calls) == 2
 
 
-def test_the_newest_entries_are_kept(tmp_path, monkeypatch):
-  monkeypatch.setattr(program_store, 'MAX_ENTRIES', 2)
+def test_the_newest_entries_are_kept(tmp_path):
   mesh = jax.make_mesh((1,), ('data',), axis_types=(AxisType.Auto,))
-  store = program_store.Store(tmp_path)
+  store = program_store.Store(tmp_path, max_entries=2)
   made = lambda n: {'w': jax.ShapeDtypeStruct((n,), np.float32, sharding=NamedSharding(mesh, P()))}
   paths = []
   for n in (1, 2):
@@ -173,7 +173,23 @@ def test_the_newest_entries_are_kept(tmp_path, monkeypatch):
   assert len(list(tmp_path.glob('*.json'))) == 2
 
 
+def test_entries_past_the_bytes_bound_go_oldest_first(tmp_path):
+  store, made = program_store.Store(tmp_path, max_bytes=2500), []
+  def make(n):
+    made.append(n)
+    return bytes(1000)  # Pickled: a little over 1000 bytes, so two fit and three do not.
+  for n in (1, 2, 3):
+    store.value((n,), lambda: make(n))
+    os.utime(max(tmp_path.iterdir(), key=lambda p: p.stat().st_mtime_ns), (n, n))
+  assert len(list(tmp_path.glob('*.pickle'))) == 2
+  store.value((2,), lambda: make(2))  # Kept,
+  store.value((1,), lambda: make(1))  # dropped: made again.
+  assert made == [1, 2, 3, 1]
+
+
 def test_the_store_is_on_exactly_where_the_compilation_cache_is(tmp_path):
   assert program_store.at(str(tmp_path)) == program_store.Store(tmp_path / program_store.DIRNAME)
+  train = program_store.at(str(tmp_path), program_store.TRAIN_DIRNAME)
+  assert train.directory == tmp_path / program_store.TRAIN_DIRNAME and train.max_bytes == 1 << 30
   assert program_store.at(None) is None and program_store.at('') is None
   assert program_store.at('gs://bucket/cache') is None

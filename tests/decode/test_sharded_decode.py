@@ -10,7 +10,8 @@ SCRIPT = textwrap.dedent("""
     import pathlib, tempfile
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
     from paxlike.core import partitioning
-    from paxlike.decode import engine, generate, program_store
+    from paxlike.core import program_store
+    from paxlike.decode import engine, generate
     from paxlike.layers import TransformerLM, stack_layers
     from paxlike.core.partitioning import MeshConfig
     assert jax.device_count() == 8

@@ -1,5 +1,6 @@
 """The persistent compilation cache is on by default: a rerun loads every compiled program from
-~/.cache/paxlike/jax (XDG_CACHE_HOME honoured) and trains identically; an empty flag turns it off."""
+~/.cache/paxlike/jax (XDG_CACHE_HOME honoured), its init, train and eval steps from the store
+kept there, and trains identically; an empty flag turns it off."""
 
 import jax
 import pytest
@@ -20,9 +21,13 @@ def test_a_rerun_compiles_nothing_new_and_trains_the_same(tmp_path):
   run_cli(*TINY, f'--job_log_dir={tmp_path / "first"}', env=env)
   first = cache_entries(cache)
   assert any(name.startswith('jit_train_step-') for name in first), first
+  # Its init, train step and eval step, kept compiled for the rerun (core.program_store).
+  kept = {p: p.stat().st_mtime_ns for p in (cache / 'paxlike-train').glob('*.executable')}
+  assert len(kept) == 3
 
   run_cli(*TINY, f'--job_log_dir={tmp_path / "second"}', env=env)
   assert cache_entries(cache) == first  # Every program was a hit.
+  assert all(p.stat().st_mtime_ns > seen for p, seen in kept.items())  # Read, so marked used.
   assert metric_rows(tmp_path / 'second') == metric_rows(tmp_path / 'first')
 
 

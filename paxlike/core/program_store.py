@@ -1,5 +1,6 @@
-"""A decode run's traces, kept on disk for the next run: the model's abstract params and the
-exported prefill and loop.
+"""A run's traces and programs, kept on disk for the next run: a decode's abstract params and
+exported prefill and loop (`Store.abstract_params`, `Store.traced`), and a training run's
+compiled init, train step and eval step (`Store.compiled`).
 
 After its imports, a warm `--mode=decode` run spent most of its time tracing the model three
 times (its init, for the params' shapes and shardings; the prefill; the loop), only to find
@@ -9,15 +10,23 @@ specs (JSON), and the programs as `jax.export` serializations (StableHLO), which
 and compiles (from its cache) without running the model's Python. An entry's key hashes
 everything a trace reads: what the caller names (the model's attributes, the decode options,
 the mesh and its rules), the arguments' tree, shapes, dtypes and shardings, the devices, the
-jax, jaxlib and flax versions, every jax config value, the source of paxlike itself and the
-size and mtime of every other loaded module's file outside the standard library (a user's
-model class, an upgraded library). A key that matches loads its entry; any change misses,
+jax, jaxlib and flax versions, every jax config value, the source of paxlike itself, the
+installed libraries' versions and the size and mtime of every other loaded module's file
+outside the standard library (a user's model class). A key that matches loads its entry; any change misses,
 and the run traces as before and writes the entry. An entry that cannot be read is traced
 again and overwritten; a program JAX cannot export (a custom call without a stable target,
 say) runs as traced; a store that cannot be written (read-only, full) only warns.
 
-It lives beside JAX's compilation cache (`DIRNAME` inside it) and is on exactly when that
-cache is (`current`); it keeps the MAX_ENTRIES newest entries.
+A training run's programs are kept compiled (`jax.experimental.serialize_executable`, as
+MaxText's ahead-of-time compiles are): a restart, or a run of a config traced before, then
+neither traces nor lowers nor looks them up in JAX's cache, the ~0.5 s of every small run that
+was not training and the minutes of a large model's. Their key adds what a compile reads
+besides the program (XLA_FLAGS, LIBTPU_INIT_ARGS). A run of several processes compiles as before:
+each process's executable is its own devices'.
+
+Each store lives beside JAX's compilation cache (DIRNAME for decode, TRAIN_DIRNAME for training,
+inside it) and is on exactly when that cache is (`current`); each keeps its newest entries, up
+to its count and bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import pickle
 import sys
 import sysconfig
 import warnings
@@ -37,13 +47,18 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from jax.experimental import serialize_executable
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import paxlike
 
 DIRNAME = 'paxlike-decode'
+TRAIN_DIRNAME = 'paxlike-train'
 MAX_ENTRIES = 64
-SUFFIXES = ('.json', '.jaxexport')  # An entry's file; a '.tmp' one is being written.
+# An entry's file; a '.tmp' one is being written.
+SUFFIXES = ('.json', '.jaxexport', '.executable', '.pickle')
+# What a compile reads besides its program, JAX's config and the devices.
+COMPILER_ENV = ('XLA_FLAGS', 'LIBTPU_INIT_ARGS')
 
 
 @functools.cache
@@ -57,18 +72,31 @@ def _source_digest() -> str:
 
 
 @functools.cache
+def _installed() -> tuple[str, ...]:
+  """The installed distributions' dist-info (egg-info) directory names, each a name and its
+  version: an upgraded or added library is a new key, whichever modules a run imported."""
+  names = set()
+  for directory in {sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']}:
+    with contextlib.suppress(OSError):
+      names.update(n for n in os.listdir(directory) if n.endswith(('.dist-info', '.egg-info')))
+  return tuple(sorted(names))
+
+
+@functools.cache
 def _loaded_code() -> tuple:
-  """(path, size, mtime) of the file of every module loaded when this process first asks, the
-  standard library's aside: the user's experiments and models and every installed library,
-  whose edits or upgrades then miss. Taken once per process, so that every key of a run sees
-  the same set (a run that traces imports more than one that reads its traces)."""
+  """(path, size, mtime) of the file of every module loaded when this process first asks,
+  outside the standard library, the installed libraries (`_installed`) and paxlike (its
+  source is `_source_digest`): the user's experiments and models, whose edits then miss.
+  Taken once per process, so that every key of a run sees the same set (a run that traces
+  imports more than one that reads its traces; the libraries' modules a run imports differ
+  more, with what it has to build)."""
   paths = sysconfig.get_paths()
-  stdlib = tuple({paths['stdlib'], paths['platstdlib']} - {paths['purelib'], paths['platlib']})
-  libraries = (paths['purelib'], paths['platlib'])
+  outside = (*{paths['stdlib'], paths['platstdlib'], paths['purelib'], paths['platlib']},
+             str(Path(paxlike.__file__).parent))
   files = set()
   for module in list(sys.modules.values()):
     file = getattr(module, '__file__', None)
-    if file and (not file.startswith(stdlib) or file.startswith(libraries)):
+    if file and not file.startswith(outside):
       files.add(file)
   stats = []
   for file in sorted(files):
@@ -85,7 +113,9 @@ def _environment() -> tuple:
   versions = tuple(importlib.metadata.version(p) for p in ('jax', 'jaxlib', 'flax'))
   config = tuple(sorted((name, repr(value)) for name, value in jax.config.values.items()))
   devices = tuple((d.platform, d.device_kind, d.id) for d in jax.devices())
-  return (_source_digest(), _loaded_code(), versions, config, devices, jax.process_count())
+  compiler = tuple(os.environ.get(name) for name in COMPILER_ENV)
+  return (_source_digest(), _loaded_code(), _installed(), versions, config, devices,
+          jax.process_count(), compiler)
 
 
 def mesh_key(mesh: Mesh | None) -> tuple | None:
@@ -105,9 +135,12 @@ def signature(args: Any) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class Store:
-  """Entries under `directory`, each a file named by its key."""
+  """Entries under `directory`, each a file named by its key: the `max_entries` newest, and of
+  those only as many of the newest as fit in `max_bytes` (None: any size)."""
 
   directory: Path
+  max_entries: int = MAX_ENTRIES
+  max_bytes: int | None = None
 
   def _path(self, parts: tuple, suffix: str) -> Path:
     key = hashlib.sha256(repr((parts, _environment())).encode()).hexdigest()
@@ -123,8 +156,8 @@ class Store:
 
   def _write(self, path: Path, blob: bytes) -> None:
     """Writes `path` whole (a temporary file renamed), then drops the oldest entries past
-    MAX_ENTRIES. A store that cannot take it (read-only, full) is a warning: the run goes on
-    with what it traced."""
+    the store's bounds. A store that cannot take it (read-only, full) is a warning: the run goes
+    on with what it traced."""
     tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
     try:
       self.directory.mkdir(parents=True, exist_ok=True)
@@ -133,18 +166,22 @@ class Store:
     except OSError as error:
       with contextlib.suppress(OSError):
         tmp.unlink(missing_ok=True)
-      warnings.warn(f'decode traces not kept in {self.directory}: {error}', stacklevel=3)
+      warnings.warn(f'traces not kept in {self.directory}: {error}', stacklevel=3)
       return
     entries = []
     for entry in self.directory.iterdir():
       try:
         if entry.suffix in SUFFIXES:
-          entries.append((entry.stat().st_mtime_ns, entry))
+          stat = entry.stat()
+          entries.append((stat.st_mtime_ns, stat.st_size, entry))
       except FileNotFoundError:  # Dropped meanwhile by another process's write.
         continue
-    for _, old in sorted(entries, reverse=True)[MAX_ENTRIES:]:
-      with contextlib.suppress(OSError):
-        old.unlink(missing_ok=True)
+    kept = 0
+    for count, (_, size, entry) in enumerate(sorted(entries, reverse=True)):
+      kept += size
+      if count >= self.max_entries or (self.max_bytes is not None and kept > self.max_bytes):
+        with contextlib.suppress(OSError):
+          entry.unlink(missing_ok=True)
 
   def abstract_params(self, parts: tuple, mesh: Mesh, make: Callable[[], Any]) -> Any:
     """`make()` (the params as sharded ShapeDtypeStructs on `mesh`, each NamedSharding'd), or
@@ -200,14 +237,75 @@ class Store:
     return jax.jit(run, donate_argnums=donate_argnums)
 
 
-def at(cache_dir: str | None) -> Store | None:
-  """The store inside compilation cache directory `cache_dir`; None where there is none (the
-  cache off) or it is not a local directory."""
+  def value(self, parts: tuple, make: Callable[[], Any]) -> Any:
+    """`make()`, or what it gave before under `parts` (kept pickled: shapes and boxes, no
+    arrays); a value pickle cannot keep is made every time."""
+    path = self._path(('value', parts), '.pickle')
+    try:
+      return pickle.loads(self._read(path))
+    except Exception:  # pylint: disable=broad-except  Missing or unreadable: make it again.
+      pass
+    made = make()
+    try:
+      blob = pickle.dumps(made)
+    except (TypeError, AttributeError, pickle.PicklingError):
+      return made
+    self._write(path, blob)
+    return made
+
+  def compiled(self, jitted: Any, args: tuple, parts: tuple, mesh: Mesh) -> Any:
+    """`jitted.lower(*args).compile()` (a `jax.jit` of a function named as its program should
+    be), or the executable that gave before under `parts` (what the function closes over) for
+    these arguments, this mesh and these devices. Compiled anew, not kept, in a run of several
+    processes, and for a program JAX cannot serialize (constants it hoisted as arguments, say)
+    or whose trees cannot be pickled."""
+    if jax.process_count() > 1:
+      return jitted.lower(*args).compile()
+    path = self._path(('compiled', parts, mesh_key(mesh), signature(args)), '.executable')
+    try:
+      devices = list(mesh.devices.flat)  # The program's device assignment, in its order.
+      return serialize_executable.deserialize_and_load(
+          *pickle.loads(self._read(path)), backend=devices[0].client, execution_devices=devices)
+    except Exception:  # pylint: disable=broad-except  Missing or unreadable: compile it again.
+      pass
+    served = _cache_hits()
+    before = served[0]
+    compiled = jitted.lower(*args).compile()
+    if served[0] > before:  # JAX's cache served it: XLA:CPU cannot serialize what it loaded.
+      return compiled
+    try:
+      blob = pickle.dumps(serialize_executable.serialize(compiled))
+    except (ValueError, NotImplementedError, TypeError, AttributeError, pickle.PicklingError):
+      return compiled
+    self._write(path, blob)
+    return compiled
+
+
+@functools.cache
+def _cache_hits() -> list[int]:
+  """A count of the programs JAX's compilation cache has served this process since first
+  asked."""
+  count = [0]
+
+  def counted(event: str, **_: Any) -> None:
+    if event == '/jax/compilation_cache/cache_hits':
+      count[0] += 1
+  jax.monitoring.register_event_listener(counted)
+  return count
+
+
+TRAIN_BOUNDS = {'max_entries': 1024, 'max_bytes': 1 << 30}  # Executables: a large model's are big.
+
+
+def at(cache_dir: str | None, dirname: str = DIRNAME) -> Store | None:
+  """The store `dirname` (DIRNAME: decode's; TRAIN_DIRNAME: training's) inside compilation
+  cache directory `cache_dir`; None where there is none (the cache off) or it is not a local
+  directory."""
   if not cache_dir or '://' in cache_dir:
     return None
-  return Store(Path(cache_dir) / DIRNAME)
+  return Store(Path(cache_dir) / dirname, **(TRAIN_BOUNDS if dirname == TRAIN_DIRNAME else {}))
 
 
-def current() -> Store | None:
-  """The store of the compilation cache this process uses (`at`)."""
-  return at(jax.config.jax_compilation_cache_dir)
+def current(dirname: str = DIRNAME) -> Store | None:
+  """The store `dirname` of the compilation cache this process uses (`at`)."""
+  return at(jax.config.jax_compilation_cache_dir, dirname)
