@@ -146,7 +146,7 @@ def run(argv: list[str]) -> None:
   if FLAGS.mode == 'train':
     train(cfg, task)
   elif FLAGS.mode == 'eval':
-    evaluate(task)
+    evaluate(cfg, task)
   else:
     decode(task, request)
 
@@ -195,14 +195,17 @@ def train(cfg, task) -> None:
           f'--logdir {directory / "summaries"})', file=sys.stderr)
 
 
-def evaluate(task) -> None:
+def evaluate(cfg, task) -> None:
   """Prints the held-out metrics of --job_log_dir's latest checkpoint as one JSON line (no
-  train step is compiled)."""
+  train step is compiled; the init and eval step kept by a run of this config are loaded)."""
   from paxlike.data import fingerprint
   from paxlike.trainer import restore
   directory = job_dir.existing(FLAGS.job_log_dir)
-  trainer, step, state = restore.load_latest_state(task, directory)
-  differs = fingerprint.mismatch(directory, task.data.fingerprint())
+  task.data.prepare()
+  data = task.data.fingerprint()
+  trainer, step, state = restore.load_latest_state(
+      task, directory, kept_as=(config_io.trace_key(cfg), data))
+  differs = fingerprint.mismatch(directory, data)
   if differs:  # Still evaluated (on today's data), but not silently.
     print(f'warning: {differs}; these eval numbers are on the data as it is now', file=sys.stderr)
   evals, clients = trainer.evaluator.evaluate_state(state)

@@ -17,12 +17,14 @@ if TYPE_CHECKING:
 
 
 def load_latest_state(task: Task, job_dir: Path, step: int | None = None, *,
-                      evaluator: bool = True) -> tuple[Trainer, int, TrainState]:
+                      evaluator: bool = True, kept_as: tuple | None = None
+                      ) -> tuple[Trainer, int, TrainState]:
   """`task` placed on its mesh without its train step (and with its evaluator unless told
-  otherwise), and the latest committed step (or exactly `step`) and its state in `job_dir`."""
+  otherwise; its programs kept as `kept_as` says: `build.setup`), and the latest committed
+  step (or exactly `step`) and its state in `job_dir`."""
   from paxlike.trainer.build import setup  # pylint: disable=import-outside-toplevel
   from paxlike.trainer.checkpoint import Checkpoints  # pylint: disable=import-outside-toplevel
-  trainer = setup(task, train_step=False, evaluator=evaluator)
+  trainer = setup(task, train_step=False, evaluator=evaluator, kept_as=kept_as)
   checkpoints = Checkpoints(job_dir / 'checkpoints', task.train.max_to_keep, read_only=True)
   try:
     restored = checkpoints.restore(trainer.program.abstract_state, step)

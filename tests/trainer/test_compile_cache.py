@@ -30,6 +30,12 @@ def test_a_rerun_compiles_nothing_new_and_trains_the_same(tmp_path):
   assert all(p.stat().st_mtime_ns > seen for p, seen in kept.items())  # Read, so marked used.
   assert metric_rows(tmp_path / 'second') == metric_rows(tmp_path / 'first')
 
+  # An eval of the job loads the run's init and eval step, and compiles no train step.
+  read = {p: p.stat().st_mtime_ns for p in kept}
+  run_cli(*TINY, '--mode=eval', f'--job_log_dir={tmp_path / "second"}', env=env)
+  assert cache_entries(cache) == first
+  assert sorted(p.stat().st_mtime_ns > seen for p, seen in read.items()) == [False, True, True]
+
 
 def test_an_empty_flag_turns_it_off_and_jax_s_own_variable_wins(monkeypatch, tmp_path):
   monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR')
