@@ -1,6 +1,6 @@
 """Time from process start to the first finished train step, split into phases.
 
-    python benchmarks/startup.py [--exp lm.StdlibTiny] [--repeats 3] [--quick]
+    python benchmarks/startup.py [--exp lm.StdlibTiny] [--repeats 3] [--quick] [--keep]
 
 Each repeat is a fresh child process. The parent notes the wall clock just before it starts the
 child; the child times each phase around its own code (so the phases adding up to `total_s`
@@ -15,6 +15,10 @@ is a check, not an identity):
 - `first_step_s`: running the first step to completion;
 - `total_s`: process start to the first step done.
 Medians over repeats; the first run on a machine also pays the tfds prepare (see `runs`).
+`--keep` sets up as a CLI run does, its programs kept compiled beside the compilation cache
+(core.program_store; the cache is JAX_COMPILATION_CACHE_DIR, else paxlike's default): every
+repeat after the first then loads them (compare `init_s + compile_s` with and without it, each
+run on a compilation cache of its own, as the first repeat of each compiles).
 """
 
 import time
@@ -42,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--set', action='append', default=[], metavar='PATH=VALUE')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--quick', action='store_true', help='one run of a 1-layer model')
+  parser.add_argument('--keep', action='store_true',
+                      help='keep the compiled programs, as a CLI run does (core.program_store)')
   parser.add_argument('--child', type=float, help=argparse.SUPPRESS)  # The parent's launch time.
   args = parser.parse_args(argv)
   if args.quick:
@@ -77,7 +83,7 @@ def first_step(args: argparse.Namespace) -> dict[str, float]:
     import jax
     from paxlike import registry
     from paxlike.config import config_io
-    from paxlike.trainer import build, loop
+    from paxlike.trainer import build, compile_cache, loop
     registry.import_all()
   with phase(spans, 'init'):
     jax.monitoring.register_event_duration_secs_listener(on_event)
@@ -88,7 +94,11 @@ def first_step(args: argparse.Namespace) -> dict[str, float]:
     task.data.round_batches(task.train.seed, 0)  # Loads (and caches) the train split.
     task.data.eval_batches()                    # ... and the eval split.
     data_load_s = time.time() - load_start       # A part of init_s.
-    s = build.setup(task)
+    kept_as = None
+    if args.keep:  # As paxlike.main's train does.
+      compile_cache.configure(compile_cache.default_dir())
+      kept_as = (config_io.trace_key(cfg), task.data.fingerprint())
+    s = build.setup(task, kept_as=kept_as)
     with jax.set_mesh(s.program.mesh):
       state = jax.block_until_ready(s.program.init(jax.random.key(task.train.seed)))
   with phase(spans, 'data'):
@@ -123,11 +133,13 @@ def main(argv: list[str] | None = None) -> None:
   machine = common.machine()
   runs = []
   for r in range(args.repeats):
-    child = [__file__, f'--exp={args.exp}', *(f'--set={s}' for s in args.set)]
+    child = [__file__, f'--exp={args.exp}', *(f'--set={s}' for s in args.set),
+             *(['--keep'] if args.keep else [])]
     runs.append(common.run_child([*child, f'--child={time.time()!r}']))
     common.log(f'  run {r + 1}/{args.repeats}: ' +
                ' '.join(f'{k} {v:.2f}' for k, v in runs[-1].items()))
   common.emit({'benchmark': 'startup', 'experiment': args.exp, 'overrides': args.set,
+               'keep': args.keep,
                'repeats': args.repeats, 'machine': machine,
                **{k: round(common.median([r[k] for r in runs]), 3) for k in PHASES},
                'runs': [{k: round(v, 3) for k, v in r.items()} for r in runs]})
