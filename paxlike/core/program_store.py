@@ -12,17 +12,17 @@ everything a trace reads: what the caller names (the model's attributes, the dec
 the mesh and its rules), the arguments' tree, shapes, dtypes and shardings, the devices, the
 jax, jaxlib and flax versions, every jax config value, the source of paxlike itself, the
 installed libraries' versions and the size and mtime of every other loaded module's file
-outside the standard library (a user's model class). A key that matches loads its entry; any change misses,
-and the run traces as before and writes the entry. An entry that cannot be read is traced
-again and overwritten; a program JAX cannot export (a custom call without a stable target,
-say) runs as traced; a store that cannot be written (read-only, full) only warns.
+outside the standard library (a user's model class). A key that matches loads its entry; any
+change misses, and the run traces as before and writes the entry. An entry that cannot be read
+is traced again and overwritten; a program JAX cannot export (a custom call without a stable
+target, say) runs as traced; a store that cannot be written (read-only, full) only warns.
 
 A training run's programs are kept compiled (`jax.experimental.serialize_executable`, as
 MaxText's ahead-of-time compiles are): a restart, or a run of a config traced before, then
-neither traces nor lowers nor looks them up in JAX's cache (a warm tiny CLI run's set-up: 1.0-1.1
-s before, 0.18-0.24 s kept), a cost that grows with the model. Their key adds what a compile reads
-besides the program (XLA_FLAGS, LIBTPU_INIT_ARGS). A run of several processes compiles as before:
-each process's executable is its own devices'. Only an executable XLA compiled in this process is
+neither traces nor lowers nor looks them up in JAX's cache, a cost that grows with the model
+(docs/benchmarks.md, `startup.py --keep`). Their key adds what a compile reads besides the
+program (XLA_FLAGS, LIBTPU_INIT_ARGS). A run of several processes compiles as before: each
+process's executable is its own devices'. Only an executable XLA compiled in this process is
 kept: XLA:CPU serializes one that JAX's cache loaded without its kernels. So a key that changes
 (an edited experiment, another seed) while JAX's cache still holds its programs loads them from
 that cache, traced, as a run did before this store, until XLA compiles them again.
