@@ -168,10 +168,10 @@ def train(cfg, task) -> None:
   from paxlike.data import fingerprint
   from paxlike.families import family_of
   from paxlike.trainer import build, distributed, loop
-  task.data.prepare()
-  data = task.data.fingerprint()
+  key = build.kept_as(cfg, task)
+  data = key[1]  # The data's fingerprint, recorded in the job dir.
   # Checks mesh, data and model before the job dir is touched.
-  trainer = build.setup(task, kept_as=(config_io.trace_key(cfg), data))
+  trainer = build.setup(task, kept_as=key)
   with job_dir.undone_if_refused(FLAGS.job_log_dir):  # E.g. an init_from of another shape.
     directory = job_dir.prepare(FLAGS.job_log_dir, cfg, FLAGS.allow_config_change,
                                 [*FLAGS.allow_import, *registry.trusted_modules()])
@@ -199,13 +199,11 @@ def evaluate(cfg, task) -> None:
   """Prints the held-out metrics of --job_log_dir's latest checkpoint as one JSON line (no
   train step is compiled; the init and eval step kept by a run of this config are loaded)."""
   from paxlike.data import fingerprint
-  from paxlike.trainer import restore
+  from paxlike.trainer import build, restore
   directory = job_dir.existing(FLAGS.job_log_dir)
-  task.data.prepare()
-  data = task.data.fingerprint()
-  trainer, step, state = restore.load_latest_state(
-      task, directory, kept_as=(config_io.trace_key(cfg), data))
-  differs = fingerprint.mismatch(directory, data)
+  key = build.kept_as(cfg, task)
+  trainer, step, state = restore.load_latest_state(task, directory, kept_as=key)
+  differs = fingerprint.mismatch(directory, key[1])
   if differs:  # Still evaluated (on today's data), but not silently.
     print(f'warning: {differs}; these eval numbers are on the data as it is now', file=sys.stderr)
   evals, clients = trainer.evaluator.evaluate_state(state)

@@ -37,18 +37,20 @@ from paxlike.trainer import job_source
 def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) -> str:
   """Writes the HF directory `out` from `job_dir`'s checkpoint (latest, or `step`); returns a
   one-line summary. UserError for a job that is no LM of a known family or has no checkpoint."""
-  from paxlike.trainer import restore  # The trainer's imports, only once a job is exported.
+  from paxlike.trainer import build, restore  # The trainer's, only once a job is exported.
   job_dir, out = Path(job_dir).expanduser().absolute(), Path(out).expanduser().absolute()
   saved = job_dir / 'config.json'
   if not saved.is_file():
     raise UserError(f'--job_log_dir {job_dir} holds no config.json; train first')
   registry.import_all()
-  task = config_io.build(config_io.load_file(saved, registry.trusted_modules()))
+  cfg = config_io.load_file(saved, registry.trusted_modules())
+  task = config_io.build(cfg)
   if not isinstance(task.model, TransformerLM):
     raise UserError(f'{job_dir} trained a {type(task.model).__name__}, not a TransformerLM')
   if out.exists() and any(out.iterdir()):
     raise UserError(f'--out {out} exists and is not empty')
-  placed, found, state = restore.load_latest_state(task, job_dir, step, evaluator=False)
+  placed, found, state = restore.load_latest_state(task, job_dir, step, evaluator=False,
+                                                   kept_as=build.kept_as(cfg, task))
   params = jax.tree.map(np.asarray, nn.meta.unbox(restore.export_params(placed, state)))
   model = task.model
   if model.lora_rank:

@@ -49,7 +49,8 @@ def export_experiment(cfg: Any, out: Path, job_log_dir: str | None = None, round
   task = config_io.build(cfg)
   if job_log_dir:
     setup, step, state = restore.load_latest_state(task, job_dir.existing(job_log_dir),
-                                                   evaluator=False)
+                                                   evaluator=False,
+                                                   kept_as=build.kept_as(cfg, task))
   else:
     setup, step = build.setup(task, train_step=False, evaluator=False), 0
     with jax.set_mesh(setup.program.mesh):

@@ -9,8 +9,9 @@ export ask for less (`train_step=False`, `evaluator=False`) and compile only wha
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
+from paxlike.config import config_io
 from paxlike.core import program_store
 from paxlike.trainer.task import Task
 from paxlike.trainer import grpo, grpo_step, privacy
@@ -31,6 +32,13 @@ class Trainer:
   step: Callable[..., tuple[TrainState, dict]] | None
   evaluator: Evaluator | None
   reporters: Reporters | None
+
+
+def kept_as(cfg: Any, task: Task) -> tuple[str, dict[str, str] | None]:
+  """What `setup` keeps the programs of `task` (built from `cfg`) under: the config's
+  `config_io.trace_key` and the data's fingerprint, the data prepared first."""
+  task.data.prepare()
+  return config_io.trace_key(cfg), task.data.fingerprint()
 
 
 def setup(task: Task, *, train_step: bool = True, evaluator: bool = True,
