@@ -154,6 +154,7 @@ def test_default_experiment_beats_the_unigram_entropy(tmp_path):
   counts = np.bincount(tokens, minlength=256)
   p = counts[counts > 0] / counts.sum()
   unigram_entropy = float(-(p * np.log(p)).sum())  # nats per byte of the held-out split
-  run_cli('--exp=lm.StdlibTiny', '--fdl_set=train.num_steps=100', '--fdl_set=train.eval_every=100',
+  # 50 steps: the held-out loss is under the bar (~2.53 nats) from about step 30 (2.38 at 50).
+  run_cli('--exp=lm.StdlibTiny', '--fdl_set=train.num_steps=50', '--fdl_set=train.eval_every=50',
           f'--job_log_dir={tmp_path}', env=cli_env(optimized=True))  # `make run`'s XLA flags.
   assert metric_rows(tmp_path)[-1]['eval_loss'] < unigram_entropy - 0.5
