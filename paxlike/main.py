@@ -169,7 +169,7 @@ def train(cfg, task) -> None:
   from paxlike.families import family_of
   from paxlike.trainer import build, distributed, loop
   key = build.kept_as(cfg, task)
-  data = key[1]  # The data's fingerprint, recorded in the job dir.
+  data = key.data  # Recorded in the job dir.
   # Checks mesh, data and model before the job dir is touched.
   trainer = build.setup(task, kept_as=key)
   with job_dir.undone_if_refused(FLAGS.job_log_dir):  # E.g. an init_from of another shape.
@@ -203,7 +203,7 @@ def evaluate(cfg, task) -> None:
   directory = job_dir.existing(FLAGS.job_log_dir)
   key = build.kept_as(cfg, task)
   trainer, step, state = restore.load_latest_state(task, directory, kept_as=key)
-  differs = fingerprint.mismatch(directory, key[1])
+  differs = fingerprint.mismatch(directory, key.data)
   if differs:  # Still evaluated (on today's data), but not silently.
     print(f'warning: {differs}; these eval numbers are on the data as it is now', file=sys.stderr)
   evals, clients = trainer.evaluator.evaluate_state(state)

@@ -9,7 +9,7 @@ export ask for less (`train_step=False`, `evaluator=False`) and compile only wha
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from paxlike.config import config_io
 from paxlike.core import program_store
@@ -34,22 +34,29 @@ class Trainer:
   reporters: Reporters | None
 
 
-def kept_as(cfg: Any, task: Task) -> tuple[str, dict[str, str] | None]:
-  """What `setup` keeps the programs of `task` (built from `cfg`) under: the config's
-  `config_io.trace_key` and the data's fingerprint, the data prepared first."""
+class KeptAs(NamedTuple):
+  """What `setup` keeps a task's programs under: what built it."""
+
+  config: str  # The config's `config_io.trace_key`.
+  data: dict[str, str] | None  # The data's fingerprint (what a job dir records of it).
+
+
+def kept_as(cfg: Any, task: Task) -> KeptAs:
+  """What `setup` keeps the programs of `task` (built from `cfg`) under, the data prepared
+  first."""
   task.data.prepare()
-  return config_io.trace_key(cfg), task.data.fingerprint()
+  return KeptAs(config_io.trace_key(cfg), task.data.fingerprint())
 
 
 def setup(task: Task, *, train_step: bool = True, evaluator: bool = True,
-          kept_as: tuple | None = None) -> Trainer:
+          kept_as: KeptAs | None = None) -> Trainer:
   """Places `task` on its mesh and compiles its init, its train step and row reporters
   (`train_step`) and its eval step (`evaluator`), all from `task` with its DP aggregator's
   divisor bound to the data's cohort (privacy.cohort_bound; `Trainer.task`). The data is
   prepared first (its one read of the corpus or dataset), and a run over its privacy budget is
-  refused before anything is compiled. With `kept_as` (what built `task`: its config's
-  `config_io.trace_key` and its data's fingerprint), the programs are kept compiled beside the
-  compilation cache, and a run that another built the same way compiles none of them."""
+  refused before anything is compiled. With `kept_as` (what built `task`), the programs are
+  kept compiled beside the compilation cache, and a run that another built the same way
+  compiles none of them."""
   task.data.prepare()
   task = privacy.cohort_bound(task)
   accountant = privacy.checked_accountant(task)

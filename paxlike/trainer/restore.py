@@ -12,12 +12,12 @@ from paxlike.trainer.task import Task
 if TYPE_CHECKING:
   from jax.sharding import Mesh
 
-  from paxlike.trainer.build import Trainer
+  from paxlike.trainer.build import KeptAs, Trainer
   from paxlike.trainer.train_state import TrainState
 
 
 def load_latest_state(task: Task, job_dir: Path, step: int | None = None, *,
-                      evaluator: bool = True, kept_as: tuple | None = None
+                      evaluator: bool = True, kept_as: KeptAs | None = None
                       ) -> tuple[Trainer, int, TrainState]:
   """`task` placed on its mesh without its train step (and with its evaluator unless told
   otherwise; its programs kept as `kept_as` says: `build.setup`), and the latest committed
