@@ -97,7 +97,7 @@ def first_step(args: argparse.Namespace) -> dict[str, float]:
     kept_as = None
     if args.keep:  # As paxlike.main's train does.
       compile_cache.configure(compile_cache.default_dir())
-      kept_as = (config_io.trace_key(cfg), task.data.fingerprint())
+      kept_as = build.kept_as(cfg, task)
     s = build.setup(task, kept_as=kept_as)
     with jax.set_mesh(s.program.mesh):
       state = jax.block_until_ready(s.program.init(jax.random.key(task.train.seed)))

@@ -62,7 +62,7 @@ def first_step(trainer: build.Trainer):
 
 
 def key_of(cfg):
-  return config_io.trace_key(cfg), None
+  return build.KeptAs(config_io.trace_key(cfg), None)
 
 
 def test_a_task_built_the_same_way_traces_nothing_and_computes_the_same(store_dir, traces):
@@ -86,7 +86,7 @@ def test_a_task_built_the_same_way_traces_nothing_and_computes_the_same(store_di
 
   # The same programs under another key: JAX's cache serves them, and XLA:CPU cannot serialize
   # an executable it loaded, so none is kept for that key.
-  again = build.setup(tiny_task(), kept_as=('another key', None))
+  again = build.setup(tiny_task(), kept_as=build.KeptAs('another key', None))
   assert traces['train_step'] == 1
   assert set(store_dir.glob('*.executable')) == kept
   assert first_step(again)[1] == fresh[1]
