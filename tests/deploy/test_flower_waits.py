@@ -1,7 +1,7 @@
 """Flower's waits as the local federation shortens them (paxlike/deploy/flower/polling.py and
 supernode.py), checked against flwr's own functions: a missing array is pulled again within a
 fraction of a second (Flower's own retries wait 1 s, then 2 s), and the SuperNode's loop sleeps
-at most 0.1 s where it slept 3 s."""
+at most 0.3 s where it slept 3 s."""
 
 import json
 import time
@@ -47,10 +47,10 @@ print(json.dumps({'before': before, 'slept': time.monotonic() - began,
 """
 
 
-def test_the_local_supernode_sleeps_at_most_a_tenth_of_a_second_and_pulls_sooner():
+def test_the_local_supernode_sleeps_at_most_0_3_seconds_and_pulls_sooner():
   proc = run_python(['-c', SUPERNODE], cli_env(), timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = json.loads(proc.stdout)
   assert out['before'] == [True, True]  # What it changes is Flower's own, as imported.
-  assert 0.09 <= out['slept'] < 0.5 and out['clock']
+  assert 0.29 <= out['slept'] < 1.0 and out['clock']
   assert out['keywords'] == {'initial_backoff': 0.02, 'backoff_cap': 0.2}

@@ -31,7 +31,9 @@ class Federation:
     self.node_ids: dict[str, int] = {}  # The SuperLink's id of each node enrolled, by name.
 
   def start_superlink(self, timeout: float) -> subprocess.Popen:
-    """Starts the SuperLink and waits until it listens; RunFailure if it does not."""
+    """Starts the SuperLink and waits until it listens; RunFailure if it does not. Its state
+    (runs, nodes, messages) is in memory: the launcher never restarts a SuperLink, so a file
+    would only add SQLite's commits to every poll."""
     from paxlike.errors import RunFailure
     tls = self.tls
     self.link = self.group.start('superlink', [
@@ -39,7 +41,7 @@ class Federation:
         '--ssl-certfile', str(tls.cert), '--ssl-keyfile', str(tls.key),
         '--enable-supernode-auth', '--disable-runtime-dependency-installation',
         '--host', '127.0.0.1', '--port', str(self.port),
-        '--database', str(self.out / 'superlink.db')])
+        '--database', ':flwr-in-memory:'])
     if not processes.wait_for_port(self.port, timeout, self.link):
       raise RunFailure(f'the SuperLink did not listen on port {self.port} '
                        f'(logs in {self.group.logs})')

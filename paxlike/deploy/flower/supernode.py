@@ -18,7 +18,10 @@ import sys
 import time
 from typing import Any
 
-POLL = 0.1  # Seconds: the most the SuperNode's loop sleeps at a time.
+# Seconds: the most the SuperNode's loop sleeps at a time. Each wake is an HTTPS pull that the
+# SuperLink answers from its database: at 0.1 s, a few nodes' pulls kept the SuperLink busy on
+# a machine whose cores the ClientApps need (docs/flower.md, "Polling").
+POLL = 0.3
 
 
 class _CappedSleeps:
