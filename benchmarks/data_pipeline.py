@@ -88,6 +88,23 @@ def round_batch(data, seed: int, step: int) -> dict:
   return data.round_batches(seed, step)[0]
 
 
+def close_promptly(iterator) -> None:
+  """`iterator.close()` of a grain mp_prefetch iterator, waiting at most a second for its worker.
+
+  grain 0.2's close clears the batch queue, then joins the worker for up to 25 s before killing
+  it; a worker whose queue feeder still holds a batch larger than a pipe's buffer (the
+  llama125m rows here) cannot exit until that batch is read, so about one close in three took the
+  whole 25 s. Nothing the worker holds is needed once the rates are taken (the batch it still
+  held is unlinked at exit by multiprocessing's resource tracker, which warns that it does)."""
+  from grain._src.python.dataset.transformations import process_prefetch
+  timeout = process_prefetch._PROCESS_KILL_TIMEOUT_S  # pylint: disable=protected-access
+  process_prefetch._PROCESS_KILL_TIMEOUT_S = 1  # pylint: disable=protected-access
+  try:
+    iterator.close()
+  finally:
+    process_prefetch._PROCESS_KILL_TIMEOUT_S = timeout  # pylint: disable=protected-access
+
+
 def loader_rates(args, files: str, tokenizer_dir: str) -> dict:
   """round_batches per second, called in a loop and through grain's mp_prefetch, in
   alternating windows of `steps` batches (the grain iterator started once, beforehand)."""
@@ -118,7 +135,7 @@ def loader_rates(args, files: str, tokenizer_dir: str) -> dict:
 
     rates = common.alternate({'direct': lambda: window(lambda: round_batch(data, 0, next(counter))),
                               'grain': lambda: window(lambda: next(iterator))}, args.repeats)
-    iterator.close()
+    close_promptly(iterator)
     direct, pooled = common.median(rates['direct']), common.median(rates['grain'])
     tokens = seq * batch
     out[name] = {'seq_len': seq, 'batch_size': batch, 'direct_batches_per_sec': direct,
