@@ -299,7 +299,7 @@ def serve(preloaded: bool = False) -> None:
   os.dup2(2, 1)  # Nothing of the server's own goes down the reply channel.
   if not preloaded:
     preload()
-  children: set[int] = set()
+  children: dict[int, int] = {}  # A pidfd (readable once its child has exited) -> the pid.
   pending = b''
   with os.fdopen(replies, 'w') as reply:
     def send(message: dict) -> None:
@@ -307,8 +307,9 @@ def serve(preloaded: bool = False) -> None:
       reply.flush()
 
     while True:
-      # Requests as they come; while children run, look for their exits every 10 ms.
-      if select.select([0], [], [], 0.01 if children else None)[0]:
+      # Blocks until a request comes or a child exits: no polling while runs go on.
+      ready = select.select([0, *children], [], [])[0]
+      if 0 in ready:
         data = os.read(0, 1 << 16)
         if not data:
           return
@@ -320,16 +321,18 @@ def serve(preloaded: bool = False) -> None:
           sys.stderr.flush()
           pid = os.fork()
           if pid == 0:
-            os.close(reply.fileno())
+            for fd in (reply.fileno(), *children):
+              os.close(fd)
             out = _open(request['stdout'])
             err = out if request['stderr'] == request['stdout'] else _open(request['stderr'])
             _become(request['args'], request['env'], request['cwd'], out, err)
-          children.add(pid)
+          children[os.pidfd_open(pid)] = pid
           send({'started': pid})
-      for pid in list(children):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-          children.discard(pid)
+      for fd in ready:
+        if fd in children:
+          pid = children.pop(fd)
+          os.close(fd)
+          _, status = os.waitpid(pid, 0)
           send({'pid': pid, 'status': os.waitstatus_to_exitcode(status)})
 
 
