@@ -20,7 +20,9 @@ whose `popen` stands in for subprocess.Popen), while it still has one thread and
 
 Protocol, one JSON line each way on the server's stdin/stdout: a request {args, env, cwd, stdout,
 stderr} (args as after `python`; the last two are file paths), answered at once with
-{"started": pid}; when a child exits, {"pid": pid, "status": exit code}.
+{"started": pid}; when a child exits, {"pid": pid, "status": exit code}. The server sleeps until
+one or the other happens, waiting on each child's pidfd (Linux 5.3+; the suite reads /proc
+elsewhere too).
 """
 
 from __future__ import annotations
