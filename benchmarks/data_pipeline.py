@@ -93,9 +93,10 @@ def close_promptly(iterator) -> None:
 
   grain 0.2's close clears the batch queue, then joins the worker for up to 25 s before killing
   it; a worker whose queue feeder still holds a batch larger than a pipe's buffer (the
-  llama125m rows here) cannot exit until that batch is read, and more than half of the quick runs
-  waited the whole 25 s. Nothing the worker holds is needed once the rates are taken (the batch it still
-  held is unlinked at exit by multiprocessing's resource tracker, which warns that it does)."""
+  llama125m rows here) cannot exit until that batch is read, and more than half of the quick
+  runs waited the whole 25 s. Nothing the worker holds is needed once the rates are taken (the
+  batch it still held is unlinked at exit by multiprocessing's resource tracker, which warns
+  that it does)."""
   from grain._src.python.dataset.transformations import process_prefetch
   timeout = process_prefetch._PROCESS_KILL_TIMEOUT_S  # pylint: disable=protected-access
   process_prefetch._PROCESS_KILL_TIMEOUT_S = 1  # pylint: disable=protected-access
