@@ -29,16 +29,21 @@ def compiled(stderr: str) -> set[str]:
 @pytest.mark.slow
 def test_resume_eval_and_decode_take_only_the_job_dir(tmp_path):
   job = tmp_path / 'job'
-  env = cli_env(JAX_LOG_COMPILES='1')
+  # The runs whose compiles are read have no compilation cache, so no kept program: one loaded
+  # from the machine's cache (a config an earlier suite ran) would compile nothing and log
+  # nothing, and a train step that eval loaded from there would pass unseen.
+  env = {k: v for k, v in cli_env(JAX_LOG_COMPILES='1').items()
+         if k != 'JAX_COMPILATION_CACHE_DIR'}
+  uncached = '--compilation_cache_dir='
   run_cli(*FIRST, f'--job_log_dir={job}')
   # The README's resume: only the steps change; model.num_layers=1 comes from the job dir.
-  resumed = run_cli(f'--job_log_dir={job}', '--fdl_set=train.num_steps=6', env=env)
+  resumed = run_cli(f'--job_log_dir={job}', '--fdl_set=train.num_steps=6', uncached, env=env)
   assert [r['step'] for r in metric_rows(job)] == [2, 4, 6]
   assert 'jit(train_step)' in compiled(resumed.stderr)  # The log shows what a run compiles.
-  evaluated = run_cli(f'--job_log_dir={job}', '--mode=eval', env=env)
+  evaluated = run_cli(f'--job_log_dir={job}', '--mode=eval', uncached, env=env)
   assert json.loads(evaluated.stdout.splitlines()[-1])['step'] == 6
   decoded = run_cli(f'--job_log_dir={job}', '--mode=decode', '--decode_length=5',
-                    '--temperature=0', '--prompt=def ', env=env)
+                    '--temperature=0', '--prompt=def ', uncached, env=env)
   assert decoded.stdout.startswith('def ')
   endless = run_cli(f'--job_log_dir={job}', '--mode=decode', '--decode_length=10000000',
                     '--temperature=0', '--prompt=def ')
