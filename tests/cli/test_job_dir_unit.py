@@ -32,8 +32,8 @@ def test_resume_eval_and_decode_take_only_the_job_dir(tmp_path):
   # The runs whose compiles are read have no compilation cache, so no kept program: one loaded
   # from the machine's cache (a config an earlier suite ran) would compile nothing and log
   # nothing, and a train step that eval loaded from there would pass unseen.
-  env = {k: v for k, v in cli_env(JAX_LOG_COMPILES='1').items()
-         if k != 'JAX_COMPILATION_CACHE_DIR'}
+  env = cli_env(JAX_LOG_COMPILES='1')
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)  # The suite's shared cache (as test_compile_cache).
   uncached = '--compilation_cache_dir='
   run_cli(*FIRST, f'--job_log_dir={job}')
   # The README's resume: only the steps change; model.num_layers=1 comes from the job dir.
