@@ -7,6 +7,7 @@ import pathlib
 import numpy as np
 import tensorflow_datasets as tfds
 
+from paxlike.data import local_info
 from paxlike.data import split
 
 
@@ -37,7 +38,7 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     return {'digits.csv.gz': self.source_location()}
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return local_info.LocalDatasetInfo(
         builder=self,
         description='Optical recognition of handwritten digits (UCI), as bundled in sklearn.',
         features=tfds.features.FeaturesDict({

@@ -7,6 +7,7 @@ import pathlib
 import numpy as np
 import tensorflow_datasets as tfds
 
+from paxlike.data import local_info
 from paxlike.data import root
 from paxlike.errors import RunFailure
 
@@ -73,7 +74,7 @@ class IdxImages(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     cfg = self.builder_config
-    return tfds.core.DatasetInfo(
+    return local_info.LocalDatasetInfo(
         builder=self,
         description=f'{cfg.name} from idx files ({len(cfg.class_names)} classes).',
         features=tfds.features.FeaturesDict({

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import tensorflow_datasets as tfds
 
+from paxlike.data import local_info
 from paxlike.data import root
 from paxlike.data import split
 
@@ -77,7 +78,7 @@ class Shakespeare(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     cfg = self.builder_config
-    return tfds.core.DatasetInfo(
+    return local_info.LocalDatasetInfo(
         builder=self,
         description=(f'Tiny Shakespeare speeches by role; roles under {cfg.min_role_chars} '
                      f'chars dropped; {cfg.test_fraction:g} of each role held out.'),

@@ -9,6 +9,7 @@ import sysconfig
 import numpy as np
 import tensorflow_datasets as tfds
 
+from paxlike.data import local_info
 from paxlike.data import split
 from paxlike.errors import UserError
 
@@ -76,7 +77,7 @@ class Stdlib(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     return {rel: self.source_dir / rel for rel in stdlib_files(self.source_dir)}
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return local_info.LocalDatasetInfo(
         builder=self,
         description=f'Python standard library source ({self.builder_config.name}).',
         features=tfds.features.FeaturesDict({

@@ -5,6 +5,7 @@ import gzip
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -197,3 +198,18 @@ def test_declared_image_shape_is_the_prepared_one(prepared, dataset):
   """print_config reads the declared shape; training the prepared one."""
   data = ImageData(dataset=dataset)
   assert data.image_shape == data.train.images.shape[1:]
+
+
+# Every builder class (mnist is fashion_mnist's, from files the suite's data root lacks).
+@pytest.mark.parametrize('name', ['digits', 'fashion_mnist', 'shakespeare', 'stdlib'])
+def test_a_run_leaves_no_directory_in_the_temp_dir(prepared, tmp_path, monkeypatch, name):
+  """What a run asks of a dataset (its source's fingerprint, its declared features, its
+  prepared dir) leaves nothing in the temp dir: tfds's own DatasetInfo made an empty one for
+  each builder not yet prepared (local_info.py)."""
+  scratch = tmp_path / 'tmp'
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(scratch))
+  prepare.source_fingerprint(name)
+  assert prepare.declared_info(name).features
+  assert load_split(name, 'train')
+  assert list(scratch.iterdir()) == []
