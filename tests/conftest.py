@@ -77,12 +77,3 @@ def _full_data(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
       pytest.fail(reason)
     pytest.skip(reason)
   monkeypatch.setenv('PAXLIKE_DATA_DIR', str(real))
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  """The files holding `slow` tests run first, each file's tests together and in order (so
-  module fixtures are made once): under -n 2 a worker takes queued tests from the other's tail
-  when it runs out, and cannot take the test the other is running, so the run ends sooner on
-  short tests than with one worker idle beside a minute-long Flower or multi-process test."""
-  slow_files = {item.nodeid.split('::')[0] for item in items if item.get_closest_marker('slow')}
-  items.sort(key=lambda item: item.nodeid.split('::')[0] not in slow_files)
