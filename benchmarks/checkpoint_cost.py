@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
   cfg = registry.get(args.exp)().config()
   config_io.apply_overrides(cfg, args.set)
   task = config_io.build(cfg)
-  s = build.setup(task)
+  s = build.setup(task, evaluator=False)  # Nothing here evaluates.
   with jax.set_mesh(s.program.mesh):
     run = {'state': s.program.init(jax.random.key(task.train.seed)), 'step': 0}
   save_calls: list[float] = []

@@ -9,9 +9,11 @@ float32, on a 4×2 ('data', 'model') mesh of 8 forced CPU devices. Two whole pro
   `--mesh 8` leaves the fiddler out: the default mesh, all 8 devices on 'data';
 - `flax`: this file's `--child`: a minimal flax.linen LM of the same math (tied embeddings,
   RMSNorm, rope, causal attention, SwiGLU), AdamW, the batch sharded over 'data' and params
-  left to jit; random byte batches made on the host each step, ≤ 2 steps in flight.
+  replicated (as jit leaves them); random byte batches made on the host each step, ≤ 2 steps
+  in flight.
 Each runs at two lengths n1 < n2, timed from process start to exit, so start-up, compilation
-and the final eval and save cancel: rate = (n2 - n1) / (t2 - t1). Repeats alternate the
+and the final eval and save cancel: rate = (n2 - n1) / (t2 - t1) (--quick: 2 and 4 steps,
+paxlike's on one 4-step schedule, so both run the same programs). Repeats alternate the
 order; `ratio` is the median of paxlike / flax rates over repeats. Goal: paxlike >= 12
 steps/s at a load average below 2 (1.6x Pax 1.4.0 on this shape; it was 10.3 before).
 `cpu_ms_per_step` is each one's CPU time per step (every thread, by the same difference), and
@@ -97,8 +99,12 @@ def flax_setup() -> tuple[Any, Any, Callable[[], Any]]:
   mesh = jax.make_mesh((4, 2), ('data', 'model'), axis_types=(AxisType.Auto,) * 2)
   batch_sharding = NamedSharding(mesh, P(('data', 'model')))  # Data parallel on all 8.
   model, optimizer = Lm(), optax.adamw(3e-3)
-  params = model.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32))['params']
-  opt_state = optimizer.init(params)
+  # Initialized replicated on the mesh, as the step returns them: its first call compiles the
+  # program every later one runs (not a first one for single-device params).
+  replicated = NamedSharding(mesh, P())
+  params = jax.jit(model.init, out_shardings=replicated)(
+      jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32))['params']
+  opt_state = jax.jit(optimizer.init, out_shardings=replicated)(params)
 
   @jax.jit
   def step(params, opt_state, tokens):
@@ -127,13 +133,17 @@ def flax_run(steps: int) -> None:
   print(f'final loss {float(previous):.3f}', file=sys.stderr)
 
 
-def whole_run(mode: str, steps: int, mesh: str = '4x2') -> tuple[float, float]:
+def whole_run(mode: str, steps: int, mesh: str = '4x2',
+              decay_steps: int | None = None) -> tuple[float, float]:
   """Seconds from start to exit of a `mode` process that trains `steps` steps, and the CPU
-  seconds (user + system, every thread) it used."""
+  seconds (user + system, every thread) it used. `decay_steps`: paxlike's learning-rate
+  schedule length (None: the run's own, `steps`)."""
   env = common.child_env(8)
   with tempfile.TemporaryDirectory(prefix='paxlike_cpu_step_') as job:
     if mode == 'paxlike':
       fiddler = ['--fdl_fiddler=cpu8'] if mesh == '4x2' else []
+      if decay_steps is not None:
+        fiddler.append(f'--fdl_set=optimizer.learning_rate.decay_steps={decay_steps}')
       command = ['-m', 'paxlike.main', *PAXLIKE_ARGS, *fiddler, f'--job_log_dir={job}',
                  f'--fdl_set=train.num_steps={steps}', '--fdl_set=train.log_every=50',
                  f'--fdl_set=train.eval_every={steps}', f'--fdl_set=train.checkpoint_every={steps}']
@@ -163,9 +173,14 @@ def main(argv: list[str] | None = None) -> None:
   machine = common.machine()
 
   cpu_ms: dict[str, list[float]] = {'paxlike': [], 'flax': []}
+  # The schedule's length is compiled into paxlike's programs: --quick gives both run lengths
+  # the n2-step schedule, so they run the same programs (compiled once); a full run keeps
+  # each run's own schedule.
+  decay_steps = n2 if args.quick else None
 
   def rate(mode: str) -> float:
-    (short, short_cpu), (long, long_cpu) = (whole_run(mode, n, args.mesh) for n in (n1, n2))
+    (short, short_cpu), (long, long_cpu) = (whole_run(mode, n, args.mesh, decay_steps)
+                                            for n in (n1, n2))
     common.log(f'  {mode}: {n1} steps {short:.2f}s ({short_cpu:.1f} CPU-s), '
                f'{n2} steps {long:.2f}s ({long_cpu:.1f} CPU-s)')
     cpu_ms[mode].append(1e3 * (long_cpu - short_cpu) / (n2 - n1))

@@ -150,7 +150,9 @@ def measure(task: Any, args: argparse.Namespace, peak: float | None, bare: bool 
   mfu = lambda rate, devices: peak and row['flops_per_step'] * rate / (peak * devices)
   if trainer:
     began = time.time()
-    s = build.setup(task)
+    # --quick leaves out the eval step, which nothing here runs; a full run's `setup_s` times
+    # all of the trainer's set-up, its eval step included.
+    s = build.setup(task, evaluator=not args.quick)
     row.update({'devices': s.program.mesh.size, 'round_shape': list(s.program.round_shape),
                 s.reporters.item + '_per_step': s.reporters.items_per_step,
                 'flops_per_step': s.reporters.flops_per_device * s.program.mesh.size,  # Every client, local step.

@@ -63,7 +63,7 @@ def measure(args: argparse.Namespace) -> dict:
   cfg = registry.get(args.exp)().config()
   config_io.apply_overrides(cfg, args.set)
   task = config_io.build(cfg)
-  s = build.setup(task)
+  s = build.setup(task, evaluator=False)  # Nothing here evaluates.
   mesh, model, optimizer = s.program.mesh, task.model, task.optimizer
   rules = partitioning.rules_for_mesh(task.mesh.rules, mesh)
   with jax.set_mesh(mesh):

@@ -56,7 +56,7 @@ def point(args: argparse.Namespace, devices: int) -> dict[str, Any]:
   task = gpu_mfu.task_of(args.exp, [], [
       f'data.clients_per_round={cohort}', f'data.local_steps={args.local_steps}',
       f'mesh.ici=({devices}, 1)', "mesh.axes=('clients', 'data')", *args.set])
-  s = build.setup(task)
+  s = build.setup(task, evaluator=False)  # Nothing here evaluates.
   assert s.program.mesh.size == devices == len(jax.devices())
   round_s = gpu_mfu.trainer_seconds_per_step(s, args.warmup, args.steps)
   return {'devices': devices, 'cohort': cohort, 'round_s': round_s,

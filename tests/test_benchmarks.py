@@ -156,9 +156,8 @@ def test_gpu_mfu_without_quick_skips_on_cpu():
 def test_gpu_mfu_forced_cudnn_without_a_gpu_is_one_line_exit_2():
   if _platform() == 'gpu':
     pytest.skip('cuDNN is there: the quick run above uses it')
-  proc = subprocess.run([sys.executable, 'benchmarks/gpu_mfu.py', '--quick', '--only=bare',
-                         '--fdl_set=model.attention_impl=cudnn'], cwd=REPO, text=True,
-                        capture_output=True, timeout=600, env=cli_env(1))
+  proc = run_file('benchmarks/gpu_mfu.py', '--quick', '--only=bare',
+                  '--fdl_set=model.attention_impl=cudnn')
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and lines[-1].startswith('gpu_mfu: error: '), proc.stderr[-2000:]
   assert 'cuDNN flash attention cannot run here' in lines[-1] and proc.stdout == ''
@@ -262,12 +261,10 @@ def test_plot_metrics_writes_a_png(tmp_path):
     rows.insert(1, {'step': 15, 'loss': 2.7})  # A train-only row: skipped for eval_loss.
     (tmp_path / name / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
   out = tmp_path / 'plots' / 'loss.png'
-  proc = subprocess.run([sys.executable, 'scripts/plot_metrics.py', str(out),
-                         str(tmp_path / 'a' / 'metrics.jsonl'), str(tmp_path / 'b' / 'metrics.jsonl')],
-                        cwd=REPO, text=True, capture_output=True, timeout=120)
+  proc = run_file('scripts/plot_metrics.py', str(out), str(tmp_path / 'a' / 'metrics.jsonl'),
+                  str(tmp_path / 'b' / 'metrics.jsonl'), timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert out.read_bytes()[:8] == PNG
-  bad = subprocess.run([sys.executable, 'scripts/plot_metrics.py', str(out),
-                        str(tmp_path / 'a' / 'metrics.jsonl'), '--key=nope'],
-                       cwd=REPO, text=True, capture_output=True, timeout=120)
+  bad = run_file('scripts/plot_metrics.py', str(out), str(tmp_path / 'a' / 'metrics.jsonl'),
+                 '--key=nope', timeout=120)
   assert bad.returncode == 2 and 'nope' in bad.stderr
