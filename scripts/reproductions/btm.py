@@ -90,7 +90,7 @@ def domain_table(job: Path) -> dict[str, dict[str, float]]:
 
 
 def run(quick: bool, work: Path) -> Report:
-  from reproductions import btm_eval, btm_page
+  from reproductions import btm_page
   plan = QUICK if quick else FULL
   kinds = (LONG if plan['long'] else ()) + RUNS  # The longest first, for the two workers.
   specs = [(f'{kind}_s{seed}', kind, seed) for seed in plan['seeds'] for kind in kinds]
@@ -104,13 +104,27 @@ def run(quick: bool, work: Path) -> Report:
     if kind != 'random':
       out['table'] = domain_table(job)
     if kind in ('domains', 'random'):
-      trainer.log(f'scoring {name}\'s experts per domain')
-      out['scores'] = btm_eval.score(job)
+      out['scores'] = expert_scores(job)
     return kind, seed, out
 
   with concurrent.futures.ThreadPoolExecutor(plan['workers']) as pool:  # Each run: a process.
     results = {(kind, seed): out for kind, seed, out in pool.map(one, specs)}
   return btm_page.report(quick, plan, results)
+
+
+def expert_scores(job: Path) -> dict:
+  """btm_eval.score of the job's experts, kept beside its job dir (JOB.scores.npz, the arrays
+  as computed); with `trainer.REUSE['on']`, that file when a previous call wrote it, as
+  trainer.cli_output reuses a decode: --reuse redoes the page without scoring again."""
+  from reproductions import btm_eval
+  path = job.parent / f'{job.name}.scores.npz'
+  if trainer.REUSE['on'] and path.exists():
+    with np.load(path) as saved:
+      return {k: saved[k].tolist() if k == 'domains' else saved[k] for k in saved.files}
+  trainer.log(f'scoring {job.name}\'s experts per domain')
+  out = btm_eval.score(job)
+  np.savez(path, **out)
+  return out
 
 
 def summary(plan: dict, results: dict) -> dict[str, np.ndarray]:

@@ -27,7 +27,7 @@ FULL = dict(base_steps=150, steps=80, batch=8, seq_len=128, eval_every=20, eval_
             eval_batch=16, lr=2e-3, model={})
 QUICK = dict(base_steps=2, steps=2, batch=2, seq_len=128, eval_every=2, eval_batches=1,
              eval_batch=4, lr=2e-3, model={'model.num_layers': 1},  # Every run one layer.
-             probe_as='simpo')  # See `_overrides`.
+             probe_as='simpo')  # See `runs`.
 # Each method's loss settings: DPO's beta as TRL's default; SimPO's as the paper's range
 # (beta 2, gamma / beta 0.5); ORPO's lambda as the paper's 0.1.
 METHODS = {'dpo': dict(kind='dpo', beta=0.1, lora=True),
@@ -76,14 +76,7 @@ def verdict(accuracy: float, margins: tuple[float, float], chosen: float, reject
 
 def _overrides(plan: dict, base: Path, method: dict | None) -> dict:
   """A tuning run's CLI overrides: `method` None is the probe (SimPO at learning rate 0, one
-  step: its evaluation is the SFT model's). With `plan['probe_as']` (the quick plan) the probe
-  is that method's run evaluated after its first step instead, which the schedule's warm-up
-  from 0 takes at learning rate 0 (`run` checks it): the same XLA programs as that method's
-  run (its loss constants and schedule), so the probe compiles nothing of its own. Its beta
-  and gamma change no log-probability and no accuracy (beta > 0 scales both rewards)."""
-  if method is None and plan.get('probe_as'):
-    return {**_overrides(plan, base, METHODS[plan['probe_as']]), 'train.eval_every': 1,
-            'train.log_every': 1}
+  step: its evaluation is the SFT model's)."""
   fields = {'train.init_from': f'job:{base}', 'data.batch_size': plan['batch'],
             'data.seq_len': plan['seq_len'], 'data.eval_batch_size': plan['eval_batch'],
             'data.num_eval_batches': plan['eval_batches'],
@@ -103,25 +96,33 @@ def _overrides(plan: dict, base: Path, method: dict | None) -> dict:
 
 def runs(plan: dict, work: Path) -> list[tuple[str, str, dict]]:
   """(name, experiment, overrides) of every run, in order: the SFT model, the probe, then
-  each method of METHODS."""
+  each method of METHODS. With `plan['probe_as']` (the quick plan) there is no probe run:
+  that method's run also evaluates after its first step, which the schedule's warm-up from 0
+  takes at learning rate 0 (`run` checks it), and that evaluation is the probe's. Its beta and
+  gamma change no log-probability and no accuracy (beta > 0 scales both rewards)."""
   base = work / 'base'
   out = [('base', BASE, {'train.num_steps': plan['base_steps'],
                          'train.eval_every': plan['base_steps'],
                          'train.log_every': plan['base_steps'],
-                         'train.checkpoint_every': plan['base_steps']}),
-         ('probe', TUNE, _overrides(plan, base, None))]
-  out += [(name, TUNE, _overrides(plan, base, method)) for name, method in METHODS.items()]
+                         'train.checkpoint_every': plan['base_steps']})]
+  if not plan.get('probe_as'):
+    out.append(('probe', TUNE, _overrides(plan, base, None)))
+  for name, method in METHODS.items():
+    first = {'train.eval_every': 1, 'train.log_every': 1} if name == plan.get('probe_as') else {}
+    out.append((name, TUNE, {**_overrides(plan, base, method), **first}))
   return [(name, exp, {**plan['model'], **overrides}) for name, exp, overrides in out]
 
 
 def run(quick: bool, work: Path) -> Report:
   plan = QUICK if quick else FULL
-  first_eval = (lambda row: 'eval_rewards/accuracies' in row) if plan.get('probe_as') else None
-  rows = {name: trainer.train(exp, work / name, overrides,
-                              stop=first_eval if name == 'probe' else None)
+  rows = {name: trainer.train(exp, work / name, overrides)
           for name, exp, overrides in runs(plan, work)}
-  if first_eval and rows['probe'][-1].get('learning_rate') != 0:
-    raise RuntimeError(f"the probe's first step trained (learning rate "
-                       f"{rows['probe'][-1].get('learning_rate')}): it is not the SFT model")
+  if plan.get('probe_as'):  # The probe: that run's rows up to its first evaluation.
+    method = rows[plan['probe_as']]
+    first = next(i for i, row in enumerate(method) if 'eval_rewards/accuracies' in row)
+    rows['probe'] = method[:first + 1]
+    if rows['probe'][-1].get('learning_rate') != 0:
+      raise RuntimeError(f"the probe's first step trained (learning rate "
+                         f"{rows['probe'][-1].get('learning_rate')}): it is not the SFT model")
   from reproductions import dpo_page
   return dpo_page.report(quick, plan, rows)
