@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from paxlike.deploy.flower import processes as processes_lib
-from tests.helpers import REPO, cli_env, made_once, run_python
+from tests.helpers import REPO, cli_env, made_once, run_cli, run_python
 
 # DigitsFedAvg at test size: 5 clients, 3 a round of 2 local steps on batches of 8.
 CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3',
@@ -29,6 +29,36 @@ def digits_export(tmp_path_factory) -> Path:
                        f'--rounds={EXPORT_ROUNDS}'], cli_env(), timeout=300)
     assert made.returncode == 0, made.stderr[-2000:]
   return made_once(tmp_path_factory, 'flower_digits_export', make)
+
+
+LORA_ROUNDS = 2
+
+
+def lora_flags(root: Path) -> list[str]:
+  """TextLoraFedAvg at test size (tests/federated/lora_task.py) for LORA_ROUNDS rounds on two
+  clients, the text files root/corpus/0 and root/corpus/1 (data.partition=file)."""
+  from tests.federated.lora_task import SMALL
+  return ['--exp=federated.TextLoraFedAvg', *(f'--fdl_set={o}' for o in SMALL),
+          f'--fdl_set=data.files={root}/corpus/*/corpus.txt', '--fdl_set=data.partition=file',
+          '--fdl_set=data.clients_per_round=2', f'--fdl_set=train.num_steps={LORA_ROUNDS}']
+
+
+def lora_run(tmp_path_factory) -> tuple[list[str], Path, Path]:
+  """(lora_flags, their export of LORA_ROUNDS rounds, the job dir of `python -m paxlike.main`
+  on them), made once per pytest run: the plain and the secure LoRA federations both run that
+  export and compare their rows with that job's."""
+  from tests.federated.lora_task import write_corpus
+
+  def make(root: Path) -> None:
+    for k in range(2):
+      (root / 'corpus' / str(k)).mkdir(parents=True)
+      write_corpus(root / 'corpus' / str(k))
+    made = run_python(['-m', 'paxlike.export', *lora_flags(root), f'--out={root / "export"}',
+                       f'--rounds={LORA_ROUNDS}'], cli_env(), timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    run_cli(*lora_flags(root), f'--job_log_dir={root / "job"}', timeout=300)
+  root = made_once(tmp_path_factory, 'flower_lora_run', make)
+  return lora_flags(root), root / 'export', root / 'job'
 
 
 SUPERNODE_MARKERS = ('flower-supernode', 'paxlike.deploy.flower.supernode')

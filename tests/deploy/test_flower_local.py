@@ -23,7 +23,7 @@ from paxlike.deploy.flower import certs, processes
 from paxlike.export import run as executor
 from tests.deploy import flower_procs as fp
 from tests.deploy.reference import assert_rows_equal, executor_rounds
-from tests.helpers import TIMING_FIELDS, metric_rows, run_cli
+from tests.helpers import TIMING_FIELDS, cli_env, metric_rows, run_cli
 
 pytestmark = pytest.mark.slow  # Flower processes, a ClientApp process per message, two kills.
 
@@ -33,7 +33,9 @@ LOST = {c for c in range(5) if c % NODES == LOST_NODE}  # Node k holds k, k + NO
 
 
 def _start_intruder(out: Path, export: Path) -> subprocess.Popen:
-  """An enrolled SuperNode whose config is another experiment's (one more client)."""
+  """An enrolled SuperNode whose config is another experiment's (one more client), its
+  ClientApp processes forked by the federation's warm server too, not a fresh `flwr-clientapp`
+  per message (seconds each, which the ServerApp's queries of it wait on)."""
   cfg = config_io.load_file(out / 'config.json')
   config_io.apply_overrides(cfg, ['data.num_clients=6'])
   other = out / 'other_config.json'
@@ -45,11 +47,15 @@ def _start_intruder(out: Path, export: Path) -> subprocess.Popen:
   address = (out / 'flwr_home' / 'config.toml').read_text().split('address = "')[1].split('"')[0]
   node_config = (f'export-dir="{export}" config="{other}" clients="5" '
                  f'log="{out}/other.jsonl"')
+  # The launcher's environment (cli_env) with its warm shim first on PATH: the warm server
+  # refuses a caller whose import-time variables differ from its own.
+  env = {**processes.flower_env(out / 'flwr_home', out / 'warm_bin'),
+         **{k: v for k, v in cli_env().items() if k in ('PYTHONPATH', 'XLA_FLAGS')}}
   return fp.start_group([str(Path(sys.executable).parent / 'flower-supernode'),
                          '--root-certificates', str(out / 'credentials' / 'ca.crt'),
                          '--auth-supernode-private-key', str(private), '--superlink', address,
                          '--port', str(processes.free_port()), '--node-config', node_config],
-                        out.parent / 'other_node.log', processes.flower_env(out / 'flwr_home'))
+                        out.parent / 'other_node.log', env)
 
 
 @pytest.fixture(scope='module')
@@ -151,11 +157,13 @@ def test_no_flower_process_outlives_the_run(federation):
 
 
 def test_every_clientapp_process_was_forked_by_the_warm_server(federation):
-  """The nodes' ClientApp processes (Flower logs one start line each) were the warm server's
-  forks, none the real flwr-clientapp (the shim's fallback), through both kills."""
+  """The nodes' ClientApp processes (Flower logs one start line each), the intruder's too, were
+  the warm server's forks, none the real flwr-clientapp (the shim's fallback), through both
+  kills."""
   _, out, _ = federation
   server = (out / 'logs' / 'warm_clientapp.log').read_text()
   nodes = ''.join((out / 'logs' / f'node{k}.log').read_text() for k in range(NODES))
+  nodes += (out.parent / 'other_node.log').read_text()
   forked = [line for line in server.splitlines() if line.startswith('forked ')]
   assert 'not forked' not in nodes and 'refused' not in server
   assert len(forked) == nodes.count('Start `flwr-clientapp` process') > 2 * NODES

@@ -1,9 +1,10 @@
-"""Federated LoRA on text (TextLoraFedAvg at test size, pooled: one client, so one node) on a
-local Flower federation of real processes (SuperLink, SuperNode, a ClientApp process per
-message): its rows equal `python -m paxlike.main`'s, and its frozen base, which the plan
+"""Federated LoRA on text (TextLoraFedAvg at test size: two clients, a file each, both on one
+node) on a local Flower federation of real processes (SuperLink, SuperNode, a ClientApp process
+per message): its rows equal `python -m paxlike.main`'s, and its frozen base, which the plan
 broadcasts once, crosses the network in round 1 only. Round 2's message carries none of it: the
 node's ClientApp process reads it from the `context.state` its SuperNode kept, so a Flower that
-did not keep it would fail round 2."""
+did not keep it would fail round 2. The export and the trainer's run are shared with
+test_flower_secure's LoRA federation (flower_procs.lora_run)."""
 
 from __future__ import annotations
 
@@ -13,31 +14,23 @@ import numpy as np
 import pytest
 
 from tests.deploy import flower_procs as fp
-from tests.federated.lora_task import SMALL, write_corpus
-from tests.helpers import TIMING_FIELDS, cli_env, metric_rows, run_cli, run_python
+from tests.helpers import TIMING_FIELDS, cli_env, metric_rows, run_python
 
 pytestmark = pytest.mark.slow  # An export, Flower processes, a trainer run.
 
-ROUNDS = 2
+ROUNDS = fp.LORA_ROUNDS
 
 
-def _python(*args: str, timeout: float) -> None:
-  done = run_python(list(args), cli_env(), timeout)  # The export forked; the launcher afresh.
+def test_lora_rows_equal_the_simulation_and_the_base_is_sent_once(tmp_path_factory, tmp_path):
+  flags, export, job = fp.lora_run(tmp_path_factory)
+  began = fp.now_ticks()
+  out = tmp_path / 'run'
+  done = run_python(['-m', 'paxlike.deploy.flower.local', *flags, f'--export_dir={export}',
+                     f'--out={out}', f'--rounds={ROUNDS}', '--nodes=1', '--round_timeout=120'],
+                    cli_env(), timeout=600)  # The launcher afresh (not a forkable command).
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
-
-def test_lora_rows_equal_the_simulation_and_the_base_is_sent_once(tmp_path):
-  flags = ['--exp=federated.TextLoraFedAvg', *(f'--fdl_set={o}' for o in SMALL),
-           f'--fdl_set=data.files={write_corpus(tmp_path)}', f'--fdl_set=train.num_steps={ROUNDS}']
-  began = fp.now_ticks()
-  _python('-m', 'paxlike.export', *flags, f'--out={tmp_path / "export"}', f'--rounds={ROUNDS}',
-          timeout=300)
-  out = tmp_path / 'run'
-  _python('-m', 'paxlike.deploy.flower.local', *flags, f'--export_dir={tmp_path / "export"}',
-          f'--out={out}', f'--rounds={ROUNDS}', '--nodes=1', '--round_timeout=120', timeout=600)
-  run_cli(*flags, f'--job_log_dir={tmp_path / "job"}', timeout=300)
-
-  simulated, deployed = metric_rows(tmp_path / 'job'), fp.rows(out / 'server' / 'metrics.jsonl')
+  simulated, deployed = metric_rows(job), fp.rows(out / 'server' / 'metrics.jsonl')
   assert [r['step'] for r in simulated] == [r['step'] for r in deployed] == [1, 2]
   assert 'eval_loss' in deployed[-1]
   for sim, dep in zip(simulated, deployed):
@@ -45,7 +38,7 @@ def test_lora_rows_equal_the_simulation_and_the_base_is_sent_once(tmp_path):
     assert {'loss', 'accuracy', 'clients'} <= shared, sorted(shared)
     for key in shared:
       np.testing.assert_allclose(dep[key], sim[key], rtol=1e-5, atol=1e-6, err_msg=key)
-  plan = json.loads((tmp_path / 'export' / 'plan.json').read_text())
+  plan = json.loads((export / 'plan.json').read_text())
   once_bytes = plan['download_once_bytes']
   assert once_bytes > 10 * plan['download_bytes_per_client']  # The base dominates round 1.
   first, second = (c['bytes_down'] for c in fp.rows(out / 'server' / 'cohorts.jsonl'))

@@ -1,10 +1,11 @@
 """`--secure_aggregation`: the plan's sums through Flower's SecAgg+ (secure.py). Fast: what a
 node sends and how the server reads the unmasked sum, through Flower's own quantization, stay
 within `sum_error_bound`; plans whose clients keep individual values are refused in one line.
-Slow: one DigitsFedAvg round on two nodes through the SecAgg+ workflow and mods equals the
-reference executor's within the bound that quantization leaves, and differs from it (the sums
-really were quantized); a node killed during a secure round is left out and the round runs
-again among the other two."""
+Slow, on one secure federation of three nodes (made once): its first DigitsFedAvg round through
+the SecAgg+ workflow and mods equals the reference executor's within the bound that
+quantization leaves, and differs from it (the sums really were quantized); a node killed during
+its second round is left out and the round runs again among the other two. Federated LoRA
+through SecAgg+ sends its frozen base once and equals the simulation."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
@@ -23,10 +24,10 @@ from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from paxlike.config import config_io
 from paxlike.deploy.flower import rounds, secure
 from paxlike.export import run as executor
+from paxlike.trainer.checkpoint import Checkpoints
 from tests.deploy import flower_procs as fp
 from tests.deploy.reference import assert_rows_within_secagg_bound, executor_rounds
-from tests.federated.lora_task import SMALL, write_corpus
-from tests.helpers import TIMING_FIELDS, cli_env, metric_rows, run_cli, run_python
+from tests.helpers import TIMING_FIELDS, cli_env, made_once, metric_rows, run_python
 
 PLAN = {'algorithm': 'fed_avg',
         'programs': {'client': {'outputs': [
@@ -107,6 +108,7 @@ def test_plans_whose_clients_keep_individual_values_are_refused_in_one_line():
 
 
 CLI_TINY = fp.CLI_TINY
+NODES = 3  # Node k holds clients k, k + NODES, ...: node 1 is the one killed.
 
 
 def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -115,75 +117,111 @@ def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope='module')
 def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-  return fp.digits_export(tmp_path_factory)  # Its first round is the one run here.
+  return fp.digits_export(tmp_path_factory)  # Its first two rounds are the ones run here.
+
+
+def _run_and_kill_node1(root: Path, export: Path) -> None:
+  """A secure federation of NODES nodes for 2 rounds in root/run: node 1 stops answering as
+  round 2 begins (SIGSTOP, so it is certainly inside the round), then is killed with SIGKILL."""
+  root.mkdir(parents=True)
+  out, log = root / 'run', root / 'launcher.log'
+  launcher = fp.start_group([sys.executable, '-m', 'paxlike.deploy.flower.local', *CLI_TINY,
+                             f'--export_dir={export}', f'--out={out}', '--rounds=2',
+                             f'--nodes={NODES}', '--round_timeout=120', '--server_restarts=0',
+                             '--secure_aggregation'], log)
+  try:
+    fp.wait_until(lambda: len(fp.rows(out / 'server' / 'metrics.jsonl')) >= 1, 600, 'round 1',
+                  launcher)
+    fp.kill_node(out, 'node1', signal.SIGSTOP)
+    # SecAgg+ logs this once per attempt: the second is round 2's, drawn with node 1's clients
+    # before the stop was seen, so it now waits on node 1's answer.
+    app_log = out / 'logs' / 'flwr_run0.log'
+    fp.wait_until(lambda: app_log.read_text().count('Secure aggregation commencing') >= 2, 120,
+                  'round 2\'s SecAgg+', launcher)
+    fp.kill_node(out, 'node1')
+    assert launcher.wait(timeout=600) == 0, log.read_text()[-3000:]
+  finally:
+    fp.stop_group(launcher)
+
+
+@pytest.fixture(scope='module')
+def federation(tmp_path_factory: pytest.TempPathFactory, export: Path) -> Path:
+  """The run dir of `_run_and_kill_node1`, made once per pytest run: its round 1 (every node
+  answering) is the secure round checked against the executor, its round 2 the one a node
+  left."""
+  made = made_once(tmp_path_factory, 'flower_secure_federation',
+                   lambda root: _run_and_kill_node1(root, export))
+  return made / 'run'
+
+
+def _checkpointed_state(out: Path, step: int, like: dict[str, np.ndarray]
+                        ) -> dict[str, np.ndarray]:
+  """The ServerApp's state after round `step`, from its Orbax checkpoint of that round."""
+  checkpoints = Checkpoints(out / 'server' / 'checkpoints', 2, read_only=True)
+  try:
+    restored = checkpoints.restore(
+        {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in like.items()}, step)
+  finally:
+    checkpoints.close()
+  assert restored is not None and restored[0] == step
+  return {n: np.asarray(v) for n, v in restored[1].items()}
 
 
 @pytest.mark.slow  # SecAgg+'s four stages, each a ClientApp process per node.
-def test_a_secure_round_equals_the_executor_within_the_quantization_bound(export, tmp_path):
-  out = tmp_path / 'run'
-  ran = _python('paxlike.deploy.flower.local', *CLI_TINY, f'--export_dir={export}',
-                f'--out={out}', '--rounds=1', '--nodes=2', '--round_timeout=180',
-                '--server_restarts=0', '--secure_aggregation', timeout=900)
-  assert ran.returncode == 0, ran.stderr[-3000:]
+def test_a_secure_round_equals_the_executor_within_the_quantization_bound(export, federation):
+  out = federation
   assert 'Secure aggregation completed' in (out / 'logs' / 'flwr_run0.log').read_text()
   ex = executor.load(export)
   (expected,) = executor.run_rounds(ex, 1)
-  (cohort,) = [json.loads(line) for line in (out / 'server' / 'cohorts.jsonl').read_text()
-               .splitlines()]
+  cohort = fp.rows(out / 'server' / 'cohorts.jsonl')[0]
+  assert cohort['secagg_attempts'] == 1 and cohort['dropped_slots'] == []
   total_weight = float(ex.rounds['weights'][0].sum())
   # SecAgg+'s fit messages carry what the plain path's would: each slot's scattered values, and
-  # the broadcasts once per node that serves a slot (node k holds the clients k mod 2).
+  # the broadcasts once per node that serves a slot (node k holds the clients k mod NODES).
   down = [e for e in ex.plan['communication'] if e['kind'] in executor.DOWN]
   per_copy = sum(e['bytes'] for e in down if e['kind'] == 'broadcast')
-  slots, nodes = len(cohort['cohort']), len({c % 2 for c in cohort['cohort']})  # 2 nodes.
+  slots, nodes = len(cohort['cohort']), len({c % NODES for c in cohort['cohort']})
   carried = slots * ex.plan['download_bytes_per_client'] - (slots - nodes) * per_copy
   assert per_copy > 0 and 0 <= cohort['bytes_down'] - carried <= slots * len(down) * 256
-  assert cohort['secagg_sum_error_bound'] == pytest.approx(2 * 128 / 2**27 * total_weight)
+  # Every node takes part in the sum, each adding at most one quantization level (128 / 2^27).
+  assert cohort['secagg_sum_error_bound'] == pytest.approx(NODES * 128 / 2**27 * total_weight)
   # FedAvg divides each weighted sum by the weights' sum (both off by at most the bound), so
   # a parameter or a weighted-mean metric v is off by at most bound / weight × (1 + |v|).
   relative = cohort['secagg_sum_error_bound'] / total_weight
-  with np.load(out / 'server' / 'final.npz') as final:
-    worst = 0.0
-    for name in final.files:
-      diff = np.abs(final[name].astype(np.float64) - expected[name])
-      allowed = 2 * relative * (1 + np.abs(expected[name])) + 1e-6 * np.abs(expected[name])
-      assert np.all(diff <= allowed), (name, float(np.max(diff - allowed)))
-      worst = max(worst, float(np.max(diff)))
+  state = _checkpointed_state(out, 1, ex.carried)
+  assert sorted(state) == sorted(ex.carried)
+  worst = 0.0
+  for name, value in state.items():
+    diff = np.abs(value.astype(np.float64) - expected[name])
+    allowed = 2 * relative * (1 + np.abs(expected[name])) + 1e-6 * np.abs(expected[name])
+    assert np.all(diff <= allowed), (name, float(np.max(diff - allowed)))
+    worst = max(worst, float(np.max(diff)))
   assert worst > 0  # The sums were quantized: SecAgg+ carried them, not the plain path.
-  (row,) = [json.loads(line) for line in (out / 'server' / 'metrics.jsonl').read_text()
-            .splitlines()]
+  row = fp.rows(out / 'server' / 'metrics.jsonl')[0]
   for name in ('loss', 'accuracy'):
     value = float(expected[f'metrics.{name}'])
     assert abs(row[name] - value) <= 2 * relative * (1 + abs(value)) + 1e-6, name
+  with np.load(out / 'server' / 'final.npz') as final:  # The last round's state.
+    last = _checkpointed_state(out, 2, ex.carried)
+    assert sorted(final.files) == sorted(last)
+    for name in final.files:
+      np.testing.assert_array_equal(final[name], last[name], err_msg=name)
 
 
 @pytest.mark.slow  # Three nodes through SecAgg+ for two rounds, one of them run twice.
 def test_a_node_killed_during_a_secure_round_is_left_out_and_the_round_runs_again(export,
-                                                                                  tmp_path):
-  """Node 1 of 3 stops answering as round 2 begins (SIGSTOP, so it is certainly inside the
-  round), then is killed with SIGKILL: the launcher unregisters it, SecAgg+ halts for want of
-  its shares, and the ServerApp runs round 2 again among nodes 0 and 2 with node 1's slots
-  dropped. Both rounds equal the reference executor on the cohorts the rows record, within the
-  quantization's bound."""
-  out, nodes = tmp_path / 'run', 3
-  launcher = fp.start_group([sys.executable, '-m', 'paxlike.deploy.flower.local', *CLI_TINY,
-                             f'--export_dir={export}', f'--out={out}', '--rounds=2',
-                             f'--nodes={nodes}', '--round_timeout=120', '--server_restarts=0',
-                             '--secure_aggregation'], tmp_path / 'launcher.log')
-  try:
-    metrics = out / 'server' / 'metrics.jsonl'
-    fp.wait_until(lambda: len(fp.rows(metrics)) >= 1, 600, 'round 1', launcher)
-    fp.kill_node(out, 'node1', signal.SIGSTOP)
-    time.sleep(3)  # Round 2's SecAgg+ waits on the stopped node.
-    fp.kill_node(out, 'node1')
-    assert launcher.wait(timeout=600) == 0, (tmp_path / 'launcher.log').read_text()[-3000:]
-  finally:
-    fp.stop_group(launcher)
-  cohorts, rows = fp.rows(out / 'server' / 'cohorts.jsonl'), fp.rows(metrics)
+                                                                                  federation):
+  """Node 1 of 3, stopped inside round 2 and then killed (`_run_and_kill_node1`): the launcher
+  unregisters it, SecAgg+ halts for want of its shares, and the ServerApp runs round 2 again
+  among nodes 0 and 2 with node 1's slots dropped. Both rounds equal the reference executor on
+  the cohorts the rows record, within the quantization's bound."""
+  out = federation
+  cohorts = fp.rows(out / 'server' / 'cohorts.jsonl')
+  rows = fp.rows(out / 'server' / 'metrics.jsonl')
   assert [c['secagg_attempts'] for c in cohorts] == [1, 2]
   assert cohorts[0]['dropped_slots'] == []
   assert cohorts[1]['dropped_slots'] == [s for s, c in enumerate(cohorts[1]['cohort'])
-                                         if c % nodes == 1]
+                                         if c % NODES == 1]
   assert [r['nodes'] for r in rows] == [3, 2] and [r['clients_lost'] for r in rows] == [0, 2]
   assert 'node node1 exited (-9); unregistered' in (out / 'logs' / 'supervisor.log').read_text()
   task = config_io.build(config_io.load_file(out / 'config.json'))
@@ -205,33 +243,25 @@ def test_the_launcher_refuses_a_plan_secagg_cannot_sum(export, tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
-@pytest.mark.slow  # An export, a secure federation of two nodes for two rounds, a trainer run.
-def test_secure_lora_rounds_send_the_base_once_and_equal_the_simulation(tmp_path):
+@pytest.mark.slow  # A secure federation of two nodes for two rounds (flower_procs.lora_run).
+def test_secure_lora_rounds_send_the_base_once_and_equal_the_simulation(tmp_path_factory,
+                                                                         tmp_path):
   """Federated LoRA on text through SecAgg+ (two clients, a file each, on two nodes): round 2's
   fit messages carry none of the frozen base, which the nodes kept from round 1 (a node that
   lost it would fail round 2), and the rows equal `paxlike.main`'s within the quantization."""
-  for k in range(2):
-    (tmp_path / 'corpus' / str(k)).mkdir(parents=True)
-    write_corpus(tmp_path / 'corpus' / str(k))
-  flags = ['--exp=federated.TextLoraFedAvg', *(f'--fdl_set={o}' for o in SMALL),
-           f'--fdl_set=data.files={tmp_path}/corpus/*/corpus.txt', '--fdl_set=data.partition=file',
-           '--fdl_set=data.clients_per_round=2', '--fdl_set=train.num_steps=2']
-  exported = _python('paxlike.export', *flags, f'--out={tmp_path / "export"}', '--rounds=2',
-                     timeout=300)
-  assert exported.returncode == 0, exported.stderr[-3000:]
+  flags, export, job = fp.lora_run(tmp_path_factory)
   out = tmp_path / 'run'
-  ran = _python('paxlike.deploy.flower.local', *flags, f'--export_dir={tmp_path / "export"}',
-                f'--out={out}', '--rounds=2', '--nodes=2', '--round_timeout=180',
+  ran = _python('paxlike.deploy.flower.local', *flags, f'--export_dir={export}',
+                f'--out={out}', f'--rounds={fp.LORA_ROUNDS}', '--nodes=2', '--round_timeout=180',
                 '--server_restarts=0', '--secure_aggregation', timeout=900)
   assert ran.returncode == 0, ran.stderr[-3000:]
-  run_cli(*flags, f'--job_log_dir={tmp_path / "job"}', timeout=300)
-  plan = json.loads((tmp_path / 'export' / 'plan.json').read_text())
+  plan = json.loads((export / 'plan.json').read_text())
   once = [e for e in plan['communication'] if e.get('once')]
   cohorts = fp.rows(out / 'server' / 'cohorts.jsonl')
   first, second = (c['bytes_down'] for c in cohorts)
   # Each of the two nodes got the base in round 1 only (its bytes, plus the arrays' headers).
   assert 0 <= first - second - 2 * plan['download_once_bytes'] <= 2 * 256 * len(once)
-  simulated, deployed = metric_rows(tmp_path / 'job'), fp.rows(out / 'server' / 'metrics.jsonl')
+  simulated, deployed = metric_rows(job), fp.rows(out / 'server' / 'metrics.jsonl')
   assert [r['step'] for r in deployed] == [r['step'] for r in simulated] == [1, 2]
   for sim, dep, cohort in zip(simulated, deployed, cohorts):
     shared = set(sim) & set(dep) - TIMING_FIELDS - {'step'}
