@@ -12,8 +12,9 @@ float32, on a 4×2 ('data', 'model') mesh of 8 forced CPU devices. Two whole pro
   replicated (as jit leaves them); random byte batches made on the host each step, ≤ 2 steps
   in flight.
 Each runs at two lengths n1 < n2, timed from process start to exit, so start-up, compilation
-and the final eval and save cancel: rate = (n2 - n1) / (t2 - t1) (--quick: 2 and 4 steps,
-paxlike's on one 4-step schedule, so both run the same programs). Repeats alternate the
+and the final eval and save cancel: rate = (n2 - n1) / (t2 - t1). --quick (2 and 4 steps, one
+repeat) only shows the script runs: paxlike's two runs share the 4-step schedule, so the second
+loads the first's programs and compilation no longer cancels. Repeats alternate the
 order; `ratio` is the median of paxlike / flax rates over repeats. Goal: paxlike >= 12
 steps/s at a load average below 2 (1.6x Pax 1.4.0 on this shape; it was 10.3 before).
 `cpu_ms_per_step` is each one's CPU time per step (every thread, by the same difference), and
@@ -141,10 +142,10 @@ def whole_run(mode: str, steps: int, mesh: str = '4x2',
   env = common.child_env(8)
   with tempfile.TemporaryDirectory(prefix='paxlike_cpu_step_') as job:
     if mode == 'paxlike':
-      fiddler = ['--fdl_fiddler=cpu8'] if mesh == '4x2' else []
+      extra = ['--fdl_fiddler=cpu8'] if mesh == '4x2' else []
       if decay_steps is not None:
-        fiddler.append(f'--fdl_set=optimizer.learning_rate.decay_steps={decay_steps}')
-      command = ['-m', 'paxlike.main', *PAXLIKE_ARGS, *fiddler, f'--job_log_dir={job}',
+        extra.append(f'--fdl_set=optimizer.learning_rate.decay_steps={decay_steps}')
+      command = ['-m', 'paxlike.main', *PAXLIKE_ARGS, *extra, f'--job_log_dir={job}',
                  f'--fdl_set=train.num_steps={steps}', '--fdl_set=train.log_every=50',
                  f'--fdl_set=train.eval_every={steps}', f'--fdl_set=train.checkpoint_every={steps}']
     else:
