@@ -28,18 +28,43 @@ def loss_fn(params, batch, rng):
   return jnp.mean(residual**2), {'mae': jnp.mean(jnp.abs(residual))}
 
 
-# The loss's gradient, jitted: one program per batch shape, where eagerly every op compiles.
-_grad = jax.jit(jax.grad(lambda p, batch: loss_fn(p, batch, None)[0]))
+# The loss and its gradient, jitted: one program per batch shape, where eagerly every op
+# compiles; as numpy, so the by-hand references on them are numpy arithmetic (no compiles).
+_jit_loss = jax.jit(lambda p, batch: loss_fn(p, batch, None)[0])
+_jit_grad = jax.jit(jax.grad(lambda p, batch: loss_fn(p, batch, None)[0]))
+
+
+def _loss(params, batch) -> np.ndarray:
+  return np.asarray(_jit_loss(params, batch))
+
+
+def _grad(params, batch):
+  return jax.tree.map(np.asarray, _jit_grad(params, batch))
+
+
+def _optax_step(optimizer: optax.GradientTransformation):
+  """One plain optax step of the regression loss on one batch, jitted (a program per
+  optimizer, not per op); params and state come back as numpy."""
+  @jax.jit
+  def step(params, opt_state, batch):
+    updates, opt_state = optimizer.update(_jit_grad(params, batch), opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+  return lambda *args: jax.tree.map(np.asarray, step(*args))
+
+
+# Params and batches are numpy float32 drawn by numpy (jax.random compiles a program per shape;
+# the jitted rounds take numpy arrays as they are), and so are the by-hand references' slices.
+def _normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+  return rng.standard_normal(shape).astype(np.float32)
 
 
 def _params(seed: int = 0):
-  return {'w': jax.random.normal(jax.random.key(seed), (D,)), 'b': jnp.float32(0.5)}
+  return {'w': _normal(np.random.default_rng(seed), (D,)), 'b': np.float32(0.5)}
 
 
 def _batches(clients: int, steps: int, seed: int = 1, batch: int = B):
-  kx, ky = jax.random.split(jax.random.key(seed))
-  return {'x': jax.random.normal(kx, (clients, steps, batch, D)),
-          'y': jax.random.normal(ky, (clients, steps, batch))}
+  rng = np.random.default_rng(seed)
+  return {'x': _normal(rng, (clients, steps, batch, D)), 'y': _normal(rng, (clients, steps, batch))}
 
 
 def _run(alg, params, rounds, batches, weights, seed=0):
@@ -63,17 +88,17 @@ def _pooled_grad(params, batches, step):
 def test_fedavg_one_local_step_is_pooled_gradient_descent(server_lr):
   eta, params, batches = 0.1, _params(), _batches(4, 1)
   alg = fed_avg(loss_fn, optax.sgd(eta), optax.sgd(server_lr))
-  state, _ = _run(alg, params, 1, batches, jnp.full((4,), float(B)))
+  state, _ = _run(alg, params, 1, batches, np.full(4, float(B), np.float32))
   grad = _pooled_grad(params, batches, 0)
   _close(state.params, jax.tree.map(lambda p, g: p - server_lr * eta * g, params, grad))
 
 
 def test_identical_clients_equal_one_client():
   params, one = _params(), _batches(1, 3)
-  many = jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), one)
+  many = jax.tree.map(lambda x: np.repeat(x, 4, axis=0), one)
   alg = fed_avg(loss_fn, optax.adam(0.05), optax.sgd(0.8, momentum=0.5))
-  s1, m1 = _run(alg, params, 3, one, jnp.ones((1,)))
-  s4, m4 = _run(alg, params, 3, many, jnp.full((4,), 7.0))
+  s1, m1 = _run(alg, params, 3, one, np.ones(1, np.float32))
+  s4, m4 = _run(alg, params, 3, many, np.full(4, 7.0, np.float32))
   _close(s4.params, s1.params)
   _close({k: m4[k] for k in REQUIRED - {'clients'}}, {k: m1[k] for k in REQUIRED - {'clients'}})
 
@@ -84,7 +109,7 @@ def test_weighted_mean_uses_weights():
   state, metrics = _run(fed_avg(loss_fn, optax.sgd(eta)), params, 1, batches, weights)
   per_client = [jax.tree.map(lambda x: x[i, 0], batches) for i in range(3)]
   grads = [_grad(params, b) for b in per_client]
-  losses = np.array([loss_fn(params, b, None)[0] for b in per_client])
+  losses = np.array([_loss(params, b) for b in per_client])
   w = np.asarray(weights) / 10.0
   want = jax.tree.map(lambda p, *g: p - eta * sum(wi * gi for wi, gi in zip(w, g)),
                       params, *grads)
@@ -102,11 +127,11 @@ def linear_loss_fn(params, batch, rng):
 def _server_moves(alg, deltas):
   """The server params after each round in which the weighted client change is deltas[r]: two
   clients (weights 1 and 3) move by 2.5·Δ and 0.5·Δ (mean Δ), from w = 0."""
-  state, step, moves = alg.init({'w': jnp.zeros(2)}), jax.jit(alg.next), []
+  state, step, moves = alg.init({'w': np.zeros(2, np.float32)}), jax.jit(alg.next), []
   for r, delta in enumerate(deltas):
-    g = jnp.array([2.5, 0.5])[:, None, None, None] * jnp.asarray(delta, jnp.float32)
-    batches = {'g': jnp.broadcast_to(g, (2, 1, 4, 2))}
-    state, _ = step(state, batches, jnp.array([1.0, 3.0]), jax.random.key(r))
+    g = np.array([2.5, 0.5], np.float32)[:, None, None, None] * np.asarray(delta, np.float32)
+    batches = {'g': np.broadcast_to(g, (2, 1, 4, 2))}
+    state, _ = step(state, batches, np.array([1.0, 3.0], np.float32), jax.random.key(r))
     moves.append(np.asarray(state.params['w']))
   return np.stack(moves)
 
@@ -129,7 +154,7 @@ def _server_moves(alg, deltas):
 ])
 def test_paper_fedopt_first_two_rounds_by_hand(builder, deltas, want):
   alg = builder(linear_loss_fn, optax.sgd(1.0), server_learning_rate=1.0, tau=1e-3)
-  moves = _server_moves(alg, [jnp.array([d, -d]) for d in deltas])
+  moves = _server_moves(alg, [np.array([d, -d]) for d in deltas])
   np.testing.assert_allclose(moves[:, 0], want, rtol=2e-5)
   np.testing.assert_allclose(moves[:, 1], -np.array(want), rtol=2e-5)  # Odd in Δ.
 
@@ -145,7 +170,7 @@ def test_configs_presets_build_the_papers_server_optimizers(preset, deltas, want
   from configs import federated as presets
   builder = fdl.build(getattr(presets, preset)(server_learning_rate=1.0))
   moves = _server_moves(builder(linear_loss_fn, optax.sgd(1.0)),
-                        [jnp.full(2, d) for d in deltas])
+                        [np.full(2, d) for d in deltas])
   np.testing.assert_allclose(moves[:, 0], want, rtol=1e-4)
 
 
@@ -153,8 +178,8 @@ def test_optax_fedadam_bias_corrects_and_moves_ten_times_further():
   """optax's Adam, round 1: m̂ = Δ, v̂ = Δ², so x moves η·Δ/(|Δ| + τ) = 0.5 (the paper: 0.05)."""
   paper, ours = (fed_adam(linear_loss_fn, optax.sgd(1.0), 1.0, flavour=f)
                  for f in ('paper', 'optax'))
-  np.testing.assert_allclose(_server_moves(paper, [jnp.full(2, 1e-3)])[0], 0.05, rtol=2e-5)
-  np.testing.assert_allclose(_server_moves(ours, [jnp.full(2, 1e-3)])[0], 0.5, rtol=2e-5)
+  np.testing.assert_allclose(_server_moves(paper, [np.full(2, 1e-3)])[0], 0.05, rtol=2e-5)
+  np.testing.assert_allclose(_server_moves(ours, [np.full(2, 1e-3)])[0], 0.5, rtol=2e-5)
   with pytest.raises(UserError, match='flavour'):
     fed_adam(linear_loss_fn, optax.sgd(1.0), flavour='keras')
 
@@ -164,7 +189,7 @@ def test_fedavg_trains_each_client_separately_then_averages():
   round), then the weighted mean, over 2 rounds."""
   optimizer, H, weights = optax.adam(0.05), 3, np.array([1.0, 2.0, 5.0])
   rounds = [_batches(3, H, seed=10 + r) for r in range(2)]
-  alg = fed_avg(loss_fn, optimizer)
+  alg, local_step = fed_avg(loss_fn, optimizer), _optax_step(optimizer)
   state, step = alg.init(_params()), jax.jit(alg.next)
   want = _params()
   for r, batches in enumerate(rounds):
@@ -173,9 +198,7 @@ def test_fedavg_trains_each_client_separately_then_averages():
     for i in range(3):
       params, opt_state = want, optimizer.init(want)
       for h in range(H):
-        grads = _grad(params, jax.tree.map(lambda x: x[i, h], batches))
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        params, opt_state = local_step(params, opt_state, jax.tree.map(lambda x: x[i, h], batches))
       clients.append(params)
     want = jax.tree.map(lambda *c: sum(w * x for w, x in zip(weights / weights.sum(), c)),
                         *clients)
@@ -222,7 +245,7 @@ def test_client_weighting(weighting):
   batches, data_weights = _masked(_batches(3, 2), counts), jnp.array([5.0, 1.0, 1.0])
   got, got_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), weighting=weighting), _params(),
                           2, batches, data_weights)
-  weights = jnp.array(counts, jnp.float32) if weighting == 'num_tokens_seen' else jnp.ones(3)
+  weights = np.array(counts if weighting == 'num_tokens_seen' else [1, 1, 1], np.float32)
   want, want_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1)), _params(), 2, batches, weights)
   _close(got.params, want.params)
   _close(got_metrics['loss'], want_metrics['loss'])
@@ -237,7 +260,7 @@ def test_local_steps_come_from_the_batches():
   eta, alg = 0.1, fed_avg(loss_fn, optax.sgd(0.1))
   for steps in (1, 3):
     batches, want = _batches(1, steps), _params()
-    state, _ = _run(alg, want, 1, batches, jnp.ones((1,)))
+    state, _ = _run(alg, want, 1, batches, np.ones(1, np.float32))
     for h in range(steps):
       want = jax.tree.map(lambda p, g: p - eta * g, want, _pooled_grad(want, batches, h))
     _close(state.params, want)
@@ -249,8 +272,8 @@ def test_diloco_h1_is_data_parallel_sgd():
   state, step = alg.init(params), jax.jit(alg.next)
   want = params
   for r in range(3):
-    round_batches = jax.tree.map(lambda x: jnp.roll(x, r, axis=2), batches)
-    state, _ = step(state, round_batches, jnp.full((4,), float(B)), jax.random.key(r))
+    round_batches = jax.tree.map(lambda x: np.roll(x, r, axis=2), batches)
+    state, _ = step(state, round_batches, np.full(4, float(B), np.float32), jax.random.key(r))
     grad = _pooled_grad(want, round_batches, 0)
     want = jax.tree.map(lambda p, g: p - alpha * eta * g, want, grad)
   _close(state.params, want)
@@ -258,17 +281,14 @@ def test_diloco_h1_is_data_parallel_sgd():
 
 def test_diloco_single_replica_is_inner_adamw():
   inner, params, batches = optax.adamw(0.05, weight_decay=0.1), _params(), _batches(1, 3)
-  rounds = [jax.tree.map(lambda x: jnp.roll(x, r, axis=2) * (1 + r), batches) for r in range(4)]
+  rounds = [jax.tree.map(lambda x: np.roll(x, r, axis=2) * (1 + r), batches) for r in range(4)]
   alg = diloco(loss_fn, inner, optax.sgd(1.0), num_replicas=1)
   state, step = alg.init(params), jax.jit(alg.next)
-  want, opt_state = params, inner.init(params)
+  want, opt_state, local_step = params, inner.init(params), _optax_step(inner)
   for r, round_batches in enumerate(rounds):
-    state, _ = step(state, round_batches, jnp.ones((1,)), jax.random.key(r))
+    state, _ = step(state, round_batches, np.ones(1, np.float32), jax.random.key(r))
     for h in range(3):
-      batch = jax.tree.map(lambda x: x[0, h], round_batches)
-      grads = _grad(want, batch)
-      updates, opt_state = inner.update(grads, opt_state, want)
-      want = optax.apply_updates(want, updates)
+      want, opt_state = local_step(want, opt_state, jax.tree.map(lambda x: x[0, h], round_batches))
   _close(state.params, want, rtol=1e-4, atol=1e-5)
   assert int(state.client_opt_state[0].count[0]) == 12  # Inner Adam state persisted.
 
@@ -278,7 +298,7 @@ def test_diloco_checks_replicas():
     diloco(loss_fn, optax.adamw(1e-3))
   alg = diloco(loss_fn, optax.adamw(1e-3), num_replicas=3)
   with pytest.raises(UserError, match='replicas'):  # Also a ValueError; the CLI exits 2.
-    alg.next(alg.init(_params()), _batches(2, 2), jnp.ones((2,)), jax.random.key(0))
+    alg.next(alg.init(_params()), _batches(2, 2), np.ones(2, np.float32), jax.random.key(0))
 
 
 @pytest.mark.parametrize('name', ['fed_avg', 'diloco'])
@@ -292,12 +312,15 @@ def test_metrics_keys_and_values(name):
   assert metrics['clients'].dtype == jnp.int32 and int(metrics['clients']) == 3
   assert all(jnp.shape(v) == () for v in metrics.values())
   np.testing.assert_allclose(metrics['learning_rate'], 0.1, rtol=1e-6)
-  first = [loss_fn(params, jax.tree.map(lambda x: x[i, 0], batches), None)[0] for i in range(3)]
+  first = [_loss(params, jax.tree.map(lambda x: x[i, 0], batches)) for i in range(3)]
   np.testing.assert_allclose(metrics['loss_before'], np.dot(first, weights) / 6, rtol=1e-5)
   assert metrics['loss_after'] < metrics['loss_before']
-  pseudo = jax.tree.map(jnp.subtract, params, state.params)  # Server lr: fed_avg 1.
+  # Server lr: fed_avg 1. The norm of the pseudo-gradient in float64 numpy.
+  pseudo = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64), params,
+                        state.params)
   if name == 'fed_avg':
-    np.testing.assert_allclose(metrics['pseudo_grad_norm'], optax.tree.norm(pseudo), rtol=1e-5)
+    norm = np.sqrt(sum(np.sum(x**2) for x in jax.tree.leaves(pseudo)))
+    np.testing.assert_allclose(metrics['pseudo_grad_norm'], norm, rtol=1e-5)
   no_lr = fed_avg(loss_fn, optax.sgd(0.1))
   assert 'learning_rate' not in _run(no_lr, params, 1, batches, weights)[1]
 
@@ -389,4 +412,4 @@ def test_client_chunks_give_the_same_rounds_as_all_clients_at_once(name, chunk):
 def test_client_chunk_must_be_positive():
   with pytest.raises(ValueError, match='chunk must be a positive int'):
     _run(fed_avg(loss_fn, optax.sgd(0.1), client_chunk=0), _params(), 1, _batches(2, 1),
-         jnp.ones(2))
+         np.ones(2, np.float32))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import flax.linen as nn
@@ -25,14 +26,27 @@ def loss_fn(params, batch, rng):
   return jnp.mean(residual**2), {}
 
 
+# Params, batches and the by-hand references are numpy (float32 where the algorithms take them):
+# jax.random and eager jnp compile a program per op and shape; the jitted rounds take numpy.
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+  return rng.standard_normal(shape).astype(dtype)
+
+
+def _f32(values) -> np.ndarray:
+  return np.array(list(values), np.float32)
+
+
+def _ones(n: int) -> np.ndarray:
+  return np.ones(n, np.float32)
+
+
 def _params(seed: int = 0):
-  return {'w': jax.random.normal(jax.random.key(seed), (D,)), 'b': jnp.float32(0.5)}
+  return {'w': _normal(np.random.default_rng(seed), (D,)), 'b': np.float32(0.5)}
 
 
 def _batches(clients: int, steps: int, seed: int = 1):
-  kx, ky = jax.random.split(jax.random.key(seed))
-  return {'x': jax.random.normal(kx, (clients, steps, B, D)),
-          'y': jax.random.normal(ky, (clients, steps, B))}
+  rng = np.random.default_rng(seed)
+  return {'x': _normal(rng, (clients, steps, B, D)), 'y': _normal(rng, (clients, steps, B))}
 
 
 def _close(a, b, rtol=1e-5, atol=1e-6):
@@ -40,24 +54,45 @@ def _close(a, b, rtol=1e-5, atol=1e-6):
 
 
 def _mean(tree):
-  return jax.tree.map(lambda x: x.mean(0), tree)
+  return jax.tree.map(lambda x: np.asarray(x).mean(0), tree)
+
+
+def _stack(*trees):
+  return jax.tree.map(lambda *x: np.stack(x), *trees)
 
 
 def _diverse(state, field):
   """The state with its per-member params replaced by distinct random ones."""
-  members = jax.tree.map(lambda x: jax.random.normal(jax.random.key(7), x.shape),
-                         getattr(state, field))
+  rng = np.random.default_rng(7)
+  members = jax.tree.map(lambda x: _normal(rng, x.shape, x.dtype), getattr(state, field))
   return state._replace(**{field: members, 'params': _mean(members)})
 
 
+# The regression loss, jitted (one program per batch shape, not one per op), as numpy.
+_jit_loss = jax.jit(lambda p, batch: loss_fn(p, batch, None)[0])
+
+
+def _loss(params, batch) -> np.ndarray:
+  return np.asarray(_jit_loss(params, batch))
+
+
+@functools.cache
+def _optax_step(optimizer: optax.GradientTransformation):
+  """One plain optax step of the regression loss on one batch, jitted (a program per
+  optimizer, not per op): (params, opt_state, the loss before the step), as numpy."""
+  @jax.jit
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(lambda p: loss_fn(p, batch, None)[0])(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+  return lambda *args: jax.tree.map(np.asarray, step(*args))
+
+
 def _train_separately(optimizer, params, batches, slot, rounds):
-  opt_state = optimizer.init(params)
+  opt_state, step = optimizer.init(params), _optax_step(optimizer)
   for _ in range(rounds):
     for h in range(jax.tree.leaves(batches)[0].shape[1]):
-      batch = jax.tree.map(lambda x: x[slot, h], batches)
-      grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
-      updates, opt_state = optimizer.update(grads, opt_state, params)
-      params = optax.apply_updates(params, updates)
+      params, opt_state, _ = step(params, opt_state, jax.tree.map(lambda x: x[slot, h], batches))
   return params
 
 
@@ -69,7 +104,7 @@ def test_papa_averaging_keeps_population_mean(variant):
   alg = papa(loss_fn, optax.sgd(0.0), P, alpha=0.9, every=1, variant=variant)
   state = _diverse(alg.init(_params()), 'population')
   before = state.population
-  state, metrics = jax.jit(alg.next)(state, _batches(P, 2), jnp.ones((P,)), jax.random.key(3))
+  state, metrics = jax.jit(alg.next)(state, _batches(P, 2), _ones(P), jax.random.key(3))
   _close(_mean(state.population), _mean(before))
   _close(state.params, _mean(before))
   assert int(metrics['averaged']) == 1 and int(state.round) == 1
@@ -77,7 +112,7 @@ def test_papa_averaging_keeps_population_mean(variant):
   if variant == 'gradual':
     _close(state.population, jax.tree.map(lambda w, m: 0.9 * w + 0.1 * m, before, mean))
   else:
-    _close(state.population, jax.tree.map(lambda w, m: jnp.broadcast_to(m, w.shape), before, mean))
+    _close(state.population, jax.tree.map(lambda w, m: np.broadcast_to(m, w.shape), before, mean))
 
 
 @pytest.mark.parametrize('round_', range(3))
@@ -87,7 +122,7 @@ def test_papa2_children_are_the_means_of_distinct_random_pairs(round_):
   alg = papa(loss_fn, optax.sgd(0.0), P, every=1, variant='pairs')
   state = _diverse(alg.init(_params()), 'population')
   parents = np.asarray(state.population['w'])
-  state, _ = jax.jit(alg.next)(state, _batches(P, 1), jnp.ones((P,)), jax.random.key(round_))
+  state, _ = jax.jit(alg.next)(state, _batches(P, 1), _ones(P), jax.random.key(round_))
   children = np.asarray(state.population['w'])
   pairs = []
   for child in children:
@@ -103,8 +138,8 @@ def test_papa2_of_two_members_is_their_mean():
   alg = papa(loss_fn, optax.sgd(0.0), 2, every=1, variant='pairs')
   state = _diverse(alg.init(_params()), 'population')
   mean = _mean(state.population)
-  state, _ = jax.jit(alg.next)(state, _batches(2, 1), jnp.ones((2,)), jax.random.key(0))
-  _close(state.population, jax.tree.map(lambda m: jnp.stack([m, m]), mean))
+  state, _ = jax.jit(alg.next)(state, _batches(2, 1), _ones(2), jax.random.key(0))
+  _close(state.population, _stack(mean, mean))
 
 
 @pytest.mark.parametrize('variant', ['gradual', 'pairs'])
@@ -117,7 +152,7 @@ def test_papa_averages_bfloat16_members_in_float32(variant):
   members = {'w': jnp.array([[1.0] * D, [2.0] * D], jnp.bfloat16),
              'b': jnp.array([1.0, 2.0], jnp.bfloat16)}
   state = state._replace(population=members)
-  state, _ = jax.jit(alg.next)(state, _batches(2, 1), jnp.ones((2,)), jax.random.key(0))
+  state, _ = jax.jit(alg.next)(state, _batches(2, 1), _ones(2), jax.random.key(0))
   w = np.asarray(members['w'], np.float32)
   mean = w.mean(0)
   want = 0.99 * w + 0.01 * mean if variant == 'gradual' else np.stack([mean, mean])
@@ -137,8 +172,8 @@ def test_papa_members_start_from_their_own_inits_by_default():
   """The paper's code: member j from its own key (the run's init rng split per member)."""
   rng = jax.random.key(5)
   state = papa(loss_fn, optax.adam(0.1), P).seeded_init(_random_params, rng)
-  want = [_random_params(key) for key in jax.random.split(rng, P)]
-  _close(state.population, jax.tree.map(lambda *m: jnp.stack(m), *want))
+  want = [jax.jit(_random_params)(key) for key in jax.random.split(rng, P)]
+  _close(state.population, _stack(*want))
   assert len({float(x) for x in state.population['b']}) == P
   _close(state.params, _mean(state.population))
   _close(state.opt_state, jax.vmap(optax.adam(0.1).init)(state.population))
@@ -150,7 +185,7 @@ def test_papa_alpha_one_trains_members_independently():
   alg = papa(loss_fn, optimizer, P, alpha=1.0, every=1)
   state, step = alg.init(params), jax.jit(alg.next)
   for r in range(3):
-    state, _ = step(state, batches, jnp.ones((P,)), jax.random.key(r))
+    state, _ = step(state, batches, _ones(P), jax.random.key(r))
   for slot in range(P):
     want = _train_separately(optimizer, params, batches, slot, 3)
     _close(jax.tree.map(lambda x: x[slot], state.population), want)
@@ -161,10 +196,10 @@ def test_papa_averages_every_k_rounds():
   alg = papa(loss_fn, optax.sgd(0.0), P, every=2, variant='all')
   state = _diverse(alg.init(_params()), 'population')
   before, step = state.population, jax.jit(alg.next)
-  state, metrics = step(state, _batches(P, 1), jnp.ones((P,)), jax.random.key(0))
+  state, metrics = step(state, _batches(P, 1), _ones(P), jax.random.key(0))
   assert int(metrics['averaged']) == 0
   _close(state.population, before)
-  state, metrics = step(state, _batches(P, 1), jnp.ones((P,)), jax.random.key(1))
+  state, metrics = step(state, _batches(P, 1), _ones(P), jax.random.key(1))
   assert int(metrics['averaged']) == 1 and int(state.round) == 2
   np.testing.assert_allclose(np.ptp(np.asarray(state.population['w']), axis=0), 0, atol=1e-6)
 
@@ -174,7 +209,7 @@ def test_papa_checks_arguments():
     papa(loss_fn, optax.sgd(0.1), P, variant='soup')
   alg = papa(loss_fn, optax.sgd(0.1), P)
   with pytest.raises(ValueError, match='population'):
-    alg.next(alg.init(_params()), _batches(P - 1, 1), jnp.ones((P - 1,)), jax.random.key(0))
+    alg.next(alg.init(_params()), _batches(P - 1, 1), _ones(P - 1), jax.random.key(0))
 
 
 # BTM.
@@ -183,7 +218,7 @@ def test_papa_checks_arguments():
 def test_btm_identical_experts_merge_to_seed():
   seed = _params()
   alg = btm(loss_fn, optax.sgd(0.0), 3)
-  state, metrics = jax.jit(alg.next)(alg.init(seed), _batches(3, 2), jnp.array([1.0, 2.0, 5.0]),
+  state, metrics = jax.jit(alg.next)(alg.init(seed), _batches(3, 2), _f32([1.0, 2.0, 5.0]),
                                      jax.random.key(0))
   _close(state.params, seed)
   np.testing.assert_allclose(metrics['pseudo_grad_norm'], 0.0, atol=1e-6)
@@ -194,10 +229,10 @@ def test_btm_experts_train_alone_and_merge_by_weights(merge_weights):
   optimizer, seed, batches = optax.adam(0.05), _params(), _batches(3, 2)
   alg = btm(loss_fn, optimizer, 3, merge_weights=merge_weights)
   state, step = alg.init(seed), jax.jit(alg.next)
-  for r, weights in enumerate([jnp.array([1.0, 2.0, 5.0]), jnp.array([3.0, 2.0, 1.0])]):
+  for r, weights in enumerate([_f32([1.0, 2.0, 5.0]), _f32([3.0, 2.0, 1.0])]):
     state, _ = step(state, batches, weights, jax.random.key(r))
   experts = [_train_separately(optimizer, seed, batches, k, 2) for k in range(3)]
-  _close(jax.tree.map(lambda *e: jnp.stack(e), *experts), state.experts, rtol=1e-4)
+  _close(_stack(*experts), state.experts, rtol=1e-4)
   np.testing.assert_allclose(state.domain_examples, [4.0, 4.0, 6.0])
   mix = np.array(merge_weights or [4.0, 4.0, 6.0]) / sum(merge_weights or [4.0, 4.0, 6.0])
   _close(state.params, jax.tree.map(lambda *e: sum(m * x for m, x in zip(mix, e)), *experts),
@@ -209,22 +244,21 @@ def test_metrics_keys(algorithm):
   optimizer = optim.sgd(0.1)
   alg = papa(loss_fn, optimizer, P) if algorithm == 'papa' else btm(loss_fn, optimizer, P)
   params, batches = _params(), _batches(P, 2)
-  _, metrics = jax.jit(alg.next)(alg.init(params), batches, jnp.arange(1.0, P + 1),
+  _, metrics = jax.jit(alg.next)(alg.init(params), batches, _f32(range(1, P + 1)),
                                  jax.random.key(0))
   assert REQUIRED | {'learning_rate'} <= set(metrics)
   assert metrics['clients'].dtype == jnp.int32 and int(metrics['clients']) == P
-  first = np.array([loss_fn(params, jax.tree.map(lambda x: x[i, 0], batches), None)[0]
-                    for i in range(P)])
+  first = np.array([_loss(params, jax.tree.map(lambda x: x[i, 0], batches)) for i in range(P)])
   np.testing.assert_allclose(metrics['loss_before'], first @ np.arange(1.0, P + 1) / 10, rtol=1e-5)
   assert np.isfinite(metrics['loss']) and metrics['loss_after'] < metrics['loss_before']
 
 
 def _pooled(batches, step):
   """Every slot's batch for local step `step`, concatenated along the batch axis."""
-  return jax.tree.map(lambda x: jnp.concatenate(list(x[:, step]), axis=0), batches)
+  return jax.tree.map(lambda x: np.concatenate(list(x[:, step]), axis=0), batches)
 
 
-def _rounds(alg, state, rounds, weights=jnp.array([1.0, 2.0, 5.0])):
+def _rounds(alg, state, rounds, weights=_f32([1.0, 2.0, 5.0])):
   step = jax.jit(alg.next)
   metrics = []
   for r, batches in rounds:
@@ -238,18 +272,15 @@ def test_btm_seed_phase_trains_one_model_on_the_pooled_cohort():
   rounds = [(r, _batches(3, 2, seed=10 + r)) for r in range(S)]
   alg = btm(loss_fn, optimizer, 3, seed_steps=S)
   state, metrics = _rounds(alg, alg.init(seed), rounds)
-  params, opt_state, first = seed, optimizer.init(seed), None
+  params, opt_state, first, step = seed, optimizer.init(seed), None, _optax_step(optimizer)
   for _, batches in rounds:  # Plain optax: one update per local step on the pooled batch.
     for h in range(2):
-      batch = _pooled(batches, h)
-      loss, grads = jax.value_and_grad(lambda p: loss_fn(p, batch, None)[0])(params)
+      params, opt_state, loss = step(params, opt_state, _pooled(batches, h))
       first = loss if first is None else first
-      updates, opt_state = optimizer.update(grads, opt_state, params)
-      params = optax.apply_updates(params, updates)
   _close(state.params, params, rtol=1e-4)
   _close(state.seed_opt_state, opt_state, rtol=1e-4)
-  _close(state.experts, jax.tree.map(lambda x: jnp.stack([x] * 3), params), rtol=1e-4)
-  _close(state.opt_state, jax.tree.map(lambda x: jnp.stack([x] * 3), optimizer.init(params)))
+  _close(state.experts, _stack(*[params] * 3), rtol=1e-4)
+  _close(state.opt_state, _stack(*[optimizer.init(params)] * 3))
   np.testing.assert_array_equal(state.domain_examples, np.zeros(3))
   assert int(state.round) == S
   np.testing.assert_allclose(metrics[0]['loss_before'], first, rtol=1e-5)
@@ -278,13 +309,13 @@ def test_btm_seed_and_expert_rounds_report_the_same_metrics():
   alg = btm(aux_loss_fn, optim.sgd(0.1), P, seed_steps=1)
   params, batches = _params(), _batches(P, 2)
   state, (seed_metrics, expert_metrics) = _rounds(
-      alg, alg.init(params), [(0, batches), (1, batches)], weights=jnp.arange(1.0, P + 1))
+      alg, alg.init(params), [(0, batches), (1, batches)], weights=_f32(range(1, P + 1)))
   assert REQUIRED | {'learning_rate', 'accuracy'} <= set(seed_metrics)
   assert jax.tree.map(lambda x: (x.shape, x.dtype), seed_metrics) == jax.tree.map(
       lambda x: (x.shape, x.dtype), expert_metrics)
   np.testing.assert_allclose(seed_metrics['learning_rate'], 0.1)
   np.testing.assert_allclose(seed_metrics['loss_before'],
-                             loss_fn(params, _pooled(batches, 0), None)[0], rtol=1e-5)
+                             _loss(params, _pooled(batches, 0)), rtol=1e-5)
 
 
 def test_btm_checks_arguments():
@@ -312,11 +343,11 @@ def bigram(params, tokens):
 
 
 def _experts(k: int):
-  return {'table': jax.random.normal(jax.random.key(11), (k, V, V)) * 2}
+  return {'table': _normal(np.random.default_rng(11), (k, V, V)) * 2}
 
 
 def _tokens():
-  return jax.random.randint(jax.random.key(12), (2, T), 0, V)
+  return np.random.default_rng(12).integers(0, V, (2, T)).astype(np.int32)
 
 
 # Jitted: one program per expert count, where eagerly every op compiles on its own.
@@ -324,21 +355,23 @@ _ensemble_log_probs = jax.jit(ensemble_log_probs, static_argnums=0)
 
 
 def test_ensemble_probs_sum_to_one():
-  log_probs = _ensemble_log_probs(bigram, _experts(3), _tokens(), jnp.log(jnp.array([.2, .3, .5])))
+  log_probs = _ensemble_log_probs(bigram, _experts(3), _tokens(), np.log(_f32([.2, .3, .5])))
   assert log_probs.shape == (2, T, V)
   np.testing.assert_allclose(np.exp(np.asarray(log_probs)).sum(-1), 1.0, rtol=1e-5)
 
 
 def test_ensemble_of_one_is_the_expert():
   experts, tokens = _experts(1), _tokens()
-  want = jax.nn.log_softmax(bigram(jax.tree.map(lambda x: x[0], experts), tokens))
+  logits = np.asarray(bigram(jax.tree.map(lambda x: x[0], experts), tokens), np.float64)
+  want = logits - np.log(np.exp(logits).sum(-1, keepdims=True))  # log_softmax, in numpy.
   _close(_ensemble_log_probs(bigram, experts, tokens), want, atol=1e-5)
 
 
 def test_ensemble_matches_bayes_rule_by_hand():
   experts, tokens, prior = _experts(3), np.asarray(_tokens()), np.array([0.2, 0.3, 0.5])
-  got = np.exp(_ensemble_log_probs(bigram, experts, tokens, jnp.log(prior)))
-  probs = np.asarray(jax.nn.softmax(experts['table'], -1))  # [K, V(prev), V(next)]
+  got = np.exp(_ensemble_log_probs(bigram, experts, tokens, np.log(prior, dtype=np.float32)))
+  table = np.asarray(experts['table'], np.float64)
+  probs = np.exp(table) / np.exp(table).sum(-1, keepdims=True)  # [K, V(prev), V(next)]
   for b, t in itertools.product(range(2), range(T)):
     likelihood = np.array([np.prod([probs[k, tokens[b, s - 1], tokens[b, s]]
                                     for s in range(1, t + 1)]) for k in range(3)])
@@ -364,7 +397,7 @@ def test_the_trainer_starts_papa_members_from_their_own_inits():
   init = jax.jit(task.model.init)  # One program for the 5 members, not one per op.
   want = [nn.meta.unbox(init({'params': k, 'dropout': k}, sample)['params'])
           for k in jax.random.split(rng, 5)]
-  _close(state.population, jax.tree.map(lambda *m: jnp.stack(m), *want))
+  _close(state.population, _stack(*want))
   _close(state.params, _mean(state.population))
 
 

@@ -12,8 +12,10 @@ from paxlike.layers import TransformerLM, lora, stack_layers
 
 TINY = dict(vocab_size=64, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
             max_len=32)
-TOKENS = jax.random.randint(jax.random.key(0), (2, 12), 0, 64, dtype=jnp.int32)
+TOKENS = np.random.default_rng(0).integers(0, 64, (2, 12)).astype(np.int32)
 ALL_GATED = ('query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wo')
+# One rank for every adapter model: their eager ops' shapes, so their compiled programs, repeat.
+RANK = 3
 
 
 def _params(model):
@@ -21,13 +23,14 @@ def _params(model):
 
 
 def _with_random_b(params, seed: int = 1):
-  """Adapters' B set to random values (at init they are zeros)."""
-  leaves, tree = jax.tree.flatten_with_path(params)
-  keys = iter(jax.random.split(jax.random.key(seed), len(leaves)))
+  """Adapters' B set to random float32 values (at init they are zeros), drawn by numpy
+  (jax.random compiles a program per shape)."""
+  rng = np.random.default_rng(seed)
   def fill(path, x):
-    key = next(keys)
-    return jax.random.normal(key, x.shape) * 0.05 if str(path[-1].key).endswith('_lora_b') else x
-  return jax.tree.unflatten(tree, [fill(p, x) for p, x in leaves])
+    if not str(path[-1].key).endswith('_lora_b'):
+      return x
+    return (rng.standard_normal(x.shape) * 0.05).astype(np.float32)
+  return jax.tree_util.tree_map_with_path(fill, params)
 
 
 def _base(params):
@@ -47,16 +50,16 @@ def test_rank_zero_is_todays_model():
 
 
 def test_adapter_params_their_names_and_the_init_equals_the_base_model():
-  model = TransformerLM(**TINY, lora_rank=4, lora_targets=ALL_GATED)
+  model = TransformerLM(**TINY, lora_rank=RANK, lora_targets=ALL_GATED)
   boxed = model.init(jax.random.key(0), TOKENS)['params']['block_0']
   attn, mlp = boxed['attention'], boxed['mlp']
   assert attn['query_lora_a'].names == ('embed', 'lora_rank')
-  assert attn['query_lora_a'].value.shape == (32, 4)
+  assert attn['query_lora_a'].value.shape == (32, 3)
   assert attn['key_lora_b'].names == ('lora_rank', 'kv_heads', 'kv')
-  assert attn['key_lora_b'].value.shape == (4, 2, 8)
+  assert attn['key_lora_b'].value.shape == (3, 2, 8)
   assert attn['out_lora_a'].names == ('heads', 'kv', 'lora_rank')
   assert attn['out_lora_b'].names == ('lora_rank', 'embed')
-  assert mlp['wo_lora_a'].names == ('mlp', 'lora_rank') and mlp['wo_lora_a'].value.shape == (48, 4)
+  assert mlp['wo_lora_a'].names == ('mlp', 'lora_rank') and mlp['wo_lora_a'].value.shape == (48, 3)
   assert not np.any(np.asarray(mlp['wi_up_lora_b'].value))
   params, base = _params(model), _params(TransformerLM(**TINY))
   # The base kernels initialise as without adapters, and B = 0 leaves the logits alone.
@@ -72,7 +75,7 @@ def test_adapter_params_their_names_and_the_init_equals_the_base_model():
     dict(lora_targets=ALL_GATED, scan_layers=True),
 ])
 def test_merged_params_give_the_adapter_models_logits(fields):
-  model = TransformerLM(**TINY, lora_rank=3, **fields)
+  model = TransformerLM(**TINY, lora_rank=RANK, **fields)
   unrolled = model.clone(scan_layers=False)
   params = _with_random_b(_params(unrolled))
   params = stack_layers(params, 2) if model.scan_layers else params
@@ -86,7 +89,7 @@ def test_merged_params_give_the_adapter_models_logits(fields):
 
 
 def test_merge_is_base_plus_scaled_a_times_b_in_numpy():
-  model = TransformerLM(**TINY, lora_rank=2, lora_alpha=6.0, lora_targets=ALL_GATED)
+  model = TransformerLM(**TINY, lora_rank=RANK, lora_alpha=9.0, lora_targets=ALL_GATED)
   params = _with_random_b(_params(model))
   merged = lora.merge_lora(params, model)
   for path, (base, get) in {
@@ -100,12 +103,12 @@ def test_merge_is_base_plus_scaled_a_times_b_in_numpy():
     b = np.asarray(owner[f'{path}_lora_b'], np.float64)
     w = np.asarray(get(block), np.float64)
     assert w.shape == base
-    want = w + 3.0 * (a.reshape(-1, 2) @ b.reshape(2, -1)).reshape(w.shape)
+    want = w + 3.0 * (a.reshape(-1, RANK) @ b.reshape(RANK, -1)).reshape(w.shape)
     np.testing.assert_allclose(np.asarray(get(merged['block_1'])), want, rtol=1e-5, atol=1e-6)
 
 
 def test_lora_mask_marks_exactly_the_adapters_boxed_or_not():
-  model = TransformerLM(**TINY, lora_rank=2, lora_targets=('value', 'wo'))
+  model = TransformerLM(**TINY, lora_rank=RANK, lora_targets=('value', 'wo'))
   boxed = model.init(jax.random.key(0), TOKENS)['params']
   for tree in (boxed, nn.unbox(boxed)):
     flat = jax.tree.flatten_with_path(lora.lora_mask(tree))[0]

@@ -35,6 +35,7 @@ def _reference_route(probs: np.ndarray, k: int, slots: int):
 
 
 _route = jax.jit(moe.route, static_argnums=(1, 2))
+_load_balance_loss = jax.jit(moe.load_balance_loss)  # One program per shape, not one per op.
 
 
 def _hand_probs() -> np.ndarray:
@@ -89,13 +90,13 @@ def test_load_balance_loss_equals_its_formula_on_a_hand_built_routing():
   # k=1: expert shares f = (4, 1, 1)/6; mean probs P = (2.9, 1.7, 1.4)/6.
   want = 3 * (4 * 2.9 + 1 * 1.7 + 1 * 1.4) / 36
   choices = _route(jnp.asarray(probs), 1, 6).choices
-  np.testing.assert_allclose(moe.load_balance_loss(jnp.asarray(probs), choices), want, rtol=1e-6)
+  np.testing.assert_allclose(_load_balance_loss(probs, choices), want, rtol=1e-6)
   # k=2: choices per expert (first + second) = (4+2, 1+3, 1+1) over 12.
   want = 3 * (6 * 2.9 + 4 * 1.7 + 2 * 1.4) / 72
   choices = _route(jnp.asarray(probs), 2, 6).choices
-  np.testing.assert_allclose(moe.load_balance_loss(jnp.asarray(probs), choices), want, rtol=1e-6)
-  uniform = jnp.full((1, 4, 2), 0.5)
-  assert float(moe.load_balance_loss(uniform, jnp.asarray([[[0], [1], [0], [1]]]))) == 1.0
+  np.testing.assert_allclose(_load_balance_loss(probs, choices), want, rtol=1e-6)
+  uniform = np.full((1, 4, 2), 0.5, np.float32)
+  assert float(_load_balance_loss(uniform, np.array([[[0], [1], [0], [1]]]))) == 1.0
 
 
 def _layer(num_experts: int, k: int, capacity_factor=1.0, **kw) -> moe.MoeMlp:
@@ -179,7 +180,7 @@ def test_summarize_reduces_over_layers():
 
 def test_no_statistics_at_init():
   x = jnp.ones((1, 4, D))
-  assert set(jax.jit(_layer(2, 1).init)(jax.random.key(0), x)) == {'params'}
+  assert set(jax.eval_shape(_layer(2, 1).init, jax.random.key(0), x)) == {'params'}
 
 
 def test_bad_expert_configs_are_refused():
@@ -198,15 +199,15 @@ TINY_LM = dict(vocab_size=64, num_layers=4, d_model=32, num_heads=4, d_ff=32, ma
 
 @pytest.mark.parametrize('every, remat', [(1, 'none'), (2, 'dots'), (4, 'full')])
 def test_scanned_moe_model_equals_the_unrolled_one(every, remat):
-  tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 64)
+  tokens = np.random.default_rng(0).integers(0, 64, (2, 12)).astype(np.int32)
   model = TransformerLM(**TINY_LM, moe_every=every)
   params = nn.unbox(model.init(jax.random.key(1), tokens))['params']
   assert [i for i in range(4) if 'router' in params[f'block_{i}']['mlp']] == list(
       range(every - 1, 4, every))
   scanned = model.clone(scan_layers=True, remat_policy=remat)
   stacked = stack_layers(params, 4, every)
-  shapes = jax.tree.map(jnp.shape,
-                        nn.unbox(jax.jit(scanned.init)(jax.random.key(1), tokens))['params'])
+  shapes = jax.tree.map(jnp.shape,  # The scanned init's shapes (nothing computed).
+                        nn.unbox(jax.eval_shape(scanned.init, jax.random.key(1), tokens))['params'])
   assert shapes == jax.tree.map(jnp.shape, stacked)
   assert jax.tree.all(jax.tree.map(np.array_equal, unstack_layers(stacked), params))
 
@@ -238,8 +239,8 @@ def test_flops_count_only_the_active_experts():
   times (a token runs k of the E experts); the router counts whole."""
   model = TransformerLM(**{**TINY_LM, 'moe_every': 2})
   seq = 12
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, seq), jnp.int32)))[
-      'params']
+  params = nn.unbox(jax.eval_shape(model.init, jax.random.key(0),  # Shapes: nothing computed.
+                                   np.zeros((1, seq), np.int32)))['params']
   flat = traverse_util.flatten_dict(params)
   expert = lambda path, x: 'mlp' in path and x.ndim == 3
   n = sum(x.size * (2 / 4 if expert(path, x) else 1) for path, x in flat.items() if x.ndim >= 2)

@@ -102,8 +102,9 @@ TINY = dict(vocab_size=64, num_layers=4, d_model=32, num_heads=4, d_ff=48, max_l
 
 def test_model_fields_size_the_experts_and_the_shared_expert():
   model = TransformerLM(**TINY)
-  tokens = jnp.zeros((1, 12), jnp.int32)
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), tokens))['params']
+  tokens = np.zeros((1, 12), np.int32)
+  # The params' shapes (nothing computed): all the sizes and the FLOPs below need.
+  params = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens))['params']
   assert params['block_0']['mlp']['wi_gate']['kernel'].shape == (32, 48)  # Dense: d_ff.
   mlp = params['block_1']['mlp']
   assert mlp['wi_gate'].shape == (4, 32, 16) and mlp['wo'].shape == (4, 16, 32)
@@ -119,7 +120,7 @@ def test_model_fields_size_the_experts_and_the_shared_expert():
 
 def test_scanned_model_with_a_shared_expert_equals_the_unrolled_one():
   model = TransformerLM(**TINY)
-  tokens = jax.random.randint(jax.random.key(0), (2, 10), 0, 64)
+  tokens = np.random.default_rng(0).integers(0, 64, (2, 10)).astype(np.int32)
   params = nn.unbox(model.init(jax.random.key(1), tokens))['params']
   want = model.apply({'params': params}, tokens)
   got = jax.jit(model.clone(scan_layers=True).apply)({'params': stack_layers(params, 4, 2)},
@@ -145,7 +146,7 @@ def test_lora_on_the_experts_adapts_each_expert_and_merges_into_its_kernel():
   base (B = 0), and with B moved the merged plain model computes what the adapted one does,
   each expert's kernel W_e + (alpha / r) A_e B_e (numpy, per expert)."""
   model = TransformerLM(**{**TINY, **LORA})
-  tokens = jax.random.randint(jax.random.key(0), (2, 10), 0, 64)
+  tokens = np.random.default_rng(0).integers(0, 64, (2, 10)).astype(np.int32)
   params = nn.unbox(model.init(jax.random.key(1), tokens))['params']
   mlp = params['block_1']['mlp']
   assert mlp['wi_gate_lora_a'].shape == (4, 32, 2) and mlp['wo_lora_b'].shape == (4, 2, 32)
@@ -154,18 +155,19 @@ def test_lora_on_the_experts_adapts_each_expert_and_merges_into_its_kernel():
   plain = model.clone(lora_rank=0)
   np.testing.assert_allclose(model.apply({'params': params}, tokens),
                              plain.apply({'params': base}, tokens), rtol=1e-6, atol=1e-6)
-  moved = jax.tree_util.tree_map_with_path(
-      lambda path, x: x + 0.2 if 'lora_b' in jax.tree_util.keystr(path) else x, params)
+  moved = jax.tree_util.tree_map_with_path(  # In numpy float32: no compile per shape.
+      lambda path, x: np.asarray(x) + np.float32(0.2) if 'lora_b' in jax.tree_util.keystr(path)
+      else x, params)
   merged = lora.merge_lora(moved, model)
   got = plain.apply({'params': merged}, tokens)
   want = model.apply({'params': moved}, tokens)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   assert np.abs(np.asarray(want) - np.asarray(plain.apply({'params': base}, tokens))).max() > 1e-3
-  m = moved['block_1']['mlp']
+  m = jax.tree.map(np.asarray, moved['block_1']['mlp'])
+  merged_wo = np.asarray(merged['block_1']['mlp']['wo'])
   for e in range(4):
-    expect = np.asarray(m['wo'][e]) + 2.0 * np.asarray(m['wo_lora_a'][e]) @ np.asarray(
-        m['wo_lora_b'][e])
-    np.testing.assert_allclose(merged['block_1']['mlp']['wo'][e], expect, rtol=1e-5, atol=1e-6)
+    expect = m['wo'][e] + 2.0 * m['wo_lora_a'][e] @ m['wo_lora_b'][e]
+    np.testing.assert_allclose(merged_wo[e], expect, rtol=1e-5, atol=1e-6)
   # Scanned: the same adapters stacked, the same logits.
   scanned = model.clone(scan_layers=True)
   np.testing.assert_allclose(jax.jit(scanned.apply)({'params': stack_layers(moved, 4, 2)},

@@ -19,8 +19,9 @@ TINY = dict(vocab_size=64, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_l
 LOGICAL_NAMES = {'vocab', 'embed', 'heads', 'kv_heads', 'kv', 'mlp', None}
 
 
-def _tokens(seed: int, shape=(2, 16), vocab: int = 64) -> jax.Array:
-  return jax.random.randint(jax.random.key(seed), shape, 0, vocab, dtype=jnp.int32)
+def _tokens(seed: int, shape=(2, 16), vocab: int = 64) -> np.ndarray:
+  """Random int32 tokens drawn by numpy (jax.random compiles a program per shape)."""
+  return np.random.default_rng(seed).integers(0, vocab, shape).astype(np.int32)
 
 
 def _init(model: TransformerLM, tokens: jax.Array):
@@ -93,9 +94,10 @@ def test_causal(variant):
   variables = _init(model, tokens)
   logits = model.apply(variables, tokens)
   t = 7
-  changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 1) % 64)
+  changed = tokens.copy()
+  changed[:, t + 1:] = (tokens[:, t + 1:] + 1) % 64
   logits_changed = model.apply(variables, changed)
-  prefix_only = model.apply(variables, tokens[:, : t + 1])
+  prefix_only = jax.jit(model.apply)(variables, tokens[:, : t + 1])  # One program, not per op.
   np.testing.assert_allclose(logits_changed[:, : t + 1], logits[:, : t + 1], atol=1e-5)
   np.testing.assert_allclose(prefix_only, logits[:, : t + 1], atol=1e-5)
   assert not np.allclose(logits_changed[:, t + 1:], logits[:, t + 1:], atol=1e-3)
@@ -109,17 +111,20 @@ def test_sliding_window_limits_receptive_field():
   logits = model.apply(variables, tokens)
   t = 15
   reach = layers * (window - 1)  # each layer looks window - 1 tokens further back
-  outside = tokens.at[:, t - reach - 1].add(1)
-  inside = tokens.at[:, t - reach].add(1)
+  outside, inside = tokens.copy(), tokens.copy()
+  outside[:, t - reach - 1] += 1
+  inside[:, t - reach] += 1
   np.testing.assert_allclose(model.apply(variables, outside)[:, t], logits[:, t], atol=1e-5)
   assert not np.allclose(model.apply(variables, inside)[:, t], logits[:, t], atol=1e-3)
 
 
 def test_apply_rope_scores_depend_only_on_relative_position():
-  q, k = jax.random.normal(jax.random.key(0), (2, 1, 1, 1, 16))
-  score = lambda m, n: jnp.sum(apply_rope(q, jnp.array([m])) * apply_rope(k, jnp.array([n])))
+  q, k = np.random.default_rng(0).standard_normal((2, 1, 1, 1, 16)).astype(np.float32)
+  # Jitted: one program for every pair of positions, not one per op.
+  score = jax.jit(lambda m, n: jnp.sum(apply_rope(q, jnp.array([m])) *
+                                       apply_rope(k, jnp.array([n]))))
   np.testing.assert_allclose(score(3, 1), score(13, 11), rtol=1e-4)
-  np.testing.assert_allclose(score(0, 0), jnp.sum(q * k), rtol=1e-5)
+  np.testing.assert_allclose(score(0, 0), np.sum(q.astype(np.float64) * k), rtol=1e-5)
   assert abs(score(3, 1) - score(3, 2)) > 1e-3
 
 
@@ -127,9 +132,9 @@ def test_rope_of_bfloat16_features_turns_them_by_float32_angles():
   """Far into a sequence a bfloat16 angle is useless (at position 3001 its spacing is 16 rad),
   so the angles and the rotation must be float32 whatever the features' dtype: the output then
   equals a float64 rotation up to bfloat16 rounding of the result."""
-  x = jax.random.normal(jax.random.key(7), (1, 2, 2, 16)).astype(jnp.bfloat16)
+  x = np.random.default_rng(7).standard_normal((1, 2, 2, 16)).astype(jnp.bfloat16)
   positions = np.array([3001, 3002])
-  out = apply_rope(x, jnp.asarray(positions))
+  out = jax.jit(apply_rope)(x, positions)
   assert out.dtype == jnp.bfloat16
   x64 = np.asarray(x, np.float64)
   half = x64.shape[-1] // 2
@@ -150,13 +155,15 @@ def test_rope_is_translation_invariant(rope):
   """
   window, layers = 3, 2
   model = TransformerLM(**{**TINY, 'num_layers': layers}, sliding_window=window, rope=rope)
-  content = _tokens(3, (1, 12))
-  a = jnp.concatenate([_tokens(4, (1, 3)), content], axis=1)
-  b = jnp.concatenate([_tokens(5, (1, 7)), content], axis=1)
-  variables = _init(model, a)
+  # Both rows 16 tokens (the shape the other tests run): the content after 1 token in the
+  # first, after 4 in the second, then 3 more (which the causal logits compared never see).
+  content = _tokens(3, (12,))
+  tokens = np.stack([np.concatenate([_tokens(4, (1,)), content, _tokens(6, (3,))]),
+                     np.concatenate([_tokens(5, (4,)), content])])
+  variables = _init(model, tokens)
   reach = layers * (window - 1)
-  logits_a = model.apply(variables, a)[:, -12 + reach:]
-  logits_b = model.apply(variables, b)[:, -12 + reach:]
+  logits = model.apply(variables, tokens)
+  logits_a, logits_b = logits[0, 1 + reach:13], logits[1, 4 + reach:]
   assert np.allclose(logits_a, logits_b, atol=1e-4) == rope
 
 
@@ -166,9 +173,10 @@ def test_bf16_compute_returns_float32_close_to_fp32():
   variables = _init(fp32, tokens)
   bf16 = TransformerLM(**TINY, dtype=jnp.bfloat16)
   ref = fp32.apply(variables, tokens)
-  out = bf16.apply(variables, tokens)
+  out = jax.jit(bf16.apply)(variables, tokens)  # One program, not one per op.
   assert out.dtype == jnp.float32
-  assert jax.tree.leaves(nn.unbox(_init(bf16, tokens)))[0].dtype == jnp.float32
+  params = jax.eval_shape(bf16.init, jax.random.key(0), tokens)  # Dtypes: nothing to compute.
+  assert jax.tree.leaves(nn.unbox(params))[0].dtype == jnp.float32
   np.testing.assert_allclose(out, ref, atol=0.1)
   assert float(jnp.mean(jnp.abs(out - ref))) < 0.02
 
@@ -213,8 +221,9 @@ def test_every_param_has_logical_names(variant):
 
 def test_training_reduces_loss():
   model = TransformerLM(**TINY)
-  seq = jnp.tile(jnp.arange(8, dtype=jnp.int32), 4)[None]  # 0..7 repeated, [1, 32]
-  params = nn.unbox(_init(model, seq))['params']
+  seq = np.tile(np.arange(8, dtype=np.int32), 4)[None]  # 0..7 repeated, [1, 32]
+  # Initialised on the other tests' token shape: the same params (rope: none depend on length).
+  params = nn.unbox(_init(model, _tokens(0)))['params']
   opt = optax.adam(1e-2)
 
   def loss_fn(p):

@@ -1,5 +1,6 @@
 """Behaviour of the image classifiers: shapes, parameter counts, names, dropout, training."""
 
+import functools
 import textwrap
 
 import flax.linen as nn
@@ -15,8 +16,9 @@ from tests.helpers import run_script
 LOGICAL_NAMES = {'embed', 'mlp', None}
 
 
-def _images(shape, seed: int = 0) -> jax.Array:
-  return jax.random.uniform(jax.random.key(seed), shape)
+def _images(shape, seed: int = 0) -> np.ndarray:
+  """Uniform [0, 1) float32 images drawn by numpy (jax.random compiles a program per shape)."""
+  return np.random.default_rng(seed).random(shape, np.float32)
 
 
 def _count(variables) -> int:
@@ -28,8 +30,9 @@ def _count(variables) -> int:
 def test_mlp_shapes_and_param_count(shape, hidden):
   model = MlpClassifier(num_classes=7, hidden=hidden)
   images = _images(shape)
-  variables = model.init(jax.random.key(0), images)
-  logits = model.apply(variables, images, deterministic=True)
+  # Shapes, dtypes and counts are the abstract values' (nothing computed, nothing compiled).
+  variables = jax.eval_shape(model.init, jax.random.key(0), images)
+  logits = jax.eval_shape(functools.partial(model.apply, deterministic=True), variables, images)
   assert logits.shape == (3, 7) and logits.dtype == jnp.float32
   widths = [int(np.prod(shape[1:])), *hidden, 7]
   assert _count(variables) == sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
@@ -37,8 +40,8 @@ def test_mlp_shapes_and_param_count(shape, hidden):
 
 def test_cnn_matches_fedavg_paper_size():
   images = _images((2, 28, 28, 1))
-  variables = CnnClassifier().init(jax.random.key(0), images)
-  logits = CnnClassifier().apply(variables, images)
+  variables = jax.eval_shape(CnnClassifier().init, jax.random.key(0), images)  # As above.
+  logits = jax.eval_shape(CnnClassifier().apply, variables, images)
   assert logits.shape == (2, 10) and logits.dtype == jnp.float32
   # McMahan et al. 2017: 5x5x32 conv, 5x5x64 conv, 3136->512 dense, 512->10.
   assert _count(variables) == 1_663_370
@@ -48,8 +51,8 @@ def test_cnn_matches_fedavg_paper_size():
 def test_cnn_scaled_shapes_and_param_count(shape):
   model = CnnClassifier(num_classes=5, features=(4, 8), dense=16)
   images = _images(shape)
-  variables = model.init(jax.random.key(0), images)
-  assert model.apply(variables, images).shape == (2, 5)
+  variables = jax.eval_shape(model.init, jax.random.key(0), images)  # As above.
+  assert jax.eval_shape(model.apply, variables, images).shape == (2, 5)
   channels = shape[3] if len(shape) == 4 else 1
   flat = (shape[1] // 4) * (shape[2] // 4) * 8
   expected = (25 * channels * 4 + 4) + (25 * 4 * 8 + 8) + (flat * 16 + 16) + (16 * 5 + 5)
@@ -58,7 +61,7 @@ def test_cnn_scaled_shapes_and_param_count(shape):
 
 @pytest.mark.parametrize('model', [MlpClassifier(hidden=(32, 16)), CnnClassifier(features=(4, 8))])
 def test_every_param_has_logical_names(model):
-  variables = model.init(jax.random.key(0), _images((2, 28, 28, 1)))
+  variables = jax.eval_shape(model.init, jax.random.key(0), _images((2, 28, 28, 1)))  # Names.
   boxes = jax.tree.leaves(variables, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
   assert boxes and all(isinstance(b, nn.LogicallyPartitioned) for b in boxes)
   for box in boxes:
@@ -73,8 +76,9 @@ def test_every_param_has_logical_names(model):
   assert head['kernel'][-1] is None and tuple(head['bias']) == (None,)  # classes replicated
 
 
-@pytest.mark.parametrize('model', [MlpClassifier(dropout_rate=0.5), CnnClassifier(features=(4, 8),
-                                                                                 dropout_rate=0.5)])
+# The training test's models (and image shape for init), but with dropout: their ops compile once.
+@pytest.mark.parametrize('model', [MlpClassifier(hidden=(32,), dropout_rate=0.5),
+                                   CnnClassifier(features=(4, 8), dense=32, dropout_rate=0.5)])
 def test_dropout_only_when_not_deterministic(model):
   images = _images((4, 28, 28, 1))
   variables = model.init(jax.random.key(0), images)
@@ -88,8 +92,9 @@ def test_dropout_only_when_not_deterministic(model):
                                                                               dense=32)])
 def test_training_reduces_loss(model):
   images = _images((16, 28, 28, 1), seed=1)
-  labels = jax.random.randint(jax.random.key(2), (16,), 0, 10)
-  params = nn.unbox(model.init(jax.random.key(0), images))['params']
+  labels = np.random.default_rng(2).integers(0, 10, (16,)).astype(np.int32)
+  # Initialised on 4 of the images, as the dropout test does (the params do not depend on it).
+  params = nn.unbox(model.init(jax.random.key(0), images[:4]))['params']
   opt = optax.adam(3e-3)
 
   def loss_fn(p):
