@@ -11,49 +11,20 @@ message carries none of it)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import fiddle as fdl
 import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
-from configs import federated as fed
-from paxlike import registry
-from paxlike.config import config_io
-from paxlike.export.__main__ import export_experiment
 from tests.deploy.local_grid import deploy
-from tests.export.export_task import TINY, digits, train_to
-from tests.federated.lora_task import lora_config
+from tests.export.export_task import ALGORITHMS, ROUNDS, trained_and_exported
 from tests.helpers import TIMING_FIELDS
 
-pytestmark = pytest.mark.slow  # A trainer run, an export and a deployed run, seconds each.
+# A deployed run, and a trainer run and an export (tests/export/export_task.py's, made once per
+# pytest run), seconds each.
+pytestmark = pytest.mark.slow
 
-ROUNDS, NODES = 2, 2
-
-
-def _dp_fedavg(tmp_path: Path) -> fdl.Config:
-  registry.import_all()
-  cfg = registry.get('federated.DigitsDpFedAvg')().config()
-  config_io.apply_overrides(cfg, [*TINY, 'data.clients_per_round=3'])
-  return cfg
-
-
-def _scaffold(tmp_path: Path) -> fdl.Config:
-  registry.import_all()
-  cfg = registry.get('federated.DigitsScaffold')().config()
-  config_io.apply_overrides(cfg, [*TINY, 'data.num_clients=3', 'data.clients_per_round=3',
-                                  'algorithm.num_clients=3', 'data.local_steps=2'])
-  return cfg
-
-
-CONFIGS = {
-    'fed_adam': lambda tmp_path: digits(fed.fed_adam(server_learning_rate=0.05)),
-    'diloco': lambda tmp_path: digits(fed.diloco(num_replicas=3)),  # Client optimizer state.
-    'scaffold': _scaffold,  # Control variates carried at the clients.
-    'dp_fedavg': _dp_fedavg,
-    'lora_text': lora_config,
-}
+NODES = 2
 
 
 def _assert_downlink(plan: dict, grid, cohorts: list[dict]) -> None:
@@ -77,16 +48,15 @@ def _assert_downlink(plan: dict, grid, cohorts: list[dict]) -> None:
       seen.add(node)
 
 
-@pytest.mark.parametrize('algorithm', sorted(CONFIGS))
-def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
+@pytest.mark.parametrize('algorithm', sorted(ALGORITHMS))
+def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, tmp_path_factory, monkeypatch):
   monkeypatch.setattr(TaskIdentity, '_run_id', 1)  # Flower's Message needs a run and a node.
   monkeypatch.setattr(TaskIdentity, '_node_id', 0)
   monkeypatch.setattr(TaskIdentity, '_task_id', 1)
-  cfg = CONFIGS[algorithm](tmp_path)
-  config_io.apply_overrides(cfg, [f'train.num_steps={ROUNDS}'])  # Both evaluate at the last.
-  simulated, state = train_to(cfg, tmp_path / 'job', ROUNDS)
-  export_experiment(cfg, tmp_path / 'export', rounds=ROUNDS, experiment=algorithm)
-  grid = deploy(cfg, tmp_path / 'export', tmp_path / 'run', ROUNDS, NODES)
+  # Trained and exported with train.num_steps=ROUNDS: both evaluate at the last round.
+  trained = trained_and_exported(tmp_path_factory, algorithm)
+  simulated, state = trained.rows, trained.state
+  grid = deploy(trained.cfg, trained.export, tmp_path / 'run', ROUNDS, NODES)
 
   logs = [tmp_path / 'run' / f'node{k}.jsonl' for k in range(NODES)]  # None if never sent.
   ran = [[json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -108,7 +78,7 @@ def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, monkeypatch):
     assert dep['clients_lost'] == dep['dropped_slots'] == 0
     for key in shared:
       np.testing.assert_allclose(dep[key], sim[key], rtol=1e-5, atol=1e-6, err_msg=key)
-  plan = json.loads((tmp_path / 'export' / 'plan.json').read_text())
+  plan = json.loads((trained.export / 'plan.json').read_text())
   assert any(e.get('once') for e in plan['communication']) == (algorithm == 'lora_text')
   cohorts = [json.loads(line) for line in (tmp_path / 'run' / 'server' / 'cohorts.jsonl')
              .read_text().splitlines()]

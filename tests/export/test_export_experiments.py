@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 
 from configs import federated as fed
-from paxlike import registry
-from paxlike.config import config_io
 from paxlike.export import run
 from paxlike.export.__main__ import export_experiment
 from tests.export.export_task import (TINY, assert_round_matches, digits,
-                                      exported_rounds_match_training, train_to)
-from tests.helpers import REPO, cli_env, metric_rows, run_python
+                                      exported_rounds_match_training, train_to,
+                                      trained_and_exported)
+from tests.helpers import REPO, cli_env, made_once, run_python
 
 pytestmark = pytest.mark.slow  # Trainer runs and CLI subprocesses, each a few seconds.
 
@@ -29,31 +28,26 @@ CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3'
             '--fdl_set=data.local_steps=2', *(f'--fdl_set={o}' for o in TINY)]
 
 
-def test_diloco_export_runs_like_training(tmp_path):
-  cfg = digits(fed.diloco(num_replicas=3))
-  _, _, state = exported_rounds_match_training(cfg, tmp_path, 'digits_diloco')
-  assert any(n.startswith('state.client_opt_state') for n in state)  # Carried at the clients.
+def test_diloco_export_runs_like_training(tmp_path_factory):
+  trained = trained_and_exported(tmp_path_factory, 'diloco')
+  exported_rounds_match_training(trained)
+  assert any(n.startswith('state.client_opt_state') for n in trained.state)  # At the clients.
 
 
-def test_dp_fedavg_export_runs_like_training(tmp_path):
+def test_dp_fedavg_export_runs_like_training(tmp_path_factory):
   """Clipping is client code, the noise and the adaptive clip norm are server code: the same
   rounds as the trainer's, noise included (it comes from the round's key)."""
-  registry.import_all()
-  cfg = registry.get('federated.DigitsDpFedAvg')().config()
-  config_io.apply_overrides(cfg, [*TINY, 'data.clients_per_round=3'])
-  _, _, state = exported_rounds_match_training(cfg, tmp_path, 'federated.DigitsDpFedAvg')
-  assert any(n.startswith('state.aggregator_state') for n in state)
+  trained = trained_and_exported(tmp_path_factory, 'dp_fedavg')
+  exported_rounds_match_training(trained)
+  assert any(n.startswith('state.aggregator_state') for n in trained.state)
 
 
-def test_scaffold_export_runs_like_training(tmp_path):
+def test_scaffold_export_runs_like_training(tmp_path_factory):
   """SCAFFOLD's client optimizer starts inside the client scan (its step count has no clients
   axis): the export carries the control variates at the clients and runs the trainer's rounds."""
-  registry.import_all()
-  cfg = registry.get('federated.DigitsScaffold')().config()
-  config_io.apply_overrides(cfg, [*TINY, 'data.num_clients=3', 'data.clients_per_round=3',
-                                  'algorithm.num_clients=3', 'data.local_steps=2'])
-  exported, history, _ = exported_rounds_match_training(cfg, tmp_path, 'federated.DigitsScaffold')
-  assert 'control_norm' in metric_rows(tmp_path / 'job')[1]
+  trained = trained_and_exported(tmp_path_factory, 'scaffold')
+  exported, history = exported_rounds_match_training(trained)
+  assert 'control_norm' in trained.rows[1]
   assert 'metrics.control_norm' in history[1]
   assert {s['name'].split('.')[1] for s in exported.plan['inputs']
           if s['placement'] == 'clients' and s['carried']} == {'client_controls'}
@@ -75,14 +69,15 @@ def test_fedadam_export_from_a_job_dir_continues_its_training(tmp_path):
 
 @pytest.fixture(scope='module')
 def fedavg_export(tmp_path_factory) -> Path:
-  """The CLI's export of two tiny DigitsFedAvg rounds."""
-  out = tmp_path_factory.mktemp('fedavg') / 'export'
-  proc = run_python(['-m', 'paxlike.export', *CLI_TINY, f'--out={out}', '--rounds=2'], cli_env(),
-                    timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert {'plan.json', 'client.jaxexport', 'server_pre.jaxexport', 'server_post.jaxexport',
-          'state', 'rounds.npz'} <= {line.split('\t')[0] for line in proc.stdout.splitlines()}
-  return out
+  """The CLI's export of two tiny DigitsFedAvg rounds, made once per pytest run (its tests only
+  read it, or copy it)."""
+  def make(out: Path) -> None:
+    proc = run_python(['-m', 'paxlike.export', *CLI_TINY, f'--out={out}', '--rounds=2'],
+                      cli_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {'plan.json', 'client.jaxexport', 'server_pre.jaxexport', 'server_post.jaxexport',
+            'state', 'rounds.npz'} <= {line.split('\t')[0] for line in proc.stdout.splitlines()}
+  return made_once(tmp_path_factory, 'fedavg_cli_export', make)
 
 
 def executor(directory: Path, *args: str) -> subprocess.CompletedProcess:

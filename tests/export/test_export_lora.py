@@ -14,26 +14,27 @@ import pytest
 from paxlike.export import run
 from paxlike.layers.lora import lora_mask
 from paxlike.core.trainable import split_params
-from tests.export.export_task import exported_rounds_match_training
-from tests.federated.lora_task import lora_config
+from tests.export.export_task import exported_rounds_match_training, trained_and_exported
 
-pytestmark = pytest.mark.slow  # A trainer run and an export, a few seconds each.
+# A trainer run and an export (export_task's, made once per pytest run), a few seconds each.
+pytestmark = pytest.mark.slow
 
 
 def nbytes(tree) -> int:
   return sum(math.prod(np.shape(x)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def test_lora_export_sends_the_base_once_uploads_the_adapters_and_runs_like_training(tmp_path):
-  cfg = lora_config(tmp_path)
-  exported, history, _ = exported_rounds_match_training(cfg, tmp_path, 'federated.TextLoraFedAvg')
+def test_lora_export_sends_the_base_once_uploads_the_adapters_and_runs_like_training(
+    tmp_path_factory):
+  trained = trained_and_exported(tmp_path_factory, 'lora_text')
+  exported, history = exported_rounds_match_training(trained)
 
   # The adapters' and the base's bytes, from the model's params (float32).
   params = jax.tree.unflatten(jax.tree.structure(exported_params(exported)),
                               list(exported_params(exported).values()))
   adapters, base = split_params(params, lora_mask)
   assert 0 < nbytes(adapters) < nbytes(base) / 10
-  plan = json.loads((tmp_path / 'export' / 'plan.json').read_text())
+  plan = json.loads((trained.export / 'plan.json').read_text())
   up = {c['value']: c['bytes'] for c in plan['communication'] if c['kind'] in ('sum', 'mean')}
   sent = {d['name']: d['shape'] for d in plan['programs']['client']['outputs']}
   assert sum(b for v, b in up.items() if sent[v]) == nbytes(adapters)  # The adapters only ...
