@@ -9,20 +9,27 @@ every run would otherwise pay again, and the interpreter's teardown: the child e
 as paxlike's own error exits do, so atexit handlers do not run (the trainer closes its
 checkpoints and summaries itself before it returns).
 
+Modules that only some runs import (ON_DEMAND: matplotlib's pyplot, dp_accounting) are left out
+of PRELOAD, which every server pays for when it starts: a child reports each of them as it
+begins to import it (a finder first on sys.meta_path, writing to a pipe the server reads), and
+the server imports it then, before it forks another run, so that its later runs have it.
+
 A run whose environment differs from the server's in a variable read at import time (say
 PYTHONPATH, or JAX_* config) cannot be served. `ForkServer.run` then returns None, and the caller
 starts a plain subprocess.
 
 `ForkServer.start` is the server's `subprocess.Popen`: a handle with the child's pid, which a
-test may signal or SIGKILL; runs may overlap. A child of the server that starts runs of its own
-(scripts/reproduce.py's training runs) can fork a server from itself first (`ForkServer.here`,
-whose `popen` stands in for subprocess.Popen), while it still has one thread and no jax backend.
+test may signal or SIGKILL (with `new_session`, the child leads a session and process group of
+its own, as with Popen's start_new_session, for a test that kills its whole group); runs may
+overlap. A child of the server that starts runs of its own (scripts/reproduce.py's training
+runs) can fork a server from itself first (`ForkServer.here`, whose `popen` stands in for
+subprocess.Popen), while it still has one thread and no jax backend.
 
 Protocol, one JSON line each way on the server's stdin/stdout: a request {args, env, cwd, stdout,
-stderr} (args as after `python`; the last two are file paths), answered at once with
-{"started": pid}; when a child exits, {"pid": pid, "status": exit code}. The server sleeps until
-one or the other happens, waiting on each child's pidfd (Linux 5.3+; the suite reads /proc
-elsewhere too).
+stderr, new_session} (args as after `python`; stdout and stderr are file paths), answered at
+once with {"started": pid}; when a child exits, {"pid": pid, "status": exit code}. The server
+sleeps until a request comes, a child reports an ON_DEMAND import or a child exits, waiting on
+each child's pidfd (Linux 5.3+; the suite reads /proc elsewhere too).
 """
 
 from __future__ import annotations
@@ -48,12 +55,22 @@ REPO = Path(__file__).resolve().parents[1]
 # What a training, eval or decode run imports.
 PRELOAD = ('paxlike.main', 'paxlike.trainer.loop', 'paxlike.trainer.build', 'paxlike.trainer.restore',
            'paxlike.cli.decode_text', 'paxlike.data.prepare', 'tensorflow_datasets')
+# What only some runs import, each about as dear as the rest of a run's start-up: matplotlib's
+# pyplot (~0.3 s; the reproductions' pages, the plotting scripts) and dp_accounting (~0.9 s, with
+# scipy; DP runs). A server imports one once a run of its own has (see `serve`): most servers
+# never serve such a run. Neither starts a thread, a jax backend or reads a variable outside
+# import_key; pyplot leaves the backend to be chosen when a child first draws (Agg without a
+# display), in the child's own environment.
+ON_DEMAND = ('matplotlib.pyplot', 'dp_accounting')
+# The other command lines the server runs, as `python -m` would, from what it preloaded (not
+# paxlike.interop.hf, whose --job_log_dir would be defined a second time beside paxlike.main's).
+# The local Flower launcher and the warm ClientApp server start processes of their own, as a
+# fresh one would (from threads too: the fork is theirs, after the server's).
+FORKABLE = ('paxlike.export', 'paxlike.export.run', 'paxlike.tokenizers',
+            'paxlike.deploy.flower.local', 'paxlike.deploy.flower.warm_clientapp')
 # Variables a run reads when it runs, not when its modules are imported: these may differ
 # between the server and a run it serves (the child hands JAX_PLATFORMS to jax's config, which
 # read it at import).
-# The other command lines the server runs, as `python -m` would, from what it preloaded (not
-# paxlike.interop.hf, whose --job_log_dir would be defined a second time beside paxlike.main's).
-FORKABLE = ('paxlike.export', 'paxlike.export.run', 'paxlike.tokenizers')
 RUNTIME_ENV = ('XLA_FLAGS', 'PAXLIKE_', 'PYTEST_', 'JAX_PLATFORMS')
 
 
@@ -164,16 +181,18 @@ class ForkServer:
     return self.alive() and runnable(args) and servable(self.env, env)
 
   def start(self, args: list[str], env: dict[str, str], stdout: str | Path = os.devnull,
-            stderr: str | Path = os.devnull, cwd: str | Path = REPO) -> ForkedProcess | None:
+            stderr: str | Path = os.devnull, cwd: str | Path = REPO, new_session: bool = False
+            ) -> ForkedProcess | None:
     """`python ARGS` started in the background in `cwd`, writing to the files `stdout` and
-    `stderr` (the same path: one file, as with stderr=subprocess.STDOUT); None if this server
-    cannot make it (see `runnable` and `servable`)."""
+    `stderr` (the same path: one file, as with stderr=subprocess.STDOUT), in a session of its
+    own when `new_session` (Popen's start_new_session); None if this server cannot make it (see
+    `runnable` and `servable`)."""
     if not self.can_run(args, env):
       return None
     with self._lock:
       self._requests.write(json.dumps({'args': args, 'env': env, 'cwd': str(cwd),
-                                       'stdout': str(stdout), 'stderr': str(stderr)}).encode()
-                           + b'\n')
+                                       'stdout': str(stdout), 'stderr': str(stderr),
+                                       'new_session': new_session}).encode() + b'\n')
       self._requests.flush()
       while 'started' not in (reply := self._reply(timeout=60)):
         self._exits[reply['pid']] = reply['status']
@@ -253,11 +272,32 @@ class ForkServer:
       os.waitpid(self._pid, 0)
 
 
-def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int
-            ) -> NoReturn:
+class _ReportOnDemand:
+  """A finder first on a child's sys.meta_path: writes the name of each ON_DEMAND module the
+  child begins to import to the server's pipe `fd` (one short write: whole, beside other
+  children's), and finds nothing itself."""
+
+  def __init__(self, fd: int):
+    self.fd = fd
+
+  def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+    if name in ON_DEMAND:
+      try:
+        os.write(self.fd, f'{name}\n'.encode())
+      except OSError:  # The server has gone: nothing to tell it.
+        pass
+
+
+def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int,
+            on_demand: int, new_session: bool) -> NoReturn:
   """In a forked child: become `python ARGS` (`-m MODULE ...` or `-c SCRIPT`) in `env` and
-  `cwd`, writing to the file descriptors `stdout` and `stderr`, and exit with its code."""
+  `cwd`, writing to the file descriptors `stdout` and `stderr`, leading a session of its own
+  when `new_session`, and exit with its code; the ON_DEMAND modules it imports are reported to
+  the server on the pipe `on_demand`."""
   def program() -> None:
+    if new_session:
+      os.setsid()
+    sys.meta_path.insert(0, _ReportOnDemand(on_demand))
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -293,24 +333,42 @@ def preload() -> None:
   registry.import_all()
 
 
+def _import_on_demand(names: bytes) -> None:
+  """Imports the ON_DEMAND modules among the lines `names` (children's reports) that this
+  process has not imported yet; one that fails to import is left to the children."""
+  for name in names.decode().split():
+    if name in ON_DEMAND and name not in sys.modules:
+      try:
+        importlib.import_module(name)
+      except Exception:  # pylint: disable=broad-except  The children meet it themselves.
+        pass
+
+
 def serve(preloaded: bool = False) -> None:
   """The server's loop: a child per request line on stdin, answered at once with {"started":
   pid}; each child's exit, as it happens, with {"pid": pid, "status": exit code}. First the
-  imports of PRELOAD and every experiment, unless this process has them (`ForkServer.here`)."""
+  imports of PRELOAD and every experiment, unless this process has them (`ForkServer.here`).
+  An ON_DEMAND module a child reports importing is imported before anything else is done (so
+  before the child's exit is answered, which comes after its report)."""
   replies = os.dup(1)
   os.dup2(2, 1)  # Nothing of the server's own goes down the reply channel.
   if not preloaded:
     preload()
   children: dict[int, int] = {}  # A pidfd (readable once its child has exited) -> the pid.
   pending = b''
+  reported, report = os.pipe()  # Children write the ON_DEMAND modules they import to `report`.
+  os.set_blocking(report, False)  # A child never waits on it (a full pipe: the report is lost).
   with os.fdopen(replies, 'w') as reply:
     def send(message: dict) -> None:
       reply.write(json.dumps(message) + '\n')
       reply.flush()
 
     while True:
-      # Blocks until a request comes or a child exits: no polling while runs go on.
-      ready = select.select([0, *children], [], [])[0]
+      # Blocks until a request comes, a child reports or a child exits: no polling while runs
+      # go on.
+      ready = select.select([0, reported, *children], [], [])[0]
+      if reported in ready:
+        _import_on_demand(os.read(reported, 1 << 16))
       if 0 in ready:
         data = os.read(0, 1 << 16)
         if not data:
@@ -323,11 +381,12 @@ def serve(preloaded: bool = False) -> None:
           sys.stderr.flush()
           pid = os.fork()
           if pid == 0:
-            for fd in (reply.fileno(), *children):
+            for fd in (reply.fileno(), reported, *children):
               os.close(fd)
             out = _open(request['stdout'])
             err = out if request['stderr'] == request['stdout'] else _open(request['stderr'])
-            _become(request['args'], request['env'], request['cwd'], out, err)
+            _become(request['args'], request['env'], request['cwd'], out, err, report,
+                    request.get('new_session', False))
           children[os.pidfd_open(pid)] = pid
           send({'started': pid})
       for fd in ready:

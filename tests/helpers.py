@@ -106,14 +106,26 @@ def start_cli(*args: str, devices: int = 1, env: dict[str, str] | None = None,
               stdout: str | Path = os.devnull, stderr: str | Path = os.devnull
               ) -> ForkedProcess | subprocess.Popen:
   """`python -m paxlike.main ARGS` started in the background, writing to the files `stdout` and
-  `stderr` (two paths): forked from the worker's fork server when it can be (see `run_python`),
-  else started afresh. A Popen-like handle, to poll, signal or SIGKILL."""
-  args_ = ['-m', 'paxlike.main', *args]
-  env = env or cli_env(devices)
-  proc = _fork_server(env).start(args_, env, stdout, stderr)
+  `stderr` (see `start_python`). A Popen-like handle, to poll, signal or SIGKILL."""
+  return start_python(['-m', 'paxlike.main', *args], env or cli_env(devices), stdout, stderr)
+
+
+def start_python(args: list[str], env: dict[str, str], stdout: str | Path = os.devnull,
+                 stderr: str | Path = os.devnull, new_session: bool = False
+                 ) -> ForkedProcess | subprocess.Popen:
+  """`python ARGS` started in the background in REPO, writing to the files `stdout` and
+  `stderr` (the same path: one file, as with stderr=subprocess.STDOUT), in a session of its own
+  when `new_session` (Popen's start_new_session): forked from the worker's fork server when it
+  can be (see `run_python`), else started afresh. A Popen-like handle."""
+  proc = _fork_server(env).start(args, env, stdout, stderr, new_session=new_session)
   if proc is None:
-    with open(stdout, 'w') as out, open(stderr, 'w') as err:
-      proc = subprocess.Popen([sys.executable, *args_], cwd=REPO, env=env, stdout=out, stderr=err)
+    with open(stdout, 'w') as out:
+      if str(stderr) == str(stdout):
+        return subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=new_session)
+      with open(stderr, 'w') as err:
+        proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=out,
+                                stderr=err, start_new_session=new_session)
   return proc
 
 

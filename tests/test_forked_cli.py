@@ -1,13 +1,15 @@
 """tests/forked_cli.py: a CLI run forked from the worker's server is the run a fresh process
 makes (exit code, stdout, stderr), with the device count of its own XLA_FLAGS; a run whose
-import-time environment differs is not forked; and importing what the server preloads starts no
-jax backend, which is what lets each child choose its devices."""
+import-time environment differs is not forked; importing what the server preloads starts no
+jax backend, which is what lets each child choose its devices; a module only some runs import
+is the server's once one has; a run may lead a session of its own."""
 
+import os
 import subprocess
 import sys
 
 from tests import forked_cli, helpers
-from tests.helpers import REPO, TINY, cli_env, run_script
+from tests.helpers import REPO, TINY, cli_env, run_python, run_script
 
 
 def fresh(*args: str, module: str = 'paxlike.main', devices: int = 1
@@ -59,6 +61,7 @@ def test_only_the_cli_and_scripts_with_runtime_variables_changed_are_forked():
   assert not forked_cli.servable(env, {k: v for k, v in env.items() if k != 'PATH'})
   assert forked_cli.runnable(['-m', 'paxlike.main', '--list']) and forked_cli.runnable(['-c', 'x'])
   assert forked_cli.runnable(['-m', 'paxlike.export', '--exp=x'])
+  assert forked_cli.runnable(['-m', 'paxlike.deploy.flower.local', '--out=x'])
   assert not forked_cli.runnable(['-m', 'paxlike.interop.hf']) and not forked_cli.runnable(['x.py'])
 
 
@@ -92,6 +95,22 @@ def test_importing_what_the_server_preloads_starts_no_backend():
   assert out.strip() == '[]'
 
 
+def test_a_module_some_runs_import_is_the_servers_once_one_has():
+  """A run that imports the ON_DEMAND modules (matplotlib's pyplot, dp_accounting) makes its
+  server import them, before that run's exit is answered: the next run starts with them, and
+  still with no jax backend, and pyplot picks Agg there is no display."""
+  env = {k: v for k, v in cli_env(1).items() if k not in ('DISPLAY', 'WAYLAND_DISPLAY')}
+  imported = run_python(['-c', f'import {", ".join(forked_cli.ON_DEMAND)}'], env, timeout=120)
+  assert imported.returncode == 0, imported.stderr[-2000:]
+  probe = run_python(['-c', 'import sys\n'
+                      f'print(all(name in sys.modules for name in {forked_cli.ON_DEMAND!r}))\n'
+                      'from jax._src import xla_bridge\n'
+                      'print(xla_bridge.backends_are_initialized())\n'
+                      'import matplotlib\n'
+                      'print(matplotlib.get_backend().lower())\n'], env, timeout=120)
+  assert probe.stdout.split() == ['True', 'False', 'agg'], probe.stderr[-2000:]
+
+
 def test_a_forked_script_is_the_script_a_fresh_process_runs():
   server = forked_cli.ForkServer(cli_env(1))
   try:
@@ -123,6 +142,14 @@ def test_started_runs_overlap_and_report_their_own_exits_and_signals(tmp_path):
                        stderr=tmp_path / 'bad.err')
     assert bad.wait(timeout=120) == 2 and 'no.Such' in (tmp_path / 'bad.err').read_text()
     assert long.poll() is None
+    # One in a session and process group of its own (Popen's start_new_session), stdout and
+    # stderr one file; the others stay in the server's.
+    leader = server.start(['-c', 'import os, sys\nprint(os.getsid(0) == os.getpgid(0) == '
+                           'os.getpid())\nprint("err", file=sys.stderr)'], cli_env(1),
+                          tmp_path / 'leader.log', tmp_path / 'leader.log', new_session=True)
+    assert leader.wait(timeout=60) == 0
+    assert (tmp_path / 'leader.log').read_text() == 'True\nerr\n'
+    assert os.getpgid(long.pid) == os.getpgid(server.proc.pid) != long.pid
     long.kill()
     assert long.wait(timeout=60) == -9 and long.returncode == -9
     # A run gone before its exit is read (reaped, its report still on the way) takes a signal

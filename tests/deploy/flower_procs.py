@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from paxlike.deploy.flower import processes as processes_lib
-from tests.helpers import REPO, cli_env, made_once, run_cli, run_python
+from tests.forked_cli import ForkedProcess
+from tests.helpers import REPO, cli_env, made_once, run_cli, run_python, start_python
 
 # DigitsFedAvg at test size: 5 clients, 3 a round of 2 local steps on batches of 8.
 CLI_TINY = ['--exp=federated.DigitsFedAvg', '--fdl_set=data.clients_per_round=3',
@@ -104,8 +105,8 @@ def now_ticks() -> float:
   return time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf('SC_CLK_TCK')
 
 
-def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None
-               ) -> None:
+def wait_until(predicate, timeout: float, what: str,
+               proc: subprocess.Popen | ForkedProcess | None = None) -> None:
   """Polls `predicate` until true; AssertionError after `timeout` s or when `proc` exits."""
   deadline = time.monotonic() + timeout
   while not predicate():
@@ -142,14 +143,18 @@ def kill_node(out: Path, name: str, sig: int = signal.SIGKILL) -> int:
 
 
 def start_group(args: list[str], log: Path, env: dict[str, str] | None = None
-                ) -> subprocess.Popen:
-  """`args` in a new session (stopped with `stop_group`), output to `log`."""
+                ) -> subprocess.Popen | ForkedProcess:
+  """`args` in a new session (stopped with `stop_group`), output to `log`: `python ARGS` forked
+  from the worker's fork server where it can be (the local launcher, the warm ClientApp
+  server), as tests.helpers.start_python does."""
+  if args[0] == sys.executable:
+    return start_python(args[1:], env or cli_env(), log, log, new_session=True)
   with open(log, 'w') as f:
     return subprocess.Popen(args, cwd=REPO, env=env or cli_env(), stdout=f,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def stop_group(proc: subprocess.Popen) -> None:
+def stop_group(proc: subprocess.Popen | ForkedProcess) -> None:
   """SIGKILLs `proc`'s session and every process below it: the local launcher starts Flower's
   processes in sessions of their own, which a launcher killed mid-run (a failed test) would
   leave running."""

@@ -27,7 +27,7 @@ def test_lora_rows_equal_the_simulation_and_the_base_is_sent_once(tmp_path_facto
   out = tmp_path / 'run'
   done = run_python(['-m', 'paxlike.deploy.flower.local', *flags, f'--export_dir={export}',
                      f'--out={out}', f'--rounds={ROUNDS}', '--nodes=1', '--round_timeout=120'],
-                    cli_env(), timeout=600)  # The launcher afresh (not a forkable command).
+                    cli_env(), timeout=600)  # Forked, like the CLI runs (tests/forked_cli.py).
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
   simulated, deployed = metric_rows(job), fp.rows(out / 'server' / 'metrics.jsonl')

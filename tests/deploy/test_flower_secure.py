@@ -112,7 +112,7 @@ NODES = 3  # Node k holds clients k, k + NODES, ...: node 1 is the one killed.
 
 
 def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
-  return run_python(['-m', *args], cli_env(), timeout)  # The export forked; the launcher afresh.
+  return run_python(['-m', *args], cli_env(), timeout)  # Forked: the export and the launcher.
 
 
 @pytest.fixture(scope='module')
