@@ -16,55 +16,9 @@ from paxlike.core import optim
 from paxlike.errors import UserError
 from paxlike.federated import (diloco, fed_adagrad, fed_adam, fed_avg, fed_yogi,
                                pseudo_gradient)
+from tests.federated.regression import (B, REQUIRED, batch_grad, batch_loss, client_batches, close,
+                                        initial_params, loss_fn, optax_step)
 from tests.helpers import run_script
-
-D, B = 3, 8
-REQUIRED = {'loss', 'clients', 'loss_before', 'loss_after', 'pseudo_grad_norm'}
-
-
-def loss_fn(params, batch, rng):
-  del rng
-  residual = batch['x'] @ params['w'] + params['b'] - batch['y']
-  return jnp.mean(residual**2), {'mae': jnp.mean(jnp.abs(residual))}
-
-
-# The loss and its gradient, jitted: one program per batch shape, where eagerly every op
-# compiles; as numpy, so the by-hand references on them are numpy arithmetic (no compiles).
-_jit_loss = jax.jit(lambda p, batch: loss_fn(p, batch, None)[0])
-_jit_grad = jax.jit(jax.grad(lambda p, batch: loss_fn(p, batch, None)[0]))
-
-
-def _loss(params, batch) -> np.ndarray:
-  return np.asarray(_jit_loss(params, batch))
-
-
-def _grad(params, batch):
-  return jax.tree.map(np.asarray, _jit_grad(params, batch))
-
-
-def _optax_step(optimizer: optax.GradientTransformation):
-  """One plain optax step of the regression loss on one batch, jitted (a program per
-  optimizer, not per op); params and state come back as numpy."""
-  @jax.jit
-  def step(params, opt_state, batch):
-    updates, opt_state = optimizer.update(_jit_grad(params, batch), opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
-  return lambda *args: jax.tree.map(np.asarray, step(*args))
-
-
-# Params and batches are numpy float32 drawn by numpy (jax.random compiles a program per shape;
-# the jitted rounds take numpy arrays as they are), and so are the by-hand references' slices.
-def _normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-  return rng.standard_normal(shape).astype(np.float32)
-
-
-def _params(seed: int = 0):
-  return {'w': _normal(np.random.default_rng(seed), (D,)), 'b': np.float32(0.5)}
-
-
-def _batches(clients: int, steps: int, seed: int = 1, batch: int = B):
-  rng = np.random.default_rng(seed)
-  return {'x': _normal(rng, (clients, steps, batch, D)), 'y': _normal(rng, (clients, steps, batch))}
 
 
 def _run(alg, params, rounds, batches, weights, seed=0):
@@ -75,45 +29,41 @@ def _run(alg, params, rounds, batches, weights, seed=0):
   return state, metrics
 
 
-def _close(a, b, rtol=1e-5, atol=1e-6):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
-
-
 def _pooled_grad(params, batches, step):
   pooled = jax.tree.map(lambda x: x[:, step].reshape(-1, *x.shape[3:]), batches)
-  return _grad(params, pooled)
+  return batch_grad(params, pooled)
 
 
 @pytest.mark.parametrize('server_lr', [1.0, 0.5])
 def test_fedavg_one_local_step_is_pooled_gradient_descent(server_lr):
-  eta, params, batches = 0.1, _params(), _batches(4, 1)
+  eta, params, batches = 0.1, initial_params(), client_batches(4, 1)
   alg = fed_avg(loss_fn, optax.sgd(eta), optax.sgd(server_lr))
   state, _ = _run(alg, params, 1, batches, np.full(4, float(B), np.float32))
   grad = _pooled_grad(params, batches, 0)
-  _close(state.params, jax.tree.map(lambda p, g: p - server_lr * eta * g, params, grad))
+  close(state.params, jax.tree.map(lambda p, g: p - server_lr * eta * g, params, grad))
 
 
 def test_identical_clients_equal_one_client():
-  params, one = _params(), _batches(1, 3)
+  params, one = initial_params(), client_batches(1, 3)
   many = jax.tree.map(lambda x: np.repeat(x, 4, axis=0), one)
   alg = fed_avg(loss_fn, optax.adam(0.05), optax.sgd(0.8, momentum=0.5))
   s1, m1 = _run(alg, params, 3, one, np.ones(1, np.float32))
   s4, m4 = _run(alg, params, 3, many, np.full(4, 7.0, np.float32))
-  _close(s4.params, s1.params)
-  _close({k: m4[k] for k in REQUIRED - {'clients'}}, {k: m1[k] for k in REQUIRED - {'clients'}})
+  close(s4.params, s1.params)
+  close({k: m4[k] for k in REQUIRED - {'clients'}}, {k: m1[k] for k in REQUIRED - {'clients'}})
 
 
 def test_weighted_mean_uses_weights():
-  eta, params, batches = 0.2, _params(), _batches(3, 1)
+  eta, params, batches = 0.2, initial_params(), client_batches(3, 1)
   weights = jnp.array([1.0, 3.0, 6.0])
   state, metrics = _run(fed_avg(loss_fn, optax.sgd(eta)), params, 1, batches, weights)
   per_client = [jax.tree.map(lambda x: x[i, 0], batches) for i in range(3)]
-  grads = [_grad(params, b) for b in per_client]
-  losses = np.array([_loss(params, b) for b in per_client])
+  grads = [batch_grad(params, b) for b in per_client]
+  losses = np.array([batch_loss(params, b) for b in per_client])
   w = np.asarray(weights) / 10.0
   want = jax.tree.map(lambda p, *g: p - eta * sum(wi * gi for wi, gi in zip(w, g)),
                       params, *grads)
-  _close(state.params, want)
+  close(state.params, want)
   np.testing.assert_allclose(metrics['loss_before'], losses @ w, rtol=1e-5)
   np.testing.assert_allclose(metrics['loss'], losses @ w, rtol=1e-5)  # One step: same batch.
 
@@ -188,31 +138,32 @@ def test_fedavg_trains_each_client_separately_then_averages():
   """H = 3 Adam steps on each client's own batches from the server params (fresh state each
   round), then the weighted mean, over 2 rounds."""
   optimizer, H, weights = optax.adam(0.05), 3, np.array([1.0, 2.0, 5.0])
-  rounds = [_batches(3, H, seed=10 + r) for r in range(2)]
-  alg, local_step = fed_avg(loss_fn, optimizer), _optax_step(optimizer)
-  state, step = alg.init(_params()), jax.jit(alg.next)
-  want = _params()
+  rounds = [client_batches(3, H, seed=10 + r) for r in range(2)]
+  alg, local_step = fed_avg(loss_fn, optimizer), optax_step(optimizer)
+  state, step = alg.init(initial_params()), jax.jit(alg.next)
+  want = initial_params()
   for r, batches in enumerate(rounds):
     state, _ = step(state, batches, jnp.asarray(weights), jax.random.key(r))
     clients = []
     for i in range(3):
       params, opt_state = want, optimizer.init(want)
       for h in range(H):
-        params, opt_state = local_step(params, opt_state, jax.tree.map(lambda x: x[i, h], batches))
+        params, opt_state, _ = local_step(params, opt_state,
+                                         jax.tree.map(lambda x: x[i, h], batches))
       clients.append(params)
     want = jax.tree.map(lambda *c: sum(w * x for w, x in zip(weights / weights.sum(), c)),
                         *clients)
-  _close(state.params, want, rtol=1e-4, atol=1e-5)
+  close(state.params, want, rtol=1e-4, atol=1e-5)
 
 
 def test_diloco_default_outer_nesterov_over_two_rounds_by_hand():
   """Inner SGD by hand; outer Nesterov SGD (lr 0.7, μ 0.9) by hand on the weighted pseudo-
   gradient Δ: b = μ·b + Δ, x ← x − 0.7·(Δ + μ·b)."""
   eta, H, weights = 0.1, 2, np.array([1.0, 3.0, 2.0, 2.0])
-  rounds = [_batches(4, H, seed=20 + r) for r in range(2)]
+  rounds = [client_batches(4, H, seed=20 + r) for r in range(2)]
   alg = diloco(loss_fn, optax.sgd(eta), num_replicas=4)
-  state, step = alg.init(_params()), jax.jit(alg.next)
-  x = jax.tree.map(np.asarray, _params())
+  state, step = alg.init(initial_params()), jax.jit(alg.next)
+  x = jax.tree.map(np.asarray, initial_params())
   b = jax.tree.map(np.zeros_like, x)
   for r, batches in enumerate(rounds):
     state, _ = step(state, batches, jnp.asarray(weights), jax.random.key(r))
@@ -220,14 +171,14 @@ def test_diloco_default_outer_nesterov_over_two_rounds_by_hand():
     for i in range(4):
       w = x
       for h in range(H):
-        grads = _grad(w, jax.tree.map(lambda v: v[i, h], batches))
+        grads = batch_grad(w, jax.tree.map(lambda v: v[i, h], batches))
         w = jax.tree.map(lambda p, g: p - eta * np.asarray(g), w, grads)
       replicas.append(w)
     delta = jax.tree.map(lambda p, *c: p - sum(wi * ci for wi, ci in zip(weights / 8, c)),
                          x, *replicas)
     b = jax.tree.map(lambda b, d: 0.9 * b + d, b, delta)
     x = jax.tree.map(lambda x, d, b: x - 0.7 * (d + 0.9 * b), x, delta, b)
-  _close(state.params, x, rtol=1e-4, atol=1e-5)
+  close(state.params, x, rtol=1e-4, atol=1e-5)
 
 
 def _masked(batches, counts):
@@ -242,14 +193,14 @@ def test_client_weighting(weighting):
   """'num_tokens_seen' weighs client i by its mask count (here 3, 16, 9), 'uniform' equally;
   either equals 'num_examples' given those weights."""
   counts = [3, 16, 9]
-  batches, data_weights = _masked(_batches(3, 2), counts), jnp.array([5.0, 1.0, 1.0])
-  got, got_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), weighting=weighting), _params(),
+  batches, data_weights = _masked(client_batches(3, 2), counts), jnp.array([5.0, 1.0, 1.0])
+  got, got_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), weighting=weighting), initial_params(),
                           2, batches, data_weights)
   weights = np.array(counts if weighting == 'num_tokens_seen' else [1, 1, 1], np.float32)
-  want, want_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1)), _params(), 2, batches, weights)
-  _close(got.params, want.params)
-  _close(got_metrics['loss'], want_metrics['loss'])
-  plain, _ = _run(fed_avg(loss_fn, optax.sgd(0.1)), _params(), 2, batches, data_weights)
+  want, want_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1)), initial_params(), 2, batches, weights)
+  close(got.params, want.params)
+  close(got_metrics['loss'], want_metrics['loss'])
+  plain, _ = _run(fed_avg(loss_fn, optax.sgd(0.1)), initial_params(), 2, batches, data_weights)
   assert not np.allclose(got.params['w'], plain.params['w'])
   with pytest.raises(UserError, match='weighting'):
     fed_avg(loss_fn, optax.sgd(0.1), weighting='tokens')
@@ -259,15 +210,15 @@ def test_local_steps_come_from_the_batches():
   """One FedAvg (SGD, one client) runs as many local steps as its batches have: 1, then 3."""
   eta, alg = 0.1, fed_avg(loss_fn, optax.sgd(0.1))
   for steps in (1, 3):
-    batches, want = _batches(1, steps), _params()
+    batches, want = client_batches(1, steps), initial_params()
     state, _ = _run(alg, want, 1, batches, np.ones(1, np.float32))
     for h in range(steps):
       want = jax.tree.map(lambda p, g: p - eta * g, want, _pooled_grad(want, batches, h))
-    _close(state.params, want)
+    close(state.params, want)
 
 
 def test_diloco_h1_is_data_parallel_sgd():
-  eta, alpha, params, batches = 0.1, 0.7, _params(), _batches(4, 1)
+  eta, alpha, params, batches = 0.1, 0.7, initial_params(), client_batches(4, 1)
   alg = diloco(loss_fn, optax.sgd(eta), optax.sgd(alpha), num_replicas=4)
   state, step = alg.init(params), jax.jit(alg.next)
   want = params
@@ -276,20 +227,21 @@ def test_diloco_h1_is_data_parallel_sgd():
     state, _ = step(state, round_batches, np.full(4, float(B), np.float32), jax.random.key(r))
     grad = _pooled_grad(want, round_batches, 0)
     want = jax.tree.map(lambda p, g: p - alpha * eta * g, want, grad)
-  _close(state.params, want)
+  close(state.params, want)
 
 
 def test_diloco_single_replica_is_inner_adamw():
-  inner, params, batches = optax.adamw(0.05, weight_decay=0.1), _params(), _batches(1, 3)
+  inner, params, batches = optax.adamw(0.05, weight_decay=0.1), initial_params(), client_batches(1, 3)
   rounds = [jax.tree.map(lambda x: np.roll(x, r, axis=2) * (1 + r), batches) for r in range(4)]
   alg = diloco(loss_fn, inner, optax.sgd(1.0), num_replicas=1)
   state, step = alg.init(params), jax.jit(alg.next)
-  want, opt_state, local_step = params, inner.init(params), _optax_step(inner)
+  want, opt_state, local_step = params, inner.init(params), optax_step(inner)
   for r, round_batches in enumerate(rounds):
     state, _ = step(state, round_batches, np.ones(1, np.float32), jax.random.key(r))
     for h in range(3):
-      want, opt_state = local_step(want, opt_state, jax.tree.map(lambda x: x[0, h], round_batches))
-  _close(state.params, want, rtol=1e-4, atol=1e-5)
+      want, opt_state, _ = local_step(want, opt_state,
+                                      jax.tree.map(lambda x: x[0, h], round_batches))
+  close(state.params, want, rtol=1e-4, atol=1e-5)
   assert int(state.client_opt_state[0].count[0]) == 12  # Inner Adam state persisted.
 
 
@@ -298,7 +250,7 @@ def test_diloco_checks_replicas():
     diloco(loss_fn, optax.adamw(1e-3))
   alg = diloco(loss_fn, optax.adamw(1e-3), num_replicas=3)
   with pytest.raises(UserError, match='replicas'):  # Also a ValueError; the CLI exits 2.
-    alg.next(alg.init(_params()), _batches(2, 2), np.ones(2, np.float32), jax.random.key(0))
+    alg.next(alg.init(initial_params()), client_batches(2, 2), np.ones(2, np.float32), jax.random.key(0))
 
 
 @pytest.mark.parametrize('name', ['fed_avg', 'diloco'])
@@ -306,13 +258,13 @@ def test_metrics_keys_and_values(name):
   inner = optim.sgd(0.1)  # inject_hyperparams: the learning rate is readable.
   alg = (fed_avg(loss_fn, inner) if name == 'fed_avg'
          else diloco(loss_fn, inner, num_replicas=3))
-  params, batches, weights = _params(), _batches(3, 2), jnp.array([1.0, 2.0, 3.0])
+  params, batches, weights = initial_params(), client_batches(3, 2), jnp.array([1.0, 2.0, 3.0])
   state, metrics = _run(alg, params, 1, batches, weights)
   assert REQUIRED | {'learning_rate', 'mae'} <= set(metrics)
   assert metrics['clients'].dtype == jnp.int32 and int(metrics['clients']) == 3
   assert all(jnp.shape(v) == () for v in metrics.values())
   np.testing.assert_allclose(metrics['learning_rate'], 0.1, rtol=1e-6)
-  first = [_loss(params, jax.tree.map(lambda x: x[i, 0], batches)) for i in range(3)]
+  first = [batch_loss(params, jax.tree.map(lambda x: x[i, 0], batches)) for i in range(3)]
   np.testing.assert_allclose(metrics['loss_before'], np.dot(first, weights) / 6, rtol=1e-5)
   assert metrics['loss_after'] < metrics['loss_before']
   # Server lr: fed_avg 1. The norm of the pseudo-gradient in float64 numpy.
@@ -399,9 +351,9 @@ def test_client_chunks_give_the_same_rounds_as_all_clients_at_once(name, chunk):
       'papa': lambda c: papa(loss_fn, optax.adam(0.01), 4, every=1, client_chunk=c),
       'btm': lambda c: btm(loss_fn, optax.adam(0.01), 4, client_chunk=c),
   }
-  params, batches, weights = _params(), _batches(4, 2), jnp.array([1.0, 2.0, 3.0, 4.0])
+  params, batches, weights = initial_params(), client_batches(4, 2), jnp.array([1.0, 2.0, 3.0, 4.0])
   whole = _run(builders[name](4), params, 2, batches, weights)  # A chunk >= the cohort: vmap.
-  _close(_run(builders[name](chunk), params, 2, batches, weights), whole)
+  close(_run(builders[name](chunk), params, 2, batches, weights), whole)
 
   def scans(alg):  # The chunked round loops over chunks: one more scan in its program.
     state = alg.init(params)
@@ -411,5 +363,5 @@ def test_client_chunks_give_the_same_rounds_as_all_clients_at_once(name, chunk):
 
 def test_client_chunk_must_be_positive():
   with pytest.raises(ValueError, match='chunk must be a positive int'):
-    _run(fed_avg(loss_fn, optax.sgd(0.1), client_chunk=0), _params(), 1, _batches(2, 1),
+    _run(fed_avg(loss_fn, optax.sgd(0.1), client_chunk=0), initial_params(), 1, client_batches(2, 1),
          np.ones(2, np.float32))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import flax.linen as nn
@@ -15,21 +14,10 @@ import pytest
 from paxlike.core import optim
 from paxlike.federated.ensemble import ensemble_log_probs
 from paxlike.federated import AlgorithmConfigError, btm, papa
+from tests.federated.regression import (B, D, REQUIRED, batch_loss, client_batches, close,
+                                        initial_params, loss_fn, normal, optax_step)
 
-D, B, P = 3, 8, 4
-REQUIRED = {'loss', 'clients', 'loss_before', 'loss_after', 'pseudo_grad_norm'}
-
-
-def loss_fn(params, batch, rng):
-  del rng
-  residual = batch['x'] @ params['w'] + params['b'] - batch['y']
-  return jnp.mean(residual**2), {}
-
-
-# Params, batches and the by-hand references are numpy (float32 where the algorithms take them):
-# jax.random and eager jnp compile a program per op and shape; the jitted rounds take numpy.
-def _normal(rng: np.random.Generator, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
-  return rng.standard_normal(shape).astype(dtype)
+P = 4
 
 
 def _f32(values) -> np.ndarray:
@@ -38,19 +26,6 @@ def _f32(values) -> np.ndarray:
 
 def _ones(n: int) -> np.ndarray:
   return np.ones(n, np.float32)
-
-
-def _params(seed: int = 0):
-  return {'w': _normal(np.random.default_rng(seed), (D,)), 'b': np.float32(0.5)}
-
-
-def _batches(clients: int, steps: int, seed: int = 1):
-  rng = np.random.default_rng(seed)
-  return {'x': _normal(rng, (clients, steps, B, D)), 'y': _normal(rng, (clients, steps, B))}
-
-
-def _close(a, b, rtol=1e-5, atol=1e-6):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
 
 
 def _mean(tree):
@@ -64,32 +39,12 @@ def _stack(*trees):
 def _diverse(state, field):
   """The state with its per-member params replaced by distinct random ones."""
   rng = np.random.default_rng(7)
-  members = jax.tree.map(lambda x: _normal(rng, x.shape, x.dtype), getattr(state, field))
+  members = jax.tree.map(lambda x: normal(rng, x.shape, x.dtype), getattr(state, field))
   return state._replace(**{field: members, 'params': _mean(members)})
 
 
-# The regression loss, jitted (one program per batch shape, not one per op), as numpy.
-_jit_loss = jax.jit(lambda p, batch: loss_fn(p, batch, None)[0])
-
-
-def _loss(params, batch) -> np.ndarray:
-  return np.asarray(_jit_loss(params, batch))
-
-
-@functools.cache
-def _optax_step(optimizer: optax.GradientTransformation):
-  """One plain optax step of the regression loss on one batch, jitted (a program per
-  optimizer, not per op): (params, opt_state, the loss before the step), as numpy."""
-  @jax.jit
-  def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(lambda p: loss_fn(p, batch, None)[0])(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-  return lambda *args: jax.tree.map(np.asarray, step(*args))
-
-
 def _train_separately(optimizer, params, batches, slot, rounds):
-  opt_state, step = optimizer.init(params), _optax_step(optimizer)
+  opt_state, step = optimizer.init(params), optax_step(optimizer)
   for _ in range(rounds):
     for h in range(jax.tree.leaves(batches)[0].shape[1]):
       params, opt_state, _ = step(params, opt_state, jax.tree.map(lambda x: x[slot, h], batches))
@@ -102,17 +57,17 @@ def _train_separately(optimizer, params, batches, slot, rounds):
 @pytest.mark.parametrize('variant', ['gradual', 'all'])
 def test_papa_averaging_keeps_population_mean(variant):
   alg = papa(loss_fn, optax.sgd(0.0), P, alpha=0.9, every=1, variant=variant)
-  state = _diverse(alg.init(_params()), 'population')
+  state = _diverse(alg.init(initial_params()), 'population')
   before = state.population
-  state, metrics = jax.jit(alg.next)(state, _batches(P, 2), _ones(P), jax.random.key(3))
-  _close(_mean(state.population), _mean(before))
-  _close(state.params, _mean(before))
+  state, metrics = jax.jit(alg.next)(state, client_batches(P, 2), _ones(P), jax.random.key(3))
+  close(_mean(state.population), _mean(before))
+  close(state.params, _mean(before))
   assert int(metrics['averaged']) == 1 and int(state.round) == 1
   mean = _mean(before)
   if variant == 'gradual':
-    _close(state.population, jax.tree.map(lambda w, m: 0.9 * w + 0.1 * m, before, mean))
+    close(state.population, jax.tree.map(lambda w, m: 0.9 * w + 0.1 * m, before, mean))
   else:
-    _close(state.population, jax.tree.map(lambda w, m: np.broadcast_to(m, w.shape), before, mean))
+    close(state.population, jax.tree.map(lambda w, m: np.broadcast_to(m, w.shape), before, mean))
 
 
 @pytest.mark.parametrize('round_', range(3))
@@ -120,9 +75,9 @@ def test_papa2_children_are_the_means_of_distinct_random_pairs(round_):
   """PAPA-2 (zero learning rate): 4 distinct members leave 4 members, each the mean of a pair of
   parents, no two of the same pair, so the population does not collapse."""
   alg = papa(loss_fn, optax.sgd(0.0), P, every=1, variant='pairs')
-  state = _diverse(alg.init(_params()), 'population')
+  state = _diverse(alg.init(initial_params()), 'population')
   parents = np.asarray(state.population['w'])
-  state, _ = jax.jit(alg.next)(state, _batches(P, 1), _ones(P), jax.random.key(round_))
+  state, _ = jax.jit(alg.next)(state, client_batches(P, 1), _ones(P), jax.random.key(round_))
   children = np.asarray(state.population['w'])
   pairs = []
   for child in children:
@@ -131,28 +86,28 @@ def test_papa2_children_are_the_means_of_distinct_random_pairs(round_):
     assert len(matches) == 1, (child, parents)
     pairs.append(matches[0])
   assert len(set(pairs)) == P, pairs
-  _close(state.params, _mean(state.population))
+  close(state.params, _mean(state.population))
 
 
 def test_papa2_of_two_members_is_their_mean():
   alg = papa(loss_fn, optax.sgd(0.0), 2, every=1, variant='pairs')
-  state = _diverse(alg.init(_params()), 'population')
+  state = _diverse(alg.init(initial_params()), 'population')
   mean = _mean(state.population)
-  state, _ = jax.jit(alg.next)(state, _batches(2, 1), _ones(2), jax.random.key(0))
-  _close(state.population, _stack(mean, mean))
+  state, _ = jax.jit(alg.next)(state, client_batches(2, 1), _ones(2), jax.random.key(0))
+  close(state.population, _stack(mean, mean))
 
 
 @pytest.mark.parametrize('variant', ['gradual', 'pairs'])
 def test_papa_averages_bfloat16_members_in_float32(variant):
   """0.99·1 + 0.01·1.5 = 1.005 rounds to bf16 1.0078, but to 1.0 when computed in bf16; the
   members and their pulls are as float32 arithmetic cast to bfloat16."""
-  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _params())
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), initial_params())
   alg = papa(loss_fn, optax.sgd(0.0), 2, alpha=0.99, every=1, variant=variant)
   state = alg.init(params)
   members = {'w': jnp.array([[1.0] * D, [2.0] * D], jnp.bfloat16),
              'b': jnp.array([1.0, 2.0], jnp.bfloat16)}
   state = state._replace(population=members)
-  state, _ = jax.jit(alg.next)(state, _batches(2, 1), _ones(2), jax.random.key(0))
+  state, _ = jax.jit(alg.next)(state, client_batches(2, 1), _ones(2), jax.random.key(0))
   w = np.asarray(members['w'], np.float32)
   mean = w.mean(0)
   want = 0.99 * w + 0.01 * mean if variant == 'gradual' else np.stack([mean, mean])
@@ -173,33 +128,33 @@ def test_papa_members_start_from_their_own_inits_by_default():
   rng = jax.random.key(5)
   state = papa(loss_fn, optax.adam(0.1), P).seeded_init(_random_params, rng)
   want = [jax.jit(_random_params)(key) for key in jax.random.split(rng, P)]
-  _close(state.population, _stack(*want))
+  close(state.population, _stack(*want))
   assert len({float(x) for x in state.population['b']}) == P
-  _close(state.params, _mean(state.population))
-  _close(state.opt_state, jax.vmap(optax.adam(0.1).init)(state.population))
+  close(state.params, _mean(state.population))
+  close(state.opt_state, jax.vmap(optax.adam(0.1).init)(state.population))
   assert papa(loss_fn, optax.adam(0.1), P, same_init=True).seeded_init is None
 
 
 def test_papa_alpha_one_trains_members_independently():
-  optimizer, params, batches = optax.sgd(0.1), _params(), _batches(P, 2)
+  optimizer, params, batches = optax.sgd(0.1), initial_params(), client_batches(P, 2)
   alg = papa(loss_fn, optimizer, P, alpha=1.0, every=1)
   state, step = alg.init(params), jax.jit(alg.next)
   for r in range(3):
     state, _ = step(state, batches, _ones(P), jax.random.key(r))
   for slot in range(P):
     want = _train_separately(optimizer, params, batches, slot, 3)
-    _close(jax.tree.map(lambda x: x[slot], state.population), want)
-  _close(state.params, _mean(state.population))
+    close(jax.tree.map(lambda x: x[slot], state.population), want)
+  close(state.params, _mean(state.population))
 
 
 def test_papa_averages_every_k_rounds():
   alg = papa(loss_fn, optax.sgd(0.0), P, every=2, variant='all')
-  state = _diverse(alg.init(_params()), 'population')
+  state = _diverse(alg.init(initial_params()), 'population')
   before, step = state.population, jax.jit(alg.next)
-  state, metrics = step(state, _batches(P, 1), _ones(P), jax.random.key(0))
+  state, metrics = step(state, client_batches(P, 1), _ones(P), jax.random.key(0))
   assert int(metrics['averaged']) == 0
-  _close(state.population, before)
-  state, metrics = step(state, _batches(P, 1), _ones(P), jax.random.key(1))
+  close(state.population, before)
+  state, metrics = step(state, client_batches(P, 1), _ones(P), jax.random.key(1))
   assert int(metrics['averaged']) == 1 and int(state.round) == 2
   np.testing.assert_allclose(np.ptp(np.asarray(state.population['w']), axis=0), 0, atol=1e-6)
 
@@ -209,33 +164,33 @@ def test_papa_checks_arguments():
     papa(loss_fn, optax.sgd(0.1), P, variant='soup')
   alg = papa(loss_fn, optax.sgd(0.1), P)
   with pytest.raises(ValueError, match='population'):
-    alg.next(alg.init(_params()), _batches(P - 1, 1), _ones(P - 1), jax.random.key(0))
+    alg.next(alg.init(initial_params()), client_batches(P - 1, 1), _ones(P - 1), jax.random.key(0))
 
 
 # BTM.
 
 
 def test_btm_identical_experts_merge_to_seed():
-  seed = _params()
+  seed = initial_params()
   alg = btm(loss_fn, optax.sgd(0.0), 3)
-  state, metrics = jax.jit(alg.next)(alg.init(seed), _batches(3, 2), _f32([1.0, 2.0, 5.0]),
+  state, metrics = jax.jit(alg.next)(alg.init(seed), client_batches(3, 2), _f32([1.0, 2.0, 5.0]),
                                      jax.random.key(0))
-  _close(state.params, seed)
+  close(state.params, seed)
   np.testing.assert_allclose(metrics['pseudo_grad_norm'], 0.0, atol=1e-6)
 
 
 @pytest.mark.parametrize('merge_weights', [None, (0.5, 0.25, 0.25)])
 def test_btm_experts_train_alone_and_merge_by_weights(merge_weights):
-  optimizer, seed, batches = optax.adam(0.05), _params(), _batches(3, 2)
+  optimizer, seed, batches = optax.adam(0.05), initial_params(), client_batches(3, 2)
   alg = btm(loss_fn, optimizer, 3, merge_weights=merge_weights)
   state, step = alg.init(seed), jax.jit(alg.next)
   for r, weights in enumerate([_f32([1.0, 2.0, 5.0]), _f32([3.0, 2.0, 1.0])]):
     state, _ = step(state, batches, weights, jax.random.key(r))
   experts = [_train_separately(optimizer, seed, batches, k, 2) for k in range(3)]
-  _close(_stack(*experts), state.experts, rtol=1e-4)
+  close(_stack(*experts), state.experts, rtol=1e-4)
   np.testing.assert_allclose(state.domain_examples, [4.0, 4.0, 6.0])
   mix = np.array(merge_weights or [4.0, 4.0, 6.0]) / sum(merge_weights or [4.0, 4.0, 6.0])
-  _close(state.params, jax.tree.map(lambda *e: sum(m * x for m, x in zip(mix, e)), *experts),
+  close(state.params, jax.tree.map(lambda *e: sum(m * x for m, x in zip(mix, e)), *experts),
          rtol=1e-4)
 
 
@@ -243,12 +198,12 @@ def test_btm_experts_train_alone_and_merge_by_weights(merge_weights):
 def test_metrics_keys(algorithm):
   optimizer = optim.sgd(0.1)
   alg = papa(loss_fn, optimizer, P) if algorithm == 'papa' else btm(loss_fn, optimizer, P)
-  params, batches = _params(), _batches(P, 2)
+  params, batches = initial_params(), client_batches(P, 2)
   _, metrics = jax.jit(alg.next)(alg.init(params), batches, _f32(range(1, P + 1)),
                                  jax.random.key(0))
   assert REQUIRED | {'learning_rate'} <= set(metrics)
   assert metrics['clients'].dtype == jnp.int32 and int(metrics['clients']) == P
-  first = np.array([_loss(params, jax.tree.map(lambda x: x[i, 0], batches)) for i in range(P)])
+  first = np.array([batch_loss(params, jax.tree.map(lambda x: x[i, 0], batches)) for i in range(P)])
   np.testing.assert_allclose(metrics['loss_before'], first @ np.arange(1.0, P + 1) / 10, rtol=1e-5)
   assert np.isfinite(metrics['loss']) and metrics['loss_after'] < metrics['loss_before']
 
@@ -268,19 +223,19 @@ def _rounds(alg, state, rounds, weights=_f32([1.0, 2.0, 5.0])):
 
 
 def test_btm_seed_phase_trains_one_model_on_the_pooled_cohort():
-  optimizer, seed, S = optax.adam(0.05), _params(), 2
-  rounds = [(r, _batches(3, 2, seed=10 + r)) for r in range(S)]
+  optimizer, seed, S = optax.adam(0.05), initial_params(), 2
+  rounds = [(r, client_batches(3, 2, seed=10 + r)) for r in range(S)]
   alg = btm(loss_fn, optimizer, 3, seed_steps=S)
   state, metrics = _rounds(alg, alg.init(seed), rounds)
-  params, opt_state, first, step = seed, optimizer.init(seed), None, _optax_step(optimizer)
+  params, opt_state, first, step = seed, optimizer.init(seed), None, optax_step(optimizer)
   for _, batches in rounds:  # Plain optax: one update per local step on the pooled batch.
     for h in range(2):
       params, opt_state, loss = step(params, opt_state, _pooled(batches, h))
       first = loss if first is None else first
-  _close(state.params, params, rtol=1e-4)
-  _close(state.seed_opt_state, opt_state, rtol=1e-4)
-  _close(state.experts, _stack(*[params] * 3), rtol=1e-4)
-  _close(state.opt_state, _stack(*[optimizer.init(params)] * 3))
+  close(state.params, params, rtol=1e-4)
+  close(state.seed_opt_state, opt_state, rtol=1e-4)
+  close(state.experts, _stack(*[params] * 3), rtol=1e-4)
+  close(state.opt_state, _stack(*[optimizer.init(params)] * 3))
   np.testing.assert_array_equal(state.domain_examples, np.zeros(3))
   assert int(state.round) == S
   np.testing.assert_allclose(metrics[0]['loss_before'], first, rtol=1e-5)
@@ -289,14 +244,14 @@ def test_btm_seed_phase_trains_one_model_on_the_pooled_cohort():
 
 def test_btm_after_the_seed_phase_is_btm_from_the_seed():
   optimizer, S, R = optax.adam(0.05), 2, 3
-  rounds = [(r, _batches(3, 2, seed=10 + r)) for r in range(S + R)]
+  rounds = [(r, client_batches(3, 2, seed=10 + r)) for r in range(S + R)]
   alg = btm(loss_fn, optimizer, 3, seed_steps=S)
-  state, _ = _rounds(alg, alg.init(_params()), rounds)
-  seeded, _ = _rounds(alg, alg.init(_params()), rounds[:S])
+  state, _ = _rounds(alg, alg.init(initial_params()), rounds)
+  seeded, _ = _rounds(alg, alg.init(initial_params()), rounds[:S])
   plain = btm(loss_fn, optimizer, 3)
   want, _ = _rounds(plain, plain.init(seeded.params), rounds[S:])
   for field in ('params', 'experts', 'opt_state', 'domain_examples'):
-    _close(getattr(state, field), getattr(want, field), rtol=1e-4)
+    close(getattr(state, field), getattr(want, field), rtol=1e-4)
   assert int(state.round) == S + R
 
 
@@ -307,7 +262,7 @@ def aux_loss_fn(params, batch, rng):
 
 def test_btm_seed_and_expert_rounds_report_the_same_metrics():
   alg = btm(aux_loss_fn, optim.sgd(0.1), P, seed_steps=1)
-  params, batches = _params(), _batches(P, 2)
+  params, batches = initial_params(), client_batches(P, 2)
   state, (seed_metrics, expert_metrics) = _rounds(
       alg, alg.init(params), [(0, batches), (1, batches)], weights=_f32(range(1, P + 1)))
   assert REQUIRED | {'learning_rate', 'accuracy'} <= set(seed_metrics)
@@ -315,7 +270,7 @@ def test_btm_seed_and_expert_rounds_report_the_same_metrics():
       lambda x: (x.shape, x.dtype), expert_metrics)
   np.testing.assert_allclose(seed_metrics['learning_rate'], 0.1)
   np.testing.assert_allclose(seed_metrics['loss_before'],
-                             _loss(params, _pooled(batches, 0)), rtol=1e-5)
+                             batch_loss(params, _pooled(batches, 0)), rtol=1e-5)
 
 
 def test_btm_checks_arguments():
@@ -343,7 +298,7 @@ def bigram(params, tokens):
 
 
 def _experts(k: int):
-  return {'table': _normal(np.random.default_rng(11), (k, V, V)) * 2}
+  return {'table': normal(np.random.default_rng(11), (k, V, V)) * 2}
 
 
 def _tokens():
@@ -364,7 +319,7 @@ def test_ensemble_of_one_is_the_expert():
   experts, tokens = _experts(1), _tokens()
   logits = np.asarray(bigram(jax.tree.map(lambda x: x[0], experts), tokens), np.float64)
   want = logits - np.log(np.exp(logits).sum(-1, keepdims=True))  # log_softmax, in numpy.
-  _close(_ensemble_log_probs(bigram, experts, tokens), want, atol=1e-5)
+  close(_ensemble_log_probs(bigram, experts, tokens), want, atol=1e-5)
 
 
 def test_ensemble_matches_bayes_rule_by_hand():
@@ -397,17 +352,17 @@ def test_the_trainer_starts_papa_members_from_their_own_inits():
   init = jax.jit(task.model.init)  # One program for the 5 members, not one per op.
   want = [nn.meta.unbox(init({'params': k, 'dropout': k}, sample)['params'])
           for k in jax.random.split(rng, 5)]
-  _close(state.population, _stack(*want))
-  _close(state.params, _mean(state.population))
+  close(state.population, _stack(*want))
+  close(state.params, _mean(state.population))
 
 
 def test_btm_counts_tokens_seen_per_domain():
   """weighting='num_tokens_seen': each domain's count grows by its experts' mask count (here
   5, 16, 2 per round), not by the data's example weights."""
   counts = np.array([5, 16, 2])
-  batches = _batches(3, 2)
+  batches = client_batches(3, 2)
   mask = np.arange(2 * B)[None, :] < counts[:, None]
   batches['mask'] = jnp.asarray(mask.reshape(3, 2, B), jnp.float32)
   alg = btm(loss_fn, optax.sgd(0.1), 3, weighting='num_tokens_seen')
-  state, _ = _rounds(alg, alg.init(_params()), [(0, batches), (1, batches)])
+  state, _ = _rounds(alg, alg.init(initial_params()), [(0, batches), (1, batches)])
   np.testing.assert_array_equal(state.domain_examples, 2 * counts)
