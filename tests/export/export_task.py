@@ -6,7 +6,6 @@ tests/deploy)."""
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from pathlib import Path
 from typing import Callable
 
@@ -85,12 +84,13 @@ def trained_and_exported(tmp_path_factory, algorithm: str) -> Trained:
     config_io.apply_overrides(cfg, [f'train.num_steps={ROUNDS}'])
     _, state = train_to(cfg, path / 'job', ROUNDS)
     export_experiment(cfg, path / 'export', rounds=ROUNDS, experiment=experiment)
-    (path / 'state.pkl').write_bytes(pickle.dumps(state))
+    np.savez(path / 'state.npz', **state)
     (path / 'config.json').write_text(config_io.to_json(cfg))
 
   path = made_once(tmp_path_factory, f'trained_and_exported_{algorithm}', make)
   cfg = config_io.load_file(path / 'config.json')
-  state = pickle.loads((path / 'state.pkl').read_bytes())
+  with np.load(path / 'state.npz') as saved:
+    state = dict(saved)
   return Trained(cfg, metric_rows(path / 'job'), state, path / 'job', path / 'export')
 
 
