@@ -46,6 +46,16 @@ def close(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> None:
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
 
 
+def run_rounds(alg, params, rounds: int, batches, weights, seed: int = 0):
+  """`rounds` jitted rounds of `alg` from `params` on the same batches, round r keyed by
+  seed + r: the final state and the last round's metrics."""
+  state, step = alg.init(params), jax.jit(alg.next)
+  metrics = None
+  for r in range(rounds):
+    state, metrics = step(state, batches, weights, jax.random.key(seed + r))
+  return state, metrics
+
+
 _loss_and_grad = jax.jit(jax.value_and_grad(lambda p, batch: loss_fn(p, batch, None)[0]))
 
 

@@ -17,16 +17,8 @@ from paxlike.errors import UserError
 from paxlike.federated import (diloco, fed_adagrad, fed_adam, fed_avg, fed_yogi,
                                pseudo_gradient)
 from tests.federated.regression import (B, REQUIRED, batch_grad, batch_loss, client_batches, close,
-                                        initial_params, loss_fn, optax_step)
+                                        initial_params, loss_fn, optax_step, run_rounds)
 from tests.helpers import run_script
-
-
-def _run(alg, params, rounds, batches, weights, seed=0):
-  state, step = alg.init(params), jax.jit(alg.next)
-  metrics = None
-  for r in range(rounds):
-    state, metrics = step(state, batches, weights, jax.random.key(seed + r))
-  return state, metrics
 
 
 def _pooled_grad(params, batches, step):
@@ -38,7 +30,7 @@ def _pooled_grad(params, batches, step):
 def test_fedavg_one_local_step_is_pooled_gradient_descent(server_lr):
   eta, params, batches = 0.1, initial_params(), client_batches(4, 1)
   alg = fed_avg(loss_fn, optax.sgd(eta), optax.sgd(server_lr))
-  state, _ = _run(alg, params, 1, batches, np.full(4, float(B), np.float32))
+  state, _ = run_rounds(alg, params, 1, batches, np.full(4, float(B), np.float32))
   grad = _pooled_grad(params, batches, 0)
   close(state.params, jax.tree.map(lambda p, g: p - server_lr * eta * g, params, grad))
 
@@ -47,8 +39,8 @@ def test_identical_clients_equal_one_client():
   params, one = initial_params(), client_batches(1, 3)
   many = jax.tree.map(lambda x: np.repeat(x, 4, axis=0), one)
   alg = fed_avg(loss_fn, optax.adam(0.05), optax.sgd(0.8, momentum=0.5))
-  s1, m1 = _run(alg, params, 3, one, np.ones(1, np.float32))
-  s4, m4 = _run(alg, params, 3, many, np.full(4, 7.0, np.float32))
+  s1, m1 = run_rounds(alg, params, 3, one, np.ones(1, np.float32))
+  s4, m4 = run_rounds(alg, params, 3, many, np.full(4, 7.0, np.float32))
   close(s4.params, s1.params)
   close({k: m4[k] for k in REQUIRED - {'clients'}}, {k: m1[k] for k in REQUIRED - {'clients'}})
 
@@ -56,7 +48,7 @@ def test_identical_clients_equal_one_client():
 def test_weighted_mean_uses_weights():
   eta, params, batches = 0.2, initial_params(), client_batches(3, 1)
   weights = jnp.array([1.0, 3.0, 6.0])
-  state, metrics = _run(fed_avg(loss_fn, optax.sgd(eta)), params, 1, batches, weights)
+  state, metrics = run_rounds(fed_avg(loss_fn, optax.sgd(eta)), params, 1, batches, weights)
   per_client = [jax.tree.map(lambda x: x[i, 0], batches) for i in range(3)]
   grads = [batch_grad(params, b) for b in per_client]
   losses = np.array([batch_loss(params, b) for b in per_client])
@@ -194,13 +186,13 @@ def test_client_weighting(weighting):
   either equals 'num_examples' given those weights."""
   counts = [3, 16, 9]
   batches, data_weights = _masked(client_batches(3, 2), counts), jnp.array([5.0, 1.0, 1.0])
-  got, got_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1), weighting=weighting), initial_params(),
+  got, got_metrics = run_rounds(fed_avg(loss_fn, optax.sgd(0.1), weighting=weighting), initial_params(),
                           2, batches, data_weights)
   weights = np.array(counts if weighting == 'num_tokens_seen' else [1, 1, 1], np.float32)
-  want, want_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1)), initial_params(), 2, batches, weights)
+  want, want_metrics = run_rounds(fed_avg(loss_fn, optax.sgd(0.1)), initial_params(), 2, batches, weights)
   close(got.params, want.params)
   close(got_metrics['loss'], want_metrics['loss'])
-  plain, _ = _run(fed_avg(loss_fn, optax.sgd(0.1)), initial_params(), 2, batches, data_weights)
+  plain, _ = run_rounds(fed_avg(loss_fn, optax.sgd(0.1)), initial_params(), 2, batches, data_weights)
   assert not np.allclose(got.params['w'], plain.params['w'])
   with pytest.raises(UserError, match='weighting'):
     fed_avg(loss_fn, optax.sgd(0.1), weighting='tokens')
@@ -211,7 +203,7 @@ def test_local_steps_come_from_the_batches():
   eta, alg = 0.1, fed_avg(loss_fn, optax.sgd(0.1))
   for steps in (1, 3):
     batches, want = client_batches(1, steps), initial_params()
-    state, _ = _run(alg, want, 1, batches, np.ones(1, np.float32))
+    state, _ = run_rounds(alg, want, 1, batches, np.ones(1, np.float32))
     for h in range(steps):
       want = jax.tree.map(lambda p, g: p - eta * g, want, _pooled_grad(want, batches, h))
     close(state.params, want)
@@ -259,7 +251,7 @@ def test_metrics_keys_and_values(name):
   alg = (fed_avg(loss_fn, inner) if name == 'fed_avg'
          else diloco(loss_fn, inner, num_replicas=3))
   params, batches, weights = initial_params(), client_batches(3, 2), jnp.array([1.0, 2.0, 3.0])
-  state, metrics = _run(alg, params, 1, batches, weights)
+  state, metrics = run_rounds(alg, params, 1, batches, weights)
   assert REQUIRED | {'learning_rate', 'mae'} <= set(metrics)
   assert metrics['clients'].dtype == jnp.int32 and int(metrics['clients']) == 3
   assert all(jnp.shape(v) == () for v in metrics.values())
@@ -274,7 +266,7 @@ def test_metrics_keys_and_values(name):
     norm = np.sqrt(sum(np.sum(x**2) for x in jax.tree.leaves(pseudo)))
     np.testing.assert_allclose(metrics['pseudo_grad_norm'], norm, rtol=1e-5)
   no_lr = fed_avg(loss_fn, optax.sgd(0.1))
-  assert 'learning_rate' not in _run(no_lr, params, 1, batches, weights)[1]
+  assert 'learning_rate' not in run_rounds(no_lr, params, 1, batches, weights)[1]
 
 
 # A round on a ('clients', 'data') = (2, 4) mesh of 8 CPU devices equals the 1-device round.
@@ -352,8 +344,8 @@ def test_client_chunks_give_the_same_rounds_as_all_clients_at_once(name, chunk):
       'btm': lambda c: btm(loss_fn, optax.adam(0.01), 4, client_chunk=c),
   }
   params, batches, weights = initial_params(), client_batches(4, 2), jnp.array([1.0, 2.0, 3.0, 4.0])
-  whole = _run(builders[name](4), params, 2, batches, weights)  # A chunk >= the cohort: vmap.
-  close(_run(builders[name](chunk), params, 2, batches, weights), whole)
+  whole = run_rounds(builders[name](4), params, 2, batches, weights)  # A chunk >= the cohort: vmap.
+  close(run_rounds(builders[name](chunk), params, 2, batches, weights), whole)
 
   def scans(alg):  # The chunked round loops over chunks: one more scan in its program.
     state = alg.init(params)
@@ -363,5 +355,5 @@ def test_client_chunks_give_the_same_rounds_as_all_clients_at_once(name, chunk):
 
 def test_client_chunk_must_be_positive():
   with pytest.raises(ValueError, match='chunk must be a positive int'):
-    _run(fed_avg(loss_fn, optax.sgd(0.1), client_chunk=0), initial_params(), 1, client_batches(2, 1),
+    run_rounds(fed_avg(loss_fn, optax.sgd(0.1), client_chunk=0), initial_params(), 1, client_batches(2, 1),
          np.ones(2, np.float32))

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from paxlike.federated import chunking, fed_avg
-from tests.federated.test_algorithms import _batches, _params, loss_fn
+from tests.federated.regression import client_batches, initial_params, loss_fn
 
 
 @pytest.mark.parametrize('platform, clients_axis, expected', [
@@ -33,7 +33,7 @@ def test_an_explicit_chunk_is_kept_and_unset_resolves_to_the_cpu_default():
 def test_the_default_cpu_round_is_the_chunked_round():
   """Unset `client_chunk` traces to the same program as `client_chunk=1` on CPU, not to the
   vmapped one (a chunk >= the cohort)."""
-  params, batches, weights = _params(), _batches(4, 2), jnp.ones(4)
+  params, batches, weights = initial_params(), client_batches(4, 2), jnp.ones(4)
 
   def program(chunk):
     alg = fed_avg(loss_fn, optax.sgd(0.1), client_chunk=chunk)

@@ -23,7 +23,7 @@ from paxlike.federated import btm, fed_adagrad, fed_avg, fed_yogi, papa, pseudo_
 from paxlike.federated import server_optim
 from paxlike.federated.dp import DpAggregator
 from paxlike.federated.scaffold import scaffold
-from tests.federated.test_algorithms import _batches, _close, _params, _run, loss_fn
+from tests.federated.regression import client_batches, close, initial_params, loss_fn, run_rounds
 
 
 def slotted(loss_fn, optimizer, num_slots: int) -> Algorithm:
@@ -66,7 +66,7 @@ def test_the_exporter_resizes_a_fixed_cohort_as_declared():
   alg = slotted(loss_fn, None, 4)
   one = cohort_algorithm(alg)(1)
   assert one.fixed_cohort.size == 1
-  assert jax.eval_shape(one.init, _params())['sums'].shape == (1,)
+  assert jax.eval_shape(one.init, initial_params())['sums'].shape == (1,)
   plain = fed_avg(loss_fn, optax.sgd(0.1))
   assert cohort_algorithm(plain)(1) is plain
   for built, arg in [(papa(loss_fn, optax.sgd(0.1), population=3), 'population'),
@@ -92,24 +92,24 @@ def test_the_accountant_reads_the_declared_aggregator():
 def test_yogi_and_adagrad_take_the_round_options(builder, server):
   """Unset options are the plain FedOpt round; prox_mu and an aggregator reach it: a noiseless
   DP aggregator with a clip no update reaches is the unweighted mean of the client updates."""
-  params, batches = _params(), _batches(3, 2)
+  params, batches = initial_params(), client_batches(3, 2)
   weights, equal = jnp.array([1.0, 2.0, 5.0]), jnp.ones(3)
-  plain, _ = _run(builder(loss_fn, optax.sgd(0.05)), params, 3, batches, weights)
-  today, _ = _run(pseudo_gradient(loss_fn, optax.sgd(0.05), server), params, 3, batches, weights)
-  unset, _ = _run(builder(loss_fn, optax.sgd(0.05), prox_mu=0.0, aggregator=None), params, 3,
+  plain, _ = run_rounds(builder(loss_fn, optax.sgd(0.05)), params, 3, batches, weights)
+  today, _ = run_rounds(pseudo_gradient(loss_fn, optax.sgd(0.05), server), params, 3, batches, weights)
+  unset, _ = run_rounds(builder(loss_fn, optax.sgd(0.05), prox_mu=0.0, aggregator=None), params, 3,
                   batches, weights)
-  _close(plain.params, today.params, rtol=0, atol=0)
-  _close(unset.params, today.params, rtol=0, atol=0)
-  prox, _ = _run(builder(loss_fn, optax.sgd(0.05), prox_mu=0.7), params, 3, batches, weights)
-  want, _ = _run(pseudo_gradient(loss_fn, optax.sgd(0.05), server, prox_mu=0.7), params, 3,
+  close(plain.params, today.params, rtol=0, atol=0)
+  close(unset.params, today.params, rtol=0, atol=0)
+  prox, _ = run_rounds(builder(loss_fn, optax.sgd(0.05), prox_mu=0.7), params, 3, batches, weights)
+  want, _ = run_rounds(pseudo_gradient(loss_fn, optax.sgd(0.05), server, prox_mu=0.7), params, 3,
                  batches, weights)
-  _close(prox.params, want.params, rtol=0, atol=0)
+  close(prox.params, want.params, rtol=0, atol=0)
   assert not np.array_equal(prox.params['w'], plain.params['w'])  # (Adagrad's step is ~sign.)
   dp = DpAggregator(clip_norm=1e6, noise_multiplier=0.0)
-  noiseless, _ = _run(builder(loss_fn, optax.sgd(0.05), aggregator=dp), params, 3, batches,
+  noiseless, _ = run_rounds(builder(loss_fn, optax.sgd(0.05), aggregator=dp), params, 3, batches,
                       weights)
-  mean, _ = _run(builder(loss_fn, optax.sgd(0.05)), params, 3, batches, equal)
-  _close(noiseless.params, mean.params, rtol=1e-5, atol=1e-7)
+  mean, _ = run_rounds(builder(loss_fn, optax.sgd(0.05)), params, 3, batches, equal)
+  close(noiseless.params, mean.params, rtol=1e-5, atol=1e-7)
 
 
 def test_options_an_algorithm_cannot_honour_are_refused_in_one_line():
@@ -126,13 +126,13 @@ def test_options_an_algorithm_cannot_honour_are_refused_in_one_line():
 
 def test_papa_and_btm_prox_mu_is_fedprox_on_each_member():
   """One round of a single member / expert with prox_mu equals FedProx's round on one client."""
-  params, batches, weights = _params(), _batches(1, 3), jnp.ones(1)
-  want, _ = _run(fed_avg(loss_fn, optax.sgd(0.05), prox_mu=0.5), params, 1, batches, weights)
+  params, batches, weights = initial_params(), client_batches(1, 3), jnp.ones(1)
+  want, _ = run_rounds(fed_avg(loss_fn, optax.sgd(0.05), prox_mu=0.5), params, 1, batches, weights)
   for alg in (papa(loss_fn, optax.sgd(0.05), population=1, same_init=True, every=5,
                    prox_mu=0.5),
               btm(loss_fn, optax.sgd(0.05), num_experts=1, prox_mu=0.5)):
-    got, _ = _run(alg, params, 1, batches, weights)
-    _close(got.params, want.params)
+    got, _ = run_rounds(alg, params, 1, batches, weights)
+    close(got.params, want.params)
 
 
 @pytest.mark.parametrize('name', ['fed_yogi', 'papa', 'btm', 'scaffold', 'diloco'])
@@ -145,7 +145,7 @@ def test_every_builder_resolves_an_unset_client_chunk_per_platform(name):
               'btm': lambda **o: btm(loss_fn, optax.sgd(0.1), num_experts=4, **o),
               'scaffold': lambda **o: scaffold(loss_fn, optax.sgd(0.1), num_clients=4, **o),
               'diloco': lambda **o: diloco(loss_fn, optax.sgd(0.1), num_replicas=4, **o)}
-  params, batches, weights = _params(), _batches(4, 2), jnp.ones(4)
+  params, batches, weights = initial_params(), client_batches(4, 2), jnp.ones(4)
 
   def program(chunk):
     alg = builders[name](client_chunk=chunk)

@@ -13,7 +13,7 @@ import pytest
 from paxlike.errors import UserError
 from paxlike.federated import diloco, fed_adam, fed_avg, federated_program
 from paxlike.federated.dp import DpAggregator
-from tests.federated.test_algorithms import _batches, _close, _params, _run, loss_fn
+from tests.federated.regression import client_batches, close, initial_params, loss_fn, run_rounds
 
 
 def _aggregate(aggregator, deltas, rng=jax.random.key(0), clip_norm=None):
@@ -28,14 +28,14 @@ def _aggregate(aggregator, deltas, rng=jax.random.key(0), clip_norm=None):
 
 @pytest.mark.parametrize('builder', ['fed_avg', 'fed_adam', 'diloco'])
 def test_no_noise_and_no_clipping_is_the_plain_algorithm(builder):
-  params, batches, weights = _params(), _batches(4, 3), jnp.full((4,), 5.0)
+  params, batches, weights = initial_params(), client_batches(4, 3), jnp.full((4,), 5.0)
   make = {'fed_avg': lambda **kw: fed_avg(loss_fn, optax.sgd(0.1), **kw),
           'fed_adam': lambda **kw: fed_adam(loss_fn, optax.sgd(0.1), **kw),
           'diloco': lambda **kw: diloco(loss_fn, optax.adam(0.05), num_replicas=4, **kw)}
-  plain, plain_metrics = _run(make[builder](), params, 3, batches, weights)
+  plain, plain_metrics = run_rounds(make[builder](), params, 3, batches, weights)
   private = DpAggregator(clip_norm=math.inf, noise_multiplier=0.0)
-  dp, dp_metrics = _run(make[builder](aggregator=private), params, 3, batches, weights)
-  _close(dp.params, plain.params, rtol=1e-6, atol=1e-7)
+  dp, dp_metrics = run_rounds(make[builder](aggregator=private), params, 3, batches, weights)
+  close(dp.params, plain.params, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(dp_metrics['loss'], plain_metrics['loss'], rtol=1e-6)
   assert float(dp_metrics['dp_clip_norm']) == math.inf
 

@@ -11,7 +11,7 @@ import pytest
 from paxlike.errors import UserError
 from paxlike.federated import fed_avg
 from paxlike.federated.scaffold import scaffold
-from tests.federated.test_algorithms import _batches, _close, _params, _run, loss_fn
+from tests.federated.regression import client_batches, close, initial_params, loss_fn, run_rounds
 
 # Client i's objective: f_i(w) = a_i/2 (w − b_i)², the same batch at every local step.
 A, B = np.array([1.0, 4.0]), np.array([0.0, 1.0])
@@ -29,16 +29,16 @@ def quadratic_batches(steps: int = K):
 
 
 def test_fedprox_with_mu_zero_is_fedavg():
-  params, batches, weights = _params(), _batches(3, 4), jnp.array([1.0, 2.0, 5.0])
-  plain, _ = _run(fed_avg(loss_fn, optax.adam(0.05)), params, 3, batches, weights)
-  prox, _ = _run(fed_avg(loss_fn, optax.adam(0.05), prox_mu=0.0), params, 3, batches, weights)
-  _close(prox.params, plain.params, rtol=0, atol=0)
+  params, batches, weights = initial_params(), client_batches(3, 4), jnp.array([1.0, 2.0, 5.0])
+  plain, _ = run_rounds(fed_avg(loss_fn, optax.adam(0.05)), params, 3, batches, weights)
+  prox, _ = run_rounds(fed_avg(loss_fn, optax.adam(0.05), prox_mu=0.0), params, 3, batches, weights)
+  close(prox.params, plain.params, rtol=0, atol=0)
 
 
 def test_fedprox_round_matches_the_proximal_closed_form():
   mu, x = 0.5, 0.3
   alg = fed_avg(quadratic_loss, optax.sgd(ETA), prox_mu=mu)
-  state, _ = _run(alg, {'w': jnp.float32(x)}, 1, quadratic_batches(), jnp.ones(2))
+  state, _ = run_rounds(alg, {'w': jnp.float32(x)}, 1, quadratic_batches(), jnp.ones(2))
   # SGD on a/2 (w − b)² + μ/2 (w − x)² contracts to w* = (ab + μx)/(a + μ) by 1 − η(a + μ).
   w_star = (A * B + mu * x) / (A + mu)
   clients = w_star + (1 - ETA * (A + mu))**K * (x - w_star)
@@ -46,13 +46,13 @@ def test_fedprox_round_matches_the_proximal_closed_form():
 
 
 def test_scaffold_with_identical_clients_is_fedavg():
-  params, one = _params(), _batches(1, 3)
+  params, one = initial_params(), client_batches(1, 3)
   many = jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), one)
   weights = jnp.ones((4,))
-  avg, avg_metrics = _run(fed_avg(loss_fn, optax.sgd(0.1)), params, 4, many, weights)
-  sca, sca_metrics = _run(scaffold(loss_fn, optax.sgd(0.1), num_clients=4), params, 4, many,
+  avg, avg_metrics = run_rounds(fed_avg(loss_fn, optax.sgd(0.1)), params, 4, many, weights)
+  sca, sca_metrics = run_rounds(scaffold(loss_fn, optax.sgd(0.1), num_clients=4), params, 4, many,
                           weights)
-  _close(sca.params, avg.params, rtol=1e-5, atol=1e-6)
+  close(sca.params, avg.params, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(sca_metrics['loss'], avg_metrics['loss'], rtol=1e-5)
 
 
@@ -64,8 +64,8 @@ def test_scaffold_converges_where_fedavg_drifts():
   fedavg_fixed_point = ((1 - r) * B).sum() / (1 - r).sum()
   assert abs(fedavg_fixed_point - optimum) > 0.2
   start, batches, weights = {'w': jnp.float32(-1.0)}, quadratic_batches(), jnp.ones(2)
-  avg, _ = _run(fed_avg(quadratic_loss, optax.sgd(ETA)), start, 100, batches, weights)
-  sca, metrics = _run(scaffold(quadratic_loss, optax.sgd(ETA), num_clients=2), start, 100,
+  avg, _ = run_rounds(fed_avg(quadratic_loss, optax.sgd(ETA)), start, 100, batches, weights)
+  sca, metrics = run_rounds(scaffold(quadratic_loss, optax.sgd(ETA), num_clients=2), start, 100,
                       batches, weights)
   np.testing.assert_allclose(avg.params['w'], fedavg_fixed_point, rtol=1e-4)
   np.testing.assert_allclose(sca.params['w'], optimum, rtol=1e-4)

@@ -23,7 +23,7 @@ from paxlike.federated import diloco, fed_avg, federated_program
 from paxlike.trainer import privacy
 from paxlike.federated.scaffold import scaffold
 from paxlike.federated.dp import DpAggregator
-from tests.federated.test_algorithms import _batches, _close, _params, _run, loss_fn
+from tests.federated.regression import client_batches, close, initial_params, loss_fn, run_rounds
 from tests.helpers import metric_rows, run_cli
 
 N, K = 400, 100  # DigitsDpFedAvg's population and expected cohort.
@@ -109,19 +109,19 @@ def test_padded_slots_take_no_part_and_the_sum_is_divided_by_qn():
                        count_stddev=3.0, expected_clients=expected)
   got = _dp_aggregate(noisy, padded, weights, jax.random.key(2))
   alone = _dp_aggregate(noisy, jnp.asarray(real), jnp.ones(4), jax.random.key(2))
-  _close(got[0], alone[0], rtol=1e-6, atol=1e-6)
+  close(got[0], alone[0], rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(got[1].clip_norm, alone[1].clip_norm, rtol=1e-6)
   assert not np.allclose(got[0]['w'], mean['w'])
 
 
 def test_fedavg_weighted_mean_ignores_padded_slots():
-  params, real, weights = _params(), _batches(3, 2), jnp.array([4.0, 1.0, 2.0])
+  params, real, weights = initial_params(), client_batches(3, 2), jnp.array([4.0, 1.0, 2.0])
   junk = jax.tree.map(lambda x: 50 * jnp.ones_like(x[:2]), real)
   padded = jax.tree.map(lambda r, j: jnp.concatenate([r[:1], j, r[1:]]), real, junk)
   alg = fed_avg(loss_fn, optax.sgd(0.05))
-  state, _ = _run(alg, params, 2, padded, jnp.array([4.0, 0.0, 0.0, 1.0, 2.0]))
-  alone, _ = _run(alg, params, 2, real, weights)
-  _close(state.params, alone.params)
+  state, _ = run_rounds(alg, params, 2, padded, jnp.array([4.0, 0.0, 0.0, 1.0, 2.0]))
+  alone, _ = run_rounds(alg, params, 2, real, weights)
+  close(state.params, alone.params)
 
 
 class _PoissonData:

@@ -11,7 +11,7 @@ import optax
 from paxlike.data import ImageData, sources
 from paxlike.federated import fed_adam, fed_avg
 from tests.federated.test_stragglers import ETA, linear_loss, masked_batches, numpy_round
-from tests.federated.test_algorithms import _params, _run
+from tests.federated.regression import initial_params, run_rounds
 
 
 def poisson_batches(present: list[bool], seed: int = 1) -> dict:
@@ -35,7 +35,7 @@ def test_an_empty_poisson_round_is_all_padding():
 
 
 def test_a_round_nobody_joined_leaves_params_and_server_state_unchanged():
-  params, batches = _params(), poisson_batches([False] * 5)
+  params, batches = initial_params(), poisson_batches([False] * 5)
   for alg in (fed_avg(linear_loss, optax.sgd(ETA)),
               fed_adam(linear_loss, optax.sgd(ETA), server_learning_rate=0.1)):
     start = alg.init(params)
@@ -47,7 +47,7 @@ def test_a_round_nobody_joined_leaves_params_and_server_state_unchanged():
 
 
 def test_fedadam_after_an_empty_round_is_fedadam_without_it():
-  params, full = _params(), poisson_batches([True, False, True, True])
+  params, full = initial_params(), poisson_batches([True, False, True, True])
   alg, weights = fed_adam(linear_loss, optax.sgd(ETA), server_learning_rate=0.1), jnp.array(
       [2.0, 0.0, 1.0, 3.0])
   step = jax.jit(alg.next)
@@ -64,7 +64,7 @@ def test_clients_counts_the_real_clients_of_a_poisson_round():
   cohort = sources.sample_cohort(0, 3, data.client_sizes, 8, 'poisson')
   present = cohort != sources.PADDED
   assert 0 < present.sum() < data.num_slots
-  _, metrics = _run(fed_avg(linear_loss, optax.sgd(ETA)), _params(), 1,
+  _, metrics = run_rounds(fed_avg(linear_loss, optax.sgd(ETA)), initial_params(), 1,
                     poisson_batches(list(present)), jnp.asarray(present, jnp.float32))
   assert int(metrics['clients']) == present.sum() and int(metrics['stragglers']) == 0
 
@@ -72,8 +72,8 @@ def test_clients_counts_the_real_clients_of_a_poisson_round():
 def test_logged_loss_and_update_are_the_real_clients_weighted_mean():
   present = [True, False, True, False, True]
   weights = np.array([2.0, 0.0, 1.0, 0.0, 3.0])
-  params, batches = _params(), poisson_batches(present)
-  state, metrics = _run(fed_avg(linear_loss, optax.sgd(ETA)), params, 1, batches,
+  params, batches = initial_params(), poisson_batches(present)
+  state, metrics = run_rounds(fed_avg(linear_loss, optax.sgd(ETA)), params, 1, batches,
                         jnp.asarray(weights))
   steps = [4 if p else 0 for p in present]
   want = numpy_round(params, batches, steps, list(weights))

@@ -20,7 +20,7 @@ from paxlike.federated.papa import papa
 from paxlike.federated.scaffold import scaffold
 from paxlike.core.algorithm import AlgorithmConfigError
 from paxlike.trainer.centralized import centralized
-from tests.federated.test_algorithms import D, _params, _run
+from tests.federated.regression import D, initial_params, run_rounds
 from tests.helpers import cli_env, metric_rows, run_cli, run_python
 
 L, ETA, MU = 4, 0.05, 0.5
@@ -127,24 +127,24 @@ STEPS, WEIGHTS = [4, 1, 3, 4], [3.0, 5.0, 2.0, 1.0]  # Clients 1 and 2 straggle.
 
 
 def test_fedavg_drops_stragglers_and_a_straggler_is_its_steps_run_alone():
-  params, batches = _params(), masked_batches(STEPS)
-  state, metrics = _run(fed_avg(linear_loss, optax.sgd(ETA)), params, 1, batches,
+  params, batches = initial_params(), masked_batches(STEPS)
+  state, metrics = run_rounds(fed_avg(linear_loss, optax.sgd(ETA)), params, 1, batches,
                         jnp.array(WEIGHTS))
   dropped = [w if n == L else 0.0 for n, w in zip(STEPS, WEIGHTS)]
   _assert_close(state.params, numpy_round(params, batches, STEPS, dropped))
   assert int(metrics['clients']) == 4 and int(metrics['stragglers']) == 2
   # Keeping them (an explicit choice at mu = 0): each straggler counts with its n steps.
-  kept, _ = _run(fed_avg(linear_loss, optax.sgd(ETA), drop_stragglers=False), params, 1,
+  kept, _ = run_rounds(fed_avg(linear_loss, optax.sgd(ETA), drop_stragglers=False), params, 1,
                  batches, jnp.array(WEIGHTS))
   _assert_close(kept.params, numpy_round(params, batches, STEPS, WEIGHTS))
 
 
 def test_fedprox_keeps_stragglers_partial_work_by_default():
-  params, batches = _params(), masked_batches(STEPS)
-  state, _ = _run(fed_avg(linear_loss, optax.sgd(ETA), prox_mu=MU), params, 1, batches,
+  params, batches = initial_params(), masked_batches(STEPS)
+  state, _ = run_rounds(fed_avg(linear_loss, optax.sgd(ETA), prox_mu=MU), params, 1, batches,
                   jnp.array(WEIGHTS))
   _assert_close(state.params, numpy_round(params, batches, STEPS, WEIGHTS, MU))
-  dropped, _ = _run(fed_avg(linear_loss, optax.sgd(ETA), prox_mu=MU, drop_stragglers=True),
+  dropped, _ = run_rounds(fed_avg(linear_loss, optax.sgd(ETA), prox_mu=MU, drop_stragglers=True),
                     params, 1, batches, jnp.array(WEIGHTS))
   _assert_close(dropped.params, numpy_round(
       params, batches, STEPS, [w if n == L else 0.0 for n, w in zip(STEPS, WEIGHTS)], MU))
@@ -153,8 +153,8 @@ def test_fedprox_keeps_stragglers_partial_work_by_default():
 
 
 def test_logged_loss_averages_each_client_over_the_steps_it_ran_stragglers_included():
-  params, batches = _params(), masked_batches(STEPS)
-  _, metrics = _run(fed_avg(linear_loss, optax.sgd(ETA)), params, 1, batches,
+  params, batches = initial_params(), masked_batches(STEPS)
+  _, metrics = run_rounds(fed_avg(linear_loss, optax.sgd(ETA)), params, 1, batches,
                     jnp.array(WEIGHTS))
   per_client = []
   for i, n in enumerate(STEPS):  # Loss at each step's start params, by hand.
@@ -170,8 +170,8 @@ def test_logged_loss_averages_each_client_over_the_steps_it_ran_stragglers_inclu
 
 def test_a_skipped_step_leaves_the_optimizer_state_alone():
   """DiLoCo keeps each replica's inner Adam: a straggler's step count is the steps it ran."""
-  params, batches = _params(), masked_batches(STEPS)
-  state, _ = _run(diloco(linear_loss, optax.adam(0.01), num_replicas=4), params, 2, batches,
+  params, batches = initial_params(), masked_batches(STEPS)
+  state, _ = run_rounds(diloco(linear_loss, optax.adam(0.01), num_replicas=4), params, 2, batches,
                   jnp.ones(4))
   counts = [leaf for leaf in jax.tree.leaves(state.client_opt_state)
             if jnp.issubdtype(leaf.dtype, jnp.integer)]
@@ -179,9 +179,9 @@ def test_a_skipped_step_leaves_the_optimizer_state_alone():
 
 
 def test_dp_leaves_a_dropped_straggler_out_of_the_clipped_sum():
-  params, batches = _params(), masked_batches(STEPS)
+  params, batches = initial_params(), masked_batches(STEPS)
   agg = DpAggregator(clip_norm=1e6, noise_multiplier=0.0)  # No clipping, no noise: a mean.
-  state, metrics = _run(fed_avg(linear_loss, optax.sgd(ETA), aggregator=agg), params, 1,
+  state, metrics = run_rounds(fed_avg(linear_loss, optax.sgd(ETA), aggregator=agg), params, 1,
                         batches, jnp.array(WEIGHTS))
   clients = [numpy_client(params, batches['x'][i], batches['y'][i], n)
              for i, n in enumerate(STEPS)]
@@ -201,7 +201,7 @@ def test_dp_leaves_a_dropped_straggler_out_of_the_clipped_sum():
 def test_algorithms_that_run_every_step_refuse_stragglers(build, clients):
   alg, batches = build(), jax.tree.map(lambda x: x[:clients], masked_batches(STEPS))
   with pytest.raises(AlgorithmConfigError, match='data.straggler_fraction'):
-    jax.eval_shape(alg.next, alg.init(_params()), batches, jnp.ones(clients), jax.random.key(0))
+    jax.eval_shape(alg.next, alg.init(initial_params()), batches, jnp.ones(clients), jax.random.key(0))
 
 
 @pytest.mark.slow
