@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,9 @@ from paxlike.trainer.restore_fallback import FALLBACKS, Fallback
 # devices), so such arrays are written whole by their first replica, as Orbax writes every array
 # by default on GPUs. Large arrays are still split.
 REPLICA_PARALLEL_MIN_BYTES = 1 << 20
+# A reader (eval on a live job) lists the steps while the trainer deletes the oldest (max_to_keep):
+# a step listed can be gone before it is read. The reader then lists again, this many times at most.
+RELISTS = 5
 
 
 class Checkpoints:
@@ -57,9 +60,11 @@ class Checkpoints:
     else:  # A failed save's noise can start in Orbax's threads before the loop sees the error.
       _quiet_closed_loop_noise()
       _split_only_large_replicated_arrays()
-    self._manager = ocp.CheckpointManager(
-        Path(directory).absolute(), options=options,
-        item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})
+    self._directory = Path(directory).absolute()
+    self._manager = _relisting_vanished_steps(lambda: ocp.CheckpointManager(
+        self._directory, options=options,
+        item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}),
+        self._directory)
     # One process: saves start in this thread, in order. Several: in the caller's thread, so
     # every process runs Orbax's cross-process barriers in the same order as its steps.
     self._saver = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='checkpoint')
@@ -75,17 +80,23 @@ class Checkpoints:
     A corrupt step is a RunFailure naming it. With a `fallback`, older steps are tried instead,
     and the corrupt ones are moved aside to `checkpoints.corrupt/` (kept, out of Orbax's way);
     when none is readable, only 'from_scratch' moves them and returns None, else RunFailure.
+    A step deleted while it is read (a live trainer's max_to_keep) is not corrupt: the steps are
+    listed again, and the newest is read.
     """
-    steps = sorted(self._manager.all_steps(), reverse=True)
-    if step is not None:
-      steps = [s for s in steps if s <= step]
-    corrupt = []
-    for candidate in steps:
+    corrupt, relists = [], 0
+    steps = self._steps_to_try(step, corrupt)
+    while steps:
+      candidate = steps.pop(0)
       try:
         restored = (candidate, *self._restore_step(candidate, abstract_state))
       except UserError:
         raise
       except Exception as error:  # Orbax/tensorstore raise many kinds for damaged files.
+        if not (self._directory / str(candidate)).exists() and relists < RELISTS:
+          relists += 1
+          _relisting_vanished_steps(self._manager.reload, self._directory)
+          steps = self._steps_to_try(step, corrupt)
+          continue
         _quiet_closed_loop_noise()
         message = (f'checkpoint step {candidate} in {self._manager.directory} is unreadable '
                    f'({type(error).__name__}: {_first_line(error)})')
@@ -105,6 +116,11 @@ class Checkpoints:
                       ', '.join(map(str, corrupt)))
     self._move_aside(corrupt)
     return None
+
+  def _steps_to_try(self, step: int | None, corrupt: list[int]) -> list[int]:
+    """The committed steps up to `step` (all when None), newest first, less `corrupt`."""
+    return [s for s in sorted(self._manager.all_steps(), reverse=True)
+            if (step is None or s <= step) and s not in corrupt]
 
   def _move_aside(self, steps: list[int]) -> None:
     if not steps or jax.process_index() != 0:
@@ -178,6 +194,17 @@ class Checkpoints:
         self._saver.shutdown(wait=True)
       if self._failed is None:
         self._manager.close()
+
+
+def _relisting_vanished_steps(list_steps: Callable[[], Any], directory: Path) -> Any:
+  """`list_steps()` (Orbax reading every step's metadata), called again while it fails on a step
+  of `directory` deleted between Orbax listing it and reading it, RELISTS times at most."""
+  for attempt in range(RELISTS + 1):
+    try:
+      return list_steps()
+    except FileNotFoundError as error:
+      if attempt == RELISTS or directory not in Path(error.filename or '/').parents:
+        raise
 
 
 def _failure_message(error: BaseException, directory: Path, failed: int | None,

@@ -2,6 +2,7 @@
 moment save returns, and a save that fails surfaces in the next call."""
 
 import json
+import shutil
 import threading
 
 import jax
@@ -90,6 +91,57 @@ def test_a_reader_leaves_a_live_trainers_in_flight_save_alone(tmp_path):
   finally:
     reader.close()
   assert in_flight.is_dir() and _committed(directory) == [1]
+
+
+def test_a_reader_restores_the_newest_step_when_the_trainer_deletes_the_one_it_listed(tmp_path):
+  """Eval on a live job with max_to_keep=1: the step the reader listed is deleted by the
+  trainer's next save before the reader reads it (it was reported as an unreadable step)."""
+  directory = tmp_path / 'checkpoints'
+  trainer = Checkpoints(directory, max_to_keep=1)
+  try:
+    trainer.save(1, _state(), {'step': 1})
+    trainer.wait()
+    reader = Checkpoints(directory, max_to_keep=1, read_only=True)  # Lists step 1.
+    trainer.save(2, jax.tree.map(lambda x: x + 1, _state()), {'step': 2})
+    trainer.wait()
+  finally:
+    trainer.close()
+  assert _committed(directory) == [2]
+  try:
+    step, restored, meta = reader.restore(jax.eval_shape(_state))
+  finally:
+    reader.close()
+  assert (step, meta, int(restored['count'])) == (2, {'step': 2}, 8)
+
+
+def test_a_reader_opens_while_the_trainer_deletes_a_step_it_listed(tmp_path, monkeypatch):
+  """The trainer deletes step 1 right after Orbax lists the steps, before it reads their commit
+  times, as the reader opens (the reader crashed with FileNotFoundError)."""
+  directory = tmp_path / 'checkpoints'
+  trainer = Checkpoints(directory, max_to_keep=2)
+  try:
+    for step in (1, 2):
+      trainer.save(step, _state(), {'step': step})
+    trainer.wait()
+  finally:
+    trainer.close()
+  name_format = type(ocp.path.step.standard_name_format())
+  real_find_all, deleted = name_format.find_all, []
+
+  def listed_then_step_1_deleted(self, base_path):
+    listed = list(real_find_all(self, base_path))
+    if not deleted:
+      deleted.append(shutil.rmtree(directory / '1'))
+    return iter(listed)
+
+  monkeypatch.setattr(name_format, 'find_all', listed_then_step_1_deleted)
+  reader = Checkpoints(directory, max_to_keep=2, read_only=True)
+  monkeypatch.undo()
+  try:
+    step, _, meta = reader.restore(jax.eval_shape(_state))
+  finally:
+    reader.close()
+  assert deleted and (step, meta) == (2, {'step': 2}) and _committed(directory) == [2]
 
 
 def test_a_full_disk_is_one_line_naming_the_failed_and_the_intact_step(tmp_path, monkeypatch):
