@@ -1,6 +1,7 @@
 """The persistent compilation cache is on by default: a rerun loads every compiled program from
 ~/.cache/paxlike/jax (XDG_CACHE_HOME honoured), its init, train and eval steps from the store
-kept there, and trains identically; an empty flag turns it off."""
+kept there, and trains identically; a run of another length or learning rate compiles no new
+train step; an empty flag turns it off."""
 
 import jax
 import pytest
@@ -35,6 +36,14 @@ def test_a_rerun_compiles_nothing_new_and_trains_the_same(tmp_path):
   run_cli(*TINY, '--mode=eval', f'--job_log_dir={tmp_path / "second"}', env=env)
   assert cache_entries(cache) == first
   assert sorted(p.stat().st_mtime_ns > seen for p, seen in read.items()) == [False, True, True]
+
+  # Another run length and peak learning rate: the schedule's numbers are optimizer state, so
+  # the train step is the same program (the init, which computes them, is compiled anew).
+  run_cli(*TINY, '--fdl_set=train.num_steps=12',
+          '--fdl_set=optimizer.learning_rate.peak_value=0.01',
+          f'--job_log_dir={tmp_path / "other"}', env=env)
+  new = set(cache_entries(cache)) - set(first)
+  assert new and not any(name.startswith('jit_train_step-') for name in new), new
 
 
 def test_an_empty_flag_turns_it_off_and_jax_s_own_variable_wins(monkeypatch, tmp_path):

@@ -32,6 +32,7 @@ def test_adam_moments_have_the_param_shardings_on_a_model_parallel_mesh():
   out = run_script(textwrap.dedent('''
       import json
       import jax
+      import optax
       from configs import fiddlers
       from paxlike import registry
       from paxlike.config import config_io
@@ -43,9 +44,9 @@ def test_adam_moments_have_the_param_shardings_on_a_model_parallel_mesh():
                                       'data.batch_size=8'])
       s = build.setup(config_io.build(cfg))
       spec = lambda tree: [str(x.sharding.spec) for x in jax.tree.leaves(tree)]
-      adam = s.program.abstract_state.alg.opt_state[1].inner_state[0]
-      print(json.dumps({'params': spec(s.program.abstract_state.alg.params), 'mu': spec(adam.mu),
-                        'nu': spec(adam.nu)}))
+      moment = lambda name: optax.tree_utils.tree_get(s.program.abstract_state.alg.opt_state, name)
+      print(json.dumps({'params': spec(s.program.abstract_state.alg.params),
+                        'mu': spec(moment('mu')), 'nu': spec(moment('nu'))}))
   '''))
   specs = json.loads(out.strip().splitlines()[-1])
   assert specs['mu'] == specs['nu'] == specs['params']
