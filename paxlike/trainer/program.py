@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 from flax import traverse_util
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from paxlike.core import partitioning
 from paxlike.core import program_store
@@ -30,7 +30,7 @@ from paxlike.trainer import reference
 from paxlike.trainer.grpo import task_loss_fn
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
-                                         init_state, train_step)
+                                         init_state, train_step, with_hyperparams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Program:
   rules: Any                      # The logical axis rules resolved for `mesh`.
   algorithm: Algorithm
   loss_fn: LossFn
-  init: Callable[[jax.Array], TrainState]   # Compiled: rng -> a fresh state.
+  init: Callable[[jax.Array], TrainState]   # rng -> a fresh state (compiled: init_state_from).
   abstract_state: TrainState      # Sharded ShapeDtypeStructs: what checkpoints restore into.
   abstract_params: Any            # The model's unboxed params as sharded ShapeDtypeStructs.
   boxed_params: Any               # The state's params' abstract values with their logical axes
@@ -75,7 +75,7 @@ class Program:
   round_shape: tuple[int, int, int]  # [clients, local_steps, batch] of a round's batches.
   block: tuple[slice, slice, slice]  # The part of round_shape this process loads.
   # rng -> the optimizer hyperparameters a fresh state gets from the config (train_state.
-  # hyperparams_of); jitted, not compiled until a resume with a changed config asks for them.
+  # hyperparams_of), replicated; jitted, and traced on zero params: no model init.
   hyperparams: Callable[[jax.Array], dict[str, jax.Array]]
   # (params to import: {'a/b/kernel': array}, rng) -> a fresh state whose params are those
   # (the rest initialised as usual) and whose optimizer state is the algorithm's init of them.
@@ -156,6 +156,40 @@ def _init_with(init: Callable[..., TrainState], params_at: Callable[[jax.Array],
     return init(rng, params_at=params_with)
 
 
+def init_state_from(fresh: Callable[[jax.Array], TrainState], rng: jax.Array,
+                    hyperparams: dict[str, jax.Array]) -> TrainState:
+  """`fresh(rng)` with the optimizer hyperparameters at `hyperparams`' paths (train_state.
+  hyperparams_of) taken from `hyperparams`. Traced so, the program holds none of the config's
+  numbers there (JAX drops what computed the replaced values): runs that differ only in a
+  learning rate or a run length share it."""
+  return with_hyperparams(fresh(rng), hyperparams)
+
+
+def _init_programs(init: Callable[..., TrainState], params_at: Callable[[jax.Array], Any],
+                   boxed_params: Any, rules: Any, mesh: Mesh, kept: Kept | None
+                   ) -> tuple[Any, Callable[[jax.Array], dict[str, jax.Array]]]:
+  """(the compiled `init_state_from` of `init` from `params_at`, the jitted program of the
+  hyperparameters it takes: traced on zero params, no model init, replicated)."""
+  def zero_params_at(rng):
+    return jax.tree.map(lambda x: jax.numpy.zeros(x.shape, x.dtype), nn.meta.unbox(boxed_params))
+
+  replicated = NamedSharding(mesh, PartitionSpec())
+  hyperparams = jax.jit(functools.partial(
+      _fresh_hyperparams, functools.partial(init, params_at=zero_params_at), rules),
+      out_shardings=replicated)
+  numbers = jax.tree.map(lambda x: placed_spec(x, replicated),
+                         jax.eval_shape(hyperparams, RNG_SPEC))
+  return compiled(
+      jax.jit(functools.partial(init_state_from, functools.partial(init, params_at=params_at))),
+      (RNG_SPEC, numbers), mesh, kept, 'init'), hyperparams
+
+
+def _run_fresh(init: Callable[..., TrainState], hyperparams: Callable[[jax.Array], dict],
+               rng: jax.Array) -> TrainState:
+  """`init(rng, hyperparams(rng))`: a fresh state, its hyperparameters the config's."""
+  return init(rng, hyperparams(rng))
+
+
 def _fresh_hyperparams(init: Callable[[jax.Array], TrainState], rules: Any,
                        rng: jax.Array) -> dict[str, jax.Array]:
   """The hyperparameters of `init(rng)`; under jit, XLA drops the rest of the init."""
@@ -203,13 +237,13 @@ def place(task: Task, kept: Kept | None = None) -> Program:
     init = functools.partial(init_state, algorithm=algorithm, boxed_params=boxed_params,
                              param_shardings=param_shardings, trainable=trainable,
                              ema=task.train.ema_decay is not None)
-    fresh = functools.partial(init, params_at=params_at)  # rng -> a fresh state.
-    compiled_init = compiled(jax.jit(fresh), (RNG_SPEC,), mesh, kept, 'init')
+    compiled_init, hyperparams = _init_programs(init, params_at, boxed_params, rules, mesh, kept)
     state_shardings = compiled_init.output_shardings  # Propagated from the param shardings.
     abstract_state = jax.tree.map(placed_spec, compiled_init.out_info, state_shardings)
   round_shape = spec.round['mask'].shape[:3]
   return Program(
-      mesh=mesh, rules=rules, algorithm=algorithm, loss_fn=loss_fn, init=compiled_init,
+      mesh=mesh, rules=rules, algorithm=algorithm, loss_fn=loss_fn,
+      init=functools.partial(_run_fresh, compiled_init, hyperparams),
       abstract_state=abstract_state,
       abstract_params=jax.tree.map(placed_spec, nn.meta.unbox(model_params), model_shardings),
       boxed_params=boxed_params,
@@ -217,10 +251,7 @@ def place(task: Task, kept: Kept | None = None) -> Program:
                    placed_spec(spec.weights, partitioning.client_sharding(mesh))),
       eval_batch_spec={k: placed_spec(x) for k, x in spec.eval.items()},
       round_shape=round_shape, block=partitioning.process_block(batch_sharding, round_shape),
-      hyperparams=jax.jit(
-          functools.partial(_fresh_hyperparams, fresh, rules),
-          out_shardings={path: spec.sharding for path, spec
-                         in hyperparams_of(abstract_state).items()}),
+      hyperparams=hyperparams,
       init_with=jax.jit(functools.partial(_init_with, init, model_params_at, finish, rules),
                         out_shardings=state_shardings, donate_argnums=0),
       trainable=trainable, adapters=adapter_mask(task))
