@@ -62,8 +62,8 @@ class Checkpoints:
       _split_only_large_replicated_arrays()
     self._directory = Path(directory).absolute()
     self._manager = _relisting_vanished_steps(lambda: ocp.CheckpointManager(
-        self._directory, options=options,
-        item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}),
+        self._directory, options=options, item_handlers={
+            'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}),
         self._directory)
     # One process: saves start in this thread, in order. Several: in the caller's thread, so
     # every process runs Orbax's cross-process barriers in the same order as its steps.
