@@ -98,7 +98,7 @@ class Checkpoints:
           steps = self._steps_to_try(step, corrupt)
           continue
         _quiet_closed_loop_noise()
-        message = (f'checkpoint step {candidate} in {self._manager.directory} is unreadable '
+        message = (f'checkpoint step {candidate} in {self._directory} is unreadable '
                    f'({type(error).__name__}: {_first_line(error)})')
         if self.fallback == 'off':
           raise RunFailure(message + '; pass --restore_fallback to use the previous good step') from error
@@ -108,7 +108,7 @@ class Checkpoints:
       self._move_aside(corrupt)
       return restored
     if corrupt and self.fallback != 'from_scratch':
-      raise RunFailure(f'every checkpoint step in {self._manager.directory} is unreadable '
+      raise RunFailure(f'every checkpoint step in {self._directory} is unreadable '
                        f'(steps {", ".join(map(str, corrupt))}); pass '
                        '--restore_fallback=from_scratch to move them aside and start from step 0')
     if corrupt:
@@ -125,7 +125,7 @@ class Checkpoints:
   def _move_aside(self, steps: list[int]) -> None:
     if not steps or jax.process_index() != 0:
       return
-    directory = Path(self._manager.directory)
+    directory = self._directory
     aside = directory.with_name(directory.name + '.corrupt')
     aside.mkdir(exist_ok=True)
     for step in steps:
@@ -168,7 +168,7 @@ class Checkpoints:
     try:
       return fn(*args, **kwargs)
     except Exception as error:  # Orbax and tensorstore raise many kinds for failed writes.
-      directory = Path(self._manager.directory)
+      directory = self._directory
       with contextlib.suppress(Exception):  # The saves in flight, so `committed` is final.
         self._manager.wait_until_finished()
       committed = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
