@@ -12,11 +12,14 @@ float32, on a 4×2 ('data', 'model') mesh of 8 forced CPU devices. Two whole pro
   replicated (as jit leaves them); random byte batches made on the host each step, ≤ 2 steps
   in flight.
 Each runs at two lengths n1 < n2, timed from process start to exit, so start-up, compilation
-and the final eval and save cancel: rate = (n2 - n1) / (t2 - t1). --quick (2 and 4 steps, one
-repeat) only shows the script runs: paxlike's two runs share the 4-step schedule, so the second
-loads the first's programs and compilation no longer cancels. Repeats alternate the
-order; `ratio` is the median of paxlike / flax rates over repeats. Goal: paxlike >= 12
-steps/s at a load average below 2 (1.6x Pax 1.4.0 on this shape; it was 10.3 before).
+and the final eval and save cancel: rate = (n2 - n1) / (t2 - t1). paxlike's two lengths run the
+same programs (the schedule's numbers are optimizer state), which its compilation cache keeps
+(and flax's, where JAX_COMPILATION_CACHE_DIR names one): an untimed n1-step run of each first
+fills them, so that no timed run compiles what another will load. --quick (2 and 4 steps, one
+repeat, no such runs) only shows the script runs: there a longer run may load what the shorter
+compiled, and compilation no longer cancels. Repeats alternate the order; `ratio` is the
+median of paxlike / flax rates over repeats. Goal: paxlike >= 12 steps/s at a load average
+below 2 (1.6x Pax 1.4.0 on this shape; it was 10.3 before).
 `cpu_ms_per_step` is each one's CPU time per step (every thread, by the same difference), and
 `cpu_ratio` flax / paxlike of it: the work per step, which other users' load moves far less
 than it moves wall time (both keep the 2 cores busy, so wall time is the machine's).
@@ -134,17 +137,13 @@ def flax_run(steps: int) -> None:
   print(f'final loss {float(previous):.3f}', file=sys.stderr)
 
 
-def whole_run(mode: str, steps: int, mesh: str = '4x2',
-              decay_steps: int | None = None) -> tuple[float, float]:
+def whole_run(mode: str, steps: int, mesh: str = '4x2') -> tuple[float, float]:
   """Seconds from start to exit of a `mode` process that trains `steps` steps, and the CPU
-  seconds (user + system, every thread) it used. `decay_steps`: paxlike's learning-rate
-  schedule length (None: the run's own, `steps`)."""
+  seconds (user + system, every thread) it used."""
   env = common.child_env(8)
   with tempfile.TemporaryDirectory(prefix='paxlike_cpu_step_') as job:
     if mode == 'paxlike':
       extra = ['--fdl_fiddler=cpu8'] if mesh == '4x2' else []
-      if decay_steps is not None:
-        extra.append(f'--fdl_set=optimizer.learning_rate.decay_steps={decay_steps}')
       command = ['-m', 'paxlike.main', *PAXLIKE_ARGS, *extra, f'--job_log_dir={job}',
                  f'--fdl_set=train.num_steps={steps}', '--fdl_set=train.log_every=50',
                  f'--fdl_set=train.eval_every={steps}', f'--fdl_set=train.checkpoint_every={steps}']
@@ -174,14 +173,12 @@ def main(argv: list[str] | None = None) -> None:
   machine = common.machine()
 
   cpu_ms: dict[str, list[float]] = {'paxlike': [], 'flax': []}
-  # The schedule's length is compiled into paxlike's programs: --quick gives both run lengths
-  # the n2-step schedule, so they run the same programs (compiled once); a full run keeps
-  # each run's own schedule.
-  decay_steps = n2 if args.quick else None
+  if not args.quick:  # Untimed: each one's programs into its compilation cache (see above).
+    for mode in ('paxlike', 'flax'):
+      whole_run(mode, n1, args.mesh)
 
   def rate(mode: str) -> float:
-    (short, short_cpu), (long, long_cpu) = (whole_run(mode, n, args.mesh, decay_steps)
-                                            for n in (n1, n2))
+    (short, short_cpu), (long, long_cpu) = (whole_run(mode, n, args.mesh) for n in (n1, n2))
     common.log(f'  {mode}: {n1} steps {short:.2f}s ({short_cpu:.1f} CPU-s), '
                f'{n2} steps {long:.2f}s ({long_cpu:.1f} CPU-s)')
     cpu_ms[mode].append(1e3 * (long_cpu - short_cpu) / (n2 - n1))
