@@ -145,15 +145,17 @@ RNG_SPEC = jax.eval_shape(lambda: jax.random.key(0))
 
 def _init_with(init: Callable[..., TrainState], params_at: Callable[[jax.Array], Any],
                finish: Callable[[Any], Any], rules: Any, imported: dict[str, jax.Array],
-               rng: jax.Array) -> TrainState:
+               rng: jax.Array, hyperparams: dict[str, jax.Array]) -> TrainState:
   """`init(rng)` from `params_at(rng)` with the leaves named in `imported` ('a/b/kernel')
   replaced (XLA drops their initialisation), then `finish`ed (a full fine-tune DPO's frozen
-  copy made of them): a fresh state that starts from imported params."""
+  copy made of them): a fresh state that starts from imported params, its optimizer
+  hyperparameters `hyperparams` (as in init_state_from: fine-tunes that differ only in a
+  learning rate or a run length share the program)."""
   def params_with(key):
     flat = traverse_util.flatten_dict(params_at(key), sep='/')
     return finish(traverse_util.unflatten_dict({**flat, **imported}, sep='/'))
   with nn.logical_axis_rules(rules):
-    return init(rng, params_at=params_with)
+    return with_hyperparams(init(rng, params_at=params_with), hyperparams)
 
 
 def init_state_from(fresh: Callable[[jax.Array], TrainState], rng: jax.Array,
@@ -184,10 +186,11 @@ def _init_programs(init: Callable[..., TrainState], params_at: Callable[[jax.Arr
       (RNG_SPEC, numbers), mesh, kept, 'init'), hyperparams
 
 
-def _run_fresh(init: Callable[..., TrainState], hyperparams: Callable[[jax.Array], dict],
-               rng: jax.Array) -> TrainState:
-  """`init(rng, hyperparams(rng))`: a fresh state, its hyperparameters the config's."""
-  return init(rng, hyperparams(rng))
+def _with_configs_hyperparams(init: Callable[..., TrainState],
+                              hyperparams: Callable[[jax.Array], dict], *args: Any) -> TrainState:
+  """`init(*args, hyperparams(rng))`, `rng` the last of `args`: a fresh state, its
+  hyperparameters the config's."""
+  return init(*args, hyperparams(args[-1]))
 
 
 def _fresh_hyperparams(init: Callable[[jax.Array], TrainState], rules: Any,
@@ -243,7 +246,7 @@ def place(task: Task, kept: Kept | None = None) -> Program:
   round_shape = spec.round['mask'].shape[:3]
   return Program(
       mesh=mesh, rules=rules, algorithm=algorithm, loss_fn=loss_fn,
-      init=functools.partial(_run_fresh, compiled_init, hyperparams),
+      init=functools.partial(_with_configs_hyperparams, compiled_init, hyperparams),
       abstract_state=abstract_state,
       abstract_params=jax.tree.map(placed_spec, nn.meta.unbox(model_params), model_shardings),
       boxed_params=boxed_params,
@@ -252,8 +255,9 @@ def place(task: Task, kept: Kept | None = None) -> Program:
       eval_batch_spec={k: placed_spec(x) for k, x in spec.eval.items()},
       round_shape=round_shape, block=partitioning.process_block(batch_sharding, round_shape),
       hyperparams=hyperparams,
-      init_with=jax.jit(functools.partial(_init_with, init, model_params_at, finish, rules),
-                        out_shardings=state_shardings, donate_argnums=0),
+      init_with=functools.partial(_with_configs_hyperparams, jax.jit(
+          functools.partial(_init_with, init, model_params_at, finish, rules),
+          out_shardings=state_shardings, donate_argnums=0), hyperparams),
       trainable=trainable, adapters=adapter_mask(task))
 
 

@@ -1,7 +1,7 @@
 """The persistent compilation cache is on by default: a rerun loads every compiled program from
 ~/.cache/paxlike/jax (XDG_CACHE_HOME honoured), its init, train and eval steps from the store
-kept there, and trains identically; a run of another length or learning rate compiles no new
-train step; an empty flag turns it off."""
+kept there, and trains identically; a run, or a fine-tune, of another length or learning rate
+compiles no new init or train step; an empty flag turns it off."""
 
 import jax
 import pytest
@@ -45,6 +45,19 @@ def test_a_rerun_compiles_nothing_new_and_trains_the_same(tmp_path):
           f'--job_log_dir={tmp_path / "other"}', env=env)
   new = set(cache_entries(cache)) - set(first)
   assert sorted(name.split('-')[0] for name in new) == ['jit__fresh_hyperparams'], new
+
+  # Fine-tunes from the first job's params: their init (the import path's) takes the numbers
+  # as inputs too, so one at the other length and learning rate compiles nothing new (both
+  # sets of numbers were computed above).
+  tune = [*TINY, f'--fdl_set=train.init_from=job:{tmp_path / "first"}']
+  before = set(cache_entries(cache))
+  run_cli(*tune, f'--job_log_dir={tmp_path / "tune"}', env=env)
+  tuned = cache_entries(cache)
+  assert 'jit__init_with' in {name.split('-')[0] for name in set(tuned) - before}, tuned
+  run_cli(*tune, '--fdl_set=train.num_steps=12',
+          '--fdl_set=optimizer.learning_rate.peak_value=0.01',
+          f'--job_log_dir={tmp_path / "tune_other"}', env=env)
+  assert cache_entries(cache) == tuned
 
 
 def test_an_empty_flag_turns_it_off_and_jax_s_own_variable_wins(monkeypatch, tmp_path):
