@@ -149,13 +149,13 @@ def _init_with(init: Callable[..., TrainState], params_at: Callable[[jax.Array],
   """`init(rng)` from `params_at(rng)` with the leaves named in `imported` ('a/b/kernel')
   replaced (XLA drops their initialisation), then `finish`ed (a full fine-tune DPO's frozen
   copy made of them): a fresh state that starts from imported params, its optimizer
-  hyperparameters `hyperparams` (as in init_state_from: fine-tunes that differ only in a
-  learning rate or a run length share the program)."""
+  hyperparameters `hyperparams` (init_state_from: fine-tunes that differ only in a learning
+  rate or a run length share the program)."""
   def params_with(key):
     flat = traverse_util.flatten_dict(params_at(key), sep='/')
     return finish(traverse_util.unflatten_dict({**flat, **imported}, sep='/'))
   with nn.logical_axis_rules(rules):
-    return with_hyperparams(init(rng, params_at=params_with), hyperparams)
+    return init_state_from(functools.partial(init, params_at=params_with), rng, hyperparams)
 
 
 def init_state_from(fresh: Callable[[jax.Array], TrainState], rng: jax.Array,
