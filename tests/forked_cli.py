@@ -49,6 +49,7 @@ import types
 from pathlib import Path
 from typing import IO, NoReturn
 
+from paxlike.core import cpu_pool
 from paxlike.deploy import forked_child
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +72,7 @@ FORKABLE = ('paxlike.export', 'paxlike.export.run', 'paxlike.tokenizers',
 # Variables a run reads when it runs, not when its modules are imported: these may differ
 # between the server and a run it serves (the child hands JAX_PLATFORMS to jax's config, which
 # read it at import).
-RUNTIME_ENV = ('XLA_FLAGS', 'PAXLIKE_', 'PYTEST_', 'JAX_PLATFORMS')
+RUNTIME_ENV = ('XLA_FLAGS', 'PAXLIKE_', 'PYTEST_', 'JAX_PLATFORMS', 'PJRT_NPROC')
 
 
 def import_key(env: dict[str, str]) -> frozenset[tuple[str, str]]:
@@ -301,6 +302,7 @@ def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    cpu_pool.size_pool_for_forced_devices()  # What `import paxlike` does in a fresh process.
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(stdout, 1)
     os.dup2(stderr, 2)

@@ -1,0 +1,59 @@
+"""XLA:CPU's worker pool, sized so that forced host devices cannot deadlock their collectives.
+
+`--xla_force_host_platform_device_count=N` (or JAX_NUM_CPU_DEVICES) splits the host into N CPU
+devices, all served by one pool of worker threads, one per core or per device, whichever is
+more. XLA:CPU hands a collective (all-reduce, all-gather) to that pool whenever other work of
+its device is ready, and the collective then blocks its thread until every device of its group
+has reached it. One device may have several collectives in flight at once (a DiLoCo round on a
+clients x data mesh has an all-reduce over its data group beside an all-gather over its clients
+group), so the pool can fill with collectives that wait for ones still in its queue: the
+program hangs, and XLA aborts it 40 s later ("Termination timeout for all reduce"). On 2 cores
+with 8 devices, beside one busy process, 6 of 30 such rounds did with the default 8 threads;
+with 16 or 32 (PJRT_NPROC, the pool's size, set by hand), none of 30 each.
+
+So a process that forces more CPU devices than its pool can hold gets THREADS_PER_DEVICE
+threads per device, through PJRT_NPROC, which XLA reads when the CPU backend starts. Idle
+threads cost nothing, and the programs are the same: they are compiled for the core count, not
+the pool. A PJRT_NPROC of the user's own is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import MutableMapping
+
+POOL_SIZE_VARIABLE = 'PJRT_NPROC'
+# Two collectives in flight per device were seen; twice that leaves a margin.
+THREADS_PER_DEVICE = 4
+
+_DEVICE_COUNT_FLAG = re.compile(r'--xla_force_host_platform_device_count=(\d+)')
+
+
+def forced_cpu_devices(environ: MutableMapping[str, str]) -> int:
+  """How many CPU devices `environ` splits the host into: XLA_FLAGS' device count flag (the
+  last one, as XLA reads them) or else JAX_NUM_CPU_DEVICES; 1 when neither is set."""
+  counts = _DEVICE_COUNT_FLAG.findall(environ.get('XLA_FLAGS', ''))
+  if counts:
+    return int(counts[-1])
+  return int(environ.get('JAX_NUM_CPU_DEVICES') or 1)
+
+
+def pool_threads(devices: int, cores: int) -> int | None:
+  """The pool size that `devices` CPU devices need on `cores` cores, or None where XLA's
+  default (a thread per core or per device) already holds THREADS_PER_DEVICE per device."""
+  if devices < 2 or THREADS_PER_DEVICE * devices <= cores:
+    return None
+  return THREADS_PER_DEVICE * devices
+
+
+def size_pool_for_forced_devices(environ: MutableMapping[str, str] = os.environ) -> int | None:
+  """Sets PJRT_NPROC in `environ` to `pool_threads` for its forced devices unless it names a
+  pool size already; returns the size set, or None. Takes effect only before the CPU backend
+  starts (jax starts it at the first use of a device)."""
+  if POOL_SIZE_VARIABLE in environ:
+    return None
+  threads = pool_threads(forced_cpu_devices(environ), len(os.sched_getaffinity(0)))
+  if threads is not None:
+    environ[POOL_SIZE_VARIABLE] = str(threads)
+  return threads
