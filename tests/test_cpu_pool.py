@@ -49,7 +49,8 @@ def test_one_device_and_a_users_own_size_are_left_alone(forked):
 def test_the_device_count_is_read_as_xla_and_jax_read_it():
   flags = '--xla_force_host_platform_device_count=2 --xla_foo=1 --xla_force_host_platform_device_count=6'
   assert cpu_pool.forced_cpu_devices({'XLA_FLAGS': flags}) == 6  # The last flag wins.
-  assert cpu_pool.forced_cpu_devices({'JAX_NUM_CPU_DEVICES': '5'}) == 5
+  assert cpu_pool.forced_cpu_devices({'JAX_NUM_CPU_DEVICES': '5', 'XLA_FLAGS': flags}) == 5
+  assert cpu_pool.forced_cpu_devices({'JAX_NUM_CPU_DEVICES': '-1', 'XLA_FLAGS': flags}) == 6
   assert cpu_pool.forced_cpu_devices({'XLA_FLAGS': '--xla_foo=1'}) == 1
 
 

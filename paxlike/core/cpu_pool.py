@@ -31,12 +31,14 @@ _DEVICE_COUNT_FLAG = re.compile(r'--xla_force_host_platform_device_count=(\d+)')
 
 
 def forced_cpu_devices(environ: MutableMapping[str, str]) -> int:
-  """How many CPU devices `environ` splits the host into: XLA_FLAGS' device count flag (the
-  last one, as XLA reads them) or else JAX_NUM_CPU_DEVICES; 1 when neither is set."""
-  counts = _DEVICE_COUNT_FLAG.findall(environ.get('XLA_FLAGS', ''))
-  if counts:
-    return int(counts[-1])
-  return int(environ.get('JAX_NUM_CPU_DEVICES') or 1)
+  """How many CPU devices `environ` splits the host into, as jax reads it: JAX_NUM_CPU_DEVICES
+  where it names a count, else XLA_FLAGS' device count flag (its last one); 1 when neither
+  does."""
+  jax_count = environ.get('JAX_NUM_CPU_DEVICES', '').strip()
+  if jax_count.isdigit():
+    return int(jax_count)
+  flag_counts = _DEVICE_COUNT_FLAG.findall(environ.get('XLA_FLAGS', ''))
+  return int(flag_counts[-1]) if flag_counts else 1
 
 
 def pool_threads(devices: int, cores: int) -> int | None:
@@ -47,13 +49,21 @@ def pool_threads(devices: int, cores: int) -> int | None:
   return THREADS_PER_DEVICE * devices
 
 
+def usable_cores() -> int:
+  """The cores this process may run on, as XLA counts them for its default pool (the affinity
+  mask where the platform has one: Linux, not macOS)."""
+  if hasattr(os, 'sched_getaffinity'):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
 def size_pool_for_forced_devices(environ: MutableMapping[str, str] = os.environ) -> int | None:
   """Sets PJRT_NPROC in `environ` to `pool_threads` for its forced devices unless it names a
   pool size already; returns the size set, or None. Takes effect only before the CPU backend
   starts (jax starts it at the first use of a device)."""
   if POOL_SIZE_VARIABLE in environ:
     return None
-  threads = pool_threads(forced_cpu_devices(environ), len(os.sched_getaffinity(0)))
+  threads = pool_threads(forced_cpu_devices(environ), usable_cores())
   if threads is not None:
     environ[POOL_SIZE_VARIABLE] = str(threads)
   return threads

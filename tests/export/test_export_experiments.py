@@ -139,12 +139,17 @@ def test_tampered_plan_is_refused_with_one_line(fedavg_export, tmp_path, edit, m
   assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
 
 
+# What `import paxlike` runs before anything else (the XLA:CPU pool's size; the stdlib alone).
+ROOT_IMPORTS = ('paxlike.core', 'paxlike.core.cpu_pool')
+
+
 def test_executor_imports_no_experiment_code(fedavg_export):
   script = (f'import sys\nfrom paxlike.export import run\n'
             f'run.run_rounds(run.load({str(fedavg_export)!r}), 1)\n'
             'print(sorted(m for m in sys.modules if m.split(".")[0] in '
             '("fiddle", "flax", "optax", "experiments", "configs") or '
-            'm.startswith("paxlike.") and not m.startswith("paxlike.export")))')
+            'm.startswith("paxlike.") and not m.startswith("paxlike.export") '
+            f'and m not in {ROOT_IMPORTS!r}))')
   proc = subprocess.run([sys.executable, '-c', script], cwd=REPO, env=cli_env(), text=True,
                         capture_output=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
