@@ -9,7 +9,8 @@ clients x data mesh has an all-reduce over its data group beside an all-gather o
 group), so the pool can fill with collectives that wait for ones still in its queue: the
 program hangs, and XLA aborts it 40 s later ("Termination timeout for all reduce"). On 2 cores
 with 8 devices, beside one busy process, 6 of 30 such rounds did with the default 8 threads;
-with 16 or 32 (PJRT_NPROC, the pool's size, set by hand), none of 30 each.
+with 16 or 32 (PJRT_NPROC, the pool's size, set by hand), none of 30 each, and none of 30 with
+the 32 this module sets.
 
 So a process that forces more CPU devices than its pool can hold gets THREADS_PER_DEVICE
 threads per device, through PJRT_NPROC, which XLA reads when the CPU backend starts. Idle
