@@ -49,7 +49,6 @@ import types
 from pathlib import Path
 from typing import IO, NoReturn
 
-from paxlike.core import cpu_pool
 from paxlike.deploy import forked_child
 
 REPO = Path(__file__).resolve().parents[1]
@@ -300,9 +299,7 @@ def _become(args: list[str], env: dict[str, str], cwd: str, stdout: int, stderr:
       os.setsid()
     sys.meta_path.insert(0, _ReportOnDemand(on_demand))
     os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    cpu_pool.size_pool_for_forced_devices()  # What `import paxlike` does in a fresh process.
+    forked_child.take_environment(env)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(stdout, 1)
     os.dup2(stderr, 2)

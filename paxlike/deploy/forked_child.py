@@ -1,5 +1,5 @@
-"""How a forked child that stands in for a fresh process ends (the warm ClientApp server's
-children; the test suite's forked CLI runs)."""
+"""How a forked child that stands in for a fresh process takes its environment and ends (the
+warm ClientApp server's children; the test suite's forked CLI runs)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,17 @@ import os
 import sys
 import traceback
 from typing import Callable, NoReturn
+
+from paxlike.core import cpu_pool
+
+
+def take_environment(env: dict[str, str]) -> None:
+  """Makes `env` the child's whole environment, then does what `import paxlike` does with the
+  environment in a fresh process (the parent imported it in its own): sizes XLA:CPU's pool for
+  the child's forced devices (core/cpu_pool.py). Before the child starts a jax backend."""
+  os.environ.clear()
+  os.environ.update(env)
+  cpu_pool.size_pool_for_forced_devices()
 
 
 def exit_as_main(main: Callable[[], object]) -> NoReturn:

@@ -28,7 +28,6 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
-from paxlike.core import cpu_pool
 from paxlike.deploy import forked_child
 
 # What a ClientApp process imports: Flower's entry point and its HTTP client, paxlike's
@@ -125,9 +124,7 @@ def become_clientapp(request: dict, fds: list[int]) -> NoReturn:
       os.dup2(fd, target)
     for fd in set(fds) - {0, 1, 2}:
       os.close(fd)
-    os.environ.clear()
-    os.environ.update(request['env'])
-    cpu_pool.size_pool_for_forced_devices()  # What `import paxlike` does in a fresh process.
+    forked_child.take_environment(request['env'])
     os.chdir(request['cwd'])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
