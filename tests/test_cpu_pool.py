@@ -36,8 +36,8 @@ CORES = len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize('forked', [False, True], ids=['fresh', 'forked'])
-def test_eight_forced_devices_get_four_threads_each(forked):
-  assert pool_size(cli_env(devices=8), forked) == max(32, CORES)
+def test_eight_forced_devices_get_two_threads_each(forked):
+  assert pool_size(cli_env(devices=8), forked) == max(16, CORES)
 
 
 @pytest.mark.parametrize('forked', [False, True], ids=['fresh', 'forked'])
@@ -55,9 +55,9 @@ def test_the_device_count_is_read_as_xla_and_jax_read_it():
 
 
 def test_pool_threads_only_where_the_cores_fall_short():
-  assert cpu_pool.pool_threads(devices=8, cores=2) == 32
-  assert cpu_pool.pool_threads(devices=8, cores=32) is None  # XLA's default holds 4 each.
+  assert cpu_pool.pool_threads(devices=8, cores=2) == 16
+  assert cpu_pool.pool_threads(devices=8, cores=16) is None  # XLA's default holds 2 each.
   assert cpu_pool.pool_threads(devices=1, cores=1) is None  # No collectives to wait.
   env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=64'}
-  assert cpu_pool.size_pool_for_forced_devices(env) == 256 and env['PJRT_NPROC'] == '256'
+  assert cpu_pool.size_pool_for_forced_devices(env) == 128 and env['PJRT_NPROC'] == '128'
   assert cpu_pool.size_pool_for_forced_devices(env) is None  # Set already: kept.

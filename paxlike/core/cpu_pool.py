@@ -8,14 +8,21 @@ has reached it. One device may have several collectives in flight at once (a DiL
 clients x data mesh has an all-reduce over its data group beside an all-gather over its clients
 group), so the pool can fill with collectives that wait for ones still in its queue: the
 program hangs, and XLA aborts it 40 s later ("Termination timeout for all reduce"). On 2 cores
-with 8 devices, beside one busy process, 6 of 30 such rounds did with the default 8 threads;
-with 16 or 32 (PJRT_NPROC, the pool's size, set by hand), none of 30 each, and none of 30 with
-the 32 this module sets.
+with 8 devices, 30 such rounds each, PJRT_NPROC (the pool's size) set by hand:
 
-So a process that forces more CPU devices than its pool can hold gets THREADS_PER_DEVICE
-threads per device, through PJRT_NPROC, which XLA reads when the CPU backend starts. Idle
-threads cost nothing, and the programs are the same: they are compiled for the core count, not
-the pool. A PJRT_NPROC of the user's own is kept.
+  pool       one busy process beside it   two busy processes
+  8 (default)           6 aborted             7 aborted
+  16                    0                     0 (and 0 with the 16 set here)
+  32                    0                     -
+
+With at most 2 collectives in flight per device, a pool of 2 per device always has a thread
+for the one still queued, so a process that forces more CPU devices than its pool holds gets
+THREADS_PER_DEVICE per device through PJRT_NPROC, which XLA reads when the CPU backend starts.
+No more than that: the programs are the same (compiled for the core count, not the pool), but a
+larger pool spends more CPU handing work between its threads. paxlike's 4x2-mesh step in
+benchmarks/cpu_step.py took 194-206 CPU-ms at 8 threads, 219-223 at 16 and 242-247 at 32 (one
+run each, interleaved, on a loaded host). A PJRT_NPROC of the user's own is kept: a program
+with more collectives in flight per device needs a larger one.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ import re
 from typing import MutableMapping
 
 POOL_SIZE_VARIABLE = 'PJRT_NPROC'
-# Two collectives in flight per device were seen; twice that leaves a margin.
-THREADS_PER_DEVICE = 4
+# The collectives a device was seen to have in flight at once (an all-reduce and an all-gather).
+THREADS_PER_DEVICE = 2
 
 _DEVICE_COUNT_FLAG = re.compile(r'--xla_force_host_platform_device_count=(\d+)')
 
