@@ -378,7 +378,7 @@ def serve(preloaded: bool = False) -> None:
           request = json.loads(line)
           sys.stdout.flush()
           sys.stderr.flush()
-          pid = os.fork()
+          pid = forked_child.fork()
           if pid == 0:
             for fd in (reply.fileno(), reported, *children):
               os.close(fd)

@@ -165,7 +165,7 @@ def handle(server: socket.socket, conn: socket.socket, own_env: dict[str, str]) 
       return
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    pid = forked_child.fork()
     if pid == 0:
       server.close()
       conn.close()
