@@ -1,5 +1,6 @@
 """paxlike.deploy.forked_child.fork: a child's garbage collector walks none of the objects it
-inherited, and still collects the cycles it makes itself; the parent goes on collecting its own."""
+inherited, and still collects the cycles it makes itself; the parent goes on collecting its own.
+Each test unfreezes the worker's objects afterwards, so the rest of the suite collects them."""
 
 from __future__ import annotations
 
@@ -12,44 +13,52 @@ from paxlike.deploy import forked_child
 
 
 class Node:
-  """A weakly referenceable object that can sit in a reference cycle."""
+  """A weakly referenceable object in a reference cycle with itself."""
 
   def __init__(self):
-    self.other = self
+    self.itself = self
 
 
-def child_report() -> tuple[bool, bool]:
-  """(whether the child's collector lists an object made before the fork, whether a cycle the
-  child makes after it is collected), from a child forked by forked_child.fork."""
-  inherited = Node()
-  read, write = os.pipe()
-  with warnings.catch_warnings():  # The worker has threads; the child only touches Python.
+def a_cycle_is_collected() -> bool:
+  """Whether a new, unreachable cycle is freed by a collection."""
+  node = Node()
+  gone = weakref.ref(node)
+  del node
+  gc.collect()
+  return gone() is None
+
+
+def fork() -> int:
+  """forked_child.fork in this worker, which has threads (the child only touches Python)."""
+  with warnings.catch_warnings():
     warnings.simplefilter('ignore', DeprecationWarning)
-    pid = forked_child.fork()
-  if pid == 0:
-    listed = any(o is inherited for o in gc.get_objects())
-    made = Node()
-    gone = weakref.ref(made)
-    del made
-    gc.collect()
-    os.write(write, bytes([listed, gone() is None]))
-    os._exit(0)
-  os.close(write)
-  report = os.read(read, 2)
-  os.close(read)
-  assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-  return bool(report[0]), bool(report[1])
+    return forked_child.fork()
 
 
 def test_a_child_walks_nothing_it_inherited_and_collects_what_it_makes():
-  listed, collected = child_report()
-  assert not listed and collected
+  inherited = Node()
+  read, write = os.pipe()
+  try:
+    pid = fork()
+    if pid == 0:
+      listed = any(o is inherited for o in gc.get_objects())
+      os.write(write, bytes([listed, a_cycle_is_collected()]))
+      os._exit(0)
+    os.close(write)
+    report = os.read(read, 2)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+  finally:
+    gc.unfreeze()
+    os.close(read)
+  assert report == bytes([False, True])  # Not listed; its own cycle collected.
 
 
 def test_the_parent_collects_the_cycles_it_makes_after_forking():
-  child_report()
-  made = Node()
-  gone = weakref.ref(made)
-  del made
-  gc.collect()
-  assert gone() is None
+  try:
+    pid = fork()
+    if pid == 0:
+      os._exit(0)
+    os.waitpid(pid, 0)
+    assert a_cycle_is_collected()
+  finally:
+    gc.unfreeze()
