@@ -1,4 +1,4 @@
-"""How a forked child that stands in for a fresh process takes its environment and ends (the
+"""How a child that stands in for a fresh process is forked, takes its environment and ends (the
 warm ClientApp server's children; the test suite's forked CLI runs)."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ def fork() -> int:
   into the collector's permanent generation (gc.collect, gc.freeze): a child's collections
   then never walk what it inherited, so they neither spend its CPU on those objects nor copy,
   by touching them, the pages it shares with the parent. The parent goes on collecting what it
-  makes after the fork; the collect first keeps a long-lived server from freezing garbage."""
+  makes after the fork. The collect first keeps a long-lived server from freezing garbage;
+  what it holds at a fork and later drops in a reference cycle stays (reference counting still
+  frees the rest), which a server that keeps little between requests can afford."""
   gc.collect()
   gc.freeze()
   return os.fork()
