@@ -40,10 +40,12 @@ def test_a_child_walks_nothing_it_inherited_and_collects_what_it_makes():
   read, write = os.pipe()
   try:
     pid = fork()
-    if pid == 0:
-      listed = any(o is inherited for o in gc.get_objects())
-      os.write(write, bytes([listed, a_cycle_is_collected()]))
-      os._exit(0)
+    if pid == 0:  # Never back into pytest: whatever happens, the child exits here.
+      try:
+        listed = any(o is inherited for o in gc.get_objects())
+        os.write(write, bytes([listed, a_cycle_is_collected()]))
+      finally:
+        os._exit(0)
     os.close(write)
     report = os.read(read, 2)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
