@@ -1,7 +1,6 @@
 """XLA:CPU's worker pool grows with forced host devices (paxlike/core/cpu_pool.py): counted as
 the backend's own threads in a process that imports paxlike, fresh or forked."""
 
-import os
 import subprocess
 import sys
 
@@ -32,7 +31,7 @@ def pool_size(env: dict[str, str], forked: bool) -> int:
   return int(proc.stdout.split()[-1])
 
 
-CORES = len(os.sched_getaffinity(0))
+CORES = cpu_pool.usable_cores()
 
 
 @pytest.mark.parametrize('forked', [False, True], ids=['fresh', 'forked'])

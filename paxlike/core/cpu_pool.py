@@ -7,22 +7,16 @@ its device is ready, and the collective then blocks its thread until every devic
 has reached it. One device may have several collectives in flight at once (a DiLoCo round on a
 clients x data mesh has an all-reduce over its data group beside an all-gather over its clients
 group), so the pool can fill with collectives that wait for ones still in its queue: the
-program hangs, and XLA aborts it 40 s later ("Termination timeout for all reduce"). On 2 cores
-with 8 devices, 30 such rounds each, PJRT_NPROC (the pool's size) set by hand:
-
-  pool       one busy process beside it   two busy processes
-  8 (default)           6 aborted             7 aborted
-  16                    0                     0 (and 0 with the 16 set here)
-  32                    0                     -
+program hangs, and XLA aborts it 40 s later ("Termination timeout for all reduce").
 
 With at most 2 collectives in flight per device, a pool of 2 per device always has a thread
 for the one still queued, so a process that forces more CPU devices than its pool holds gets
-THREADS_PER_DEVICE per device through PJRT_NPROC, which XLA reads when the CPU backend starts.
-No more than that: the programs are the same (compiled for the core count, not the pool), but a
-larger pool spends more CPU handing work between its threads. paxlike's 4x2-mesh step in
-benchmarks/cpu_step.py took 194-206 CPU-ms at 8 threads, 219-223 at 16 and 242-247 at 32 (one
-run each, interleaved, on a loaded host). A PJRT_NPROC of the user's own is kept: a program
-with more collectives in flight per device needs a larger one.
+THREADS_PER_DEVICE per device through PJRT_NPROC (the pool's size), which XLA reads when the
+CPU backend starts. No more than that: the programs are the same (compiled for the core count,
+not the pool), but a larger pool spends more CPU handing work between its threads. A
+PJRT_NPROC of the user's own is kept: a program with more collectives in flight per device
+needs a larger one. The measurements behind both: docs/benchmarks.md, "XLA:CPU's pool for
+forced devices".
 """
 
 from __future__ import annotations
