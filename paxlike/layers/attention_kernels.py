@@ -38,10 +38,14 @@ def splash_block(seq_len: int) -> int | None:
   return next((b for b in SPLASH_BLOCKS if seq_len % b == 0), None)
 
 
-@functools.lru_cache(maxsize=None)
 def _splash_kernel(seq_len: int, groups: int, window: int | None, interpret: bool,
                    softcap: float | None = None) -> Any:
-  """A single-example MQA splash kernel: q [groups, T, H], k and v [T, H] -> [groups, T, H]."""
+  """A single-example MQA splash kernel: q [groups, T, H], k and v [T, H] -> [groups, T, H].
+
+  Made afresh in every trace that calls it: the kernel holds its masks as arrays, and a kernel
+  kept from one trace to the next carried the first trace's tracers (flax's scan inits its body
+  abstractly; lm.Llama125M failed so on JAX 0.10). The costly part, turning the dense mask into
+  block lists, is numpy that splash caches itself (`_process_mask`)."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only module.
   shape = (seq_len, seq_len)
   head_mask = (splash.CausalMask(shape) if window is None
@@ -50,12 +54,9 @@ def _splash_kernel(seq_len: int, groups: int, window: int | None, interpret: boo
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                             block_q_dq=block, block_kv_dq=block)
-  # Concrete mask arrays even when first asked for inside a trace: this kernel is cached and
-  # serves every later trace (the eval step after the train step), where a tracer would leak.
-  with jax.ensure_compile_time_eval():
-    return splash.make_splash_mqa_single_device(
-        splash.MultiHeadMask([head_mask] * groups), block_sizes=sizes, interpret=interpret,
-        attn_logits_soft_cap=softcap)
+  return splash.make_splash_mqa_single_device(
+      splash.MultiHeadMask([head_mask] * groups), block_sizes=sizes, interpret=interpret,
+      attn_logits_soft_cap=softcap)
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, sliding_window: int | None = None,

@@ -3,6 +3,7 @@ interpreter on CPU) against XLA's attention, and forced kernels the platform lac
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,11 +53,35 @@ def test_splash_kernel_in_interpret_mode_equals_xla_forward_and_gradients(window
 def test_a_kernel_first_made_inside_a_trace_serves_the_next_trace():
   """The train step's trace makes (and caches) the kernel; the eval step's trace, same shapes,
   reuses it: its masks must be arrays, not the first trace's tracers."""
-  attention_kernels._splash_kernel.cache_clear()
   q, k, v = (x[:1, :128] for x in _qkv())
   train = jax.jit(lambda q, k, v: _splash(q, k, v, None))(q, k, v)
   evaluate = jax.jit(lambda q, k, v: 2 * _splash(q, k, v, None))(q, k, v)
   np.testing.assert_allclose(evaluate, 2 * train, rtol=1e-6)
+
+
+class _ScannedSplash(nn.Module):
+  """Two scanned layers of splash attention with a learned scale, as lm.Llama125M stacks its
+  blocks (nn.scan, params broadcast per layer, no remat)."""
+
+  @nn.compact
+  def __call__(self, x, _):
+    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],))
+    return x + _splash(x * scale, x, x, None), None
+
+
+def test_a_kernel_first_made_under_flax_scan_init_leaks_no_tracer():
+  """lm.Llama125M failed at its first trace on JAX 0.10 ("unexpected tracer ... int8[1,4,4]"):
+  flax's scan traces the body's init abstractly, the kernel cached there held a tracer, and
+  the next trace used it."""
+  layers = nn.scan(_ScannedSplash, variable_axes={'params': 0}, split_rngs={'params': True},
+                   length=2)
+  x = _qkv()[0][:1, :128, :2]
+  params = jax.eval_shape(layers().init, jax.random.key(0), x, None)
+  assert params['params']['scale'].shape == (2, H)
+  loss = lambda p, x: layers().apply(p, x, None)[0].sum()
+  p = layers().init(jax.random.key(0), x, None)
+  value, grads = jax.jit(jax.value_and_grad(loss))(p, x)
+  assert np.isfinite(float(value)) and grads['params']['scale'].shape == (2, H)
 
 
 def test_splash_kernel_sees_the_causal_mask():
