@@ -204,6 +204,8 @@ def _abstract_params(task: Task, sample: np.ndarray) -> Any:
   """The boxed params' abstract values; a model config its layers reject is a UserError."""
   try:
     return jax.eval_shape(functools.partial(init_params, task.model, sample), jax.random.key(0))
+  except jax.errors.UnexpectedTracerError:  # A TypeError, but a bug in the code, not the config.
+    raise
   except (ValueError, TypeError) as error:  # Flax layers validate their fields at trace time.
     raise UserError(f'invalid model config: {str(error).splitlines()[0]}') from None
 
