@@ -1,9 +1,14 @@
-"""MFU through the real trainer next to a bare jitted step of the same model, in one process.
+"""MFU through the real trainer next to a bare jitted step of the same model, in one process,
+on whatever accelerator there is (TPU or GPU; the peak comes from the device kind).
 
-    python benchmarks/gpu_mfu.py                       # lm.Llama1B + the federated row, on a GPU
-    python benchmarks/gpu_mfu.py --fdl_set=model.remat_policy=none --only=bare   # one lever
-    python benchmarks/gpu_mfu.py --quick               # tiny shapes on any device (CPU: tests)
-    benchmarks/gpu_mfu.sh                              # makes a CUDA venv first, then runs this
+    python benchmarks/accelerator_mfu.py               # lm.Llama350M on a TPU (lm.Llama1B on a GPU)
+    python benchmarks/accelerator_mfu.py --exp lm.Llama1B --fdl_set=data.batch_size=4
+    python benchmarks/accelerator_mfu.py --only=bare --fdl_set=model.remat_policy=full  # a lever
+    python benchmarks/accelerator_mfu.py --only=bare --profile /tmp/prof   # + where time goes
+    python benchmarks/accelerator_mfu.py --only=federated   # the FedAvg round row alone
+    python benchmarks/accelerator_mfu.py --quick       # tiny shapes on any device (CPU: tests)
+    benchmarks/accelerator_mfu_cuda.sh                 # NVIDIA only: makes a CUDA venv, runs this
+    benchmarks/device_check.sh                         # every accelerator part, TPU or GPU
 
 trainer: `build.setup(task)`'s compiled step fed as `loop.train` feeds it: batches from the
 task's data source through the prefetcher and `loop.round_inputs` (sharding, client weights,
@@ -12,12 +17,18 @@ per-step rng), the previous step's metrics read back to the host and checked for
 `jax.jit` step (mean cross-entropy, grads, update; params and optimizer state donated unless
 `--no-donate`) on one fixed on-device batch. `ratio` = trainer / bare steps per second (goal
 ≥ 0.97). federated: `federated.ShakespeareFedAvg` with the 125M LM (`size_125m`), cohort 16,
-4 local steps, timed like the trainer; its FLOPs count every client's every local step.
+4 local steps, timed like the trainer; its FLOPs count every client's every local step. A side
+that fails (e.g. out of memory) is reported as `trainer_error` / `bare_error` (one line); the
+other still runs.
+
+`--profile DIR`: after timing, a `jax.profiler` trace of `--profile-steps` bare steps into DIR,
+summarized into `lm.profile` (benchmarks/profile_summary.py: device time per step by category,
+matmul, splash attention, fusions, copies, collectives, host, and the top ops by self time).
 
 MFU = model FLOPs (6·N + causal attention per token, `paxlike.families.lm_flops`; remat recompute is
 not counted) × steps/s over the chips' bf16 peak (`paxlike.trainer.throughput`, or `--peak-tflops`);
-null where the peak is unknown (CPU). Prints one JSON object. Without a GPU (and without
---quick) it prints a `skipped` object and exits 0, so `make bench` passes on CPU.
+null where the peak is unknown (CPU). Prints one JSON object. On CPU (without --quick) it prints a
+`skipped` object and exits 0, so `make bench` passes there.
 """
 
 from __future__ import annotations
@@ -43,14 +54,16 @@ FEDERATED = ['data.clients_per_round=16', 'data.local_steps=4']
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--exp', default='lm.Llama1B')
+  parser.add_argument('--exp', help='default: lm.Llama1B on a GPU, else lm.Llama350M')
   parser.add_argument('--fdl_set', action='append', default=[], help='PATH=VALUE (repeatable)')
-  parser.add_argument('--only', choices=('both', 'trainer', 'bare'), default='both')
+  parser.add_argument('--only', choices=('both', 'trainer', 'bare', 'federated'), default='both')
   parser.add_argument('--no-federated', dest='federated', action='store_false')
   parser.add_argument('--no-donate', dest='donate', action='store_false',
                       help="bare step: don't donate params and optimizer state")
   parser.add_argument('--steps', type=int, default=10, help='timed steps of each')
   parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--profile', type=Path, help='trace bare steps into DIR and summarize')
+  parser.add_argument('--profile-steps', type=int, default=3)
   parser.add_argument('--peak-tflops', type=float,
                       help="the chip's dense bf16 peak (default: paxlike.trainer.throughput's table)")
   parser.add_argument('--quick', '--dry-run', dest='quick', action='store_true',
@@ -58,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   args = parser.parse_args(argv)
   if args.quick:
     args.steps, args.warmup = 3, 1
+  if args.profile and args.only in ('trainer', 'federated'):
+    parser.error('--profile traces the bare step: use it with --only both or bare')
   return args
 
 
@@ -102,8 +117,9 @@ def trainer_seconds_per_step(s: Any, warmup: int, steps: int) -> float:
     return run(1 + warmup, steps) / steps
 
 
-def bare_seconds_per_step(task: Any, donate: bool, warmup: int, steps: int) -> float:
-  """Seconds per step of a plain jitted train step of `task.model` and `task.optimizer`."""
+def bare_step(task: Any, donate: bool) -> Any:
+  """`one()`: a plain jitted train step of `task.model` and `task.optimizer` on one fixed
+  batch (its state kept in the closure); returns the step's loss."""
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
@@ -131,39 +147,73 @@ def bare_seconds_per_step(task: Any, donate: bool, warmup: int, steps: int) -> f
     state, loss = step(state, tokens)
     return loss
 
-  common.timed_loop(one, warmup)
-  return common.timed_loop(one, steps) / steps
+  return one
+
+
+def one_line(error: BaseException) -> str:
+  """An exception as one line (XLA's out-of-memory messages run to pages)."""
+  lines = [l.strip() for l in str(error).strip().splitlines() if l.strip()]
+  return f'{type(error).__name__}: {lines[0][:400] if lines else ""}'
+
+
+def time_trainer(task: Any, args: argparse.Namespace, row: dict[str, Any], mfu: Any) -> None:
+  """The trainer's set-up and steps/s into `row`."""
+  from paxlike.trainer import build
+  began = time.time()
+  # --quick leaves out the eval step, which nothing here runs; a full run's `setup_s` times
+  # all of the trainer's set-up, its eval step included.
+  s = build.setup(task, evaluator=not args.quick)
+  row.update({'devices': s.program.mesh.size, 'round_shape': list(s.program.round_shape),
+              s.reporters.item + '_per_step': s.reporters.items_per_step,
+              'flops_per_step': s.reporters.flops_per_device * s.program.mesh.size,  # Every client, local step.
+              'setup_s': round(time.time() - began, 1)})
+  rate = 1 / trainer_seconds_per_step(s, args.warmup, args.steps)
+  row.update(trainer_steps_per_sec=rate, trainer_mfu=mfu(rate, s.program.mesh.size))
+
+
+def time_bare(task: Any, args: argparse.Namespace, row: dict[str, Any], mfu: Any) -> None:
+  """The bare step's steps/s into `row`, then (with --profile) where its time goes."""
+  from benchmarks import profile_summary
+  began = time.time()
+  one = bare_step(task, args.donate)
+  common.timed_loop(one, args.warmup)
+  row['bare_setup_s'] = round(time.time() - began, 1)
+  rate = args.steps / common.timed_loop(one, args.steps)
+  row.update(bare_steps_per_sec=rate, bare_mfu=mfu(rate, 1), donate=args.donate)
+  if args.profile:
+    common.log(f'accelerator_mfu: profiling {args.profile_steps} bare steps into {args.profile}')
+    wall = profile_summary.trace(one, args.profile, args.profile_steps)
+    row['profile'] = {'dir': str(args.profile),
+                      **profile_summary.summarize(args.profile, args.profile_steps, wall_s=wall)}
 
 
 def measure(task: Any, args: argparse.Namespace, peak: float | None, bare: bool = True,
             trainer: bool = True) -> dict[str, Any]:
-  """Trainer and/or bare steps/s and MFU of `task`, and their ratio."""
+  """Trainer and/or bare steps/s and MFU of `task`, and their ratio. A side that raises (out
+  of memory, say) is reported as `{side}_error`, and the other side still runs."""
+  import gc
   from paxlike.families import lm_flops
-  from paxlike.trainer import build, loop
   data = task.data
   tokens = data.batch_size * data.seq_len
   row: dict[str, Any] = {
       'attention_kernel': task.model.attention_kernel(data.seq_len),
-      'remat_policy': task.model.remat_policy, 'batch_size': data.batch_size,
-      'seq_len': data.seq_len,
+      'remat_policy': task.model.remat_policy, 'scan_layers': task.model.scan_layers,
+      'batch_size': data.batch_size, 'seq_len': data.seq_len,
       'flops_per_step': lm_flops.flops_per_token(task.model, data.seq_len) * tokens}
   mfu = lambda rate, devices: peak and row['flops_per_step'] * rate / (peak * devices)
-  if trainer:
-    began = time.time()
-    # --quick leaves out the eval step, which nothing here runs; a full run's `setup_s` times
-    # all of the trainer's set-up, its eval step included.
-    s = build.setup(task, evaluator=not args.quick)
-    row.update({'devices': s.program.mesh.size, 'round_shape': list(s.program.round_shape),
-                s.reporters.item + '_per_step': s.reporters.items_per_step,
-                'flops_per_step': s.reporters.flops_per_device * s.program.mesh.size,  # Every client, local step.
-                'setup_s': round(time.time() - began, 1)})
-    rate = 1 / trainer_seconds_per_step(s, args.warmup, args.steps)
-    row.update(trainer_steps_per_sec=rate, trainer_mfu=mfu(rate, s.program.mesh.size))
-    del s
-  if bare:
-    rate = 1 / bare_seconds_per_step(task, args.donate, args.warmup, args.steps)
-    row.update(bare_steps_per_sec=rate, bare_mfu=mfu(rate, 1), donate=args.donate)
-  if trainer and bare:
+  sides = [(name, fn) for name, fn, on in (('trainer', time_trainer, trainer),
+                                           ('bare', time_bare, bare)) if on]
+  for name, fn in sides:
+    try:
+      fn(task, args, row, mfu)
+    except Exception as error:  # noqa: BLE001 (reported; the other side still runs)
+      from paxlike.errors import UserError
+      if isinstance(error, UserError):
+        raise
+      row[f'{name}_error'] = one_line(error)
+      common.log(f'accelerator_mfu: {name} failed: {row[name + "_error"]}')
+    gc.collect()  # Frees the side's device buffers before the next side allocates its own.
+  if 'trainer_steps_per_sec' in row and 'bare_steps_per_sec' in row:
     row['ratio'] = row['trainer_steps_per_sec'] / row['bare_steps_per_sec']
   return row
 
@@ -173,29 +223,38 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return run(parse_args(argv))
   except UserError as error:  # A config the platform can't run: one line, as the CLI does.
-    print(f'gpu_mfu: error: {error}', file=sys.stderr)
+    print(f'accelerator_mfu: error: {error}', file=sys.stderr)
     return 2
+
+
+def default_exp(platform: str) -> str:
+  """lm.Llama1B on a GPU (an H200 holds it), lm.Llama350M elsewhere (one TPU v5e chip's HBM)."""
+  return 'lm.Llama1B' if platform == 'gpu' else 'lm.Llama350M'
 
 
 def run(args: argparse.Namespace) -> int:
   import jax
   from paxlike.trainer import throughput
   device = jax.devices()[0]
-  base = {'benchmark': 'gpu_mfu', 'device_kind': device.device_kind, 'platform': device.platform,
-          'jax': jax.__version__, 'quick': args.quick, 'exp': args.exp, 'fdl_set': args.fdl_set}
-  if device.platform != 'gpu' and not args.quick:
-    common.emit({**base, 'skipped': 'no GPU: run benchmarks/gpu_mfu.sh on an H100/H200, '
-                 'or --quick for a tiny check on any device'})
+  args.exp = args.exp or default_exp(device.platform)
+  base = {'benchmark': 'accelerator_mfu', 'device_kind': device.device_kind,
+          'platform': device.platform, 'jax': jax.__version__, 'quick': args.quick,
+          'exp': args.exp, 'fdl_set': args.fdl_set}
+  if device.platform == 'cpu' and not args.quick:
+    common.emit({**base, 'skipped': 'no accelerator: run it on a TPU or GPU '
+                 '(benchmarks/device_check.sh), or --quick for a tiny check on any device'})
     return 0
   peak = (args.peak_tflops * 1e12 if args.peak_tflops
           else throughput.peak_flops_per_sec(device.device_kind))
-  task = task_of(args.exp, [], [*(QUICK_LM if args.quick else []), *args.fdl_set])
-  common.log(f'gpu_mfu: {args.exp} on {device.device_kind}')
-  out = {**base, 'peak_tflops': peak and peak / 1e12,
-         'lm': measure(task, args, peak, bare=args.only != 'trainer',
-                       trainer=args.only != 'bare')}
-  if args.federated and args.only == 'both':
-    common.log('gpu_mfu: federated.ShakespeareFedAvg, 125M LM')
+  out = {**base, 'peak_tflops': peak and peak / 1e12}
+  if args.only != 'federated':
+    task = task_of(args.exp, [], [*(QUICK_LM if args.quick else []), *args.fdl_set])
+    common.log(f'accelerator_mfu: {args.exp} on {device.device_kind}')
+    out['lm'] = measure(task, args, peak, bare=args.only != 'trainer',
+                        trainer=args.only != 'bare')
+    del task
+  if args.federated and args.only in ('both', 'federated'):
+    common.log('accelerator_mfu: federated.ShakespeareFedAvg, 125M LM')
     fed = task_of('federated.ShakespeareFedAvg', ['size_125m'],
                   QUICK_FEDERATED if args.quick else FEDERATED)
     out['federated'] = {'exp': 'federated.ShakespeareFedAvg', 'size': '125m',

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# MFU of lm.Llama1B on one NVIDIA GPU (H100/H200), trainer next to bare step, as one JSON line.
+# MFU of lm.Llama1B on one NVIDIA GPU (H100/H200), trainer next to bare step, as one JSON line:
+# the CUDA-only way in (it builds a CUDA venv). TPUs and any machine with JAX: device_check.sh.
 #
-#   benchmarks/gpu_mfu.sh [--dry-run|--quick] [--python PATH] [--cuda 12|13] [--venv DIR]
-#                         [-- <benchmarks/gpu_mfu.py args, e.g. --batches 32,16 --steps 20>]
+#   benchmarks/accelerator_mfu_cuda.sh [--dry-run|--quick] [--python PATH] [--cuda 12|13] [--venv DIR]
+#                         [-- <benchmarks/accelerator_mfu.py args, e.g. --batches 32,16 --steps 20>]
 #
 # Needs only the package registries: makes a venv (default /tmp/paxlike-gpu-venv, reused on the
 # next run) and pip-installs jax[cudaNN] at the jax version pinned in constraints.txt, plus this
 # project's dependencies under the same constraints. The CUDA major follows the driver (>= 580: 13, else 12)
 # unless --cuda says. --python PATH skips the install and uses an interpreter that already has
-# a GPU jax (e.g. on a machine with no registry access). Then runs benchmarks/gpu_mfu.py under
+# a GPU jax (e.g. on a machine with no registry access). Then runs benchmarks/accelerator_mfu.py under
 # a TIME_LIMIT (default 290 s) wall-clock limit.
 # --dry-run (alias --quick) installs nothing: it prints the install command it would run and
-# runs gpu_mfu.py --quick on CPU with the repo's .venv (or --python), to check this script.
-# Prints only the JSON on stdout; progress goes to stderr. Exit code: gpu_mfu.py's.
+# runs accelerator_mfu.py --quick on CPU with the repo's .venv (or --python), to check this script.
+# Prints only the JSON on stdout; progress goes to stderr. Exit code: accelerator_mfu.py's.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,8 +23,8 @@ PYTHON_BIN=""
 CUDA=""
 DRY_RUN=0
 
-die() { echo "gpu_mfu: error: $*" >&2; exit 2; }
-say() { echo "gpu_mfu: $*" >&2; }
+die() { echo "accelerator_mfu_cuda: error: $*" >&2; exit 2; }
+say() { echo "accelerator_mfu_cuda: $*" >&2; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -92,4 +93,4 @@ fi
 [[ -x "$PYTHON_BIN" ]] || command -v "$PYTHON_BIN" >/dev/null || die "no interpreter at $PYTHON_BIN"
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout --signal=TERM --kill-after=15 "$TIME_LIMIT" "$PYTHON_BIN" benchmarks/gpu_mfu.py "$@"
+exec timeout --signal=TERM --kill-after=15 "$TIME_LIMIT" "$PYTHON_BIN" benchmarks/accelerator_mfu.py "$@"

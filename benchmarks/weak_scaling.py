@@ -5,7 +5,7 @@
 
 For each device count n, a child process runs `--exp` (default federated.ShakespeareFedAvg, the
 tiny LM) with cohort n × `--clients-per-device` on a ('clients', 'data') = (n, 1) mesh, and times
-`build.setup(task).step` fed as the trainer feeds it (benchmarks/gpu_mfu.py's trainer loop).
+`build.setup(task).step` fed as the trainer feeds it (benchmarks/accelerator_mfu.py's trainer loop).
 Devices: n forced CPU devices on a CPU host; on a GPU host the first n GPUs
 (CUDA_VISIBLE_DEVICES), up to the number present. Prints one JSON object: per point the round
 time and `efficiency` = round time at 1 device / round time at n (1.0 is perfectly flat), and
@@ -50,15 +50,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def point(args: argparse.Namespace, devices: int) -> dict[str, Any]:
   """One device count's round time (run in a child that sees exactly `devices` devices)."""
   import jax
-  from benchmarks import gpu_mfu
+  from benchmarks import accelerator_mfu
   from paxlike.trainer import build
   cohort = devices * args.clients_per_device
-  task = gpu_mfu.task_of(args.exp, [], [
+  task = accelerator_mfu.task_of(args.exp, [], [
       f'data.clients_per_round={cohort}', f'data.local_steps={args.local_steps}',
       f'mesh.ici=({devices}, 1)', "mesh.axes=('clients', 'data')", *args.set])
   s = build.setup(task, evaluator=False)  # Nothing here evaluates.
   assert s.program.mesh.size == devices == len(jax.devices())
-  round_s = gpu_mfu.trainer_seconds_per_step(s, args.warmup, args.steps)
+  round_s = accelerator_mfu.trainer_seconds_per_step(s, args.warmup, args.steps)
   return {'devices': devices, 'cohort': cohort, 'round_s': round_s,
           'mesh': dict(s.program.mesh.shape), 'platform': jax.devices()[0].platform}
 

@@ -122,19 +122,22 @@ def _platform() -> str:
 
 @pytest.mark.slow
 @pytest.mark.bench
-def test_gpu_mfu_quick_times_trainer_and_bare_step_and_the_federated_round():
-  """Runs on any host (CPU here, the GPU on a GPU host); MFU is model FLOPs × rate / peak."""
+def test_accelerator_mfu_quick_times_trainer_and_bare_step_and_the_federated_round():
+  """Runs on any host (CPU here, the accelerator on a TPU or GPU host); MFU is model FLOPs ×
+  rate / peak."""
   from configs.models import lm_125m
   from paxlike.families import lm_flops
-  out = run_json('benchmarks/gpu_mfu.py', '--quick', '--peak-tflops=0.5')
-  assert out['quick'] and out['platform'] == _platform() and out['exp'] == 'lm.Llama1B'
+  out = run_json('benchmarks/accelerator_mfu.py', '--quick', '--peak-tflops=0.5')
+  default = 'lm.Llama1B' if _platform() == 'gpu' else 'lm.Llama350M'
+  assert out['quick'] and out['platform'] == _platform() and out['exp'] == default
   lm, fed = out['lm'], out['federated']
   assert lm['round_shape'] == [1, 1, 8] and lm['tokens_per_step'] == 8 * 32
   assert lm['ratio'] == pytest.approx(lm['trainer_steps_per_sec'] / lm['bare_steps_per_sec'])
   for kind in ('trainer', 'bare'):
     assert lm[f'{kind}_mfu'] == pytest.approx(
         lm['flops_per_step'] * lm[f'{kind}_steps_per_sec'] / 0.5e12)
-  assert lm['attention_kernel'] == ('cudnn' if _platform() == 'gpu' else 'xla')
+  kernels = {'gpu': 'cudnn', 'tpu': 'xla'}  # The quick model's seq 32 is no splash block.
+  assert lm['attention_kernel'] == kernels.get(_platform(), 'xla')
   # The round counts every client's every local step: 4 clients × 2 steps × 8 × 64 tokens.
   assert fed['round_shape'] == [4, 2, 8] and fed['tokens_per_step'] == 4 * 2 * 8 * 64
   model = fdl.build(lm_125m())
@@ -146,26 +149,28 @@ def test_gpu_mfu_quick_times_trainer_and_bare_step_and_the_federated_round():
       fed['flops_per_step'] * fed['trainer_steps_per_sec'] / 0.5e12)
 
 
-def test_gpu_mfu_without_quick_skips_on_cpu():
-  if _platform() == 'gpu':
-    pytest.skip('a GPU host runs the full benchmark: benchmarks/device_check.sh')
-  out = run_json('benchmarks/gpu_mfu.py')
-  assert out['benchmark'] == 'gpu_mfu' and 'skipped' in out
+def test_accelerator_mfu_without_quick_skips_on_cpu():
+  if _platform() != 'cpu':
+    pytest.skip('an accelerator host runs the full benchmark: benchmarks/device_check.sh')
+  out = run_json('benchmarks/accelerator_mfu.py')
+  assert out['benchmark'] == 'accelerator_mfu' and 'skipped' in out
+  assert out['exp'] == 'lm.Llama350M'
 
 
-def test_gpu_mfu_forced_cudnn_without_a_gpu_is_one_line_exit_2():
+def test_accelerator_mfu_forced_cudnn_without_a_gpu_is_one_line_exit_2():
   if _platform() == 'gpu':
     pytest.skip('cuDNN is there: the quick run above uses it')
-  proc = run_file('benchmarks/gpu_mfu.py', '--quick', '--only=bare',
+  proc = run_file('benchmarks/accelerator_mfu.py', '--quick', '--only=bare',
                   '--fdl_set=model.attention_impl=cudnn')
   lines = proc.stderr.strip().splitlines()
-  assert proc.returncode == 2 and lines[-1].startswith('gpu_mfu: error: '), proc.stderr[-2000:]
+  assert proc.returncode == 2 and lines[-1].startswith('accelerator_mfu: error: '), \
+      proc.stderr[-2000:]
   assert 'cuDNN flash attention cannot run here' in lines[-1] and proc.stdout == ''
 
 
-def test_gpu_mfu_sh_dry_run_installs_nothing_and_runs_the_quick_bare_step():
+def test_accelerator_mfu_cuda_sh_dry_run_installs_nothing_and_runs_the_quick_bare_step():
   env = {**cli_env(1), 'GPU_VENV': '/nonexistent/never-created'}
-  out = run_json('benchmarks/gpu_mfu.sh', '--dry-run', '--python', sys.executable, '--',
+  out = run_json('benchmarks/accelerator_mfu_cuda.sh', '--dry-run', '--python', sys.executable, '--',
                  '--only=bare', '--no-federated', '--peak-tflops=0.5', env=env)
   lm = out['lm']
   assert out['quick'] and lm['bare_steps_per_sec'] > 0
@@ -173,10 +178,10 @@ def test_gpu_mfu_sh_dry_run_installs_nothing_and_runs_the_quick_bare_step():
   assert not os.path.exists('/nonexistent/never-created')
 
 
-def test_gpu_mfu_sh_rejects_bad_arguments():
-  proc = subprocess.run(['benchmarks/gpu_mfu.sh', '--cuda', '11'], cwd=REPO, text=True,
-                        capture_output=True)
-  assert proc.returncode == 2 and 'gpu_mfu: error' in proc.stderr
+def test_accelerator_mfu_cuda_sh_rejects_bad_arguments():
+  proc = subprocess.run(['benchmarks/accelerator_mfu_cuda.sh', '--cuda', '11'], cwd=REPO,
+                        text=True, capture_output=True)
+  assert proc.returncode == 2 and 'accelerator_mfu_cuda: error' in proc.stderr
 
 
 @pytest.mark.slow
