@@ -13,6 +13,16 @@ token does not depend on the position (the window is always full size), so it is
 the reference's tokens. Medians (and the best) over repeats; the first (compiling) call is not
 timed. tokens/s counts every new token of the batch over the whole time, prefill included.
 
+`--presets 350m,1b` instead times the KV-cache decoder (greedy, random weights cast to the
+model's compute dtype, bf16 for the presets, as a server holds them) of configs/models.py's
+lm_350m and lm_1b at each of `--batches`, against the HBM roofline: one decode step reads
+every parameter and the whole KV cache once, so the roofline is batch × bandwidth / (parameter
+bytes + cache bytes); at batch 1 it is ~bandwidth / parameter bytes (v5e: 819 GB/s). Reports
+tokens/s (decode steps only: new tokens after the first over the time after it), the fraction of
+the roofline, and the first token's latency (prefill of the prompt, `ttft_ms`). The bandwidth
+comes from the device kind (HBM_BYTES_PER_SEC, next to paxlike.trainer.throughput's FLOPs peak);
+unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layers of d 128.
+
 `--family NAME` instead times batch-1 greedy KV-cache decoding of that Hugging Face family's
 model (`paxlike.interop`, built from a config.json of the Llama's size: 4 layers, d 256, 4
 heads, 2 kv heads, d_ff 688, vocab 256, with the family's own features: biases, q/k norms,
@@ -41,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--batches', default='1,8')
   parser.add_argument('--quick', action='store_true', help='a few tokens, one repeat (tests)')
+  parser.add_argument('--presets', default=None,
+                      help='comma-separated configs/models.py sizes (350m, 1b): against the roofline')
   parser.add_argument('--family', default=None,
                       help='an HF model_type (or all): its batch-1 decoding beside the Llama')
   args = parser.parse_args(argv)
@@ -111,14 +123,19 @@ def measure(fn, repeats: int) -> dict:
   """Median ttft and tokens/s (all new tokens over the whole time, prefill included) of
   `fn() -> (tokens, ttft, total)` over repeats, after a compiling call."""
   tokens, _, _ = fn()
-  ttfts, rates = [], []
+  ttfts, rates, decode_rates = [], [], []
   for _ in range(repeats):
     tokens, ttft, total = fn()
     ttfts.append(ttft)
     rates.append(tokens.size / total)
-  return {'tokens_per_sec': round(statistics.median(rates), 1),
-          'best_tokens_per_sec': round(max(rates), 1),
-          'ttft_ms': round(1e3 * statistics.median(ttfts), 2)}, tokens
+    if tokens.shape[1] > 1 and total > ttft:  # The tokens after the first, over their time.
+      decode_rates.append(tokens.shape[0] * (tokens.shape[1] - 1) / (total - ttft))
+  row = {'tokens_per_sec': round(statistics.median(rates), 1),
+         'best_tokens_per_sec': round(max(rates), 1),
+         'ttft_ms': round(1e3 * statistics.median(ttfts), 2)}
+  if decode_rates:
+    row['decode_tokens_per_sec'] = round(statistics.median(decode_rates), 1)
+  return row, tokens
 
 
 def run_model(name: str, model, args: argparse.Namespace) -> dict:
@@ -199,13 +216,84 @@ def run_families(names: list[str], args: argparse.Namespace) -> dict:
           for name, r in rates.items() if name in names}
 
 
+# HBM bandwidth per chip in bytes/s, by a substring of `jax.Device.device_kind` (first match
+# wins), as paxlike.trainer.throughput.PEAK_FLOPS_PER_SEC has the FLOPs peak.
+HBM_BYTES_PER_SEC: tuple[tuple[str, float], ...] = (
+    ('v5 lite', 819e9),   # TPU v5e
+    ('v5e', 819e9),
+    ('v5p', 2765e9),
+    ('v6', 1640e9),       # TPU v6e (Trillium)
+    ('v4', 1200e9),
+    ('v5', 2765e9),       # 'TPU v5' is v5p
+    ('h200', 4.8e12),
+    ('h100', 3.35e12),
+    ('a100', 2.0e12),
+)
+
+
+def hbm_bytes_per_sec(device_kind: str) -> float | None:
+  kind = device_kind.lower()
+  if 'cpu' in kind:
+    return None
+  return next((bw for key, bw in HBM_BYTES_PER_SEC if key in kind), None)
+
+
+def preset_model(name: str, quick: bool):
+  import fiddle as fdl
+  from configs import models as model_configs
+  model = fdl.build(getattr(model_configs, f'lm_{name}')())
+  if quick:
+    model = model.clone(num_layers=2, d_model=128, num_heads=4, num_kv_heads=2, d_ff=256,
+                        vocab_size=512)
+  return model
+
+
+def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> dict:
+  """KV-cache tokens/s of a preset at each batch against the roofline (module docstring)."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from paxlike.decode import engine
+  model = preset_model(name, args.quick)
+  init = jax.jit(lambda key: jax.tree.map(lambda x: x.astype(model.dtype), nn.unbox(
+      model.init(key, jnp.zeros((1, 8), jnp.int32)))['params']))
+  params = init(jax.random.key(0))
+  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  cache_size, _ = engine.shapes_for(args.prompt_len, args.new_tokens, model.max_len)
+  head = model.head_size()
+  out = {'param_bytes': param_bytes, 'param_dtype': jnp.dtype(model.dtype).name,
+         'cache_size': cache_size}
+  rng = np.random.default_rng(0)
+  for batch in (int(b) for b in args.batches.split(',')):
+    prompts = [rng.integers(1, model.vocab_size, args.prompt_len).astype(np.int32)
+               for _ in range(batch)]
+    common.log(f'decode: {name} batch {batch}')
+    row, _ = measure(lambda: kv_cache(model, params, prompts, args.new_tokens, model.max_len),
+                     args.repeats)
+    cache_bytes = (2 * model.num_layers * (model.num_kv_heads or model.num_heads) * head
+                   * cache_size * batch * jnp.dtype(model.dtype).itemsize)
+    if bandwidth:
+      roofline = batch * bandwidth / (param_bytes + cache_bytes)
+      row.update(roofline_tokens_per_sec=round(roofline, 1),
+                 fraction_of_roofline=round(row['decode_tokens_per_sec'] / roofline, 4))
+    out[f'batch_{batch}'] = row
+  return out
+
+
 def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
   import jax
   out = {'benchmark': 'decode', 'quick': args.quick, 'platform': jax.devices()[0].platform,
          'new_tokens': args.new_tokens, 'prompt_len': args.prompt_len,
          'reference_tokens': args.reference_tokens, 'repeats': args.repeats}
-  if args.family:
+  if args.presets:
+    bandwidth = hbm_bytes_per_sec(jax.devices()[0].device_kind)
+    out.update(device_kind=jax.devices()[0].device_kind, hbm_bytes_per_sec=bandwidth,
+               batches=args.batches)
+    for name in args.presets.split(','):
+      out[name] = run_preset(name, args, bandwidth)
+  elif args.family:
     names = list(FAMILY_CONFIGS) if args.family == 'all' else [args.family]
     if any(n not in FAMILY_CONFIGS for n in names):
       raise SystemExit(f'--family must be all or one of {", ".join(FAMILY_CONFIGS)}')

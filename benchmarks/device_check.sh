@@ -1,36 +1,52 @@
 #!/usr/bin/env bash
-# Every paxlike check that needs an accelerator, in one run that fits 8 minutes on one H200,
+# Every paxlike check that needs an accelerator, in one run (≤ 9 minutes on one TPU v5e chip),
 # printed as one JSON object on stdout (progress on stderr).
 #
-#   benchmarks/device_check.sh [--python PATH] [--wheels DIR] [--budget SECONDS] [--quick]
+#   benchmarks/device_check.sh [--wheels DIR] [--python PATH] [--budget SECONDS] [--quick]
 #                              [--parts a,b,...]
 #
-# Parts, in order (each under a wall-clock limit; one that fails or runs out of time is recorded
-# with its exit code and last stderr line, and the rest still run):
-#   gpu_mfu          benchmarks/gpu_mfu.py: lm.Llama1B through the trainer vs the bare step,
-#                    their MFU and ratio, and the FedAvg round row (125M LM, cohort 16, 4 steps)
-#   federated_round  benchmarks/federated_round.py --cohorts 16: vmapped round vs per-client loop
-#   weak_scaling     benchmarks/weak_scaling.py over the GPUs present
-#   lever_*          the MFU levers, bare step of lm.Llama1B, each against gpu_mfu's bare step:
-#                    remat none, batch 32, XLA's latency-hiding scheduler without Triton GEMMs,
-#                    no donation (lever_remat_none, lever_batch_32, lever_xla_flags,
-#                    lever_no_donation)
-# --python PATH: the interpreter (default: python3 on PATH); it must import jax (0.11.x is fine)
-#   and paxlike's dependencies. --wheels DIR first installs the wheels in DIR (--no-index
-#   --no-deps, into a temporary --target) for an image that lacks fiddle, tfds, clu and friends.
+# On a TPU machine with nothing else installed (Python 3.11, JAX + libtpu preinstalled, its own
+# package index at file:///opt/pypi/simple): `benchmarks/device_check.sh --wheels DIR`, where DIR
+# holds the wheels the index lacks (`make tpu-wheels`, tpu-wheels.txt). The install goes into a
+# --target folder (default /tmp/paxlike-tpu-site, reused on the next run; PAXLIKE_TPU_SITE) that
+# is appended to PYTHONPATH, and any JAX, jaxlib, libtpu or numpy pip put there is removed, so the
+# machine's own stay in use. paxlike itself runs from this source tree (on PYTHONPATH).
+#
+# Parts, in order (each its own process under a wall-clock limit; one that fails or runs out of
+# time is recorded with its exit code and last stderr line, and the rest still run):
+#   mfu_350m   accelerator_mfu.py: lm.Llama350M at seq 2048 through the trainer and as a bare
+#              step, MFU and trainer/bare, and a profile of the bare step (where the time goes)
+#   mfu_1b     the same for lm.Llama1B (TinyLlama-1.1B shapes), without the profile
+#   levers     levers.py: each lever's bare-step MFU (the table in benchmarks/levers.py)
+#   decode     decode.py --presets: batch 1 and 32 tokens/s of the 350M and 1B models against
+#              the HBM roofline, and the first token's latency
+#   lora_1b    lora.py --preset 1b: a LoRA fine-tune step of the 1B model, steps/s and MFU
+#   federated  accelerator_mfu.py --only=federated: federated.ShakespeareFedAvg, 125M, cohort 16
+#   dpo, grpo  dpo_step.py, grpo_step.py: step times (GRPO's sampling share of the step)
+#   tpu_tests  tpu_tests.py: pytest on tests/tpu (splash vs XLA attention, TPU vs CPU step)
+# The models' shapes for the MFU parts (batch, remat) are MODELS in benchmarks/levers.py.
 # --quick: tiny shapes on any device (CPU here: the test suite's check of this script); each
-#   part may then take up to 300 s (a loaded 2-core machine compiles slowly) within --budget.
-# Data: lm.Llama1B reads this Python's standard library; Shakespeare comes from the data root
-# ($PAXLIKE_DATA_DIR, else ../shared/data). Exit code 0 whenever the JSON was printed.
+#   part may then take up to 300 s within --budget. --budget: seconds for all parts (default
+#   480; the install, ~60 s the first time, comes before it).
+# Data: the federated part reads Shakespeare from the data root ($PAXLIKE_DATA_DIR, else
+# ../shared/data); the trainer parts read this Python's standard library. Exit code 0 whenever
+# the JSON was printed. A persistent compilation cache (JAX_COMPILATION_CACHE_DIR, default
+# /tmp/paxlike-jax-cache) makes a second run on the same machine compile less.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON_BIN="python3"
 WHEELS=""
-BUDGET=470
+BUDGET=480
 QUICK=0
-PARTS="gpu_mfu,federated_round,weak_scaling,lever_remat_none,lever_batch_32,lever_xla_flags,lever_no_donation"
-XLA_LEVER_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false"
+ALL_PARTS="mfu_350m,mfu_1b,levers,decode,lora_1b,federated,dpo,grpo,tpu_tests"
+PARTS="$ALL_PARTS"
+SITE="${PAXLIKE_TPU_SITE:-/tmp/paxlike-tpu-site}"
+INDEX="${PAXLIKE_TPU_INDEX:-file:///opt/pypi/simple}"
+# What paxlike needs beside JAX (ENVIRONMENT.md's TPU section), from the index or the wheels.
+PACKAGES="flax==0.12.8 optax orbax-checkpoint absl-py sentencepiece tokenizers safetensors
+  pyarrow jinja2 filelock flatbuffers scikit-learn matplotlib fiddle grain array_record clu
+  dp-accounting tensorboardX tensorflow-datasets==4.9.10"
 
 die() { echo "device_check: error: $*" >&2; exit 2; }
 say() { echo "device_check: $*" >&2; }
@@ -48,30 +64,54 @@ while [[ $# -gt 0 ]]; do
 done
 command -v "$PYTHON_BIN" >/dev/null || die "no interpreter at $PYTHON_BIN"
 for part in ${PARTS//,/ }; do
-  [[ ",gpu_mfu,federated_round,weak_scaling,lever_remat_none,lever_batch_32,lever_xla_flags,lever_no_donation," == *",$part,"* ]] \
-    || die "unknown part $part (see --help)"
+  [[ ",$ALL_PARTS," == *",$part,"* ]] || die "unknown part $part (see --help)"
 done
+if [[ -n "$WHEELS" ]]; then
+  [[ -d "$WHEELS" ]] || die "--wheels $WHEELS is not a directory"
+  WHEELS="$(cd "$WHEELS" && pwd)"
+fi
 
+# install: paxlike's dependencies into $SITE from the machine's index and $WHEELS (once: a stamp
+# names the wheels folder), then the packages the machine already has are taken out of $SITE.
+install() {
+  local stamp="$SITE/.paxlike-installed" began=$SECONDS pkg
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$WHEELS" ]]; then
+    say "reusing $SITE"; return 0
+  fi
+  say "installing paxlike's dependencies into $SITE from $INDEX and $WHEELS"
+  rm -rf "$SITE"
+  # shellcheck disable=SC2086
+  PIP_CONFIG_FILE=/dev/null "$PYTHON_BIN" -m pip install --isolated -q --disable-pip-version-check \
+    --only-binary=:all: --index-url "$INDEX" --find-links "$WHEELS" --target "$SITE" $PACKAGES >&2 \
+    || die "pip could not install paxlike's dependencies (see above)"
+  PIP_CONFIG_FILE=/dev/null "$PYTHON_BIN" -m pip install --isolated -q --disable-pip-version-check \
+    --only-binary=:all: --index-url "$INDEX" --find-links "$WHEELS" --target "$SITE/pytest" \
+    pytest >&2 || say "pytest is in neither $INDEX nor $WHEELS: tpu_tests will be skipped"
+  for pkg in jax jaxlib libtpu libtpu_nightly numpy ml_dtypes scipy opt_einsum; do
+    if "$PYTHON_BIN" -c "import $pkg" 2>/dev/null; then
+      rm -rf "${SITE:?}/$pkg" "$SITE"/"$pkg"-*.dist-info "$SITE"/"$pkg".libs
+    fi
+  done
+  echo "$WHEELS" > "$stamp"
+  say "installed in $((SECONDS - began)) s"
+}
+
+[[ -n "$WHEELS" ]] && install
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
-if [[ -n "$WHEELS" ]]; then
-  say "installing the wheels in $WHEELS"
-  "$PYTHON_BIN" -m pip install -q --no-index --no-deps --target "$OUT/site" "$WHEELS"/*.whl >&2
-  export PYTHONPATH="$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
 cd "$REPO"
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# The source tree first, the machine's own packages next, what was installed last.
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}${WHEELS:+:$SITE:$SITE/pytest}"
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/paxlike-jax-cache}"
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-2}"
 (( QUICK )) && Q=(--quick) || Q=()
 START=$SECONDS
 
-# run NAME LIMIT [ENV=VALUE ...] -- ARGS...: python ARGS under min(LIMIT, time left), its stdout
-# (one JSON line) into $OUT/NAME.json, its exit code into $OUT/NAME.rc.
+# run NAME LIMIT -- ARGS...: python ARGS under min(LIMIT, time left), its stdout (JSON lines; the
+# last one counts) into $OUT/NAME.json, its exit code into $OUT/NAME.rc.
 run() {
   local name="$1" limit="$2" left
-  shift 2
-  local envs=()
-  while [[ "$1" != "--" ]]; do envs+=("$1"); shift; done
-  shift
+  shift 3
   [[ ",$PARTS," == *",$name,"* ]] || return 0
   (( QUICK )) && limit=300
   left=$(( BUDGET - (SECONDS - START) ))
@@ -79,52 +119,51 @@ run() {
   if (( limit < 20 )); then echo skipped > "$OUT/$name.rc"; say "$name: skipped (time)"; return 0; fi
   say "$name: up to ${limit}s"
   local began=$SECONDS rc=0
-  env "${envs[@]}" timeout --signal=TERM --kill-after=10 "$limit" "$PYTHON_BIN" "$@" \
+  timeout --signal=KILL "$limit" "$PYTHON_BIN" "$@" \
     > "$OUT/$name.json" 2> >(tee "$OUT/$name.err" >&2) || rc=$?
   echo "$rc" > "$OUT/$name.rc"
   echo $(( SECONDS - began )) > "$OUT/$name.s"
 }
 
-LEVER=(benchmarks/gpu_mfu.py --only=bare "${Q[@]}")
-run gpu_mfu 210 -- benchmarks/gpu_mfu.py "${Q[@]}"
+PROFILE="$OUT/profile_350m"
 if (( QUICK )); then
-  run federated_round 120 -- benchmarks/federated_round.py --quick --no-rss
-  run weak_scaling 120 -- benchmarks/weak_scaling.py --quick --png "$OUT/weak_scaling.png"
+  run mfu_350m 0 -- benchmarks/accelerator_mfu.py --quick --no-federated --profile "$PROFILE"
+  run mfu_1b 0 -- benchmarks/accelerator_mfu.py --quick --no-federated --exp lm.Llama1B
+  run levers 0 -- benchmarks/levers.py --quick --time-limit 240
 else
-  run federated_round 90 -- benchmarks/federated_round.py --cohorts 16 --no-rss --repeats 3
-  run weak_scaling 60 -- benchmarks/weak_scaling.py --devices 1,2,4,8 --png /tmp/paxlike/weak_scaling.png
+  M350=$("$PYTHON_BIN" -c 'from benchmarks import levers; print(" ".join("--fdl_set=" + o for o in levers.MODELS["350m"][1]))')
+  M1B=$("$PYTHON_BIN" -c 'from benchmarks import levers; print(" ".join("--fdl_set=" + o for o in levers.MODELS["1b"][1]))')
+  # shellcheck disable=SC2086
+  run mfu_350m 100 -- benchmarks/accelerator_mfu.py --exp lm.Llama350M $M350 --no-federated \
+    --steps 8 --warmup 2 --profile "$PROFILE" --profile-steps 2
+  # shellcheck disable=SC2086
+  run mfu_1b 100 -- benchmarks/accelerator_mfu.py --exp lm.Llama1B $M1B --no-federated \
+    --steps 5 --warmup 1
+  run levers 110 -- benchmarks/levers.py --steps 4 --warmup 1 --time-limit 100
 fi
-run lever_remat_none 60 -- "${LEVER[@]}" --fdl_set=model.remat_policy=none
-run lever_batch_32 60 -- "${LEVER[@]}" --fdl_set=data.batch_size=32
-run lever_xla_flags 60 "XLA_FLAGS=${XLA_FLAGS:+$XLA_FLAGS }$XLA_LEVER_FLAGS" -- "${LEVER[@]}"
-run lever_no_donation 60 -- "${LEVER[@]}" --no-donate
+run decode 60 -- benchmarks/decode.py --presets 350m,1b "${Q[@]}"
+run lora_1b 40 -- benchmarks/lora.py --preset 1b --sides lora "${Q[@]}"
+run federated 45 -- benchmarks/accelerator_mfu.py --only=federated --steps 3 --warmup 1 "${Q[@]}"
+run dpo 25 -- benchmarks/dpo_step.py --steps 3 --repeats 3 "${Q[@]}"
+run grpo 30 -- benchmarks/grpo_step.py --steps 3 "${Q[@]}"
+run tpu_tests 60 -- benchmarks/tpu_tests.py
 
-"$PYTHON_BIN" - "$OUT" "$PARTS" "$QUICK" "$((SECONDS - START))" "$XLA_LEVER_FLAGS" <<'EOF'
+"$PYTHON_BIN" - "$OUT" "$PARTS" "$QUICK" "$((SECONDS - START))" <<'EOF'
 import json, pathlib, sys
-out, parts, quick, total, xla_flags = pathlib.Path(sys.argv[1]), sys.argv[2].split(','), sys.argv[3], sys.argv[4], sys.argv[5]
-result = {'benchmark': 'device_check', 'quick': quick == '1', 'total_s': int(total),
-          'xla_lever_flags': xla_flags, 'parts': {}}
+out, parts, quick, total = pathlib.Path(sys.argv[1]), sys.argv[2].split(','), sys.argv[3], sys.argv[4]
+result = {'benchmark': 'device_check', 'quick': quick == '1', 'total_s': int(total), 'parts': {}}
 for name in parts:
   rc = (out / f'{name}.rc').read_text().strip()
   if rc == 'skipped':
     result['parts'][name] = {'skipped': 'time budget spent'}
     continue
-  lines = (out / f'{name}.json').read_text().strip().splitlines()
-  if rc == '0' and lines:
-    part = json.loads(lines[-1])
-  else:
+  lines = [l for l in (out / f'{name}.json').read_text().splitlines() if l.startswith('{')]
+  part = json.loads(lines[-1]) if lines else {}
+  if rc != '0':  # A part killed at its limit keeps the last result it printed (levers).
     err = [l for l in (out / f'{name}.err').read_text().splitlines() if l.strip()]
-    part = {'error': f'exit {rc}' + (' (time limit)' if rc in ('124', '137') else ''),
-            'stderr_last_line': err[-1][-300:] if err else ''}
+    part.update({'error': f'exit {rc}' + (' (time limit)' if rc in ('124', '137') else ''),
+                 'stderr_last_line': err[-1][-300:] if err else ''})
   part['wall_s'] = int((out / f'{name}.s').read_text())
   result['parts'][name] = part
-def tokens_per_sec(part):
-  lm = part.get('lm', {})
-  return lm.get('bare_steps_per_sec') and lm['bare_steps_per_sec'] * lm['batch_size'] * lm['seq_len']
-base = tokens_per_sec(result['parts'].get('gpu_mfu', {}))
-for name, part in result['parts'].items():
-  lever = tokens_per_sec(part) if name.startswith('lever_') else None
-  if lever and base:
-    part['tokens_per_sec_vs_gpu_mfu_bare'] = lever / base
 print(json.dumps(result))
 EOF

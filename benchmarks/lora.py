@@ -9,6 +9,13 @@ only those (`centralized(..., trainable=lora_mask)`: no base gradients, no base 
 state). Timed in alternating repeats with at most 2 steps in flight, as the trainer runs.
 Prints one JSON object: per side `ms_per_step` (median), `opt_state_bytes`, `trained_params`;
 `speedup` (full / lora step time) and `opt_state_ratio` (lora / full bytes).
+
+`--preset 1b` (or 350m) times configs/models.py's preset instead, at `--batch` × `--seq` (default
+4 × 2048), on whatever accelerator there is; `--sides lora` leaves out the full fine-tune (the
+1B model's full AdamW state does not fit one TPU v5e chip). Each side then also reports
+`steps_per_sec` and `mfu`: the model's training FLOPs (6·N + attention per token, as the MFU
+benchmarks count them; a LoRA step skips the base weights' gradients, about a third of that)
+over the chip's bf16 peak (null where unknown).
 """
 
 from __future__ import annotations
@@ -28,8 +35,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--steps', type=int, default=20, help='steps per timed repeat')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--rank', type=int, default=8)
+  parser.add_argument('--preset', choices=('350m', '1b'), help='a configs/models.py size')
+  parser.add_argument('--batch', type=int, default=4, help='with --preset')
+  parser.add_argument('--seq', type=int, default=2048, help='with --preset')
+  parser.add_argument('--sides', default='full,lora')
   parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   return parser.parse_args(argv)
+
+
+def preset_shape(args: argparse.Namespace):
+  """(base model, its description, seq, batch) of --preset (shrunk with --quick)."""
+  import fiddle as fdl
+  from configs import models as model_configs
+  model = fdl.build(getattr(model_configs, f'lm_{args.preset}')())
+  seq, batch = args.seq, args.batch
+  if args.quick:
+    model = model.clone(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, d_ff=128,
+                        vocab_size=256)
+    seq, batch = 32, 2
+  shape = {'preset': args.preset, 'num_layers': model.num_layers, 'd_model': model.d_model,
+           'vocab_size': model.vocab_size}
+  return model, shape, seq, batch
 
 
 def nbytes(tree) -> int:
@@ -65,28 +91,52 @@ def side(model, trainable, batch, steps: int):
 
 def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
+  import jax
   import jax.numpy as jnp
   import numpy as np
   from paxlike.layers import TransformerLM
   from paxlike.layers.lora import lora_mask
   steps, repeats = (3, 2) if args.quick else (args.steps, args.repeats)
-  d, layers, seq, batch = (64, 2, 32, 2) if args.quick else (256, 4, 128, 8)
-  shape = dict(vocab_size=256, num_layers=layers, d_model=d, num_heads=4, d_ff=4 * d,
-               max_len=seq, tied_embeddings=False)
-  tokens = np.random.default_rng(0).integers(0, 256, (1, 1, batch, seq + 1))
+  if args.preset:
+    base, shape, seq, batch = preset_shape(args)
+    models = {'full': base, 'lora': base.clone(lora_rank=args.rank)}
+  else:
+    d, layers, seq, batch = (64, 2, 32, 2) if args.quick else (256, 4, 128, 8)
+    shape = dict(vocab_size=256, num_layers=layers, d_model=d, num_heads=4, d_ff=4 * d,
+                 max_len=seq, tied_embeddings=False)
+    models = {'full': TransformerLM(**shape), 'lora': TransformerLM(**shape, lora_rank=args.rank)}
+  tokens = np.random.default_rng(0).integers(0, min(256, models['full'].vocab_size),
+                                              (1, 1, batch, seq + 1))
   data = {'inputs': jnp.asarray(tokens[..., :-1]), 'targets': jnp.asarray(tokens[..., 1:]),
           'mask': jnp.ones((1, 1, batch, seq), jnp.float32)}
-  sides = {'full': side(TransformerLM(**shape), None, data, steps),
-           'lora': side(TransformerLM(**shape, lora_rank=args.rank), lora_mask, data, steps)}
+  names = args.sides.split(',')
+  sides = {name: side(models[name], lora_mask if name == 'lora' else None, data, steps)
+           for name in names}
   times = common.alternate({name: s[0] for name, s in sides.items()}, repeats)
   result = {'model': {**shape, 'seq_len': seq, 'batch': batch}, 'lora_rank': args.rank,
-            'steps': steps, 'repeats': repeats}
+            'steps': steps, 'repeats': repeats, 'device_kind': jax.devices()[0].device_kind}
   for name, (_, opt_bytes, trained) in sides.items():
     result[name] = {'ms_per_step': 1e3 * statistics.median(times[name]) / steps,
                     'opt_state_bytes': opt_bytes, 'trained_params': trained}
-  result['speedup'] = result['full']['ms_per_step'] / result['lora']['ms_per_step']
-  result['opt_state_ratio'] = result['lora']['opt_state_bytes'] / result['full']['opt_state_bytes']
+    if args.preset:
+      result[name].update(rates(models[name], seq, batch, result[name]['ms_per_step']))
+  if len(sides) == 2:
+    result['speedup'] = result['full']['ms_per_step'] / result['lora']['ms_per_step']
+    result['opt_state_ratio'] = (result['lora']['opt_state_bytes']
+                                 / result['full']['opt_state_bytes'])
   common.emit(result)
+
+
+def rates(model, seq: int, batch: int, ms_per_step: float) -> dict:
+  """steps/s, tokens/s and MFU (6·N + attention FLOPs per token over the chip's peak)."""
+  import jax
+  from paxlike.families import lm_flops
+  from paxlike.trainer import throughput
+  steps_per_sec = 1e3 / ms_per_step
+  peak = throughput.peak_flops_per_sec(jax.devices()[0].device_kind)
+  flops = lm_flops.flops_per_token(model, seq) * seq * batch
+  return {'steps_per_sec': steps_per_sec, 'tokens_per_sec': steps_per_sec * seq * batch,
+          'mfu': peak and flops * steps_per_sec / peak}
 
 
 if __name__ == '__main__':

@@ -188,26 +188,31 @@ def test_accelerator_mfu_cuda_sh_rejects_bad_arguments():
 @pytest.mark.bench
 def test_device_check_quick_runs_its_parts_and_prints_one_json_object():
   out = run_json('benchmarks/device_check.sh', '--quick', '--python', sys.executable,
-                 '--parts', 'lever_remat_none,lever_no_donation', '--budget', '900')
+                 '--parts', 'levers,tpu_tests', '--budget', '900')
   assert out['benchmark'] == 'device_check' and out['quick']
-  assert set(out['parts']) == {'lever_remat_none', 'lever_no_donation'}
-  none, no_donation = out['parts']['lever_remat_none'], out['parts']['lever_no_donation']
-  assert none['fdl_set'] == ['model.remat_policy=none'] and none['lm']['remat_policy'] == 'none'
-  assert no_donation['lm']['donate'] is False and no_donation['lm']['remat_policy'] == 'dots'
-  for part in (none, no_donation):
-    assert part['lm']['bare_steps_per_sec'] > 0 and 'trainer_steps_per_sec' not in part['lm']
-    assert part['wall_s'] >= 0
+  assert set(out['parts']) == {'levers', 'tpu_tests'}
+  levers = out['parts']['levers']['levers']
+  assert set(levers) == {'base', 'remat_full', 'xla_latency_hiding'}
+  assert levers['remat_full']['remat_policy'] == 'full' and levers['base']['remat_policy'] == 'dots'
+  assert levers['base']['vs_base'] == 1.0
+  for row in levers.values():  # The env lever ran in a child process, the others here.
+    assert row['bare_steps_per_sec'] > 0 and row['tokens_per_sec'] == pytest.approx(
+        row['bare_steps_per_sec'] * 8 * 32)
+  tests = out['parts']['tpu_tests']
+  if _platform() != 'tpu':
+    assert tests['skipped'] >= 2 and tests['passed'] == tests['failed'] == 0, tests
+  assert out['parts']['levers']['wall_s'] >= 0
 
 
 def test_device_check_records_parts_the_budget_leaves_no_time_for():
   out = run_json('benchmarks/device_check.sh', '--quick', '--python', sys.executable,
-                 '--parts', 'gpu_mfu,weak_scaling', '--budget', '5')
-  assert out['parts'] == {'gpu_mfu': {'skipped': 'time budget spent'},
-                          'weak_scaling': {'skipped': 'time budget spent'}}
+                 '--parts', 'mfu_350m,levers', '--budget', '5')
+  assert out['parts'] == {'mfu_350m': {'skipped': 'time budget spent'},
+                          'levers': {'skipped': 'time budget spent'}}
 
 
 def test_device_check_rejects_unknown_parts():
-  proc = subprocess.run(['benchmarks/device_check.sh', '--parts', 'gpu_mfu,nope'], cwd=REPO,
+  proc = subprocess.run(['benchmarks/device_check.sh', '--parts', 'mfu_350m,nope'], cwd=REPO,
                         text=True, capture_output=True)
   assert proc.returncode == 2 and 'device_check: error: unknown part nope' in proc.stderr
 
