@@ -58,6 +58,7 @@ PINNED: dict[str, tuple[Callable[[], Streams | list[np.ndarray]], str]] = {
 # The stdlib is the running interpreter's own (its prepared data is keyed by the full version,
 # see data/stdlib.py), so its partition is pinned per Python version.
 STDLIB_BY_MODULE = {
+    '3.11.7': '2c08187a45ce2ae1f8de78388836bde90b85b7589c6221637a555ea575f6d70f',
     '3.12.1': '5f03a4e32c2dc4ef425d401f0b15d87cde89215ab27f7dfa2a8314d53febc7ee',
 }
 
