@@ -11,12 +11,25 @@ import jax.numpy as jnp
 from paxlike.layers import lm_features, lora, moe, pipeline
 from paxlike.layers.blocks import MLP_ACTIVATIONS
 
+_dots = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+
+def _dots_and_kernels(prim: Any, *avals: Any, **params: Any) -> bool:
+  """Saves what 'dots' saves plus every Pallas kernel's outputs: the splash kernel's
+  attention output and softmax statistics, so the backward pass does not run its forward
+  again (on a TPU v5e that forward is ~8% of a 350M step)."""
+  return prim.name == 'pallas_call' or _dots(prim, *avals, **params)
+
+
 # 'dots' saves matmul outputs without batch dims (the projections, not the [T, T] attention
-# scores), so the backward pass recomputes only the cheap elementwise ops and attention.
+# scores), so the backward pass recomputes only the cheap elementwise ops and attention;
+# 'dots_attention' keeps the attention kernel's outputs too (the same as 'dots' where
+# attention is XLA's: its scores are batched dots, never saved).
 REMAT_POLICIES = {
     'none': None,
     'full': jax.checkpoint_policies.nothing_saveable,
-    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'dots': _dots,
+    'dots_attention': _dots_and_kernels,
 }
 
 

@@ -71,7 +71,9 @@ class TransformerLM(nn.Module):
   are always float32). `scan_layers` runs the layers as one `nn.scan`: params
   live under 'blocks' with a leading 'layers' axis instead of 'block_{i}' (see
   `stack_layers`). `remat_policy` is 'none', 'full' (recompute the whole block
-  in the backward pass) or 'dots' (keep the matmul outputs, recompute the rest).
+  in the backward pass), 'dots' (keep the matmul outputs, recompute the rest) or
+  'dots_attention' (also keep the attention kernel's outputs: splash's forward is not run
+  again). `fused_qkv` computes q, k and v with one matmul (same params).
   `attention_impl` names the attention kernel; 'auto' picks the fastest this platform runs
   (`attention_kernel` says which).
 
@@ -126,6 +128,7 @@ class TransformerLM(nn.Module):
   scan_layers: bool = False
   remat_policy: str = 'none'
   attention_impl: str = 'auto'  # 'auto', 'xla', 'cudnn' or 'splash': see attention_kernels.
+  fused_qkv: bool = False  # q, k and v by one 2-D matmul (see CausalSelfAttention).
   lora_rank: int = 0  # 0 = no adapters; see paxlike.layers.lora.
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = ('query', 'value')
@@ -191,6 +194,7 @@ class TransformerLM(nn.Module):
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         implementation=self.attention_impl,
+        fused_qkv=self.fused_qkv,
         lora_rank=self.lora_rank,
         lora_alpha=self.lora_alpha,
         lora_targets=tuple(t for t in self.lora_targets if t in lora.ATTENTION_TARGETS),

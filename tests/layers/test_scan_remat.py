@@ -62,7 +62,8 @@ def test_scanned_params_carry_a_layers_axis():
   assert not np.allclose(q[0], q[1])
 
 
-@pytest.mark.parametrize('scan,policies', [(True, ('none', 'full', 'dots')), (False, ('none', 'dots'))])
+@pytest.mark.parametrize('scan,policies', [(True, ('none', 'full', 'dots', 'dots_attention')),
+                                           (False, ('none', 'dots'))])
 def test_remat_policies_give_same_gradients(scan, policies):
   base = TransformerLM(**TINY, num_kv_heads=2, scan_layers=scan)
   params = _params(base)
