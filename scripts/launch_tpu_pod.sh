@@ -18,7 +18,8 @@
 #                            $HOME/paxlike_runs/<RUN_NAME> on the workers unless --job_log_dir is
 #                            given. Multi-host jobs need a job dir on a filesystem every worker
 #                            shares (NFS, Filestore, a gcsfuse mount).
-#   REMOTE_PYTHON            Python >= 3.12 on the workers (default python3.12).
+#   REMOTE_PYTHON            Python on the workers (default python3): >= 3.12 installs with
+#                            constraints.txt (jax 0.12), 3.11 with constraints-py311.txt (jax 0.10).
 #   XLA_FLAGS, LIBTPU_INIT_ARGS  passed through to the workers when set.
 # --dry-run prints every command (shell-quoted, one per line) instead of running it.
 set -euo pipefail
@@ -39,7 +40,7 @@ RUN_NAME="${RUN_NAME:-paxlike-$(date -u +%Y%m%d-%H%M%S)}"
 ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-}"
 RUNTIME_VERSION="${RUNTIME_VERSION:-}"
 REPO_URL="${REPO_URL:-}"
-REMOTE_PYTHON="${REMOTE_PYTHON:-python3.12}"
+REMOTE_PYTHON="${REMOTE_PYTHON:-python3}"
 
 while (( $# )); do
   opt="$1"
@@ -121,7 +122,7 @@ if [[ -n "$REF" ]]; then
            "cd \"\$HOME\"")
 else
   remote+=("mkdir -p $CODE" "tar -xzf $CODE.tar.gz -C $CODE" "rm $CODE.tar.gz" "cd $CODE"
-           "$VENV/bin/python -m pip install -q -c constraints.txt -e . 'jax[tpu]'")
+           "{ c=constraints.txt; $VENV/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))' || c=constraints-py311.txt; $VENV/bin/python -m pip install -q -c \$c -e . 'jax[tpu]'; }")
 fi
 [[ -n "${XLA_FLAGS:-}" ]] && remote+=("export XLA_FLAGS=$(q "$XLA_FLAGS")")
 [[ -n "${LIBTPU_INIT_ARGS:-}" ]] && remote+=("export LIBTPU_INIT_ARGS=$(q "$LIBTPU_INIT_ARGS")")
@@ -156,7 +157,7 @@ if [[ -z "$REF" ]]; then
   TARBALL="${TMPDIR:-/tmp}/paxlike_code-$RUN_NAME.tar.gz"
   (( DRY_RUN )) || trap 'rm -f "$TARBALL"' EXIT
   # tar exits 1 when a file changed while it was read (an editor saving): that copy is fine.
-  run tar -czf "$TARBALL" --exclude=./.venv --exclude=./.git --exclude=__pycache__ \
+  run tar -czf "$TARBALL" --exclude=./.venv --exclude=./.venv-py311 --exclude=./.git --exclude=__pycache__ \
       --exclude=./.pytest_cache -C "$REPO" . || (( $? == 1 ))
   run "${GCLOUD[@]}" scp "$TARBALL" "${TARGET[0]}:paxlike_code-$RUN_NAME.tar.gz" \
       "${TARGET[@]:1}" "${WHERE[@]}"

@@ -161,6 +161,32 @@ def test_tpu_remote_command_runs_in_a_shell_with_the_exact_args(tmp_path):
   assert (tmp_path / 'paxlike_code-r3' / 'README.md').exists()
 
 
+@pytest.mark.parametrize('version,constraints', [((3, 12, 1), 'constraints.txt'),
+                                                 ((3, 11, 7), 'constraints-py311.txt')])
+def test_tpu_workers_install_with_the_constraints_of_their_python(tmp_path, version, constraints):
+  """A worker's venv installs the set of its Python: TPU VMs ship 3.11, which jax 0.12 refuses."""
+  proc = run_script('launch_tpu_pod.sh', '--dry-run', '--run_name=r4', '--', '--exp=x', **TPU_ENV)
+  remote = flag(commands(proc.stdout)[-1], '--command')
+  venv_python = tmp_path / 'paxlike_venv' / 'bin' / 'python'
+  venv_python.parent.mkdir(parents=True)
+  venv_python.write_text(textwrap.dedent(f'''\
+      #!{sys.executable}
+      import json, sys
+      if sys.argv[1] == '-c':  # The worker's Python, as the version under test.
+        sys.version_info = {version!r}
+        exec(sys.argv[2])
+      elif sys.argv[1:3] == ['-m', 'pip']:
+        print(json.dumps(sys.argv[3:]))
+      '''))
+  venv_python.chmod(venv_python.stat().st_mode | stat.S_IXUSR)
+  subprocess.run(['tar', '-czf', str(tmp_path / 'paxlike_code-r4.tar.gz'), '-C', str(REPO), 'README.md'],
+                 check=True)
+  out = subprocess.run(['bash', '-c', remote], text=True, capture_output=True, timeout=60,
+                       env={'PATH': os.environ['PATH'], 'HOME': str(tmp_path)})
+  assert out.returncode == 0, out.stderr
+  assert json.loads(out.stdout) == ['install', '-q', '-c', constraints, '-e', '.', 'jax[tpu]']
+
+
 def fake_tools(bin_dir: Path, log: Path) -> dict[str, str]:
   """gcloud and sbatch stand-ins that record their argv (one JSON list a line) and succeed.
 
