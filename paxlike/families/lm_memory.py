@@ -6,17 +6,28 @@
     reference                              a full fine-tune's DPO or IPO (no LoRA) keeps a
                                            frozen copy of the params, sharded like them
                                            (paxlike/trainer/reference.py): the params' bytes
-    activations                            what the backward pass keeps, per token, for an LM:
+    activations                            what the step holds at its peak beyond those, for an
+                                           LM (below)
 
+The activations, per token, at the start of the backward pass (measured against XLA's
+`compiled.memory_analysis()`: tests/families/test_lm_memory.py):
 - every layer keeps its input (the scan carry): d_model elements;
-- remat 'dots' also keeps the matmul outputs: q, k, v (n_heads + 2·n_kv_heads)·head_dim, the
-  attention projection d_model, the MLP's (2 if gated else 1)·d_ff and its output d_model;
-- remat 'none' keeps everything: also both norms' outputs (2·d_model), the attention output
-  n_heads·head_dim, the residual sum d_model and the MLP's activation and product
-  (2·d_ff if gated else d_ff), plus, with XLA attention, the [heads, keys] probabilities
-  (causal: on average (T + 1)/2 keys; flash kernels keep one float32 log-sum-exp per head);
-- 'full' keeps only the input, and one layer is recomputed at a time (counted once as 'none');
-- the head: float32 logits and their gradient (2 · vocab · 4 bytes) plus the final norm output;
+- remat 'dots' (matmuls without batch dims saveable) also keeps q, k, v (n_heads + 2·n_kv_heads)
+  ·head_dim, the attention projection's output d_model (the residual sum is recomputed from it)
+  and the MLP's gate and up (2 if gated else 1)·d_ff; the MLP's output is never needed;
+- remat 'none' keeps everything: also a norm output d_model, rotated q and k and the attention
+  output (3·n_heads·head_dim), both norms' float32 residuals (3·d_model float32 each), the
+  MLP's activation and product (2·(2 if gated else 1)·d_ff), and with XLA attention the
+  [heads, T] scores of every query in float32 and the compute dtype (whole squares: the mask
+  is applied to them; flash kernels keep one float32 log-sum-exp per head); every layer's
+  kernels cast to the compute dtype are kept too (a per-step constant);
+- 'full' keeps only the input; an unknown policy is counted as 'none';
+- the peak adds the larger of the head (float32 and compute-dtype logits, (4 + size)·vocab
+  bytes, and the final norm's float32 residuals and output) and one layer's backward (what it
+  recomputes, plus with XLA attention three float32 [heads, T] working copies of its scores);
+- after the backward pass the optimizer updates one leaf at a time, so the peak is at least the
+  largest leaf (the 1B's stacked MLP kernels: 1 GB): the larger of that and the activations;
+- the head's kernel cast to the compute dtype is held whatever the batch;
 - preference pairs: a batch of `batch_size` pairs holds 2 · batch_size sequences (the
   reference's forward pass keeps nothing for the backward one);
 - a MoE layer's MLP instead keeps its router's float32 logits (E; with 'dots') and, with
@@ -25,14 +36,20 @@
   S = E·C / T slots per token (C the capacity; E when dropless), and the combined output d,
   mlp sized by moe_d_ff; a shared expert (moe_shared_d_ff) keeps what a dense MLP of its width
   keeps.
-Elements are in the compute dtype. On a 'stage' mesh (a GPipe pipeline of p stages and m
-microbatches, paxlike.layers.pipeline) a device runs L/p layers for m + p − 1 iterations of
-one microbatch each, keeping each iteration's activations (the bubble's too), so the layer
-terms are multiplied by (m + p − 1) / (m p); 'full' remat recomputes one layer of one
-microbatch; the head is computed by every stage. Tokens per device are the global batch (× clients × local
+Elements are in the compute dtype unless said. On a 'stage' mesh (a GPipe pipeline of p stages
+and m microbatches, paxlike.layers.pipeline) a device runs L/p layers for m + p − 1 iterations
+of one microbatch each, keeping each iteration's activations (the bubble's too), so the layer
+terms are multiplied by (m + p − 1) / (m p); the recompute is one layer of one microbatch; the
+head is computed by every stage. Tokens per device are the global batch (× clients × local
 steps for federated rounds) divided by the mesh axes that split the batch; a 'model' (tensor
-parallel) axis further splits everything but the d_model-wide terms. XLA's fusion and
-buffer reuse move the real number either way; read this as the size class, not a promise.
+parallel) axis further splits everything but the d_model-wide terms.
+
+How close: within 4% of XLA's figure for the 125M, 350M and 1B presets at seq 2048, on CPU
+(arguments + outputs − aliased + temporaries) and on a TPU v5e (`peak_memory_in_bytes`, the
+figure its out-of-memory error names); shallow 2- and 4-layer models of the same widths come
+out 12–18% high on the TPU, whose fusion keeps only ~4–5.5 bytes of logits per vocab entry
+where XLA:CPU keeps ~7 (this counts 6). XLA:CPU's temporaries are not a peak: the TPU's peak
+is 8–30% below its own arguments + temporaries.
 """
 
 from __future__ import annotations
@@ -103,7 +120,9 @@ def _mlp_bytes(model: TransformerLM, seq_len: int, mlp_in: float,
   """Bytes per token a dense and a MoE layer's MLP keep, split into what remat 'dots' keeps
   ('dots') and what only 'none' keeps as well ('rest'); see the module docstring."""
   d, experts = model.d_model, model.num_experts
-  dense = {'dots': (mlp_in + d) * size, 'rest': mlp_in * size}
+  # 'dots' keeps the projections' outputs (gate and up); 'none' also the activation and the
+  # product, and XLA keeps two more of that width (the activation's pieces).
+  dense = {'dots': mlp_in * size, 'rest': 2 * mlp_in * size}
   if not experts:
     return dense, dense
   # E·C: a row's expert slots, and each token's entries in the dispatch (and combine) mask.
@@ -125,45 +144,80 @@ def pipeline_share(stages: int, microbatches: int) -> float:
   return (microbatches + stages - 1) / (microbatches * stages)
 
 
+def head_bytes_per_token(model: TransformerLM, model_ways: int = 1) -> float:
+  """What the head holds per token at the start of the backward pass: the logits as the
+  matmul gives them (compute dtype) and in float32, and the final norm's float32 residuals
+  (three d-wide) with its output."""
+  size = jnp.dtype(model.dtype).itemsize
+  return (4 + size) * model.vocab_size / model_ways + (3 * 4 + size) * model.d_model
+
+
 def activation_bytes_per_token(model: TransformerLM, seq_len: int, kernel: str,
                                model_ways: int = 1, stages: int = 1,
                                microbatches: int = 1) -> float:
-  """Bytes the backward pass keeps per token, on one of `model_ways` tensor-parallel shards of
-  a stage of a `stages`-stage pipeline of `microbatches` (see the module docstring)."""
-  d, f, layers = model.d_model, model.d_ff, model.num_layers
+  """Bytes the backward pass keeps per token at its peak, on one of `model_ways`
+  tensor-parallel shards of a stage of a `stages`-stage pipeline of `microbatches` (see the
+  module docstring)."""
+  d, layers = model.d_model, model.num_layers
   head_dim = model.head_size()
   heads = model.num_heads / model_ways
   q_width = heads * head_dim
   kv_width = (model.num_kv_heads or model.num_heads) / model_ways * head_dim
-  mlp_in = (2 if model.gated_mlp else 1) * f / model_ways
+  mlp_in = (2 if model.gated_mlp else 1) * model.d_ff / model_ways
   size = jnp.dtype(model.dtype).itemsize
-  shared_dots = (d + q_width + 2 * kv_width + d) * size
-  attention = (heads * mean_attended_keys(model, seq_len) * size
-               if kernel == 'xla' else heads * 4)
-  shared_rest = (2 * d + q_width + d) * size + attention
-  total, recompute = 0.0, 0.0
+  # 'dots': the layer's input, q, k, v and the attention projection's output.
+  shared_dots = (2 * d + q_width + 2 * kv_width) * size
+  if kernel == 'xla':  # The [heads, T, T] scores, whole squares (the mask is applied to them).
+    kept_scores, working_scores = heads * seq_len * (4 + size), 3 * 4 * heads * seq_len
+  else:  # A flash kernel keeps its output's float32 log-sum-exp per head.
+    kept_scores, working_scores = heads * 4, 0.0
+  # 'none' also: a norm output, rotated q and k and the attention output, and both norms'
+  # float32 residuals (three d-wide each).
+  shared_rest = (d + 3 * q_width) * size + 2 * 3 * d * 4 + kept_scores
+  policy = model.remat_policy if model.remat_policy in ('none', 'dots', 'full') else 'none'
+  total, working = 0.0, 0.0
   for layer, mlp in enumerate(_mlp_bytes(model, seq_len, mlp_in, size)):
     count = sum(model.is_moe_layer(i) == bool(layer) for i in range(layers))
     everything = shared_dots + mlp['dots'] + shared_rest + mlp['rest']
-    keeps = {'none': everything, 'dots': shared_dots + mlp['dots'], 'full': d * size}
-    total += count * keeps[model.remat_policy]
-    if count and model.remat_policy == 'full':
-      recompute = max(recompute, everything)
-  head = 2 * model.vocab_size / model_ways * 4 + d * size
-  return total * pipeline_share(stages, microbatches) + recompute / microbatches + head
+    keeps = {'none': everything, 'dots': shared_dots + mlp['dots'], 'full': d * size}[policy]
+    total += count * keeps
+    if count:  # One layer's backward recomputes what it did not keep and works on the scores
+      # (XLA attention: their float32 working set instead of the kept copy).
+      recompute = everything - keeps - (kept_scores if policy != 'none' else 0.0)
+      working = max(working, recompute + working_scores)
+  head = head_bytes_per_token(model, model_ways)
+  return total * pipeline_share(stages, microbatches) + max(working / microbatches, head)
 
 
-def estimate(task: Task, devices: int) -> Estimate:
-  """The per-device estimate for `task` on `devices` devices; UserError if its mesh can't fit."""
+def fixed_activation_bytes(model: TransformerLM, layer_param_bytes: float,
+                           model_ways: int = 1) -> float:
+  """Bytes the backward pass keeps whatever the batch: the head's kernel cast to the compute
+  dtype, and with remat 'none' every layer's kernels cast (`layer_param_bytes`: the layers'
+  params on this device, in their own dtype)."""
+  size, param_size = (jnp.dtype(model.dtype).itemsize, jnp.dtype(model.param_dtype).itemsize)
+  if size >= param_size:
+    return 0.0
+  head = model.d_model * model.vocab_size / model_ways * size
+  return head + (layer_param_bytes * size / param_size if model.remat_policy == 'none' else 0.0)
+
+
+def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
+  """The per-device estimate for `task` on `devices` devices, with attention `kernel` (None:
+  what the model resolves to on this platform); UserError if its mesh can't fit."""
   mesh_cfg = task.mesh
   mesh = dict(zip(mesh_cfg.axes, partitioning.mesh_shape(mesh_cfg, devices)))
   rules = dict(mesh_cfg.rules)
   data, model = task.data, task.model
   sample = jax.ShapeDtypeStruct((1, data.seq_len), jnp.int32)
   boxed = jax.eval_shape(model.init, jax.random.key(0), sample)['params']
-  leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  paths = jax.tree_util.tree_flatten_with_path(
+      boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
+  leaves = [x for _, x in paths]
   total = sum(x.value.size * x.value.dtype.itemsize for x in leaves)
-  params = sum(x.value.size * x.value.dtype.itemsize / _ways(x.names, mesh, rules) for x in leaves)
+  on_device = [x.value.size * x.value.dtype.itemsize / _ways(x.names, mesh, rules) for x in leaves]
+  params = sum(on_device)
+  layer_params = sum(b for (path, _), b in zip(paths, on_device)
+                     if str(getattr(path[0], 'key', '')).startswith('block'))
   opt_state = jax.eval_shape(task.optimizer.init, nn.unbox(boxed))
   optimizer = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(opt_state))
   # Optimizer states mirror the params and are sharded like them.
@@ -172,11 +226,16 @@ def estimate(task: Task, devices: int) -> Estimate:
                                                   partitioning.CLIENTS_AXIS))
   rows = data.batch_size * data.rows_per_item  # A pair: 2 sequences.
   tokens = rows * data.seq_len * data.clients_per_round * data.local_steps / batch_ways
-  kernel = model.attention_kernel(data.seq_len)
+  kernel = kernel or model.attention_kernel(data.seq_len)
   stages = mesh.get(partitioning.STAGE_AXIS, 1)
   activations = tokens * activation_bytes_per_token(
       model, data.seq_len, kernel, mesh.get('model', 1), stages,
       task.train.microbatches if stages > 1 else 1)
+  activations += fixed_activation_bytes(model, layer_params, mesh.get('model', 1))
+  # After the backward pass the optimizer updates a leaf at a time: the largest leaf's update
+  # is one more buffer of its size (the 1B's stacked MLP kernels: 1 GB) while the activations
+  # are gone; the peak is the larger of the two.
+  activations = max(activations, max(on_device, default=0.0))
   return Estimate(devices, mesh, params, optimizer, params, activations,
                   reference=params if keeps_reference_copy(task) else 0.0)
 

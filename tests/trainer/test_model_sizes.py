@@ -144,23 +144,31 @@ def test_memory_estimate_of_params_and_optimizer_matches_an_independent_count():
 
 
 def test_memory_estimate_of_activations_by_hand():
-  """A 2-layer d64 model: 'dots' keeps per layer input 64 + q,k,v (4+2+2)·16 + out 64 + gate
-  and up 2·128 + MLP out 64 = 576 bf16 elements, the head 2·256 float32 logits + 64 elements."""
+  """A 2-layer d64 model (4 heads of 16, 2 kv heads, SwiGLU 128, vocab 256) in bf16. 'dots'
+  keeps per layer its input 64, q 64, k and v 2·32, the attention projection 64, gate and up
+  2·128 = 512 elements. 'none' keeps as well a norm output, rotated q and k and the attention
+  output (64 + 3·64), both norms' float32 residuals (2·3·64 float32) and a flash kernel's
+  float32 log-sum-exp (4 heads): 1032 bytes, plus the MLP's activation, product (2·256): 1024.
+  The backward pass's peak adds the larger of one layer's recompute and the head: float32 and
+  bf16 logits (6·256) and the final norm's residuals and output (12·64 + 2·64) = 2432 bytes."""
   from paxlike.families import lm_memory
   model = TransformerLM(vocab_size=256, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
                         d_ff=128, dtype=jnp.bfloat16, remat_policy='dots')
-  per_token = 2 * 576 * 2 + 2 * 256 * 4 + 64 * 2
-  assert lm_memory.activation_bytes_per_token(model, 32, 'cudnn') == per_token
+  head = 6 * 256 + 14 * 64
+  assert lm_memory.head_bytes_per_token(model) == head == 2432
+  rest = (64 + 3 * 64) * 2 + 2 * 3 * 64 * 4 + 4 * 4 + 2 * 256 * 2  # 3088
+  dots = 512 * 2
+  assert lm_memory.activation_bytes_per_token(model, 32, 'cudnn') == 2 * dots + max(rest - 16,
+                                                                                  head)
   full = model.clone(remat_policy='full')
-  # 'none' adds two norm outputs 2·64, attention out 64, residual 64, act and product 2·128:
-  # 576 + 512 = 1088 elements, plus the float32 log-sum-exp of 4 heads with a flash kernel.
-  none_layer = 1088 * 2 + 4 * 4
   assert lm_memory.activation_bytes_per_token(full, 32, 'cudnn') == (
-      2 * 64 * 2 + none_layer + 2 * 256 * 4 + 64 * 2)
-  # XLA attention keeps the probabilities: 4 heads × (32 + 1)/2 keys on average.
-  assert (lm_memory.activation_bytes_per_token(model.clone(remat_policy='none'), 32, 'xla')
-          - lm_memory.activation_bytes_per_token(model.clone(remat_policy='none'), 32, 'cudnn')
-          == 2 * (4 * 16.5 * 2 - 4 * 4))
+      2 * 64 * 2 + max(dots + rest - 64 * 2 - 16, head))
+  # 'none' with XLA attention keeps each layer's whole [4, 32, 32] scores in float32 and bf16
+  # instead of the log-sum-exp; its backward then works on three float32 copies of them
+  # (3·4·4·32 = 1536 bytes), less than the head.
+  none = model.clone(remat_policy='none')
+  assert (lm_memory.activation_bytes_per_token(none, 32, 'xla')
+          - lm_memory.activation_bytes_per_token(none, 32, 'cudnn')) == 2 * (4 * 32 * 6 - 16)
 
 
 @pytest.mark.slow
@@ -175,13 +183,14 @@ def test_print_config_of_the_8b_prints_the_memory_per_device():
 
 def test_pipeline_activations_are_the_stages_share_over_the_microbatch_iterations():
   """2 stages of 4 microbatches: a device keeps its 1 of 2 layers for 4 + 2 − 1 = 5 iterations
-  of a quarter batch, 5/8 of the stack's 'dots' activations per token; the head is whole."""
+  of a quarter batch, 5/8 of the stack's 'dots' activations per token; the head is whole (and
+  larger than a microbatch's recompute, 3072 / 4 bytes per token of the batch)."""
   from paxlike.families import lm_memory
   model = TransformerLM(vocab_size=256, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
                         d_ff=128, dtype=jnp.bfloat16, remat_policy='dots')
-  head = 2 * 256 * 4 + 64 * 2
+  head = 6 * 256 + 14 * 64
   assert lm_memory.activation_bytes_per_token(model, 32, 'cudnn', stages=2, microbatches=4) == (
-      2 * 576 * 2 * 5 / 8 + head)
+      2 * 512 * 2 * 5 / 8 + head)
   assert lm_memory.pipeline_share(1, 1) == 1 and lm_memory.pipeline_share(4, 16) == 19 / 64
 
 
