@@ -20,9 +20,18 @@ def warmup_cosine(peak: float, total_steps: int | None = None,
 
 def adamw(peak: float = 3e-3, total_steps: int | None = None, warmup_steps: int | None = None,
           weight_decay: float = 0.1) -> fdl.Config:
-  """AdamW on a warmup-cosine schedule (see `warmup_cosine`), clipped at global norm 1."""
+  """AdamW on a warmup-cosine schedule (see `warmup_cosine`), clipped at global norm 1. Its
+  moments in bfloat16: `--fdl_set=optimizer.moments_dtype=bfloat16` (or the `bf16_moments`
+  fiddler)."""
   return fdl.Config(optim.adamw, learning_rate=warmup_cosine(peak, total_steps, warmup_steps),
                     weight_decay=weight_decay)
+
+
+def adafactor(peak: float = 3e-3, total_steps: int | None = None,
+              warmup_steps: int | None = None) -> fdl.Config:
+  """Adafactor (optax's: factored second moments, no first moment) on a warmup-cosine
+  schedule, clipped at global norm 1: the smallest optimizer state (the `adafactor` fiddler)."""
+  return fdl.Config(optim.adafactor, learning_rate=warmup_cosine(peak, total_steps, warmup_steps))
 
 
 def sgd(learning_rate: float = 0.1, momentum: float | None = None) -> fdl.Config:

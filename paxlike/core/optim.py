@@ -4,8 +4,10 @@ only in those numbers (a learning rate, a run length) share one compiled program
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -61,11 +63,72 @@ RUN_LENGTH_ARGS = {warmup_cosine: 'decay_steps'}  # Schedules whose length follo
 
 def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: float = 0.9, b2: float = 0.95,
           eps: float = 1e-8, weight_decay: float = 0.1,
-          clip_norm: float | None = 1.0) -> optax.GradientTransformation:
-  """AdamW with optional global-norm clipping."""
-  return _clipped(_scheduled(lambda rate: optax.inject_hyperparams(optax.adamw)(
+          clip_norm: float | None = 1.0,
+          moments_dtype: str = 'float32') -> optax.GradientTransformation:
+  """AdamW with optional global-norm clipping. `moments_dtype` 'bfloat16' stores both moments
+  in bfloat16 (half of Adam's state; the update is computed in float32, `scale_by_adam_in`);
+  'float32' is optax's own adamw."""
+  if jnp.dtype(moments_dtype) == jnp.float32:
+    factory = optax.inject_hyperparams(optax.adamw)
+  else:
+    factory = optax.inject_hyperparams(
+        functools.partial(_adamw_in, moments_dtype=jnp.dtype(moments_dtype)))
+  return _clipped(_scheduled(lambda rate: factory(
       learning_rate=rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay), learning_rate),
       clip_norm)
+
+
+def scale_by_adam_in(moments_dtype: Any, b1: float = 0.9, b2: float = 0.999,
+                     eps: float = 1e-8) -> optax.GradientTransformation:
+  """`optax.scale_by_adam` with both moments stored in `moments_dtype` (optax's `mu_dtype`
+  covers only the first): each step reads them into float32, updates and bias-corrects them
+  there, and stores them rounded back. The state is optax's `ScaleByAdamState`."""
+
+  def init(params: Any) -> optax.ScaleByAdamState:
+    zeros = lambda p: jnp.zeros(p.shape, moments_dtype)  # noqa: E731
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=jax.tree.map(zeros, params), nu=jax.tree.map(zeros, params))
+
+  def update(updates: Any, state: optax.ScaleByAdamState, params: Any = None):
+    del params
+    count = optax.safe_increment(state.count)
+    wide = lambda m: m.astype(jnp.float32)  # noqa: E731
+    mu = jax.tree.map(lambda g, m: b1 * wide(m) + (1 - b1) * g, updates, state.mu)
+    nu = jax.tree.map(lambda g, v: b2 * wide(v) + (1 - b2) * jnp.square(g), updates, state.nu)
+    fix1, fix2 = 1 - b1 ** count.astype(jnp.float32), 1 - b2 ** count.astype(jnp.float32)
+    out = jax.tree.map(lambda g, m, v: ((m / fix1) / (jnp.sqrt(v / fix2) + eps)).astype(g.dtype),
+                       updates, mu, nu)
+    narrow = lambda tree: jax.tree.map(lambda m: m.astype(moments_dtype), tree)  # noqa: E731
+    return out, optax.ScaleByAdamState(count=count, mu=narrow(mu), nu=narrow(nu))
+
+  return optax.GradientTransformation(init, update)
+
+
+def _adamw_in(learning_rate: Any, b1: float, b2: float, eps: float, weight_decay: float,
+              moments_dtype: Any) -> optax.GradientTransformation:
+  """optax.adamw's chain with `scale_by_adam_in`'s moments."""
+  return optax.chain(scale_by_adam_in(moments_dtype, b1, b2, eps),
+                     optax.add_decayed_weights(weight_decay),
+                     optax.scale_by_learning_rate(learning_rate))
+
+
+def adafactor(learning_rate: ScalarOrSchedule = 1e-3, decay_rate: float = 0.8,
+              clipping_threshold: float | None = 1.0, weight_decay: float | None = None,
+              clip_norm: float | None = 1.0) -> optax.GradientTransformation:
+  """`optax.adafactor`: second moments factored into a row and a column per matrix, no first
+  moment, updates scaled by the parameter's RMS; optional global-norm clipping."""
+  return _clipped(_scheduled(lambda rate: optax.inject_hyperparams(_adafactor)(
+      learning_rate=rate, decay_rate=decay_rate, clipping_threshold=clipping_threshold,
+      weight_decay_rate=weight_decay), learning_rate), clip_norm)
+
+
+def _adafactor(learning_rate: Any, decay_rate: Any, clipping_threshold: Any,
+               weight_decay_rate: Any) -> optax.GradientTransformation:
+  """optax.adafactor with only its numbers as arguments (its shape-deciding ones, such as
+  min_dim_size_to_factor, stay Python values under inject_hyperparams)."""
+  return optax.adafactor(learning_rate=learning_rate, decay_rate=decay_rate,
+                         clipping_threshold=clipping_threshold,
+                         weight_decay_rate=weight_decay_rate)
 
 
 def sgd(learning_rate: ScalarOrSchedule = 0.1, momentum: float | None = None,
