@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, NamedTuple
 
+import jax
+
 from paxlike.config import config_io
 from paxlike.core import program_store
+from paxlike.errors import UserError
 from paxlike.trainer.task import Task
 from paxlike.trainer import grpo, grpo_step, privacy
 from paxlike.trainer.evaluator import Evaluator, build_evaluator
@@ -66,7 +69,58 @@ def setup(task: Task, *, train_step: bool = True, evaluator: bool = True,
   step, trained = None, program  # A GRPO step samples, then trains on its own batch shape.
   if train_step:
     step, trained = (grpo_step.build(task, program) if grpo.is_grpo(task) else
-                     (compile_train_step(task, program, kept), program))
+                     (_fitting(compile_train_step, task, program, kept), program))
   return Trainer(task=task, program=program, step=step,
                  evaluator=build_evaluator(task, program, kept) if evaluator else None,
                  reporters=build_reporters(task, trained, accountant) if train_step else None)
+
+
+_ADVICE = ('lower data.batch_size, set model.remat_policy=\'full\', or shrink the optimizer '
+           'state (--fdl_fiddler=bf16_moments or adafactor)')
+
+
+def memory_budget(task: Task) -> tuple[float | None, str]:
+  """The bytes a device may use (`train.memory_budget_gb`, else the device's `bytes_limit`
+  where JAX reports one; None on XLA:CPU) and where that number came from."""
+  if task.train.memory_budget_gb is not None:
+    return task.train.memory_budget_gb * 1e9, 'train.memory_budget_gb'
+  stats = jax.local_devices()[0].memory_stats() or {}
+  limit = stats.get('bytes_limit')
+  return (float(limit), f'{jax.local_devices()[0].device_kind} bytes_limit') if limit else (None, '')
+
+
+def compiled_bytes(step: Any) -> float | None:
+  """XLA's per-device figure for a compiled step: its peak where the backend computes one
+  (TPU, GPU), else arguments + outputs − aliased + temporaries (XLA:CPU, whose
+  `peak_memory_in_bytes` counts only the arguments); None when the executable cannot say."""
+  try:
+    stats = step.memory_analysis()
+  except (AttributeError, NotImplementedError, RuntimeError):
+    return None
+  if stats is None:
+    return None
+  whole = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+           - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+  peak = getattr(stats, 'peak_memory_in_bytes', 0) or 0
+  return float(peak) if jax.default_backend() != 'cpu' and peak > 0 else float(whole)
+
+
+def _fitting(compile_step: Callable[..., Any], task: Task, program: Program,
+             kept: Kept | None) -> Any:
+  """`compile_step(task, program, kept)`, refused (a UserError naming both numbers) when XLA
+  says the step needs more memory per device than the budget (`memory_budget`), or runs out of
+  it while compiling (a TPU's compiler refuses such a program itself)."""
+  try:
+    step = compile_step(task, program, kept)
+  except jax.errors.JaxRuntimeError as error:
+    first = str(error).splitlines()[0] if str(error) else ''
+    if 'RESOURCE_EXHAUSTED' in first or 'out of memory' in first.lower():
+      raise UserError(f'the train step does not fit in device memory: {first}; {_ADVICE}'
+                      ) from None
+    raise
+  budget, source = memory_budget(task)
+  needed = compiled_bytes(step)
+  if budget is not None and needed is not None and needed > budget:
+    raise UserError(f'the train step needs {needed / 1e9:.2f} GB per device (XLA\'s compiled '
+                    f'figure) but {source} allows {budget / 1e9:.2f} GB; {_ADVICE}')
+  return step

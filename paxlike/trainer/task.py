@@ -44,6 +44,9 @@ class TrainConfig:
   # GPipe microbatches per step on a mesh with a 'stage' axis (docs/pipeline.md); gradient
   # accumulation over data.local_steps is separate and unchanged.
   microbatches: int = 1
+  # Bytes per device a train step may use, in GB; None: the device's own limit where JAX reports
+  # one (TPU, GPU; XLA:CPU reports none). A step that needs more is refused before step 1.
+  memory_budget_gb: float | None = None
 
   def __post_init__(self):
     for name in ('num_steps', 'log_every', 'eval_every', 'checkpoint_every', 'max_to_keep',
@@ -55,6 +58,11 @@ class TrainConfig:
         not isinstance(self.personalize_steps, int) or self.personalize_steps < 0):
       raise UserError(f'train.personalize_steps must be None or an integer >= 0, '
                       f'got {self.personalize_steps!r}')
+    if self.memory_budget_gb is not None and (
+        isinstance(self.memory_budget_gb, bool)
+        or not isinstance(self.memory_budget_gb, (int, float)) or self.memory_budget_gb <= 0):
+      raise UserError(f'train.memory_budget_gb must be a positive number of GB or None, '
+                      f'got {self.memory_budget_gb!r}')
     if not isinstance(self.seed, int) or self.seed < 0:
       raise UserError(f'train.seed must be a non-negative integer, got {self.seed!r}')
     if self.ema_decay is not None and (isinstance(self.ema_decay, bool) or not isinstance(
