@@ -20,14 +20,16 @@
 #   levers     levers.py: each lever's bare-step MFU (the table in benchmarks/levers.py)
 #   decode     decode.py --presets: batch 1 and 32 tokens/s of the 350M and 1B models against
 #              the HBM roofline, and the first token's latency
+#   tpu_tests  tpu_tests.py: pytest on tests/tpu (splash vs XLA attention, TPU vs CPU step)
 #   lora_1b    lora.py --preset 1b: a LoRA fine-tune step of the 1B model, steps/s and MFU
 #   federated  accelerator_mfu.py --only=federated: federated.ShakespeareFedAvg, 125M, cohort 16
 #   dpo, grpo  dpo_step.py, grpo_step.py: step times (GRPO's sampling share of the step)
-#   tpu_tests  tpu_tests.py: pytest on tests/tpu (splash vs XLA attention, TPU vs CPU step)
+# Seen on a v5e (2026-12-07): the install 83 s (once per machine), mfu_350m 77 s, tpu_tests 73 s.
+# A part cut by the budget runs alone with --parts (e.g. --parts levers --budget 300).
 # The models' shapes for the MFU parts (batch, remat) are MODELS in benchmarks/levers.py.
 # --quick: tiny shapes on any device (CPU here: the test suite's check of this script); each
 #   part may then take up to 300 s within --budget. --budget: seconds for all parts (default
-#   480; the install, ~60 s the first time, comes before it).
+#   460; the install, ~85 s the first time on a machine, comes before it).
 # Data: the federated part reads Shakespeare from the data root ($PAXLIKE_DATA_DIR, else
 # ../shared/data); the trainer parts read this Python's standard library. Exit code 0 whenever
 # the JSON was printed. A persistent compilation cache (JAX_COMPILATION_CACHE_DIR, default
@@ -37,9 +39,9 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON_BIN="python3"
 WHEELS=""
-BUDGET=480
+BUDGET=460
 QUICK=0
-ALL_PARTS="mfu_350m,mfu_1b,levers,decode,lora_1b,federated,dpo,grpo,tpu_tests"
+ALL_PARTS="mfu_350m,mfu_1b,levers,decode,tpu_tests,lora_1b,federated,dpo,grpo"
 PARTS="$ALL_PARTS"
 SITE="${PAXLIKE_TPU_SITE:-/tmp/paxlike-tpu-site}"
 INDEX="${PAXLIKE_TPU_INDEX:-file:///opt/pypi/simple}"
@@ -134,19 +136,20 @@ else
   M350=$("$PYTHON_BIN" -c 'from benchmarks import levers; print(" ".join("--fdl_set=" + o for o in levers.MODELS["350m"][1]))')
   M1B=$("$PYTHON_BIN" -c 'from benchmarks import levers; print(" ".join("--fdl_set=" + o for o in levers.MODELS["1b"][1]))')
   # shellcheck disable=SC2086
-  run mfu_350m 100 -- benchmarks/accelerator_mfu.py --exp lm.Llama350M $M350 --no-federated \
+  run mfu_350m 90 -- benchmarks/accelerator_mfu.py --exp lm.Llama350M $M350 --no-federated \
     --steps 8 --warmup 2 --profile "$PROFILE" --profile-steps 2
   # shellcheck disable=SC2086
-  run mfu_1b 100 -- benchmarks/accelerator_mfu.py --exp lm.Llama1B $M1B --no-federated \
+  run mfu_1b 80 -- benchmarks/accelerator_mfu.py --exp lm.Llama1B $M1B --no-federated \
     --steps 5 --warmup 1
-  run levers 110 -- benchmarks/levers.py --steps 4 --warmup 1 --time-limit 100
+  run levers 100 -- benchmarks/levers.py --steps 4 --warmup 1 --time-limit 90
 fi
-run decode 60 -- benchmarks/decode.py --presets 350m,1b "${Q[@]}"
+run decode 60 -- benchmarks/decode.py --presets 350m,1b --batches 1,32 --new_tokens 128 \
+  --prompt_len 128 --repeats 2 "${Q[@]}"
+run tpu_tests 90 -- benchmarks/tpu_tests.py
 run lora_1b 40 -- benchmarks/lora.py --preset 1b --sides lora "${Q[@]}"
 run federated 45 -- benchmarks/accelerator_mfu.py --only=federated --steps 3 --warmup 1 "${Q[@]}"
 run dpo 25 -- benchmarks/dpo_step.py --steps 3 --repeats 3 "${Q[@]}"
 run grpo 30 -- benchmarks/grpo_step.py --steps 3 "${Q[@]}"
-run tpu_tests 60 -- benchmarks/tpu_tests.py
 
 "$PYTHON_BIN" - "$OUT" "$PARTS" "$QUICK" "$((SECONDS - START))" <<'EOF'
 import json, pathlib, sys

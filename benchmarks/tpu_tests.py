@@ -1,7 +1,7 @@
 """Runs the TPU test folder (tests/tpu) with pytest in this process and prints its outcome as one
 JSON object: counts per outcome and, per failed test, its last error line.
 
-    python benchmarks/tpu_tests.py [PYTEST_ARGS...]     # default: tests/tpu
+    python benchmarks/tpu_tests.py [PYTEST_ARGS...]     # tests/tpu unless a path is given
 
 Only tests/tpu's own conftest is loaded (`--confcutdir`), not the CPU suite's (its data root and
 compilation settings), so this needs pytest and paxlike's dependencies, nothing of the suite's.
@@ -30,6 +30,7 @@ class Outcomes:
   def pytest_runtest_logreport(self, report) -> None:
     if report.when == 'call' or report.outcome != 'passed':
       self.counts[report.outcome] += 1
+      common.log(f'tpu_tests: {report.nodeid} {report.outcome} ({report.duration:.1f} s)')
     if report.failed:
       text = str(report.longrepr).strip().splitlines()
       self.failures[f'{report.nodeid} ({report.when})'] = text[-1][-300:] if text else ''
@@ -46,9 +47,14 @@ def main(argv: list[str]) -> int:
   out['platform'] = jax.devices()[0].platform
   plugin = Outcomes()
   began = time.time()
-  args = argv or [str(common.REPO / 'tests' / 'tpu')]
-  code = pytest.main(['-q', '-p', 'no:cacheprovider', '-o', 'addopts=',
-                      f'--confcutdir={common.REPO / "tests" / "tpu"}', *args], plugins=[plugin])
+  paths = [a for a in argv if not a.startswith('-')]
+  args = argv if paths else [*argv, str(common.REPO / 'tests' / 'tpu')]
+  stdout, sys.stdout = sys.stdout, sys.stderr  # pytest's report goes to stderr; JSON to stdout.
+  try:
+    code = pytest.main(['-q', '-p', 'no:cacheprovider', '-o', 'addopts=',
+                        f'--confcutdir={common.REPO / "tests" / "tpu"}', *args], plugins=[plugin])
+  finally:
+    sys.stdout = stdout
   out.update(exit_code=int(code), seconds=round(time.time() - began, 1),
              **{k: plugin.counts[k] for k in ('passed', 'failed', 'skipped')},
              failures=plugin.failures)
