@@ -278,3 +278,31 @@ def test_plot_metrics_writes_a_png(tmp_path):
   bad = run_file('scripts/plot_metrics.py', str(out), str(tmp_path / 'a' / 'metrics.jsonl'),
                  '--key=nope', timeout=120)
   assert bad.returncode == 2 and 'nope' in bad.stderr
+
+
+@pytest.mark.bench
+def test_decode_presets_quick_reports_each_batch_and_the_roofline_inputs():
+  out = run_json('benchmarks/decode.py', '--presets', '350m', '--quick')
+  preset = out['350m']
+  # The quick preset: 2 layers of d 128, vocab 512, bf16 weights (what the roofline reads).
+  assert preset['param_dtype'] == 'bfloat16' and preset['param_bytes'] % 2 == 0
+  assert set(preset) >= {'batch_1', 'batch_2'}
+  for batch in ('batch_1', 'batch_2'):
+    row = preset[batch]
+    assert row['decode_tokens_per_sec'] > 0 and row['ttft_ms'] > 0
+    assert ('fraction_of_roofline' in row) == (out['hbm_bytes_per_sec'] is not None)
+
+
+def test_hbm_bandwidth_comes_from_the_device_kind():
+  from benchmarks import decode
+  assert decode.hbm_bytes_per_sec('TPU v5 lite') == 819e9
+  assert decode.hbm_bytes_per_sec('cpu') is None
+
+
+@pytest.mark.bench
+def test_lora_preset_quick_reports_steps_per_sec_of_the_lora_side_only():
+  out = run_json('benchmarks/lora.py', '--preset', '1b', '--sides', 'lora', '--quick')
+  assert 'full' not in out and out['model']['preset'] == '1b'
+  lora = out['lora']
+  assert lora['steps_per_sec'] == pytest.approx(1e3 / lora['ms_per_step'])
+  assert lora['tokens_per_sec'] == pytest.approx(lora['steps_per_sec'] * 2 * 32)
