@@ -48,7 +48,7 @@ INDEX="${PAXLIKE_TPU_INDEX:-file:///opt/pypi/simple}"
 # What paxlike needs beside JAX (ENVIRONMENT.md's TPU section), from the index or the wheels.
 PACKAGES="flax==0.12.8 optax orbax-checkpoint absl-py sentencepiece tokenizers safetensors
   pyarrow jinja2 filelock flatbuffers scikit-learn matplotlib fiddle grain array_record clu
-  dp-accounting tensorboardX tensorflow-datasets==4.9.10"
+  dp-accounting tensorboardX tensorflow-datasets==4.9.10 mpmath<1.4 attrs<24"
 
 die() { echo "device_check: error: $*" >&2; exit 2; }
 say() { echo "device_check: $*" >&2; }
