@@ -28,6 +28,9 @@ The activations, per token, at the start of the backward pass (measured against 
 - after the backward pass the optimizer updates one leaf at a time, so the peak is at least the
   largest leaf (the 1B's stacked MLP kernels: 1 GB): the larger of that and the activations;
 - the head's kernel cast to the compute dtype is held whatever the batch;
+- an optimizer whose moments are narrower than float32 (bf16 moments) or factored (Adafactor)
+  materializes a float32 tree of updates as large as the params (seen on XLA:CPU; optax's
+  float32 AdamW updates in place);
 - preference pairs: a batch of `batch_size` pairs holds 2 · batch_size sequences (the
   reference's forward pass keeps nothing for the backward one);
 - a MoE layer's MLP instead keeps its router's float32 logits (E; with 'dots') and, with
@@ -61,6 +64,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 
 from paxlike.core import partitioning
 from paxlike.errors import UserError
@@ -201,6 +205,17 @@ def fixed_activation_bytes(model: TransformerLM, layer_param_bytes: float,
   return head + (layer_param_bytes * size / param_size if model.remat_policy == 'none' else 0.0)
 
 
+def _updates_materialized(opt_state: Any) -> bool:
+  """Whether the optimizer's update is a whole float32 tree beside the step's activations:
+  seen on XLA:CPU for moments stored narrower than float32 (bf16 moments: read up, updated,
+  rounded back) and for Adafactor's factored moments (its update is normalized by its own
+  RMS); optax's float32 AdamW updates in place, a leaf at a time. Not yet measured on a TPU."""
+  nodes = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, optax.FactoredState))
+  return any(isinstance(x, optax.FactoredState)
+             or (jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4 and x.ndim)
+             for x in nodes)
+
+
 def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
   """The per-device estimate for `task` on `devices` devices, with attention `kernel` (None:
   what the model resolves to on this platform); UserError if its mesh can't fit."""
@@ -232,6 +247,8 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
       model, data.seq_len, kernel, mesh.get('model', 1), stages,
       task.train.microbatches if stages > 1 else 1)
   activations += fixed_activation_bytes(model, layer_params, mesh.get('model', 1))
+  if _updates_materialized(opt_state):  # A float32 tree of updates the size of the params.
+    activations += params
   # After the backward pass the optimizer updates a leaf at a time: the largest leaf's update
   # is one more buffer of its size (the 1B's stacked MLP kernels: 1 GB) while the activations
   # are gone; the peak is the larger of the two.

@@ -4,6 +4,7 @@ for the compiled train step: the real trainer's step, compiled on CPU for abstra
 
 import pytest
 
+from configs import fiddlers
 from paxlike import registry
 from paxlike.config import config_io
 from paxlike.families import lm_memory
@@ -23,9 +24,12 @@ def xla_bytes(task) -> float:
 
 
 def preset_task(key: str, *overrides: str):
+  """`key`'s task with `overrides` (PATH=VALUE, or `fiddler:NAME` for configs/fiddlers.py)."""
   registry.import_all()
   cfg = registry.get(key)().config()
-  config_io.apply_overrides(cfg, list(overrides))
+  for name in [o.split(':', 1)[1] for o in overrides if o.startswith('fiddler:')]:
+    getattr(fiddlers, name)(cfg)
+  config_io.apply_overrides(cfg, [o for o in overrides if not o.startswith('fiddler:')])
   return config_io.build(cfg)
 
 
@@ -47,14 +51,18 @@ PRESETS = [  # At seq 2048, a per-chip batch; the 1B with its 'full' remat batch
     ('lm.Llama125M', 'data.batch_size=2'),
     ('lm.Llama350M', 'data.batch_size=2'),
     ('lm.Llama1B', 'data.batch_size=1', "model.remat_policy='full'"),
+    # The options that fit the 1B on one chip: their update is a whole float32 tree.
+    ('lm.Llama1B', 'data.batch_size=1', "model.remat_policy='full'", 'fiddler:bf16_moments'),
+    ('lm.Llama1B', 'data.batch_size=1', 'fiddler:adafactor'),
 ]
 
 
 @pytest.mark.parametrize('key,overrides', [(p[0], p[1:]) for p in PRESETS],
-                         ids=[p[0] for p in PRESETS])
+                         ids=['-'.join(p[:1] + p[3:]) for p in PRESETS])
 def test_the_presets_estimates_are_within_15_percent_of_xla(key, overrides):
   """The presets' real shapes, compiled on CPU for abstract inputs (a few seconds each, no
-  allocation): the 125M's default remat 'none', the 350M's 'dots', the 1B at 'full'."""
+  allocation): the 125M's default remat 'none', the 350M's 'dots', the 1B at 'full', and the
+  1B with bf16 moments and with Adafactor."""
   task = preset_task(key, *overrides)
   assert task.data.seq_len == 2048
   assert lm_memory.estimate(task, 1).total == pytest.approx(xla_bytes(task), rel=TOLERANCE)
