@@ -1,6 +1,7 @@
 """Fiddlers: functions that edit a task config in place; apply with `--fdl_fiddler=NAME`."""
 
 import fiddle as fdl
+import jax.numpy as jnp
 
 from configs import meshes, optimizers, sizes
 from paxlike.core import optim
@@ -82,3 +83,22 @@ def adafactor(cfg: fdl.Config) -> None:
   if schedule is not None:
     new.learning_rate = schedule
   cfg.optimizer = new
+
+
+def one_chip_16gb(cfg: fdl.Config) -> None:
+  """The per-chip batch and memory options that fit a Llama preset's size on one 16 GB chip (a
+  TPU v5e), one device: configs/sizes.py CHIP_16GB. The 1B keeps its params in bfloat16 (no
+  float32 copy: fine for a fine-tune, lossy for a long pre-training run)."""
+  name = sizes.size_of(cfg.model)
+  if name not in sizes.CHIP_16GB:
+    fits = ', '.join(sorted(sizes.CHIP_16GB))
+    raise UserError(f'one_chip_16gb: no measured fit for this model (size {name}); sizes {fits}'
+                    + ('; the 8b needs a quantized base (LoRA) or a pod' if name == '8b' else ''))
+  fit = sizes.CHIP_16GB[name]
+  cfg.data.batch_size = fit.batch
+  if hasattr(cfg.data, 'eval_batch_size'):
+    cfg.data.eval_batch_size = fit.batch
+  cfg.model.remat_policy = fit.remat_policy
+  if fit.bf16_params:
+    cfg.model.param_dtype = jnp.bfloat16
+  cfg.mesh = meshes.data_parallel()

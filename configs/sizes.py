@@ -84,3 +84,28 @@ def use_size(cfg: fdl.Config, name: str) -> None:
   cfg.mesh = size.mesh()
   if size.microbatches > 1:
     cfg.train.microbatches = size.microbatches
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipFit:
+  """What a dense size needs to train on one 16 GB chip (a TPU v5e: 15.75 GiB of HBM), as
+  measured there at seq 2048 (docs/benchmarks.md): sequences per chip, the remat policy, and
+  whether the params (and so AdamW's moments) are kept in bfloat16 with no float32 copy."""
+
+  batch: int
+  remat_policy: str
+  bf16_params: bool = False
+
+
+CHIP_16GB: dict[str, ChipFit] = {
+    '125m': ChipFit(8, 'none'),  # 15.6 GiB of 15.75 at its peak.
+    '350m': ChipFit(4, 'dots_attention'),  # 13.7 GiB; batch 8 needs 18 with 'dots'.
+    '1b': ChipFit(4, 'full', bf16_params=True),  # float32 params and moments alone are 17.6 GB.
+}
+
+
+def size_of(model: fdl.Config) -> str | None:
+  """The name in SIZES of a model config's shape (layers, width, heads), or None."""
+  shape = lambda cfg: (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.d_ff)
+  return next((name for name, size in SIZES.items() if shape(size.model()) == shape(model)),
+              None)

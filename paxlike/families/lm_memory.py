@@ -21,6 +21,10 @@ The activations, per token, at the start of the backward pass (measured against 
   [heads, T] scores of every query in float32 and the compute dtype (whole squares: the mask
   is applied to them; flash kernels keep one float32 log-sum-exp per head); every layer's
   kernels cast to the compute dtype are kept too (a per-step constant);
+- 'dots_attention' keeps what 'dots' keeps plus, with a Pallas (splash) kernel, its outputs:
+  the attention output (n_heads·head_dim) and the softmax statistics, float32 and replicated
+  over 128 lanes per head (splash's layout: 12.5 KB per token and layer for the 350M, measured
+  on a TPU v5e as 11.84 - 9.37 GB at batch 4); with XLA attention it is 'dots';
 - 'full' keeps only the input; an unknown policy is counted as 'none';
 - the peak adds the larger of the head (float32 and compute-dtype logits, (4 + size)·vocab
   bytes, and the final norm's float32 residuals and output) and one layer's backward (what it
@@ -178,12 +182,16 @@ def activation_bytes_per_token(model: TransformerLM, seq_len: int, kernel: str,
   # 'none' also: a norm output, rotated q and k and the attention output, and both norms'
   # float32 residuals (three d-wide each).
   shared_rest = (d + 3 * q_width) * size + 2 * 3 * d * 4 + kept_scores
-  policy = model.remat_policy if model.remat_policy in ('none', 'dots', 'full') else 'none'
+  # 'dots_attention': also the kernel's output and its lane-replicated float32 statistics.
+  kernel_out = q_width * size + heads * 128 * 4 if kernel == 'splash' else 0.0
+  policy = (model.remat_policy if model.remat_policy in ('none', 'dots', 'full', 'dots_attention')
+            else 'none')
   total, working = 0.0, 0.0
   for layer, mlp in enumerate(_mlp_bytes(model, seq_len, mlp_in, size)):
     count = sum(model.is_moe_layer(i) == bool(layer) for i in range(layers))
     everything = shared_dots + mlp['dots'] + shared_rest + mlp['rest']
-    keeps = {'none': everything, 'dots': shared_dots + mlp['dots'], 'full': d * size}[policy]
+    keeps = {'none': everything, 'dots': shared_dots + mlp['dots'], 'full': d * size,
+             'dots_attention': shared_dots + mlp['dots'] + kernel_out}[policy]
     total += count * keeps
     if count:  # One layer's backward recomputes what it did not keep and works on the scores
       # (XLA attention: their float32 working set instead of the kept copy).

@@ -7,6 +7,7 @@ import pytest
 from configs import fiddlers
 from paxlike import registry
 from paxlike.config import config_io
+from paxlike.errors import UserError
 from paxlike.families import lm_memory
 from paxlike.trainer import program
 from tests.tiny_task import tiny_config
@@ -82,3 +83,24 @@ def test_the_tpu_kernel_keeps_no_attention_scores():
   kept = 24 * (heads * seq * 6 - heads * 4)
   working = 3 * 4 * heads * seq - lm_memory.head_bytes_per_token(model)
   assert drop == kept + working
+
+
+# XLA's peak on a TPU v5e for the measured one-chip fits (peak_memory_in_bytes there; the
+# 350M's with 'dots' plus the 2.47 GB more temporaries its 'dots_attention' step compiled to).
+TPU_V5E_PEAK_GB = {'lm.Llama125M': 16.72, 'lm.Llama350M': 12.19 + 2.47}
+HBM_BYTES = 15.75 * 2**30
+
+
+@pytest.mark.parametrize('key', ['lm.Llama125M', 'lm.Llama350M', 'lm.Llama1B'])
+def test_one_chip_16gb_fits_each_preset_by_the_tpu_estimate(key):
+  """The fiddler's batch and options fit a 16 GB chip by the estimate for the TPU's kernel,
+  and that estimate is within 15% of what the v5e compiled them to, where measured."""
+  est = lm_memory.estimate(preset_task(key, 'fiddler:one_chip_16gb'), 1, kernel='splash')
+  assert est.total < HBM_BYTES
+  if key in TPU_V5E_PEAK_GB:
+    assert est.total == pytest.approx(TPU_V5E_PEAK_GB[key] * 1e9, rel=TOLERANCE)
+
+
+def test_one_chip_16gb_refuses_the_8b_naming_what_would_fit_it():
+  with pytest.raises(UserError, match='8b needs a quantized base'):
+    preset_task('lm.Llama8B', 'fiddler:one_chip_16gb')

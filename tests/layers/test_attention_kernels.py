@@ -129,7 +129,8 @@ def test_auto_resolves_to_xla_on_cpu_and_forced_kernels_the_platform_lacks_are_u
 
 
 def test_splash_block_needs_a_128_multiple():
-  assert attention_kernels.splash_block(2048) == 512
+  assert attention_kernels.splash_block(2048) == 1024
+  assert attention_kernels.splash_block(1536) == 512
   assert attention_kernels.splash_block(384) == 128
   assert attention_kernels.splash_block(200) is None
 
