@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from paxlike.deploy.flower import reaper
+from paxlike.deploy.flower.reaper import descendants, running  # noqa: F401 (re-exported)
+
 BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode, flwr: beside python.
 QUIET = {'FLWR_DISABLE_UPDATE_CHECK': '1', 'FLWR_TELEMETRY_ENABLED': '0'}
 # A SuperExec looks for a task (a ClientApp or ServerApp process to start) every second by
@@ -86,11 +89,14 @@ def write_app(app_dir: Path, config: dict[str, str | int | float],
 
 class Group:
   """Processes each started in its own process group, stopped together (SIGTERM, then SIGKILL
-  for a group still alive after `grace` seconds)."""
+  for a group still alive after `grace` seconds). A watchdog process (reaper.py) takes them all
+  down when this process dies before `stop` (kill -9 included); `lock_fd`, an open descriptor
+  of a file this process holds a lock on, is held by the watchdog too, until it is done."""
 
-  def __init__(self, env: dict[str, str], logs: Path):
+  def __init__(self, env: dict[str, str], logs: Path, lock_fd: int | None = None):
     self.env, self.logs, self.procs = env, logs, []
     logs.mkdir(parents=True, exist_ok=True)
+    self._watchdog, self._watch_fd = reaper.start(lock_fd)
 
   def start(self, name: str, args: list[str]) -> subprocess.Popen:
     log = open(self.logs / f'{name}.log', 'w')
@@ -98,6 +104,7 @@ class Group:
                             start_new_session=True)
     log.close()
     self.procs.append(proc)
+    reaper.register(self._watch_fd, proc.pid)
     return proc
 
   def stop(self, grace: float = 10.0) -> None:
@@ -121,31 +128,9 @@ class Group:
     deadline = time.monotonic() + grace  # A killed process is gone only once it has exited.
     while any(running(pid) for pid in stray) and time.monotonic() < deadline:
       time.sleep(0.1)
-
-
-def running(pid: int) -> bool:
-  """Whether `pid` exists and has not exited (a zombie has)."""
-  try:
-    return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] != 'Z'
-  except OSError:
-    return False
-
-
-def descendants(pid: int) -> list[int]:
-  """The pids of the live processes below `pid` (children, their children, ...), from /proc."""
-  parents = {}
-  for entry in filter(str.isdigit, os.listdir('/proc')):
-    try:
-      stat = Path(f'/proc/{entry}/stat').read_text().rsplit(')', 1)[1].split()
-    except OSError:
-      continue
-    parents[int(entry)] = int(stat[1])
-  found, frontier = [], [pid]
-  while frontier:
-    children = [c for c, p in parents.items() if p in frontier]
-    found += children
-    frontier = children
-  return found
+    if self._watch_fd is not None:
+      reaper.release(self._watch_fd, self._watchdog)
+      self._watch_fd = None
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
