@@ -1,6 +1,7 @@
 """A paxlike LM job's checkpoint as a Hugging Face directory of its family.
 
-python -m paxlike.interop.hf --job_log_dir=DIR --out=HF_DIR [--step=N] (also as .hf_llama)
+python -m paxlike.interop.hf --job_log_dir=DIR --out=HF_DIR [--step=N] [--allow_import=MODULE]
+(also as .hf_llama)
 
 Writes config.json and model.safetensors (LoRA adapters merged into their kernels, the EMA of
 the params when the run kept one) and copies the tokenizer files the run's data used, so
@@ -34,16 +35,20 @@ from paxlike.interop import checkpoint, hf_fields
 from paxlike.layers import TransformerLM, lora
 from paxlike.trainer import job_source
 
-def export_job(job_dir: str | Path, out: str | Path, step: int | None = None) -> str:
+def export_job(job_dir: str | Path, out: str | Path, step: int | None = None,
+               allow_import: tuple[str, ...] = ()) -> str:
   """Writes the HF directory `out` from `job_dir`'s checkpoint (latest, or `step`); returns a
-  one-line summary. UserError for a job that is no LM of a known family or has no checkpoint."""
+  one-line summary. UserError for a job that is no LM of a known family or has no checkpoint.
+  `allow_import`: the user's modules its saved config may name (a GRPO job's own reward
+  function), as the trainer's --allow_import."""
   from paxlike.trainer import build, restore  # The trainer's, only once a job is exported.
   job_dir, out = Path(job_dir).expanduser().absolute(), Path(out).expanduser().absolute()
   saved = job_dir / 'config.json'
   if not saved.is_file():
     raise UserError(f'--job_log_dir {job_dir} holds no config.json; train first')
   registry.import_all()
-  cfg = config_io.load_file(saved, registry.trusted_modules())
+  cfg = config_io.load_file(saved, [*allow_import, *registry.trusted_modules()])
+  job_source.relocate(job_dir, cfg)  # A moved job dir: the tokenizer is its own copy.
   task = config_io.build(cfg)
   if not isinstance(task.model, TransformerLM):
     raise UserError(f'{job_dir} trained a {type(task.model).__name__}, not a TransformerLM')
@@ -99,7 +104,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   logging.set_verbosity(logging.WARNING)
   try:
-    print(export_job(FLAGS.job_log_dir, FLAGS.out, FLAGS.step))
+    print(export_job(FLAGS.job_log_dir, FLAGS.out, FLAGS.step, tuple(FLAGS.allow_import)))
   except UserError as error:
     print(f'paxlike.interop.hf: error: {error}', file=sys.stderr)
     sys.exit(2)
@@ -113,4 +118,6 @@ def run_cli() -> None:
   flags.DEFINE_string('job_log_dir', None, 'The paxlike job to export.', required=True)
   flags.DEFINE_string('out', None, 'The Hugging Face directory to write.', required=True)
   flags.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).')
+  flags.DEFINE_multi_string('allow_import', [], "A module of the user's the job's config names "
+                            '(e.g. its reward function), as when it was trained.')
   app.run(main)

@@ -118,6 +118,7 @@ def run_config(job_log_dir: str | None, exp: str | None, fdl_config: str | None 
   config_io.apply_overrides(cfg, overrides)
   rewards.resolve_in_config(cfg, allow_import)  # GRPO reward functions named by the flags.
   if saved:
+    job_source.relocate(Path(job_log_dir), cfg)  # A moved job dir: its own copy.
     job_source.same_as_copy(Path(job_log_dir).expanduser(), cfg)
   if not saved and fill_from_source is not None:
     fill_from_source(cfg)

@@ -194,13 +194,23 @@ class PromptData(TokenizedSource):
             f'{r.skipped:,} skipped (no prompt), {r.too_long:,} longer than '
             f'data.seq_len={self.seq_len} tokens\n')
 
+  def tokenizer_fingerprint(self) -> str:
+    """What the prompts' ids depend on of the tokenizer: its file's bytes (and with chat
+    prompts, its template's), never its path: a job's first start points `tokenizer` at the
+    job's own copy (trainer/job_source.py), and a job dir may be moved. 'bytes' for bytes."""
+    if self.messages_field is not None:
+      from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
+      return load_chat_encoder(self.loaded_tokenizer).fingerprint
+    return self.loaded_tokenizer.fingerprint
+
   def fingerprint(self) -> dict[str, str]:
-    """The job dir's record of the data: a hash of the files' bytes and the reading fields."""
+    """The job dir's record of the data: a hash of the files' bytes, the tokenizer's content
+    (tokenizer_fingerprint) and the reading fields."""
     digest = hashlib.sha256()
     for name, path in sorted(text_files.expand(self.files).items()):
       digest.update(name.encode() + b'\0' + path.read_bytes() + b'\0')
-    digest.update(repr((self.tokenizer, self.seq_len, self.prompt_field, self.messages_field,
-                        self.answer_field)).encode())
+    digest.update(repr((self.tokenizer_fingerprint(), self.seq_len, self.prompt_field,
+                        self.messages_field, self.answer_field)).encode())
     globs = [self.files] if isinstance(self.files, str) else list(self.files)
     return {'dataset': 'prompts', 'sha256': digest.hexdigest(),
             'source': f'{", ".join(globs)} (tokenizer {self.tokenizer})'}

@@ -22,6 +22,7 @@ import fiddle as fdl
 
 from paxlike.config import config_io
 from paxlike.errors import UserError
+from paxlike.trainer import job_source
 
 
 def _writable_dir(path: Path) -> Path:
@@ -93,6 +94,7 @@ def prepare(job_log_dir: str, cfg: fdl.Buildable, allow_change: bool,
       print(f'warning: {error}; continuing under the current config (--allow_config_change)',
             file=sys.stderr)
       return path
+    job_source.relocate(path, old)  # A moved job dir's config names the old path.
     diffs = config_io.differences(old, cfg)
     if diffs and not allow_change:
       shown = '; '.join(diffs[:3]) + ('; ...' if len(diffs) > 3 else '')

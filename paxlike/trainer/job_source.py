@@ -81,6 +81,26 @@ def localize(job_dir: Path, cfg: fdl.Config) -> list[str]:
   return [file.name for file in unique]
 
 
+def relocate(job_dir: Path, cfg: fdl.Config) -> None:
+  """Points a saved config's `data.tokenizer` at this job dir's copy when it names the copy in
+  the `source/` of another directory: the job dir as it was before it was moved or copied
+  (`mv run run2`; the saved config records absolute paths). Left as it is otherwise."""
+  tokenizer = tokenizer_of(cfg.data)
+  if not isinstance(tokenizer, str) or tokenizer == 'bytes':
+    return
+  path, job = Path(tokenizer), job_dir.expanduser().absolute()
+  if not path.is_absolute() or path.is_relative_to(job):
+    return
+  if path.name == SOURCE_DIR:  # A tokenizer directory's copy: source/ itself.
+    copy = job / SOURCE_DIR
+  elif path.parent.name == SOURCE_DIR:
+    copy = job / SOURCE_DIR / path.name
+  else:
+    return
+  if copy.exists():
+    cfg.data.tokenizer = str(copy)
+
+
 def same_as_copy(job_dir: Path, cfg: fdl.Config) -> None:
   """Points `cfg.data.tokenizer` back at the job's copy when it names (again, as the command
   that started the job did) a file outside the job dir whose bytes equal the copy's: rerunning

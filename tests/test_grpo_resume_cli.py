@@ -1,0 +1,87 @@
+"""A GRPO job on a tokenizer file resumes as a DPO job does: kill -9 mid-run, then
+`--job_log_dir` alone gives the rows of an uninterrupted run bitwise (its prompt data's
+fingerprint hashes the tokenizer's bytes, not its path, which the first start points at the
+job's own copy); and a job dir moved after that (`mv run run2`) still resumes, evaluates,
+decodes and exports, with a reward function from the user's own module."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.helpers import (REPO, cli_env, committed_steps, metric_rows, run_cli,
+                           run_python, start_cli)
+from tests.tokenizers.chat_fixtures import write_chat_tokenizer
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+REWARD = ('def length(prompts, completions):\n'
+          '  return [float(len(c)) / 8 for c in completions]\n')
+
+
+@pytest.fixture(scope='module')
+def root(tmp_path_factory):
+  from paxlike.data import arithmetic_synth
+  root = tmp_path_factory.mktemp('grpo_resume')
+  write_chat_tokenizer(root / 'tok', None, {'eos_token': '<|im_end|>',
+                                            'pad_token': '<|endoftext|>'})
+  arithmetic_synth.write_rows(root / 'sums.jsonl', arithmetic_synth.addition_rows(200))
+  (root / 'my_rewards.py').write_text(REWARD)
+  return root
+
+
+def env(root):
+  return cli_env(PYTHONPATH=f'{REPO}{os.pathsep}{root}')
+
+
+def args(root) -> list[str]:
+  return ['--exp=lm.GrpoTiny', '--fdl_fiddler=tiny', f'--fdl_set=data.files={root}/sums.jsonl',
+          f'--fdl_set=data.tokenizer={root}/tok/tokenizer.json',
+          '--fdl_set=model.vocab_size=384', f'--fdl_set=train.num_steps={STEPS}',
+          '--fdl_set=train.checkpoint_every=2', '--fdl_set=train.log_every=1',
+          '--fdl_set=train.eval_every=3', '--fdl_set=data.batch_size=2',
+          '--fdl_set=loss.num_generations=4', '--fdl_set=data.num_eval_batches=1',
+          '--fdl_set=data.eval_batch_size=4', '--allow_import=my_rewards',
+          "--fdl_set=loss.reward_fns=('my_rewards.length',)"]
+
+
+@pytest.fixture(scope='module')
+def whole(root):
+  job = root / 'whole'
+  run_cli(*args(root), f'--job_log_dir={job}', env=env(root))
+  return job
+
+
+def test_kill_9_then_job_log_dir_alone_then_moved_gives_the_uninterrupted_rows(root, whole,
+                                                                               tmp_path):
+  rows = metric_rows(whole)
+  assert [r['step'] for r in rows] == list(range(1, STEPS + 1))
+  assert len({r['reward'] for r in rows}) > 1 and any(r['loss'] != 0 for r in rows)
+  run = tmp_path / 'run'
+  proc = start_cli(*args(root), f'--job_log_dir={run}', env=env(root))
+  deadline = time.monotonic() + 240
+  while proc.poll() is None and time.monotonic() < deadline and not committed_steps(run):
+    time.sleep(0.01)
+  proc.kill()
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+  assert committed_steps(run) and committed_steps(run)[-1] < STEPS
+  moved = tmp_path / 'run2'
+  run.rename(moved)  # Killed, then moved: --job_log_dir alone continues it.
+  run_cli(f'--job_log_dir={moved}', '--allow_import=my_rewards', env=env(root))
+  assert metric_rows(moved) == rows
+  assert str(moved / 'source' / 'tokenizer.json') in (moved / 'config.txt').read_text()
+  evals = json.loads(run_cli(f'--job_log_dir={moved}', '--mode=eval',
+                             '--allow_import=my_rewards', env=env(root)).stdout)
+  assert evals['step'] == STEPS and evals['eval_loss'] == rows[-1]['eval_loss']
+  out = run_cli(f'--job_log_dir={moved}', '--mode=decode', '--prompt=12+3=',
+                '--decode_length=3', '--allow_import=my_rewards', env=env(root)).stdout
+  assert out.startswith('12+3=')
+  proc = run_python(['-m', 'paxlike.interop.hf_llama', f'--job_log_dir={moved}',
+                     f'--out={tmp_path / "hf"}', '--allow_import=my_rewards'], env(root), 300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert (tmp_path / 'hf' / 'tokenizer.json').read_bytes() == (
+      root / 'tok' / 'tokenizer.json').read_bytes()
