@@ -34,6 +34,9 @@ class Job:
 
   def __init__(self, argv: list[str], out_dir: Path, env: dict[str, str] | None = None):
     self.out, self.err = out_dir / 'launcher.out', out_dir / 'launcher.err'
+    # launch_local.sh runs the suite's own interpreter, not its default (.venv's, the Python 3.12
+    # set, whichever set the suite runs on), nor a PYTHON that `make` left in the environment.
+    env = env or {**os.environ, 'PYTHON': sys.executable}
     with open(self.out, 'w') as out, open(self.err, 'w') as err:
       self.proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=err, env=env,
                                    start_new_session=True)
