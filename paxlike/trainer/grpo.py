@@ -92,8 +92,8 @@ def grpo_loss_fn(model: nn.Module, loss: GrpoLoss) -> MaskedMeanLoss:
     logps = token_logps(model, params, batch, loss.temperature, rng)
     old = batch['old_logps'] if loss.num_iterations > 1 else jax.lax.stop_gradient(logps)
     terms = token_terms(logps, old, batch.get('ref_logps'), batch['advantages'], batch['mask'],
-                        loss.epsilon, loss.beta)
-    weights, count = token_weights(batch['mask'], loss.loss_type)
+                        loss.epsilon, loss.beta, loss.epsilon_high)
+    weights, count = token_weights(batch['mask'], loss.loss_type, loss.max_completion_length)
     return (jnp.sum(terms.loss * weights),
             (count, {'kl': jnp.sum(terms.kl * weights),
                      'clip_ratio': jnp.sum(terms.clipped * weights)}))

@@ -67,17 +67,92 @@ def test_token_terms_are_the_clipped_objective_plus_the_k3_kl(eps, beta):
   assert 0 < (clipped * MASK).sum() < MASK.sum()  # The example clips some tokens, not all.
 
 
-@pytest.mark.parametrize('loss_type', ['token', 'sequence'])
-def test_the_loss_averages_over_tokens_or_over_completions(loss_type):
-  adv = numpy_advantages(REWARDS, G)
-  per_token, _, _ = numpy_token_loss(LOGPS, OLD, REF, adv, 0.2, 0.04)
-  if loss_type == 'token':
-    want = (per_token * MASK).sum() / MASK.sum()
-  else:  # The paper's: each completion's mean over its tokens, then the mean over completions.
-    want = np.mean((per_token * MASK).sum(axis=1) / MASK.sum(axis=1))
-  terms = token_terms(f32(LOGPS), f32(OLD), f32(REF), f32(adv), f32(MASK), 0.2, 0.04)
-  weights, count = token_weights(f32(MASK), loss_type)
+def trl_advantages(rewards, g, scale_rewards):
+  """TRL's GRPOTrainer._generate_and_score_completions (sum_then_normalize), in numpy."""
+  mean_grouped = np.repeat(rewards.reshape(-1, g).mean(axis=1), g)
+  if scale_rewards in ('group', 'none'):
+    std = np.repeat(rewards.reshape(-1, g).std(axis=1, ddof=1), g)
+  else:  # 'batch'
+    std = np.full_like(rewards, rewards.std(ddof=1))
+  advantages = rewards - mean_grouped
+  if scale_rewards != 'none':
+    advantages = advantages / (std + 1e-4)
+  return advantages
+
+
+def trl_loss(logps, old, ref, adv, mask, loss_type, eps, eps_high, beta, max_len):
+  """TRL's GRPOTrainer._compute_loss (token-level importance sampling, one process, no
+  gradient accumulation: num_items_in_batch is the batch's completion tokens), in numpy:
+  (loss, clipped tokens)."""
+  coef_1 = np.exp(logps - old)
+  coef_2 = np.clip(coef_1, 1 - eps, 1 + eps_high)
+  a = adv[:, None]
+  per_token_loss = -np.minimum(coef_1 * a, coef_2 * a)
+  per_token_loss = per_token_loss + beta * (np.exp(ref - logps) - (ref - logps) - 1)
+  if loss_type == 'grpo':
+    loss = ((per_token_loss * mask).sum(-1) / np.maximum(mask.sum(-1), 1.0)).mean()
+  elif loss_type == 'bnpo':
+    loss = (per_token_loss * mask).sum() / max(mask.sum(), 1.0)
+  elif loss_type == 'dr_grpo':
+    loss = (per_token_loss * mask).sum() / (per_token_loss.shape[0] * max_len)
+  else:  # dapo
+    loss = (per_token_loss * mask).sum() / max(mask.sum(), 1.0)
+  clipped = ((coef_1 < 1 - eps) & (a < 0)) | ((coef_1 > 1 + eps_high) & (a > 0))
+  return loss, clipped * mask
+
+
+@pytest.mark.parametrize('scale', ['group', 'batch', 'none'])
+def test_advantages_are_trls_for_each_scale_rewards(scale):
+  got = np.asarray(group_advantages(f32(REWARDS), G, scale))
+  np.testing.assert_allclose(got, trl_advantages(REWARDS, G, scale), rtol=1e-5, atol=1e-6)
+  assert GrpoLoss(reward_fns=(rewards.exact_match,), scale_rewards=scale).scale_rewards == scale
+
+
+@pytest.mark.parametrize('loss_type', ['grpo', 'bnpo', 'dr_grpo', 'dapo'])
+@pytest.mark.parametrize('eps_high', [None, 0.4])
+def test_the_loss_is_trls_for_each_loss_type_and_epsilon_high(loss_type, eps_high):
+  adv = trl_advantages(REWARDS, G, 'group')
+  want, want_clipped = trl_loss(LOGPS, OLD, REF, adv, MASK, loss_type, 0.2,
+                                0.2 if eps_high is None else eps_high, 0.04, T)
+  terms = token_terms(f32(LOGPS), f32(OLD), f32(REF), f32(adv), f32(MASK), 0.2, 0.04, eps_high)
+  np.testing.assert_array_equal(np.asarray(terms.clipped), want_clipped)
+  weights, count = token_weights(f32(MASK), loss_type, T)
   assert float(jnp.sum(terms.loss * weights) / count) == pytest.approx(want, rel=1e-5)
+  assert GrpoLoss(reward_fns=(rewards.exact_match,), loss_type=loss_type).loss_type == loss_type
+
+
+def test_clip_higher_clips_fewer_tokens_above_and_the_same_below():
+  adv = trl_advantages(REWARDS, G, 'group')
+  plain = token_terms(f32(LOGPS), f32(OLD), None, f32(adv), f32(MASK), 0.2, 0.0)
+  higher = token_terms(f32(LOGPS), f32(OLD), None, f32(adv), f32(MASK), 0.2, 0.0, 0.4)
+  ratio, a = np.exp(LOGPS - OLD), adv[:, None]
+  between = (ratio > 1.2) & (ratio <= 1.4) & (a > 0) & (MASK > 0)
+  assert between.any()  # The example has tokens the higher bound no longer clips.
+  np.testing.assert_array_equal(np.asarray(plain.clipped) - np.asarray(higher.clipped),
+                                between.astype(np.float32))
+
+
+def test_the_grpo_sequence_average_leaves_empty_completions_out_of_its_denominator():
+  adv = trl_advantages(REWARDS, G, 'group')
+  mask = MASK.copy()
+  mask[1] = 0.0  # A completion with no scored token.
+  per_token, _, _ = numpy_token_loss(LOGPS, OLD, REF, adv, 0.2, 0.04)
+  kept = mask.sum(axis=1) > 0
+  want = np.mean((per_token * mask).sum(axis=1)[kept] / mask.sum(axis=1)[kept])
+  terms = token_terms(f32(LOGPS), f32(OLD), f32(REF), f32(adv), f32(mask), 0.2, 0.04)
+  weights, count = token_weights(f32(mask), 'grpo')
+  assert float(count) == N - 1
+  assert float(jnp.sum(terms.loss * weights) / count) == pytest.approx(want, rel=1e-5)
+  trl, _ = trl_loss(LOGPS, OLD, REF, adv, mask, 'grpo', 0.2, 0.2, 0.04, T)
+  assert trl == pytest.approx(want * (N - 1) / N, rel=1e-5)  # TRL divides by all N rows.
+
+
+@pytest.mark.parametrize('old, new', [('token', 'dapo'), ('sequence', 'grpo')])
+def test_earlier_configs_loss_type_names_read_as_trls(old, new):
+  assert GrpoLoss(reward_fns=(rewards.exact_match,), loss_type=old).loss_type == new
+  a, b = token_weights(f32(MASK), old), token_weights(f32(MASK), new)
+  np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(b[0]))
+  assert float(a[1]) == float(b[1])
 
 
 TINY_LORA_LM = TransformerLM(vocab_size=32, num_layers=1, d_model=16, num_heads=2, d_ff=32,
@@ -141,7 +216,10 @@ def test_the_training_batch_scores_exactly_the_completion_tokens():
     ({'num_generations': 1}, 'at least 2'),
     ({'temperature': 0.0}, 'temperature'),
     ({'epsilon': 1.5}, 'epsilon'),
-    ({'loss_type': 'dapo'}, 'loss_type'),
+    ({'loss_type': 'luspo'}, 'loss_type'),
+    ({'scale_rewards': 'std'}, 'scale_rewards'),
+    ({'epsilon_high': -0.1}, 'epsilon_high'),
+    ({'epsilon_high': 'wide'}, 'epsilon_high'),
     ({'reward_fns': ()}, 'at least one reward function'),
     ({'reward_fns': ('os.system',)}, 'not allowed'),
     ({'reward_weights': (1.0, 2.0)}, 'one weight per reward function'),
