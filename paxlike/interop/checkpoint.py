@@ -21,6 +21,7 @@ from safetensors.numpy import load_file, save_file
 
 from paxlike.errors import RunFailure, UserError
 from paxlike.families.shapes import abstract_params
+from paxlike.interop import hf_defaults
 from paxlike.interop.families import family_for_config, family_for_model
 from paxlike.interop.family import NameMap, Tensor
 from paxlike.layers import TransformerLM
@@ -62,8 +63,10 @@ def _as_config(value: Any) -> Any:
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> fdl.Config[TransformerLM]:
-  """The TransformerLM config of a config.json dict (any registered family), plus `overrides`."""
-  fields = family_for_config(hf).model_fields(hf)
+  """The TransformerLM config of a config.json dict (any registered family; a key it omits is
+  its config class's default, `hf_defaults`), plus `overrides`."""
+  family = family_for_config(hf)
+  fields = family.model_fields(hf_defaults.filled(hf))
   return fdl.Config(TransformerLM, **{k: _as_config(v) for k, v in {**fields, **overrides}.items()})
 
 

@@ -26,7 +26,8 @@ from paxlike.layers import TransformerLM
 
 KNOWN = {'hidden_act', 'hidden_activation', 'query_pre_attn_scalar', 'sliding_window',
          'final_logit_softcapping', 'attn_logit_softcapping', 'attention_bias',
-         'attention_dropout', 'layer_types', 'sliding_window_size'}
+         'attention_dropout', 'layer_types', 'sliding_window_size',
+         'use_bidirectional_attention'}
 ALLOWED = {'mlp_activation', 'head_dim', 'rope_scaling', 'sliding_window', 'global_every',
            'norm_weight_offset', 'sandwich_norm', 'scale_embeddings', 'query_scale',
            'attn_logit_softcap', 'final_logit_softcap'}
@@ -48,6 +49,7 @@ def gemma_fields(hf: Mapping[str, Any], softcaps: tuple[float | None, float | No
   and final soft-caps, for a config that lacks them; transformers' other defaults too)."""
   hf_fields.refuse(hf, 'attention_bias', (False,))
   hf_fields.refuse(hf, 'attention_dropout', (0, 0.0))
+  hf_fields.refuse(hf, 'use_bidirectional_attention', (False, None))  # Causal either way.
   fields = hf_fields.dense_fields(hf)
   scalar = hf.get('query_pre_attn_scalar', 256)
   window = hf.get('sliding_window', hf.get('sliding_window_size', 4096))

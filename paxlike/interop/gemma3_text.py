@@ -15,8 +15,9 @@ from paxlike.interop.family import Family, NameMap
 from paxlike.interop.rope_config import read_rope, rope_dict
 from paxlike.layers import TransformerLM
 
-KNOWN = gemma2.KNOWN | {'rope_local_base_freq', 'sliding_window_pattern',
-                        'use_bidirectional_attention'}
+# transformers 5 writes `_sliding_window_pattern` (the pattern it was built with) beside
+# `layer_types`, and reads neither it nor `sliding_window_pattern` once `layer_types` is there.
+KNOWN = gemma2.KNOWN | {'rope_local_base_freq', 'sliding_window_pattern', '_sliding_window_pattern'}
 ALLOWED = gemma2.ALLOWED | {'qk_norm', 'local_rope_base'}
 REQUIRED = {**gemma2.REQUIRED, 'qk_norm': True}
 
@@ -38,17 +39,24 @@ def _ropes(hf: Mapping[str, Any]) -> tuple[float, Any, float]:
   return base, scaling, local_base
 
 
+def _global_every(hf: Mapping[str, Any]) -> int:
+  """Every how many layers one is global (0: none is), from `layer_types` as transformers
+  reads it, else from the pattern it would build them with (every 6th by default)."""
+  kinds = hf.get('layer_types')
+  if kinds is None:
+    pattern = int(hf.get('sliding_window_pattern') or 6)
+    kinds = ['full_attention' if (i + 1) % pattern == 0 else 'sliding_attention'
+             for i in range(int(hf['num_hidden_layers']))]
+  kinds = list(kinds)
+  return kinds.index('full_attention') + 1 if 'full_attention' in kinds else 0
+
+
 def model_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
   hf_fields.check_keys(hf, KNOWN, 'gemma3_text')
-  hf_fields.refuse(hf, 'use_bidirectional_attention', (False, None))
   base, scaling, local_base = _ropes(hf)
   fields = {**gemma2.gemma_fields(hf, (None, None)), 'qk_norm': True, 'rope_base': base,
             'rope_scaling': scaling, 'local_rope_base': local_base,
-            'global_every': int(hf.get('sliding_window_pattern') or 6)}
-  if hf.get('layer_types') is not None and not hf.get('sliding_window_pattern'):
-    kinds = list(hf['layer_types'])
-    fields['global_every'] = kinds.index('full_attention') + 1 if (
-        'full_attention' in kinds) else 0
+            'global_every': _global_every(hf)}
   hf_fields.check_layer_types(hf, fields)
   return fields
 

@@ -17,8 +17,6 @@ from paxlike.layers import TransformerLM
 
 KNOWN = {'hidden_act', 'sliding_window', 'attention_dropout', 'num_local_experts',
          'router_jitter_noise', *moe_family.ROUTER_KEYS}
-# MixtralConfig's defaults for keys an older config.json may leave out.
-DEFAULTS = {'rms_norm_eps': 1e-5, 'num_local_experts': 8, 'num_experts_per_tok': 2}
 ALLOWED = {'mlp_activation', 'head_dim', 'rope_scaling', 'sliding_window'}
 PROJECTIONS = ('w1', 'w3', 'w2')  # gate, up, down.
 
@@ -27,7 +25,6 @@ def model_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
   hf_fields.check_keys(hf, KNOWN, 'mixtral')
   hf_fields.refuse(hf, 'attention_dropout', (0, 0.0))
   hf_fields.refuse(hf, 'router_jitter_noise', (0, 0.0))  # Training noise on the router input.
-  hf = {**DEFAULTS, **hf}
   base, scaling = read_rope(hf, default_theta=1e6)
   window = hf.get('sliding_window')
   if window is not None and (isinstance(window, bool) or not isinstance(window, int)
