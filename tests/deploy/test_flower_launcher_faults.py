@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+
+import pytest
 
 from tests.deploy import flower_procs as fp
 from tests.helpers import REPO, cli_env
@@ -54,3 +57,173 @@ def test_a_group_owner_killed_with_sigkill_takes_its_groups_and_their_sessions_d
   finally:
     for pid in _with_token(token):
       os.kill(pid, signal.SIGKILL)
+
+
+ROUNDS = 3
+
+
+def _launch(export: Path, out: Path, log: Path):
+  return fp.start_group([sys.executable, '-m', 'paxlike.deploy.flower.local', *fp.CLI_TINY,
+                         f'--export_dir={export}', f'--out={out}', f'--rounds={ROUNDS}',
+                         '--nodes=2', '--round_timeout=90'], log)
+
+
+def _gone_within(began_ticks: float, seconds: float) -> float:
+  """Seconds until no Flower process started since `began_ticks` runs (AssertionError after
+  `seconds`)."""
+  began = time.monotonic()
+  fp.wait_until(lambda: not fp.flower_processes_since(began_ticks), seconds,
+                'the Flower processes to be gone')
+  return time.monotonic() - began
+
+
+@pytest.mark.slow  # Three launches of a 2-node federation, each a SuperLink and two nodes.
+def test_killed_and_stopped_launchers_take_flower_down_and_the_same_command_resumes(
+    tmp_path_factory, tmp_path):
+  """kill -9 of the launcher's process group once round 1 is checkpointed: every Flower process
+  it started is gone within seconds; the same command on the same --out resumes, and SIGTERM
+  once round 2 is checkpointed stops it cleanly (exit 0, one line, round 2 saved, no process
+  left); the same command again finishes round 3. The rows equal the executor's uninterrupted
+  rounds (the simulation's cohorts, no slot dropped)."""
+  from paxlike.config import config_io
+  from paxlike.data import sources
+  from tests.deploy.reference import assert_rows_equal, executor_rounds
+  export, out = fp.digits_export(tmp_path_factory), tmp_path / 'run'
+  checkpoint = out / 'server' / 'checkpoints'
+  began = fp.now_ticks()
+  first = _launch(export, out, tmp_path / 'first.log')
+  try:
+    fp.wait_until(lambda: (checkpoint / '1').is_dir(), 400, 'round 1\'s checkpoint', first)
+    running = len(fp.flower_processes_since(began))
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    gone = _gone_within(began, 20)
+    print(f'kill -9: {running} Flower processes, all gone {gone:.1f} s after')
+    assert running >= 5  # The SuperLink, two nodes, flwr run, the warm server (and the apps).
+  finally:
+    fp.stop_group(first)
+  began = fp.now_ticks()
+  second = _launch(export, out, tmp_path / 'second.log')
+  try:
+    fp.wait_until(lambda: (checkpoint / '2').is_dir(), 400, 'round 2\'s checkpoint', second)
+    stopped_at = time.monotonic()
+    os.kill(second.pid, signal.SIGTERM)
+    code = second.wait(timeout=120)
+    print(f'SIGTERM: exit {code} after {time.monotonic() - stopped_at:.1f} s')
+  finally:
+    fp.stop_group(second)
+  log = (tmp_path / 'second.log').read_text()
+  assert code == 0, log[-3000:]
+  assert 'resuming' in log and 'after round 1' in log
+  last = log.strip().splitlines()[-1]
+  assert last.startswith('paxlike.deploy.flower.local: stopped by SIGTERM after round '), last
+  assert 'Traceback' not in log
+  assert (checkpoint / '2').is_dir()
+  _gone_within(began, 20)
+  third = subprocess.run([sys.executable, '-m', 'paxlike.deploy.flower.local', *fp.CLI_TINY,
+                          f'--export_dir={export}', f'--out={out}', f'--rounds={ROUNDS}',
+                          '--nodes=2', '--round_timeout=90'], cwd=REPO, env=cli_env(),
+                         capture_output=True, text=True, timeout=600)
+  assert third.returncode == 0, third.stderr[-3000:]
+  rows = fp.rows(out / 'server' / 'metrics.jsonl')
+  cohorts = fp.rows(out / 'server' / 'cohorts.jsonl')
+  assert [r['step'] for r in rows] == [c['step'] for c in cohorts] == [1, 2, 3]
+  task = config_io.build(config_io.load_file(out / 'config.json'))
+  for c in cohorts:  # Uninterrupted: the simulation's cohort, every slot run.
+    assert c['cohort'] == sources.sample_cohort(task.train.seed, c['step'],
+                                                task.data.client_sizes, 3, 'uniform').tolist()
+    assert c['dropped_slots'] == []
+  assert_rows_equal(rows, executor_rounds(task, export, cohorts))
+  assert sorted(p.name for p in out.glob('logs.*')) == ['logs.1', 'logs.2']
+
+
+def _listening_socket() -> socket.socket:
+  """A listener on a free port, as another program that took the port in the gap."""
+  taken = socket.socket()
+  taken.bind(('127.0.0.1', 0))
+  taken.listen()
+  return taken
+
+
+def test_a_port_taken_before_the_superlink_binds_moves_it_to_another_and_one_that_stays_taken_is_named(
+    tmp_path):
+  """Another process listens on the port chosen for the SuperLink: the SuperLink starts again on
+  another port, which FLWR_HOME's connection names, and a node key enrolls through it (before:
+  the launcher took the other listener for the SuperLink, and the enrollment failed with
+  "['}']" 39 s later). With one attempt only, the failure is one line naming the port."""
+  from paxlike.deploy.flower import federation, processes
+  from paxlike.errors import RunFailure
+  out = tmp_path / 'run'
+  out.mkdir()
+  began = fp.now_ticks()
+  group = processes.Group(processes.flower_env(out / 'flwr_home'), out / 'logs')
+  with _listening_socket() as taken:
+    port = taken.getsockname()[1]
+    try:
+      fed = federation.Federation(group, out, port)
+      fed.start_superlink(60)
+      assert fed.port != port
+      assert f'127.0.0.1:{fed.port}' in (out / 'flwr_home' / 'config.toml').read_text()
+      fed.new_identity('node0')
+      assert 'node0' in fed.node_ids
+      other = federation.Federation(group, tmp_path / 'other', port)
+      with pytest.raises(RunFailure) as failed:
+        other.start_superlink(60, attempts=1)
+    finally:
+      group.stop()
+  message = str(failed.value)
+  assert f'port {port} (taken)' in message and '\n' not in message, message
+  assert fp.flower_processes_since(began) == []
+
+
+def _launcher(*args: str, blocked: str | None = None) -> subprocess.CompletedProcess:
+  """The launcher with `args`; `blocked`: a package this launcher's Python cannot import (as
+  when it is not installed: `import` raises ImportError)."""
+  from tests.helpers import run_python
+  if blocked is None:
+    return run_python(['-m', 'paxlike.deploy.flower.local', *args], cli_env(), timeout=300)
+  code = (f'import runpy, sys; sys.modules[{blocked!r}] = None; '
+          f'sys.argv = ["local", *{list(args)!r}]; '
+          'runpy.run_module("paxlike.deploy.flower.local", run_name="__main__", alter_sys=True)')
+  return run_python(['-c', code], cli_env(), timeout=300)
+
+
+def _one_line(ran: subprocess.CompletedProcess) -> str:
+  assert ran.returncode == 2, ran.stderr[-3000:]
+  lines = ran.stderr.strip().splitlines()
+  assert 'Traceback' not in ran.stderr and lines[-1].startswith('paxlike.deploy.flower.local'), (
+      ran.stderr[-3000:])
+  return lines[-1]
+
+
+def test_more_nodes_than_clients_is_refused_in_one_line_naming_the_option(tmp_path_factory,
+                                                                          tmp_path):
+  """Before: the launcher quietly started 5 nodes for the 5 clients."""
+  export = fp.digits_export(tmp_path_factory)
+  line = _one_line(_launcher(*fp.CLI_TINY, f'--export_dir={export}', '--rounds=1', '--nodes=6',
+                             f'--out={tmp_path / "run"}'))
+  assert '--nodes=6' in line and '5 clients' in line, line
+  assert not (tmp_path / 'run').exists()
+
+
+def test_secure_aggregation_over_nodes_that_would_hold_no_client_is_refused(tmp_path):
+  """--secure_aggregation --nodes=2 for an experiment of one client: before, the launcher ran
+  SecAgg+ over one node (its sums, that node's values, in the clear to the server)."""
+  flags = [*fp.CLI_TINY, '--fdl_set=data.num_clients=1', '--fdl_set=data.clients_per_round=1']
+  from tests.helpers import run_python
+  made = run_python(['-m', 'paxlike.export', *flags, f'--out={tmp_path / "export"}',
+                     '--rounds=1'], cli_env(), timeout=300)
+  assert made.returncode == 0, made.stderr[-2000:]
+  line = _one_line(_launcher(*flags, f'--export_dir={tmp_path / "export"}', '--rounds=1',
+                             '--nodes=2', '--secure_aggregation', f'--out={tmp_path / "run"}'))
+  assert '--nodes=2' in line and '1 client' in line and '--secure_aggregation' in line, line
+
+
+def test_flwr_not_importable_is_refused_in_one_line_naming_the_package(tmp_path_factory,
+                                                                       tmp_path):
+  """Before: the launcher went on with Flower's processes."""
+  export = fp.digits_export(tmp_path_factory)
+  line = _one_line(_launcher(*fp.CLI_TINY, f'--export_dir={export}', '--rounds=1',
+                             f'--out={tmp_path / "run"}', blocked='flwr'))
+  assert 'flwr' in line and 'pip install' in line, line
+  assert not (tmp_path / 'run').exists()

@@ -30,22 +30,35 @@ class Federation:
     self.link: subprocess.Popen | None = None
     self.node_ids: dict[str, int] = {}  # The SuperLink's id of each node enrolled, by name.
 
-  def start_superlink(self, timeout: float) -> subprocess.Popen:
-    """Starts the SuperLink and waits until it listens; RunFailure if it does not. Its state
-    (runs, nodes, messages) is in memory: the launcher never restarts a SuperLink, so a file
-    would only add SQLite's commits to every poll."""
+  def start_superlink(self, timeout: float, attempts: int = 4) -> subprocess.Popen:
+    """Starts the SuperLink and waits until it listens on its port; when another process took
+    that port after it was chosen (or holds it beside the SuperLink), it stops the SuperLink and
+    starts it again on another free port, up to `attempts` times in all (the connection in
+    FLWR_HOME follows). RunFailure naming the ports when it never listens. Its state (runs,
+    nodes, messages) is in memory: the launcher never restarts a SuperLink, so a file would
+    only add SQLite's commits to every poll."""
     from paxlike.errors import RunFailure
-    tls = self.tls
-    self.link = self.group.start('superlink', [
-        str(processes.BIN / 'flower-superlink'), '--ssl-ca-certfile', str(tls.ca),
-        '--ssl-certfile', str(tls.cert), '--ssl-keyfile', str(tls.key),
-        '--enable-supernode-auth', '--disable-runtime-dependency-installation',
-        '--host', '127.0.0.1', '--port', str(self.port),
-        '--database', ':flwr-in-memory:'])
-    if not processes.wait_for_port(self.port, timeout, self.link):
-      raise RunFailure(f'the SuperLink did not listen on port {self.port} '
-                       f'(logs in {self.group.logs})')
-    return self.link
+    tls, tried = self.tls, []
+    for attempt in range(attempts):
+      if attempt:
+        self.port = processes.free_port()
+        processes.write_connection(self.home, CONNECTION, f'127.0.0.1:{self.port}', tls.ca)
+      self.link = self.group.start('superlink' if not attempt else f'superlink{attempt}', [
+          str(processes.BIN / 'flower-superlink'), '--ssl-ca-certfile', str(tls.ca),
+          '--ssl-certfile', str(tls.cert), '--ssl-keyfile', str(tls.key),
+          '--enable-supernode-auth', '--disable-runtime-dependency-installation',
+          '--host', '127.0.0.1', '--port', str(self.port),
+          '--database', ':flwr-in-memory:'])
+      state = processes.wait_to_listen(self.port, timeout, self.link)
+      if state == 'ours':
+        return self.link
+      tried.append(f'{self.port} ({state})')
+      self.group.stop_one(self.link)
+      if state == 'timeout':
+        break
+    raise RunFailure(f'the SuperLink did not listen on 127.0.0.1 port '
+                     f'{", ".join(tried)}; "taken": another process listens there '
+                     f'(logs in {self.group.logs})')
 
   def new_identity(self, name: str, enroll: bool = True) -> Path:
     """A new node key pair `name`; its public key enrolled at the SuperLink when `enroll` (its

@@ -16,7 +16,11 @@ through Flower's SecAgg+ (secure.py); a plan whose clients keep individual value
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,7 +36,8 @@ from paxlike.deploy.flower.rounds import clients_of_nodes
 flags.DEFINE_string('export_dir', None, 'The export directory (python -m paxlike.export --out).')
 flags.DEFINE_integer('rounds', 1, 'Rounds to run (at most the rounds the export holds).')
 flags.DEFINE_integer('nodes', 2, 'SuperNodes to start.')
-flags.DEFINE_string('out', None, 'New directory for the run (metrics.jsonl, final.npz, logs).')
+flags.DEFINE_string('out', None, 'Directory for the run (metrics.jsonl, final.npz, logs): a new '
+                    'one, or that of an interrupted run of the same config, which resumes.')
 flags.DEFINE_integer('round_timeout', 300, 'Seconds a round (or the nodes joining) may take; '
                      'a node that has not replied by then is lost.')
 flags.DEFINE_bool('secure_aggregation', False, 'Sum the clients\' contributions with Flower\'s '
@@ -54,6 +59,91 @@ def node_config(export_dir: Path, out: Path, clients: list[int], name: str) -> s
 def rows_done(out: Path) -> int:
   rows = out / 'server' / 'metrics.jsonl'
   return len(rows.read_text().splitlines()) if rows.exists() else 0
+
+
+def last_step(out: Path) -> int | None:
+  """The step of the last row the ServerApp wrote, or None."""
+  rows = out / 'server' / 'metrics.jsonl'
+  lines = rows.read_text().splitlines() if rows.exists() else []
+  return int(json.loads(lines[-1])['step']) if lines else None
+
+
+class Stopped(BaseException):
+  """SIGINT or SIGTERM reached the launcher: stop the federation, keep what is saved."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+def _stop_on_signals() -> None:
+  """SIGINT and SIGTERM (Ctrl-C, a timeout, a CI cancel) unwind the launcher, so that it stops
+  its process groups; a second one while it does is ignored (a kill -9 is left to the
+  watchdog)."""
+  def stop(signum: int, frame: object) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, stop)
+
+
+def _wait_for_last_checkpoint(out: Path, seconds: float = 15.0) -> None:
+  """Until the checkpoint of the last row written is committed (Orbax renames its directory
+  to the step's number when it is), at most `seconds`: a stop then loses no round."""
+  step = last_step(out)
+  deadline = time.monotonic() + seconds
+  while (step is not None and not (out / 'server' / 'checkpoints' / str(step)).is_dir()
+         and time.monotonic() < deadline):
+    time.sleep(0.1)
+
+
+def lock_out(out: Path, wait: float = 30.0) -> int:
+  """An exclusive lock on `out`/launcher.lock (its descriptor), taken within `wait` seconds
+  (the watchdog of a launcher killed a moment ago holds it until it has stopped that run's
+  processes); UserError naming the holder when another launcher runs on `out`."""
+  from paxlike.errors import UserError
+  fd = os.open(out / 'launcher.lock', os.O_RDWR | os.O_CREAT, 0o644)
+  deadline = time.monotonic() + wait
+  while True:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      break
+    except BlockingIOError:
+      if time.monotonic() > deadline:
+        holder = os.pread(fd, 200, 0).decode(errors='replace').strip() or 'unknown'
+        os.close(fd)
+        raise UserError(f'--out={out} is in use by another launcher ({holder})') from None
+      time.sleep(0.2)
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()}\n'.encode(), 0)
+  return fd
+
+
+def resumable(out: Path, config_json: str) -> bool:
+  """Whether `out` holds a run of this launcher to resume (False: it is new or empty);
+  UserError when it holds something else."""
+  from paxlike.errors import UserError
+  if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    return False
+  saved = out / 'config.json'
+  if not out.is_dir() or not saved.exists() or not (out / 'app' / 'pyproject.toml').exists():
+    raise UserError(f'--out={out} exists and is not a run of this launcher; '
+                    'choose a new directory')
+  if saved.read_text() != config_json:
+    raise UserError(f'--out={out} holds a run of another config ({saved}); give its flags '
+                    'to resume it, or choose a new directory')
+  return True
+
+
+def _keep_old_logs(out: Path) -> None:
+  """Moves the logs of the launches before this one to `out`/logs.K (K = 1, 2, ...)."""
+  logs = out / 'logs'
+  if logs.exists():
+    k = 1
+    while (out / f'logs.{k}').exists():
+      k += 1
+    logs.rename(out / f'logs.{k}')
 
 
 def _save_runs(fed: federation.Federation, path: Path) -> None:
@@ -78,11 +168,16 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
   `restarts` times when its ServerApp stops early (it resumes from its checkpoint), and stops
   every process; RunFailure when the rows are not all written."""
   from paxlike.errors import RunFailure
-  out.mkdir(parents=True)
+  out.mkdir(parents=True, exist_ok=True)
+  lock = lock_out(out)
+  if (out / 'config.json').exists():
+    _keep_old_logs(out)
+    print(f'resuming {out} after round {last_step(out) or 0} (its last checkpoint)',
+          file=sys.stderr)
   (out / 'config.json').write_text(config_json)
   bin_dir = out / 'warm_bin'
   group = processes.Group(processes.flower_env(out / 'flwr_home', bin_dir if warm else None),
-                          out / 'logs')
+                          out / 'logs', lock)
   fed = federation.Federation(group, out, processes.free_port())
   processes.write_app(out / 'app', {
       'export-dir': str(export_dir.absolute()), 'config': str((out / 'config.json').absolute()),
@@ -122,18 +217,15 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
   except subprocess.TimeoutExpired:
     raise RunFailure(f'the federation did not finish in {budget} s '
                      f'(logs in {out / "logs"})') from None
+  except Stopped:
+    _wait_for_last_checkpoint(out)
+    raise
   finally:
     group.stop()
+    os.close(lock)
   if rows_done(out) != rounds or not (out / 'server' / 'final.npz').exists():
     raise RunFailure(f'the ServerApp wrote {rows_done(out)} of {rounds} rounds '
                      f'(logs in {out / "logs"})')
-
-
-def _stop_on_sigterm() -> None:
-  """SIGTERM (a timeout, a CI cancel) unwinds like Ctrl-C, so the process groups are stopped."""
-  def interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f'signal {signum}')
-  signal.signal(signal.SIGTERM, interrupt)
 
 
 def run(argv: list[str]) -> None:
@@ -144,8 +236,11 @@ def run(argv: list[str]) -> None:
     raise UserError(f'unexpected arguments: {" ".join(argv[1:])}')
   if not FLAGS.export_dir or not FLAGS.out:
     raise UserError('--export_dir and --out are required')
-  if Path(FLAGS.out).exists():
-    raise UserError(f'--out={FLAGS.out} exists; choose a new directory')
+  if (missing := flower_missing()) is not None:
+    raise UserError(missing)
+  if not (Path(FLAGS.export_dir) / 'plan.json').is_file():
+    raise UserError(f'--export_dir={FLAGS.export_dir} holds no plan.json (make one with '
+                    'python -m paxlike.export)')
   plan = records.read_plan(FLAGS.export_dir)
   cli.use_local_settings()
   cfg = cli.task_config()
@@ -162,13 +257,40 @@ def run(argv: list[str]) -> None:
     if not 2 <= FLAGS.nodes <= secure.MAX_NODES:
       raise UserError(f'--secure_aggregation needs 2 to {secure.MAX_NODES} nodes (SecAgg+ sums '
                       'over nodes, in a modulus that must not wrap)')
+  out = Path(FLAGS.out)
+  resumable(out, config_json)
   task = config_io.build(cfg)
-  _stop_on_sigterm()
   num_clients = records.num_clients(task.data)
-  run_federation(Path(FLAGS.export_dir), config_json, Path(FLAGS.out), FLAGS.rounds,
-                 min(FLAGS.nodes, num_clients), num_clients, FLAGS.round_timeout,
-                 FLAGS.server_restarts, FLAGS.secure_aggregation, FLAGS.warm_clientapp)
-  print((Path(FLAGS.out) / 'server' / 'metrics.jsonl').read_text(), end='')
+  if FLAGS.nodes > num_clients:  # A node holds clients k, k + N, ...: one would hold none.
+    raise UserError(f'--nodes={FLAGS.nodes} is more than the experiment\'s {num_clients} '
+                    f'client{"s" * (num_clients != 1)} (data.num_clients); each node must hold '
+                    'one' + (', and --secure_aggregation needs 2 nodes that hold clients'
+                             if FLAGS.secure_aggregation else ''))
+  _stop_on_signals()
+  if rows_done(out) != FLAGS.rounds or not (out / 'server' / 'final.npz').exists():
+    try:
+      run_federation(Path(FLAGS.export_dir), config_json, out, FLAGS.rounds,
+                     FLAGS.nodes, num_clients, FLAGS.round_timeout,
+                     FLAGS.server_restarts, FLAGS.secure_aggregation, FLAGS.warm_clientapp)
+    except Stopped as stop:
+      cli.exit_with(0, f'paxlike.deploy.flower.local: stopped by {stop} after round '
+                       f'{last_step(out) or 0} of {FLAGS.rounds} (checkpointed in '
+                       f'{out / "server" / "checkpoints"}); the same command resumes')
+  print((out / 'server' / 'metrics.jsonl').read_text(), end='')
+
+
+def flower_missing() -> str | None:
+  """Why this Python cannot run a Flower federation (one line naming what is missing), or
+  None."""
+  try:
+    import flwr  # noqa: F401
+  except ImportError as error:
+    return (f'the Flower launcher needs the flwr package (pip install flwr==1.42.0), which '
+            f'{sys.executable} cannot import ({error})')
+  for tool in ('flower-superlink', 'flower-supernode', 'flwr'):
+    if not (processes.BIN / tool).exists():
+      return f'the flwr package\'s {tool} is not beside {sys.executable} (pip install flwr==1.42.0)'
+  return None
 
 
 def main(argv: list[str]) -> None:

@@ -40,6 +40,55 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen) -> bool:
   return False
 
 
+def listeners(port: int) -> set[int] | None:
+  """The pids of the processes holding a listening TCP socket on `port` (IPv4 or IPv6), from
+  /proc/net and each process's fds; None when no socket listens there."""
+  inodes = set()
+  for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+    try:
+      lines = Path(table).read_text().splitlines()[1:]
+    except OSError:
+      continue
+    for line in lines:
+      fields = line.split()
+      if fields[3] == '0A' and int(fields[1].rsplit(':', 1)[1], 16) == port:
+        inodes.add(f'socket:[{fields[9]}]')
+  if not inodes:
+    return None
+  owners = set()
+  for entry in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      fds = os.listdir(f'/proc/{entry}/fd')
+    except OSError:
+      continue
+    for fd in fds:
+      try:
+        if os.readlink(f'/proc/{entry}/fd/{fd}') in inodes:
+          owners.add(int(entry))
+          break
+      except OSError:
+        continue
+  return owners
+
+
+def wait_to_listen(port: int, timeout: float, proc: subprocess.Popen) -> str:
+  """Until `proc` (or a process below it) alone listens on `port`: 'ours'; 'taken' as soon
+  as another process listens there too (one we cannot see counts as another); 'exited' when
+  `proc` exits first; 'timeout' after `timeout` seconds."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if proc.poll() is not None:
+      return 'exited'
+    owners = listeners(port)
+    if owners is not None:
+      ours = {proc.pid, *descendants(proc.pid)}
+      if not owners or not owners <= ours:
+        return 'taken'
+      return 'ours'
+    time.sleep(0.1)
+  return 'timeout'
+
+
 def flower_env(flwr_home: Path, first_on_path: Path | None = None) -> dict[str, str]:
   """This process's environment with Flower's home at `flwr_home` and its network calls off;
   `first_on_path` (the warm ClientApp shim's directory) before BIN on PATH."""
@@ -106,6 +155,18 @@ class Group:
     self.procs.append(proc)
     reaper.register(self._watch_fd, proc.pid)
     return proc
+
+  def stop_one(self, proc: subprocess.Popen) -> None:
+    """Kills `proc`'s process group and every process below it (a SuperLink that did not get
+    its port), and waits for it."""
+    below = descendants(proc.pid)
+    _signal_group(proc, signal.SIGKILL)
+    for pid in below:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    proc.wait()
 
   def stop(self, grace: float = 10.0) -> None:
     # A SuperLink's flower-superexec starts a process group of its own: its members are found
