@@ -201,7 +201,9 @@ class PromptData(TokenizedSource):
     if self.messages_field is not None:
       from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
       return load_chat_encoder(self.loaded_tokenizer).fingerprint
-    return self.loaded_tokenizer.fingerprint
+    prefix = getattr(self.loaded_tokenizer, 'bos_prefix', ())
+    fp = self.loaded_tokenizer.fingerprint  # With its BOS rule (tokenizer_config.json's).
+    return f'{fp} bos {list(prefix)}' if prefix else fp
 
   def fingerprint(self) -> dict[str, str]:
     """The job dir's record of the data: a hash of the files' bytes, the tokenizer's content

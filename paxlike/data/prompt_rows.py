@@ -43,8 +43,8 @@ def _prompt_of(row: dict[str, Any], prompt_field: str | None, messages_field: st
 def read_prompt_rows(files: dict[str, Path], tokenizer: Any, seq_len: int,
                      prompt_field: str | None, messages_field: str | None,
                      answer_field: str | None) -> PromptRows:
-  """The rows of `files` tokenized by `tokenizer` (with messages, through its chat template:
-  chat_encoder), rows without a prompt skipped, prompts longer than `seq_len` tokens counted
+  """The rows of `files` tokenized by `tokenizer` (text prompts after its BOS rule, bos_prefix;
+  messages through its chat template, chat_encoder, which writes its own BOS), rows without a prompt skipped, prompts longer than `seq_len` tokens counted
   and left out. UserError when no row is left."""
   encoder = None
   if messages_field is not None:
@@ -65,8 +65,9 @@ def read_prompt_rows(files: dict[str, Path], tokenizer: Any, seq_len: int,
       fields.append(row)
   if encoder is not None:
     ids = [encoder.tokenizer.encode_markup([p])[0][0] for p in prompts]
-  else:
-    ids = tokenizer.encode_batch(prompts) if prompts else []
+  else:  # As TRL's tokenizer(prompt): the tokenizer's own BOS rule first (bos_prefix).
+    prefix = list(getattr(tokenizer, 'bos_prefix', ()))
+    ids = [prefix + list(i) for i in tokenizer.encode_batch(prompts)] if prompts else []
   ids = [np.asarray(i, np.int32) for i in ids]
   keep = [i for i, x in enumerate(ids) if 0 < len(x) <= seq_len]
   too_long = sum(len(x) > seq_len for x in ids)

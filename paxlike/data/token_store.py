@@ -73,6 +73,9 @@ def store_key(files: dict[str, Path], fields: text_files.Fields, tokenizer: Any,
   spec = {'format': FORMAT, 'files': fingerprint.combined(hashes),
           'tokenizer': [tokenizer.fingerprint, tokenizer.vocab_size, tokenizer.eos_id],
           'fields': fields_spec}
+  if fields.prompt_field is not None:  # Prompt + completion rows: how they are tokenized.
+    spec['prompt_rows'] = {'boundary': 'common_prefix',
+                           'bos_prefix': list(getattr(tokenizer, 'bos_prefix', ()))}
   return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 

@@ -42,6 +42,9 @@ class Tokenizer(Protocol):
   kind: str  # 'bytes', 'sentencepiece' or 'hf'
   vocab_size: int  # ids the tokenizer can emit (max id + 1)
   bos_id: int | None
+  # The ids the tokenizer's own rule (add_bos_token, or its post-processor) puts before a text
+  # that is a row of its own: a prompt, a prompt + completion (TRL's tokenizer(text)); () none.
+  bos_prefix: tuple[int, ...]
   eos_id: int  # the document separator; every tokenizer has one
   pad_id: int  # the id used for padding (masked out of the loss)
   fingerprint: str  # sha256 hex of the tokenizer file's bytes; 'bytes' for the byte tokenizer

@@ -18,6 +18,7 @@ class BytesTokenizer:
   kind = 'bytes'
   vocab_size = 256
   bos_id = None
+  bos_prefix: tuple[int, ...] = ()
   eos_id = ord('\n')
   pad_id = 0
   fingerprint = 'bytes'

@@ -45,19 +45,47 @@ def interleave(pieces: Pieces) -> tuple[np.ndarray, np.ndarray]:
 def encode_documents(tokenizer: Any, dtype: np.dtype, num_threads: int | None, texts: list[str],
                      prompts: list[str] | None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-  """(tokens, lengths, prompt_lengths, trained): each text (after its prompt, when there are
-  prompts) tokenized, the library using `num_threads` (Tokenizer.encode_flat), then the
-  tokenizer's EOS; lengths count the EOS, prompt_lengths (int32) the prompt's tokens (0 without
-  prompts); trained is None. A ChatEncoder (chat_encoder.py) instead encodes each text as a
+  """(tokens, lengths, prompt_lengths, trained): each text tokenized, the library using
+  `num_threads` (Tokenizer.encode_flat), then the tokenizer's EOS; lengths count the EOS,
+  trained is None. With prompts, as TRL: the tokenizer's BOS rule (bos_prefix) first, then
+  prompt + text tokenized whole, its prompt the ids it shares with the prompt tokenized alone
+  (common_prefix_lengths), counted in prompt_lengths (int32; 0 without prompts). A ChatEncoder (chat_encoder.py) instead encodes each text as a
   conversation (JSON messages), with `trained` marking its assistant tokens."""
   if hasattr(tokenizer, 'encode_conversations'):
     return tokenizer.encode_conversations(texts, dtype)
-  pieces = [tokenizer.encode_flat(texts, num_threads)]
-  if prompts is not None:
-    pieces.insert(0, tokenizer.encode_flat(prompts, num_threads))
+  if prompts is None:
+    tokens, lengths = join_documents([tokenizer.encode_flat(texts, num_threads)],
+                                     tokenizer.eos_id, dtype)
+    return tokens, lengths, np.zeros(len(texts), np.int32), None
+  prompt_ids, prompt_counts = tokenizer.encode_flat(prompts, num_threads)
+  joined = tokenizer.encode_flat([p + t for p, t in zip(prompts, texts)], num_threads)
+  prompt_lengths = common_prefix_lengths(prompt_ids, prompt_counts, *joined)
+  pieces = [joined]
+  prefix = np.asarray(getattr(tokenizer, 'bos_prefix', ()), np.int32)
+  if len(prefix):  # The tokenizer's own BOS rule (Tokenizer.bos_prefix), before the prompt.
+    pieces.insert(0, (np.tile(prefix, len(texts)), np.full(len(texts), len(prefix), np.int64)))
+    prompt_lengths = prompt_lengths + len(prefix)
   tokens, lengths = join_documents(pieces, tokenizer.eos_id, dtype)
-  prompt_lengths = pieces[0][1] if prompts is not None else np.zeros(len(texts))
   return tokens, lengths, prompt_lengths.astype(np.int32), None
+
+
+def common_prefix_lengths(a: np.ndarray, a_counts: np.ndarray, b: np.ndarray,
+                          b_counts: np.ndarray) -> np.ndarray:
+  """int64 [docs]: how many ids document i of `a` and of `b` (flat ids and counts per document,
+  as encode_flat gives) begin with alike. With `a` the prompts and `b` the prompts + their
+  completions tokenized whole, it is TRL's prompt: a token that merges across the boundary
+  belongs to the completion."""
+  a_counts, b_counts = np.asarray(a_counts, np.int64), np.asarray(b_counts, np.int64)
+  doc = np.repeat(np.arange(len(a_counts)), a_counts)
+  j = np.arange(len(a)) - np.repeat(np.cumsum(a_counts) - a_counts, a_counts)
+  inside = j < b_counts[doc]
+  at = np.where(inside, (np.cumsum(b_counts) - b_counts)[doc] + j, 0)
+  differs = ~inside
+  if len(b):
+    differs |= np.asarray(a) != np.asarray(b)[at]
+  first = a_counts.copy()
+  np.minimum.at(first, doc[differs], j[differs])
+  return first
 
 
 _WORKER: dict[str, Any] = {}

@@ -46,6 +46,29 @@ def configured_tokens(directory: Path) -> dict[str, tuple[str, str]]:
   return found
 
 
+def config_flag(directory: Path, name: str) -> bool | None:
+  """A boolean setting of `directory`'s tokenizer_config.json (e.g. add_bos_token), None when it
+  names none."""
+  file = directory / CONFIG_FILES[0]
+  try:
+    config = json.loads(file.read_text('utf-8')) if file.is_file() else {}
+  except (OSError, ValueError) as error:
+    raise UserError(f'tokenizer config {file}: not a readable JSON file ({error})') from None
+  value = config.get(name) if isinstance(config, dict) else None
+  return value if isinstance(value, bool) else None
+
+
+def _prefix_ids(tok: tokenizers.Tokenizer) -> tuple[int, ...]:
+  """The ids the tokenizer's post-processor puts before a text encoded with its special tokens
+  (transformers' `tokenizer(text)`): Llama 3's <|begin_of_text|>, nothing for most others."""
+  plain = tok.encode('a', add_special_tokens=False).ids
+  full = tok.encode('a', add_special_tokens=True).ids
+  for start in range(len(full) - len(plain) + 1):
+    if full[start:start + len(plain)] == plain:
+      return tuple(full[:start])
+  return ()
+
+
 def _parse(path: Path, data: bytes) -> tuple[tokenizers.Tokenizer, int | None]:
   """The tokenizer serialized in `data`, and the pad id of its padding setting if any. It
   encodes text as text: special tokens' strings in a document are not turned into special ids,
@@ -107,6 +130,13 @@ class HfTokenizer:
     if 'pad_token' not in configured and file_pad_id is not None:
       pad_id = file_pad_id
     self.pad_id: int = self.eos_id if pad_id is None else pad_id
+    # What transformers' tokenizer(text) puts first: tokenizer_config.json's add_bos_token when
+    # it says (it rewrites the post-processor there), else the post-processor's own prefix.
+    add_bos = config_flag(path.parent, 'add_bos_token')
+    if add_bos is None:
+      self.bos_prefix: tuple[int, ...] = _prefix_ids(self._tok)
+    else:
+      self.bos_prefix = (self.bos_id,) if add_bos and self.bos_id is not None else ()
 
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)

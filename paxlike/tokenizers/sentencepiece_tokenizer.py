@@ -47,6 +47,12 @@ class SentencePieceTokenizer:
     self.eos_id = self._sp.eos_id()
     self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else None
     self.pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_id
+    # BOS first where the checkpoint's tokenizer_config.json says add_bos_token (Llama 1/2's);
+    # a bare .model names no rule, and gets none.
+    from paxlike.tokenizers.hf_tokenizer import config_flag  # pylint: disable=import-outside-toplevel
+    add_bos = config_flag(Path(path).parent, 'add_bos_token')
+    self.bos_prefix: tuple[int, ...] = (
+        (self.bos_id,) if add_bos and self.bos_id is not None else ())
 
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     return [int32_ids(ids) for ids in self._sp.encode(list(texts), out_type=int)]

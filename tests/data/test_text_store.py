@@ -91,9 +91,13 @@ def test_sentencepiece_store_decodes_back_and_sft_prompt_lengths(tmp_path):
   sft.write_text(''.join(json.dumps({'prompt': t[:5], 'completion': t[5:]}) + '\n' for t in texts))
   store = token_store.open_or_build({'s.jsonl': sft}, F(prompt_field='prompt'), tok, 1)
   for text, tokens, prompt in zip(texts, documents(store), store.doc_prompt):
-    assert np.array_equal(tokens, np.concatenate([*tok.encode_batch([text[:5], text[5:]]),
-                                                  [tok.eos_id]]))
-    assert prompt == len(tok.encode_batch([text[:5]])[0])
+    # As TRL: prompt + completion tokenized whole, the prompt what it shares with the prompt
+    # alone (a bare .model has no BOS rule).
+    whole, alone = tok.encode_batch([text, text[:5]])
+    assert np.array_equal(tokens, np.concatenate([whole, [tok.eos_id]]))
+    shared = next((i for i, (x, y) in enumerate(zip(whole, alone)) if x != y),
+                  min(len(whole), len(alone)))
+    assert prompt == shared
 
 
 def test_second_open_reuses_the_store_without_tokenizing(tmp_path, capsys):
