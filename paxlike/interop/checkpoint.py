@@ -24,11 +24,11 @@ from paxlike.families.shapes import abstract_params
 from paxlike.interop import hf_defaults
 from paxlike.interop.families import family_for_config, family_for_model
 from paxlike.interop.family import NameMap, Tensor
+from paxlike.interop.weight_files import Header, read_header
 from paxlike.layers import TransformerLM
 from paxlike.layers.rope import RopeScaling
 from paxlike.layers.transformer import stack_layers, unstack_layers
 
-Header = Mapping[str, tuple[tuple[int, ...], Path]]  # HF name -> (shape, file).
 TIED = 'lm_head.weight'
 
 
@@ -172,14 +172,15 @@ def export_params(params: Mapping[str, Any], model: TransformerLM, dtype: Any = 
 
 
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-  """All tensors of a .safetensors file, or of every *.safetensors file in a directory."""
+  """All tensors of a .safetensors file, or of the checkpoint in a directory (the files and
+  tensors `weight_files.read_header` picks: the index's shards, else model.safetensors, ...)."""
   path = Path(path)
-  files = sorted(path.glob('*.safetensors')) if path.is_dir() else [path]
-  if not files:
-    raise UserError(f'no .safetensors files in {path}')
-  tensors: dict[str, np.ndarray] = {}
-  for file in files:
-    tensors.update(load_file(file))
+  if not path.is_dir():
+    return load_file(path)
+  header, tensors = read_header(path), {}
+  for file in sorted({file for _, file in header.values()}):
+    with safe_open(file, framework='numpy') as f:
+      tensors.update({name: f.get_tensor(name) for name, (_, at) in header.items() if at == file})
   return tensors
 
 
@@ -221,19 +222,9 @@ def save_hf_checkpoint(params: Mapping[str, Any], model: TransformerLM, director
 # Streaming import (train.init_from): shapes from the files' headers, then one tensor at a time.
 
 def safetensors_header(directory: str | Path) -> dict[str, tuple[tuple[int, ...], Path]]:
-  """Tensor name -> (shape, file) over every *.safetensors file in `directory`, from the files'
-  headers alone. UserError without any; a file that is not safetensors is RunFailure naming it."""
-  files = sorted(Path(directory).glob('*.safetensors'))
-  if not files:
-    raise UserError(f'no .safetensors files in {directory}')
-  header = {}
-  for file in files:
-    try:
-      with safe_open(file, framework='numpy') as f:
-        header.update({name: (tuple(f.get_slice(name).get_shape()), file) for name in f.keys()})
-    except (SafetensorError, OSError) as error:
-      raise RunFailure(f'{file} is not a readable safetensors file ({error})') from None
-  return header
+  """Tensor name -> (shape, file) of the checkpoint in `directory`, from the files' headers
+  alone (`weight_files.read_header`: which files and tensors, and what is refused)."""
+  return read_header(directory)
 
 
 def read_params(header: Header, model: TransformerLM, names: NameMap
@@ -251,7 +242,7 @@ def _read_tensors(header: Header, names: NameMap
   for file in sorted({file for _, file in header.values()}):
     try:
       with safe_open(file, framework='numpy') as f:
-        for name in f.keys():
+        for name in sorted(n for n, (_, at) in header.items() if at == file):
           if name in names:
             t = names[name]
             for path, value in zip(t.paths, t.to_pax(f.get_tensor(name))):

@@ -28,7 +28,7 @@ from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from paxlike.errors import UserError
-from paxlike.interop import checkpoint
+from paxlike.interop import checkpoint, weight_files
 from paxlike.trainer import reference
 
 RECORD = 'init_source.json'  # In the job dir: where the run's params came from.
@@ -86,7 +86,7 @@ def model_overrides_from(init_from: str) -> dict[str, Any]:
     config = source.path / 'config.json'
     if not config.is_file():
       raise UserError(f'train.init_from={init_from!r}: no config.json in {source.path}')
-    return dict(checkpoint.config_from_hf(json.loads(config.read_text())).__arguments__)
+    return dict(checkpoint.config_from_hf(checkpoint.read_config(source.path)).__arguments__)
   model = _job_config(source).model
   return {k: v for k, v in model.__arguments__.items() if k not in LORA_FIELDS}
 
@@ -240,12 +240,14 @@ def _sha256(file: Path) -> str:
 
 def source_record(init_from: str) -> dict[str, Any]:
   """What `init_source.json` says: the init_from string, kind, directory, step (jobs), and the
-  sha256 of each file read (an HF dir's config.json and *.safetensors; every file of the job's
-  step directory) with one sha256 over them all."""
+  sha256 of each file read (an HF dir's config.json, index and the safetensors files it is made
+  of; every file of the job's step directory) with one sha256 over them all."""
   source = parse(init_from)
   step = None
   if source.kind == 'hf':
-    files = sorted(source.path.glob('*.safetensors')) + [source.path / 'config.json']
+    index = [source.path / weight_files.INDEX]
+    index = index if index[0].is_file() else []
+    files = weight_files.weight_files(source.path) + index + [source.path / 'config.json']
     root = source.path
   else:
     manager = _manager(source)
