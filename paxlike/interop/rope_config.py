@@ -108,6 +108,8 @@ def _scaling(kind: str, d: Mapping[str, Any], hf: Mapping[str, Any], base: float
   if factor is None:
     raise UserError(f'config.json {where} of rope_type {kind!r} has no factor')
   factor = _float(factor, 'factor', where)
+  if not factor > 0:  # Frequencies divided by it: infinite or negative at <= 0.
+    raise UserError(f'config.json {where}.factor={factor} is not positive (rope_type {kind!r})')
   if kind == 'linear':
     return RopeScaling('linear', factor)
   if kind == 'dynamic':
