@@ -2,7 +2,8 @@
 `--job_log_dir` alone gives the rows of an uninterrupted run bitwise (its prompt data's
 fingerprint hashes the tokenizer's bytes, not its path, which the first start points at the
 job's own copy); and a job dir moved after that (`mv run run2`) still resumes, evaluates,
-decodes and exports, with a reward function from the user's own module."""
+decodes and exports, with a reward function from the user's own module; a reward function that
+returns strings is refused by name, exit 2."""
 
 import json
 import os
@@ -85,3 +86,15 @@ def test_kill_9_then_job_log_dir_alone_then_moved_gives_the_uninterrupted_rows(r
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert (tmp_path / 'hf' / 'tokenizer.json').read_bytes() == (
       root / 'tok' / 'tokenizer.json').read_bytes()
+
+
+def test_a_reward_function_returning_strings_is_refused_by_name_exit_2(root, tmp_path):
+  (tmp_path / 'text_rewards.py').write_text(
+      'def as_text(prompts, completions):\n  return [str(len(c)) for c in completions]\n')
+  proc = run_cli(*args(root), "--fdl_set=loss.reward_fns=('text_rewards.as_text',)",
+                 '--allow_import=text_rewards', f'--job_log_dir={tmp_path / "job"}',
+                 check=False, env=cli_env(PYTHONPATH=f'{REPO}{os.pathsep}{tmp_path}'))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("paxlike: error: reward function as_text returned str '")
+  assert committed_steps(tmp_path / 'job') == []

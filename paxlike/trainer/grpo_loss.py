@@ -28,6 +28,7 @@ the distribution the completions were drawn from (top-p's truncation aside), as 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -43,8 +44,8 @@ STD_EPS = 1e-4  # Added to a group's reward std (TRL's), so a constant group's a
 
 
 def _number(name: str, value: Any) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    raise UserError(f'loss.{name} must be a number, got {value!r}')
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise UserError(f'loss.{name} must be a finite number, got {value!r}')
   return float(value)
 
 

@@ -25,6 +25,7 @@ model that cannot tell the two apart is 0.5 (TRL counts ties as wrong and report
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
@@ -56,8 +57,9 @@ class PreferenceLoss:
       raise UserError(f'loss.kind must be one of {", ".join(KINDS)}, got {self.kind!r}')
     for name in ('beta', 'label_smoothing', 'gamma'):
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f'loss.{name} must be a number, got {value!r}')
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+          value):
+        raise UserError(f'loss.{name} must be a finite number, got {value!r}')
     if not self.beta > 0:
       raise UserError(f'loss.beta must be > 0, got {self.beta!r}')
     if not 0 <= self.label_smoothing < 0.5:
@@ -65,6 +67,9 @@ class PreferenceLoss:
     if self.label_smoothing and self.kind not in ('dpo', 'simpo'):
       raise UserError(f"loss.label_smoothing applies to kind 'dpo' and 'simpo', not "
                       f'{self.kind!r}')
+    if self.kind == 'simpo' and self.gamma < 0:
+      raise UserError(f'loss.gamma is the target reward margin of simpo and must be >= 0, got '
+                      f'{self.gamma!r}')
     if not isinstance(self.ipo_average, bool):
       raise UserError(f'loss.ipo_average must be True or False, got {self.ipo_average!r}')
 

@@ -9,8 +9,10 @@ A config names one as a callable (saved as a reference, which loading a config.j
 only from allow-listed modules: paxlike/config/allow_list.py) or on the command line as a
 'module.function' string, resolved here under the same rules: this module's functions, or a
 module the user allowed with --allow_import. What is not allowed, missing or not callable is a
-UserError (exit 2); what a function does wrong at a step (raises, returns the wrong number of
-rewards or a non-finite one) is a RunFailure (exit 1) raised before the step is taken.
+UserError (exit 2), and so is a function that returns other than numbers (a string, even
+'1.0', or None: TRL reads None as "no reward", paxlike refuses it) at its first call; what a
+function does wrong at a step otherwise (raises, returns the wrong number of rewards or a
+non-finite one) is a RunFailure (exit 1). Either is raised before the step is taken.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import numbers
 import re
 from typing import Any, Callable, Iterable, Sequence
 
@@ -123,6 +126,22 @@ def _fields_for(fn: Any, fields: dict[str, list[Any]]) -> dict[str, list[Any]]:
   return {k: v for k, v in fields.items() if k in names}
 
 
+def _numbers(name: str, values: Any) -> np.ndarray:
+  """float64 [n] of what reward function `name` returned; UserError naming the first value
+  that is not a real number (a string, None, ...), RunFailure when it is no sequence."""
+  try:
+    values = list(values)
+  except TypeError:
+    raise RunFailure(f'reward function {name} returned {type(values).__name__}, not a list of '
+                     'numbers') from None
+  for i, value in enumerate(values):
+    if not isinstance(value, (numbers.Real, np.bool_)):
+      raise UserError(f'reward function {name} returned {type(value).__name__} {value!r} for '
+                      f'completion {i}: a reward function must return one number per '
+                      'completion (not strings or None)')
+  return np.asarray(values, np.float64)
+
+
 def score(fns: Sequence[Callable[..., Any]], weights: Sequence[float] | None,
           prompts: list[str], completions: list[str], fields: dict[str, list[Any]]
           ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -137,10 +156,7 @@ def score(fns: Sequence[Callable[..., Any]], weights: Sequence[float] | None,
     except Exception as error:  # The user's code: name it, one line.
       raise RunFailure(f'reward function {name} raised: '
                        f'{type(error).__name__}: {error}') from None
-    try:
-      values = np.asarray(list(values), np.float64)
-    except (TypeError, ValueError):
-      raise RunFailure(f'reward function {name} returned something other than numbers') from None
+    values = _numbers(name, values)
     if values.shape != (n,):
       raise RunFailure(f'reward function {name} returned {values.size} rewards for {n} '
                        f'completions')

@@ -129,7 +129,11 @@ def test_empty_padding_pairs_give_finite_values_and_gradients():
     ({'beta': 0.0}, 'loss.beta must be > 0'),
     ({'label_smoothing': 0.5}, 'loss.label_smoothing must be in [0, 0.5)'),
     ({'kind': 'ipo', 'label_smoothing': 0.1}, "applies to kind 'dpo' and 'simpo'"),
-    ({'beta': 'big'}, 'loss.beta must be a number'),
+    ({'beta': 'big'}, 'loss.beta must be a finite number'),
+    ({'kind': 'simpo', 'gamma': -0.5}, 'loss.gamma is the target reward margin of simpo and '
+     'must be >= 0, got -0.5'),
+    ({'beta': float('inf')}, 'loss.beta must be a finite number, got inf'),
+    ({'gamma': float('nan')}, 'loss.gamma must be a finite number, got nan'),
 ])
 def test_bad_settings_are_one_line_errors(settings, message):
   with pytest.raises(UserError, match=message.replace('[', r'\[').replace(')', r'\)')):

@@ -220,6 +220,8 @@ def test_the_training_batch_scores_exactly_the_completion_tokens():
     ({'scale_rewards': 'std'}, 'scale_rewards'),
     ({'epsilon_high': -0.1}, 'epsilon_high'),
     ({'epsilon_high': 'wide'}, 'epsilon_high'),
+    ({'beta': float('nan')}, 'loss.beta must be a finite number, got nan'),
+    ({'temperature': float('inf')}, 'loss.temperature must be a finite number'),
     ({'reward_fns': ()}, 'at least one reward function'),
     ({'reward_fns': ('os.system',)}, 'not allowed'),
     ({'reward_weights': (1.0, 2.0)}, 'one weight per reward function'),

@@ -8,6 +8,7 @@ import sys
 import types
 
 import fiddle as fdl
+import numpy as np
 import pytest
 
 from paxlike.errors import RunFailure, UserError
@@ -75,9 +76,28 @@ def test_score_passes_the_fields_a_function_names_and_weights_the_sum():
     (lambda p, c: 1 / 0, 'raised: ZeroDivisionError'),
     (lambda p, c: [1.0], 'returned 1 rewards for 2 completions'),
     (lambda p, c: [1.0, math.nan], r'non-finite reward \(nan\)'),
-    (lambda p, c: ['x', 'y'], 'other than numbers'),
+    (lambda p, c: 3.0, 'returned float, not a list of numbers'),
 ])
 def test_a_failing_reward_function_is_a_one_line_run_failure(fn, words):
   with pytest.raises(RunFailure, match=words) as error:
     rewards.score([fn], None, ['p', 'q'], ['a', 'b'], {})
   assert '\n' not in str(error.value)
+
+
+@pytest.mark.parametrize('values, words', [
+    (['1.0', '2.0'], "returned str '1.0' for completion 0"),
+    ([1.0, None], 'returned NoneType None for completion 1'),
+    (['x', 'y'], "returned str 'x' for completion 0"),
+])
+def test_a_reward_function_returning_strings_or_none_is_refused_by_name(values, words):
+  def picky(prompts, completions):
+    return values
+  with pytest.raises(UserError, match=f'reward function picky {words}') as error:
+    rewards.score([picky], None, ['p', 'q'], ['a', 'b'], {})
+  assert '\n' not in str(error.value)
+
+
+def test_numpy_and_bool_rewards_are_numbers():
+  total, _ = rewards.score([lambda p, c: np.array([1, 0]), lambda p, c: [True, np.float32(2)]],
+                           None, ['p', 'q'], ['a', 'b'], {})
+  assert total.tolist() == [2.0, 2.0]
