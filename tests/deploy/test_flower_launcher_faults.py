@@ -227,3 +227,69 @@ def test_flwr_not_importable_is_refused_in_one_line_naming_the_package(tmp_path_
                              f'--out={tmp_path / "run"}', blocked='flwr'))
   assert 'flwr' in line and 'pip install' in line, line
   assert not (tmp_path / 'run').exists()
+
+
+FULL_DISK = r'''
+set -u
+mount -t tmpfs -o size=64m tmpfs "$DISK"
+"$PY" -m paxlike.deploy.flower.local "$@" --out="$DISK/run" >"$RESULT/first.out" 2>"$RESULT/first.err" &
+launcher=$!
+while [ ! -d "$DISK/run/server/checkpoints/1" ] && kill -0 $launcher 2>/dev/null; do sleep 0.2; done
+dd if=/dev/zero of="$DISK/filler" bs=1M 2>/dev/null
+df -k "$DISK" | tail -1 >"$RESULT/df"
+wait $launcher; echo $? >"$RESULT/first.rc"
+ls "$DISK/run/server/checkpoints" >"$RESULT/checkpoints"
+rm "$DISK/filler"
+"$PY" -m paxlike.deploy.flower.local "$@" --out="$DISK/run" >"$RESULT/second.out" 2>"$RESULT/second.err"
+echo $? >"$RESULT/second.rc"
+cp -r "$DISK/run/server" "$DISK/run/config.json" "$RESULT/"
+'''
+
+
+def _can_mount_tmpfs() -> bool:
+  return subprocess.run(['unshare', '-rm', 'sh', '-c', 'mount -t tmpfs tmpfs /mnt'],
+                        capture_output=True).returncode == 0
+
+
+@pytest.mark.slow  # Two launches of a 2-node federation, the first on a disk that fills up.
+def test_a_disk_that_fills_after_round_1_ends_in_one_line_and_the_same_command_resumes(
+    tmp_path_factory, tmp_path):
+  """--out on a 64 MiB tmpfs (mounted in a user and mount namespace of its own: no root needed)
+  that a file fills once round 1 is checkpointed: the launcher exits 1 with one line naming the
+  path and the last complete checkpoint (before: an OSError traceback writing runs.json); round
+  1's checkpoint is intact, and once the file is removed the same command resumes from it, its
+  rows the executor's uninterrupted rounds."""
+  from paxlike.config import config_io
+  from tests.deploy.reference import assert_rows_equal, executor_rounds
+  if not _can_mount_tmpfs():
+    pytest.skip('unshare -rm cannot mount a tmpfs here (user namespaces are off)')
+  export, disk, result = fp.digits_export(tmp_path_factory), tmp_path / 'disk', tmp_path / 'out'
+  disk.mkdir()
+  result.mkdir()
+  began = fp.now_ticks()
+  env = {**cli_env(), 'DISK': str(disk), 'RESULT': str(result), 'PY': sys.executable}
+  done = subprocess.run(['unshare', '-rm', 'sh', '-c', FULL_DISK, 'sh', *fp.CLI_TINY,
+                         f'--export_dir={export}', f'--rounds={ROUNDS}', '--nodes=2',
+                         '--round_timeout=90'], cwd=REPO, env=env, timeout=900,
+                        capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-3000:]
+  first = (result / 'first.err').read_text()
+  print('df when full:', (result / 'df').read_text().strip(), '| first launch:',
+        (result / 'first.rc').read_text().strip(), first.strip().splitlines()[-1:])
+  assert (result / 'first.rc').read_text().strip() == '1', first[-3000:]
+  assert 'Traceback' not in first, first[-3000:]
+  line = first.strip().splitlines()[-1]
+  assert line.startswith('paxlike.deploy.flower.local: failed: no space left on the device of '
+                         f'{disk}/run'), line
+  assert f'the last complete checkpoint is round 1 ({disk}/run/server/checkpoints/1)' in line
+  assert '1' in (result / 'checkpoints').read_text().split()
+  second = (result / 'second.err').read_text()
+  assert (result / 'second.rc').read_text().strip() == '0', second[-3000:]
+  assert 'resuming' in second and 'after round 1' in second, second[-3000:]
+  rows = fp.rows(result / 'server' / 'metrics.jsonl')
+  cohorts = fp.rows(result / 'server' / 'cohorts.jsonl')
+  assert [r['step'] for r in rows] == [c['step'] for c in cohorts] == [1, 2, 3]
+  assert all(c['dropped_slots'] == [] for c in cohorts)
+  task = config_io.build(config_io.load_file(result / 'config.json'))
+  assert_rows_equal(rows, executor_rounds(task, export, cohorts))
+  assert fp.flower_processes_since(began) == []

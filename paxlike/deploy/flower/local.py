@@ -16,11 +16,7 @@ through Flower's SecAgg+ (secure.py); a plan whose clients keep individual value
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +26,8 @@ from pathlib import Path
 from absl import app, flags
 
 from paxlike import main as cli
-from paxlike.deploy.flower import federation, processes, records, supervise, warm_clientapp
+from paxlike.deploy.flower import (federation, launches, processes, records, supervise,
+                                   warm_clientapp)
 from paxlike.deploy.flower.rounds import clients_of_nodes
 
 flags.DEFINE_string('export_dir', None, 'The export directory (python -m paxlike.export --out).')
@@ -56,96 +53,6 @@ def node_config(export_dir: Path, out: Path, clients: list[int], name: str) -> s
           f'clients="{",".join(map(str, clients))}" log="{out.absolute()}/logs/{name}.jsonl"')
 
 
-def rows_done(out: Path) -> int:
-  rows = out / 'server' / 'metrics.jsonl'
-  return len(rows.read_text().splitlines()) if rows.exists() else 0
-
-
-def last_step(out: Path) -> int | None:
-  """The step of the last row the ServerApp wrote, or None."""
-  rows = out / 'server' / 'metrics.jsonl'
-  lines = rows.read_text().splitlines() if rows.exists() else []
-  return int(json.loads(lines[-1])['step']) if lines else None
-
-
-class Stopped(BaseException):
-  """SIGINT or SIGTERM reached the launcher: stop the federation, keep what is saved."""
-
-  def __init__(self, signum: int):
-    super().__init__(signal.Signals(signum).name)
-    self.signum = signum
-
-
-def _stop_on_signals() -> None:
-  """SIGINT and SIGTERM (Ctrl-C, a timeout, a CI cancel) unwind the launcher, so that it stops
-  its process groups; a second one while it does is ignored (a kill -9 is left to the
-  watchdog)."""
-  def stop(signum: int, frame: object) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-      signal.signal(sig, signal.SIG_IGN)
-    raise Stopped(signum)
-  for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, stop)
-
-
-def _wait_for_last_checkpoint(out: Path, seconds: float = 15.0) -> None:
-  """Until the checkpoint of the last row written is committed (Orbax renames its directory
-  to the step's number when it is), at most `seconds`: a stop then loses no round."""
-  step = last_step(out)
-  deadline = time.monotonic() + seconds
-  while (step is not None and not (out / 'server' / 'checkpoints' / str(step)).is_dir()
-         and time.monotonic() < deadline):
-    time.sleep(0.1)
-
-
-def lock_out(out: Path, wait: float = 30.0) -> int:
-  """An exclusive lock on `out`/launcher.lock (its descriptor), taken within `wait` seconds
-  (the watchdog of a launcher killed a moment ago holds it until it has stopped that run's
-  processes); UserError naming the holder when another launcher runs on `out`."""
-  from paxlike.errors import UserError
-  fd = os.open(out / 'launcher.lock', os.O_RDWR | os.O_CREAT, 0o644)
-  deadline = time.monotonic() + wait
-  while True:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      break
-    except BlockingIOError:
-      if time.monotonic() > deadline:
-        holder = os.pread(fd, 200, 0).decode(errors='replace').strip() or 'unknown'
-        os.close(fd)
-        raise UserError(f'--out={out} is in use by another launcher ({holder})') from None
-      time.sleep(0.2)
-  os.ftruncate(fd, 0)
-  os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()}\n'.encode(), 0)
-  return fd
-
-
-def resumable(out: Path, config_json: str) -> bool:
-  """Whether `out` holds a run of this launcher to resume (False: it is new or empty);
-  UserError when it holds something else."""
-  from paxlike.errors import UserError
-  if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-    return False
-  saved = out / 'config.json'
-  if not out.is_dir() or not saved.exists() or not (out / 'app' / 'pyproject.toml').exists():
-    raise UserError(f'--out={out} exists and is not a run of this launcher; '
-                    'choose a new directory')
-  if saved.read_text() != config_json:
-    raise UserError(f'--out={out} holds a run of another config ({saved}); give its flags '
-                    'to resume it, or choose a new directory')
-  return True
-
-
-def _keep_old_logs(out: Path) -> None:
-  """Moves the logs of the launches before this one to `out`/logs.K (K = 1, 2, ...)."""
-  logs = out / 'logs'
-  if logs.exists():
-    k = 1
-    while (out / f'logs.{k}').exists():
-      k += 1
-    logs.rename(out / f'logs.{k}')
-
-
 def _save_runs(fed: federation.Federation, path: Path) -> None:
   """Flower's own record of the runs (status, times, network traffic) as `flwr ls` prints it."""
   path.write_text(fed.flwr('ls', federation.CONNECTION, '--format', 'json').stdout)
@@ -169,11 +76,11 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
   every process; RunFailure when the rows are not all written."""
   from paxlike.errors import RunFailure
   out.mkdir(parents=True, exist_ok=True)
-  lock = lock_out(out)
+  lock = launches.lock_out(out)
   if (out / 'config.json').exists():
-    _keep_old_logs(out)
-    print(f'resuming {out} after round {last_step(out) or 0} (its last checkpoint)',
-          file=sys.stderr)
+    launches.keep_old_logs(out)
+    print(f'resuming {out} after round {launches.last_checkpoint(out) or 0} (its last '
+          'checkpoint)', file=sys.stderr)
   (out / 'config.json').write_text(config_json)
   bin_dir = out / 'warm_bin'
   group = processes.Group(processes.flower_env(out / 'flwr_home', bin_dir if warm else None),
@@ -211,26 +118,28 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
     for attempt in range(restarts + 1):
       runner = runner if attempt == 0 else submit(attempt)
       watch.wait(runner, group.logs / f'flwr_run{attempt}.log', time.monotonic() + budget)
-      if rows_done(out) == rounds:
-        break
+      if launches.rows_done(out) == rounds or launches.disk_full(out):
+        break  # A ServerApp started again on a full disk would fail the same way.
     _save_runs(fed, out / 'runs.json')
   except subprocess.TimeoutExpired:
     raise RunFailure(f'the federation did not finish in {budget} s '
                      f'(logs in {out / "logs"})') from None
-  except Stopped:
-    _wait_for_last_checkpoint(out)
+  except launches.Stopped:
+    launches.wait_for_last_checkpoint(out)
     raise
   finally:
     group.stop()
     os.close(lock)
-  if rows_done(out) != rounds or not (out / 'server' / 'final.npz').exists():
-    raise RunFailure(f'the ServerApp wrote {rows_done(out)} of {rounds} rounds '
+  if launches.rows_done(out) != rounds or not (out / 'server' / 'final.npz').exists():
+    if launches.disk_full(out):
+      raise RunFailure(launches.no_space_message(out, out / 'server'))
+    raise RunFailure(f'the ServerApp wrote {launches.rows_done(out)} of {rounds} rounds '
                      f'(logs in {out / "logs"})')
 
 
 def run(argv: list[str]) -> None:
   from paxlike.config import config_io
-  from paxlike.errors import UserError
+  from paxlike.errors import RunFailure, UserError
   from paxlike.export import artifacts
   if len(argv) > 1:
     raise UserError(f'unexpected arguments: {" ".join(argv[1:])}')
@@ -258,7 +167,7 @@ def run(argv: list[str]) -> None:
       raise UserError(f'--secure_aggregation needs 2 to {secure.MAX_NODES} nodes (SecAgg+ sums '
                       'over nodes, in a modulus that must not wrap)')
   out = Path(FLAGS.out)
-  resumable(out, config_json)
+  launches.resumable(out, config_json)
   task = config_io.build(cfg)
   num_clients = records.num_clients(task.data)
   if FLAGS.nodes > num_clients:  # A node holds clients k, k + N, ...: one would hold none.
@@ -266,15 +175,19 @@ def run(argv: list[str]) -> None:
                     f'client{"s" * (num_clients != 1)} (data.num_clients); each node must hold '
                     'one' + (', and --secure_aggregation needs 2 nodes that hold clients'
                              if FLAGS.secure_aggregation else ''))
-  _stop_on_signals()
-  if rows_done(out) != FLAGS.rounds or not (out / 'server' / 'final.npz').exists():
+  launches.stop_on_signals()
+  if launches.rows_done(out) != FLAGS.rounds or not (out / 'server' / 'final.npz').exists():
     try:
       run_federation(Path(FLAGS.export_dir), config_json, out, FLAGS.rounds,
                      FLAGS.nodes, num_clients, FLAGS.round_timeout,
                      FLAGS.server_restarts, FLAGS.secure_aggregation, FLAGS.warm_clientapp)
-    except Stopped as stop:
+    except OSError as error:  # Writing the run's files (runs.json, the app, credentials).
+      if error.errno not in launches.NO_SPACE:
+        raise
+      raise RunFailure(launches.no_space_message(out, error.filename or out)) from None
+    except launches.Stopped as stop:
       cli.exit_with(0, f'paxlike.deploy.flower.local: stopped by {stop} after round '
-                       f'{last_step(out) or 0} of {FLAGS.rounds} (checkpointed in '
+                       f'{launches.last_step(out) or 0} of {FLAGS.rounds} (checkpointed in '
                        f'{out / "server" / "checkpoints"}); the same command resumes')
   print((out / 'server' / 'metrics.jsonl').read_text(), end='')
 
