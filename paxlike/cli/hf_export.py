@@ -32,7 +32,7 @@ from paxlike import registry
 from paxlike.config import config_io
 from paxlike.errors import UserError
 from paxlike.interop import checkpoint, hf_fields
-from paxlike.layers import TransformerLM, lora
+from paxlike.layers import TransformerLM, lora, quantization
 from paxlike.trainer import job_source
 
 def export_job(job_dir: str | Path, out: str | Path, step: int | None = None,
@@ -58,6 +58,9 @@ def export_job(job_dir: str | Path, out: str | Path, step: int | None = None,
                                                    kept_as=build.kept_as(cfg, task))
   params = jax.tree.map(np.asarray, nn.meta.unbox(restore.export_params(placed, state)))
   model = task.model
+  if model.base_quantization != 'none':  # The adapters merge into the dequantized base.
+    params = quantization.dequantize_tree(params)
+    model = model.clone(base_quantization='none')
   if model.lora_rank:
     params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
   source = _source_config(job_dir)

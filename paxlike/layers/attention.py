@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import attention_kernels, kv_cache, lora, rope
+from paxlike.layers import attention_kernels, kv_cache, lora, quantization, rope
 from paxlike.layers.norms import rms_norm
 from paxlike.layers.rope import RopeScaling, apply_rope  # noqa: F401 (apply_rope: re-exported)
 
@@ -36,7 +36,8 @@ class CausalSelfAttention(nn.Module):
   kernel: 'auto' (cuDNN flash on NVIDIA GPUs, Pallas splash on TPU, XLA otherwise), 'xla',
   'cudnn' or 'splash'; see `attention_kernels.resolve`. Decoding with a KV cache always uses
   XLA's attention (one query per step). With `lora_rank` > 0, the projections named in
-  `lora_targets` get LoRA adapters (see `lora`).
+  `lora_targets` get LoRA adapters (see `lora`). `base_quantization` ('int8', 'nf4') stores
+  the four kernels quantized and frozen (see `quantization`; `double_quant`: NF4's scales too).
   """
 
   num_heads: int
@@ -59,6 +60,8 @@ class CausalSelfAttention(nn.Module):
   param_dtype: DType = jnp.float32
   implementation: str = 'auto'
   fused_qkv: bool = False
+  base_quantization: str = 'none'
+  double_quant: bool = True
   lora_rank: int = 0
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = ()
@@ -70,7 +73,10 @@ class CausalSelfAttention(nn.Module):
     # applies the N-d logical constraint to a 2-d array and fails under a mesh (flax 0.12.12).
     fan_out_axes = tuple(a for a in range(len(shape)) if a not in fan_in_axes)
     init = nn.initializers.lecun_normal(in_axis=fan_in_axes, out_axis=fan_out_axes)
-    kernel = self.param(name, nn.with_logical_partitioning(init, names), shape, self.param_dtype)
+    kernel = quantization.declare(self, name, shape, names, init, len(fan_in_axes),
+                                  self.base_quantization, self.double_quant, self.param_dtype)
+    if self.base_quantization != 'none':
+      return quantization.dequantize(kernel, self.dtype)
     return jnp.asarray(kernel, self.dtype)
 
   def _head_norm(self, name: str) -> nn.Module:

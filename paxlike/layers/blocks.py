@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import lora
+from paxlike.layers import lora, quantization
 from paxlike.layers.attention import CausalSelfAttention
 from paxlike.layers.norms import rms_norm
 
@@ -49,17 +49,24 @@ class Mlp(nn.Module):
   lora_rank: int = 0
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = ()
+  base_quantization: str = 'none'  # 'int8' or 'nf4': frozen kernels (see `quantization`).
+  double_quant: bool = True
 
   def _dense(self, x: jax.Array, features: int, names: tuple[str, str], name: str) -> jax.Array:
-    kernel_init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
-    y = nn.Dense(
-        features,
-        use_bias=False,
-        kernel_init=kernel_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name=name,
-    )(x)
+    if self.base_quantization != 'none':  # Frozen, stored quantized: same 'kernel' path.
+      kernel = quantization.QuantKernel((x.shape[-1], features), names, self.base_quantization,
+                                        self.double_quant, self.dtype, name=name)()
+      y = jnp.asarray(x, self.dtype) @ kernel
+    else:
+      kernel_init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
+      y = nn.Dense(
+          features,
+          use_bias=False,
+          kernel_init=kernel_init,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name=name,
+      )(x)
     if self.lora_rank and name in self.lora_targets:
       y = y + lora.adapter(self, name, jnp.asarray(x, self.dtype), (x.shape[-1],), (features,),
                            names[:1], names[1:], self.lora_rank, self.lora_alpha, self.dtype,
@@ -103,6 +110,8 @@ class DecoderBlock(nn.Module):
   mlp: nn.Module | None = None
   sandwich_norm: bool = False
   norm_weight_offset: float = 0.0
+  base_quantization: str = 'none'
+  double_quant: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool, decode: bool = False,
@@ -118,7 +127,8 @@ class DecoderBlock(nn.Module):
     x = nn.with_logical_constraint(x + h, EMBED_ACT)
     mlp = self.mlp if self.mlp is not None else Mlp(
         self.d_ff, self.gated_mlp, self.dtype, self.param_dtype, self.mlp_activation,
-        self.lora_rank, self.lora_alpha, self.lora_targets, name='mlp')
+        self.lora_rank, self.lora_alpha, self.lora_targets, self.base_quantization,
+        self.double_quant, name='mlp')
     h = mlp(norm('mlp_norm')(x))
     if self.sandwich_norm:
       h = norm('post_mlp_norm')(h)

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from paxlike.layers import lm_features, lora, moe, pipeline
+from paxlike.layers import lm_features, lora, moe, pipeline, quantization
 from paxlike.layers.blocks import MLP_ACTIVATIONS
 
 _dots = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
@@ -46,6 +46,12 @@ def check_model(model: Any, seq_len: int) -> None:
   if model.mlp_activation not in (None, *MLP_ACTIVATIONS):
     raise ValueError(f'mlp_activation must be one of {sorted(MLP_ACTIVATIONS)} or None, '
                      f'got {model.mlp_activation!r}')
+  if model.base_quantization not in quantization.KINDS:
+    raise ValueError(f'base_quantization must be one of {", ".join(quantization.KINDS)}, '
+                     f'got {model.base_quantization!r}')
+  if model.base_quantization != 'none' and model.num_experts:
+    raise ValueError('base_quantization covers dense layers only; a MoE model\'s experts '
+                     'cannot be stored quantized (set num_experts=0 or base_quantization=none)')
   if model.remat_policy not in REMAT_POLICIES:
     raise ValueError(f'remat_policy must be one of {list(REMAT_POLICIES)}, '
                      f'got {model.remat_policy!r}')

@@ -129,6 +129,10 @@ class TransformerLM(nn.Module):
   remat_policy: str = 'none'
   attention_impl: str = 'auto'  # 'auto', 'xla', 'cudnn' or 'splash': see attention_kernels.
   fused_qkv: bool = False  # q, k and v by one 2-D matmul (see CausalSelfAttention).
+  # A frozen base for LoRA: 'int8' or 'nf4' stores every attention and MLP kernel quantized
+  # (embeddings, norms and the head stay as they are; see paxlike.layers.quantization).
+  base_quantization: str = 'none'
+  double_quant: bool = True  # NF4's absmax constants quantized too (QLoRA's "double").
   lora_rank: int = 0  # 0 = no adapters; see paxlike.layers.lora.
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = ('query', 'value')
@@ -195,6 +199,8 @@ class TransformerLM(nn.Module):
         param_dtype=self.param_dtype,
         implementation=self.attention_impl,
         fused_qkv=self.fused_qkv,
+        base_quantization=self.base_quantization,
+        double_quant=self.double_quant,
         lora_rank=self.lora_rank,
         lora_alpha=self.lora_alpha,
         lora_targets=tuple(t for t in self.lora_targets if t in lora.ATTENTION_TARGETS),
@@ -222,6 +228,8 @@ class TransformerLM(nn.Module):
         mlp=self._moe_mlp(activation) if is_moe else None,
         sandwich_norm=self.sandwich_norm,
         norm_weight_offset=self.norm_weight_offset,
+        base_quantization=self.base_quantization,
+        double_quant=self.double_quant,
         **({'parent': None} if name is None else {'name': name}),
     )
 

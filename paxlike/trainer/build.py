@@ -60,6 +60,8 @@ def setup(task: Task, *, train_step: bool = True, evaluator: bool = True,
   refused before anything is compiled. With `kept_as` (what built `task`), the programs are
   kept compiled beside the compilation cache, and a run that another built the same way
   compiles none of them."""
+  if train_step:
+    _check_trainable(task)
   task.data.prepare()
   task = privacy.cohort_bound(task)
   accountant = privacy.checked_accountant(task)
@@ -73,6 +75,14 @@ def setup(task: Task, *, train_step: bool = True, evaluator: bool = True,
   return Trainer(task=task, program=program, step=step,
                  evaluator=build_evaluator(task, program, kept) if evaluator else None,
                  reporters=build_reporters(task, trained, accountant) if train_step else None)
+
+
+def _check_trainable(task: Task) -> None:
+  """UserError for a quantized base with no adapters to train (it is frozen)."""
+  kind = getattr(task.model, 'base_quantization', 'none')
+  if kind != 'none' and not getattr(task.model, 'lora_rank', 0):
+    raise UserError(f'model.base_quantization={kind!r} freezes the base: set model.lora_rank '
+                    '> 0 to train LoRA adapters over it')
 
 
 _ADVICE = ('lower data.batch_size, set model.remat_policy=\'full\', or shrink the optimizer '

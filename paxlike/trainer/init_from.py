@@ -28,6 +28,7 @@ from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from paxlike.errors import UserError
+from paxlike.layers import quantization
 from paxlike.interop import checkpoint, weight_files
 from paxlike.trainer import reference
 
@@ -137,19 +138,28 @@ def _put(value: np.ndarray, spec: jax.ShapeDtypeStruct, sharding: Any = None) ->
 
 def _load_hf(source: Source, want: dict[str, Any], adapters: set[str], model: Any
              ) -> dict[str, jax.Array]:
+  kind, double = getattr(model, 'base_quantization', 'none'), getattr(model, 'double_quant', True)
+  if kind != 'none':  # The checkpoint holds the float kernels of the same model.
+    model = model.clone(base_quantization='none')
   header = checkpoint.safetensors_header(source.path)
   tensors = checkpoint.name_map(model, checkpoint.read_config(source.path).get('model_type'),
                                header.keys())
   checkpoint.check_shapes({name: shape for name, (shape, _) in header.items()}, model, tensors)
   scanned = bool(getattr(model, 'scan_layers', False))
   group = model.moe_every if getattr(model, 'num_experts', 0) else 1
-  names = {'/'.join(_scanned_path(path, group) if scanned else path)
-           for t in tensors.values() for path in t.paths}
+  stored = lambda path: ([path + (e,) for e in quantization.entries(kind, double)]
+                         if kind != 'none' and quantization.kernel_axes(path[:-1], path[-1])
+                         else [path])
+  names = {'/'.join(_scanned_path(p, group) if scanned else p)
+           for t in tensors.values() for path in t.paths for p in stored(path)}
   _check_coverage(source, names, want, adapters)
   placed: dict[str, jax.Array] = {}
   layers: dict[str, dict[int, jax.Array]] = {}  # Scanned: each layer placed, stacked when whole.
   steps = model.num_layers // group
-  for path, value in checkpoint.read_params(header, model, tensors):
+  read = checkpoint.read_params(header, model, tensors)
+  # A quantized base is quantized as it streams in, one tensor at a time.
+  for path, value in (pair for p, v in read for pair in quantization.quantize_one(p, v, kind,
+                                                                                  double)):
     if not scanned or not path[0].startswith('block_'):
       placed['/'.join(path)] = _put(value, want['/'.join(path)])
       continue
