@@ -67,6 +67,26 @@ def start_warm_clientapp(group: processes.Group, socket: Path, bin_dir: Path
       '--bin-dir', str(bin_dir.absolute())])
 
 
+def _prepare_out(export_dir: Path, config_json: str, out: Path, rounds: int, timeout: int,
+                 secure_aggregation: bool) -> int:
+  """Locks `out` (the lock's descriptor), says where a resumed run continues (keeping its old
+  logs aside), and writes the run's config and the Flower app."""
+  out.mkdir(parents=True, exist_ok=True)
+  lock = launches.lock_out(out)
+  if (out / 'config.json').exists():
+    launches.keep_old_logs(out)
+    print(f'resuming {out} after round {launches.last_checkpoint(out) or 0} (its last '
+          'checkpoint)', file=sys.stderr)
+  (out / 'config.json').write_text(config_json)
+  processes.write_app(out / 'app', {
+      'export-dir': str(export_dir.absolute()), 'config': str((out / 'config.json').absolute()),
+      'out-dir': str((out / 'server').absolute()), 'rounds': rounds,
+      'timeout': timeout, 'secure-aggregation': int(secure_aggregation)},
+      'paxlike.deploy.flower.secure_client:app' if secure_aggregation
+      else 'paxlike.deploy.flower.client_app:app')
+  return lock
+
+
 def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, nodes: int,
                    num_clients: int, timeout: int, restarts: int,
                    secure_aggregation: bool = False, warm: bool = True) -> None:
@@ -75,23 +95,11 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
   `restarts` times when its ServerApp stops early (it resumes from its checkpoint), and stops
   every process; RunFailure when the rows are not all written."""
   from paxlike.errors import RunFailure
-  out.mkdir(parents=True, exist_ok=True)
-  lock = launches.lock_out(out)
-  if (out / 'config.json').exists():
-    launches.keep_old_logs(out)
-    print(f'resuming {out} after round {launches.last_checkpoint(out) or 0} (its last '
-          'checkpoint)', file=sys.stderr)
-  (out / 'config.json').write_text(config_json)
+  lock = _prepare_out(export_dir, config_json, out, rounds, timeout, secure_aggregation)
   bin_dir = out / 'warm_bin'
   group = processes.Group(processes.flower_env(out / 'flwr_home', bin_dir if warm else None),
                           out / 'logs', lock)
   fed = federation.Federation(group, out, processes.free_port())
-  processes.write_app(out / 'app', {
-      'export-dir': str(export_dir.absolute()), 'config': str((out / 'config.json').absolute()),
-      'out-dir': str((out / 'server').absolute()), 'rounds': rounds,
-      'timeout': timeout, 'secure-aggregation': int(secure_aggregation)},
-      'paxlike.deploy.flower.secure_client:app' if secure_aggregation
-      else 'paxlike.deploy.flower.client_app:app')
   budget = timeout * (rounds + 2)
   socket = warm_clientapp.socket_path(out)
   try:
