@@ -9,9 +9,12 @@ template's end-of-turn, e.g. <|im_end|> / <|eot_id|> / <end_of_turn>, or eos). T
 is trained because it is what stops generation; the separator some templates write after it
 ('\\n' in ChatML and Gemma) is not, since decoding stops before it. (Where the generation
 prompt's text does not lead the reply's, the reply starts where its content does; see
-_reply_start.) A template whose text of messages[:i + 1] does not lead the text of the whole
-conversation (one that rewrites earlier turns) is refused: its turns cannot be told apart
-without generation blocks.
+_reply_start.) Some templates close a conversation with text they write only when no generation prompt
+follows (Phi-3's `{% else %}{{ eos_token }}`): that closing text (_closing_text) is rendered, as
+transformers renders it, but it belongs to no turn, so it is left out of each reply's span (at
+the end, and where messages[:i + 1] is rendered alone). A template whose text of messages[:i + 1],
+less that closing text, does not lead the text of the whole conversation (one that rewrites
+earlier turns) is refused: its turns cannot be told apart without generation blocks.
 """
 
 from __future__ import annotations
@@ -77,11 +80,14 @@ class ChatEncoder:
     if self.template.has_generation_blocks:
       return (*self.template.render_tracked(messages), True)
     full = self.template.render(messages)
+    closing = self._closing_text(messages, full)
     spans: list[Span] = []
     for i, message in enumerate(messages):
       if message.get('role') != 'assistant':
         continue
       upto = self.template.render(messages[:i + 1])
+      if closing and upto.endswith(closing) and (upto == full or not full.startswith(upto)):
+        upto = upto[:-len(closing)]
       start = self._reply_start(messages, i, upto)
       if not full.startswith(upto) or (spans and start < spans[-1][1]):
         raise UserError(
@@ -91,6 +97,20 @@ class ChatEncoder:
             'marks them')
       spans.append((start, len(upto)))
     return full, spans, False
+
+  def _closing_text(self, messages: list[dict], full: str) -> str:
+    """The end of `full` (the text of `messages`) that the template writes only when no
+    generation prompt follows: where full's ids part from those of the same messages with the
+    generation prompt ('' when that text leads with all of full, as most templates' does).
+    Compared by ids, so the split falls between tokens ('<|endoftext|>' and '<|assistant|>'
+    share the characters '<|')."""
+    prompted = self.template.render(messages, add_generation_prompt=True)
+    if prompted.startswith(full):
+      return ''
+    (ids, offsets), (other, _) = self.tokenizer.encode_markup([full, prompted])
+    same = np.flatnonzero(ids[:len(other)] != other[:len(ids)])
+    parted = int(same[0]) if len(same) else min(len(ids), len(other))
+    return full[int(offsets[parted, 0]):] if parted < len(ids) else ''
 
   def _reply_start(self, messages: list[dict], i: int, upto: str) -> int:
     """Where assistant message i begins in `upto`, the text of messages[:i + 1]: after the
