@@ -2,14 +2,16 @@
 `--job_log_dir` alone gives the rows of an uninterrupted run bitwise (its prompt data's
 fingerprint hashes the tokenizer's bytes, not its path, which the first start points at the
 job's own copy); and a job dir moved after that (`mv run run2`) still resumes, evaluates,
-decodes and exports, with a reward function from the user's own module; a reward function that
-returns strings is refused by name, exit 2."""
+decodes and exports, with a reward function from the user's own module, and its samples.jsonl
+is the uninterrupted run's byte for byte; a reward function that returns strings is refused by
+name, exit 2."""
 
 import json
 import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from tests.helpers import (REPO, cli_env, committed_steps, metric_rows, run_cli,
@@ -74,6 +76,7 @@ def test_kill_9_then_job_log_dir_alone_then_moved_gives_the_uninterrupted_rows(r
   run.rename(moved)  # Killed, then moved: --job_log_dir alone continues it.
   run_cli(f'--job_log_dir={moved}', '--allow_import=my_rewards', env=env(root))
   assert metric_rows(moved) == rows
+  assert (moved / 'samples.jsonl').read_bytes() == (whole / 'samples.jsonl').read_bytes()
   assert str(moved / 'source' / 'tokenizer.json') in (moved / 'config.txt').read_text()
   evals = json.loads(run_cli(f'--job_log_dir={moved}', '--mode=eval',
                              '--allow_import=my_rewards', env=env(root)).stdout)
@@ -86,6 +89,22 @@ def test_kill_9_then_job_log_dir_alone_then_moved_gives_the_uninterrupted_rows(r
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert (tmp_path / 'hf' / 'tokenizer.json').read_bytes() == (
       root / 'tok' / 'tokenizer.json').read_bytes()
+
+
+def test_samples_log_each_steps_completions_rewards_and_advantages(whole):
+  rows = metric_rows(whole)
+  samples = [json.loads(line) for line in (whole / 'samples.jsonl').read_text().splitlines()]
+  assert [s['step'] for s in samples] == [step for step in range(1, STEPS + 1) for _ in range(8)]
+  for row in rows:  # B * G = 8 completions a step, all of them logged (at most 16).
+    mine = [s for s in samples if s['step'] == row['step']]
+    assert all(s['reward'] == len(s['completion']) / 8 for s in mine)
+    assert np.mean([s['reward'] for s in mine], dtype=np.float32) == pytest.approx(
+        row['reward'], rel=1e-6)
+    for group in (mine[:4], mine[4:]):  # A group's advantages: centred, over one prompt.
+      assert len({s['prompt'] for s in group}) == 1
+      assert abs(sum(s['advantage'] for s in group)) < 1e-4
+      best = max(group, key=lambda s: s['reward'])
+      assert best['advantage'] == max(s['advantage'] for s in group)
 
 
 def test_a_reward_function_returning_strings_is_refused_by_name_exit_2(root, tmp_path):

@@ -75,10 +75,15 @@ class GrpoLoss:
   num_iterations: int = 1           # mu: optimizer updates per sampled batch.
   loss_type: str = 'dapo'           # How tokens are averaged (module docstring).
   scale_rewards: str = 'group'      # What the advantages are divided by: group, batch, none.
+  num_completions_to_log: int = 16  # Per logged step to samples.jsonl (grpo_samples; 0: off).
 
   def __post_init__(self):
     _positive_int('max_completion_length', self.max_completion_length)
     _positive_int('num_iterations', self.num_iterations)
+    logged = self.num_completions_to_log
+    if isinstance(logged, bool) or not isinstance(logged, int) or logged < 0:
+      raise UserError(f'loss.num_completions_to_log must be an integer >= 0 (0: none), got '
+                      f'{logged!r}')
     if _positive_int('num_generations', self.num_generations) < 2:
       raise UserError('loss.num_generations must be at least 2: the advantages compare the '
                       'completions of a prompt with each other')

@@ -14,7 +14,9 @@ any train step its round. It then
      log-probabilities the loss needs (grpo.scorer, jitted) and takes the update: the task's
      compiled train step over that batch, `loss.num_iterations` optimizer updates (all of
      them in the step: the learning-rate schedule counts each, so with mu > 1 it runs mu times
-     as fast as train.num_steps says).
+     as fast as train.num_steps says);
+  4. at a step with a row, appends the first completions with their rewards and advantages to
+     DIR/samples.jsonl (grpo_samples.py), once the loop has opened `GrpoStep.log` there.
 GRPO runs in one process (the host side reads every prompt and completion).
 """
 
@@ -29,7 +31,7 @@ import numpy as np
 from paxlike.core import partitioning
 from paxlike.decode import engine
 from paxlike.errors import UserError
-from paxlike.trainer import grpo, rewards
+from paxlike.trainer import grpo, grpo_samples, rewards
 from paxlike.trainer.grpo_loss import GrpoLoss
 from paxlike.trainer.program import Program, compile_train_step, placed_spec
 from paxlike.trainer.task import Task
@@ -100,6 +102,7 @@ class GrpoStep:
   program: Program                          # The training batch's program (train_program).
   score: Callable[[Any, dict], dict]        # Jitted grpo.scorer.
   update: Callable[..., tuple[Any, dict]]   # The compiled train step.
+  log: grpo_samples.SampleLog               # samples.jsonl, once the loop opens it.
 
   def prompts(self, batches: dict) -> tuple[list[np.ndarray], np.ndarray]:
     """(each prompt's ids, their rows) of a placed prompt batch, on the host."""
@@ -111,34 +114,58 @@ class GrpoStep:
     return sample(self.task, self.program.mesh, self.program.rules, params, prompts,
                   sampling_seed(rng))
 
-  def training_batch(self, prompts: list[np.ndarray], rows: np.ndarray,
-                     completions: list[np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
-    """(the rewarded training batch on the mesh, the sample metrics) of the completions."""
+  def rewarded(self, rows: np.ndarray, completions: list[np.ndarray]
+               ) -> grpo_samples.Samples:
+    """The completions of the prompts of data rows `rows` (G each) as text, scored."""
     loss, data = self.task.loss, self.task.data
     g = loss.num_generations
     texts = completion_texts(data.loaded_tokenizer, completions, data.stop_id())
     prompt_texts = [data.rows.prompts[r] for r in rows.tolist() for _ in range(g)]
     total, each = rewards.score(loss.reward_fns, loss.reward_weights, prompt_texts, texts,
                                 row_fields(data, rows, g))
+    return grpo_samples.Samples([r for r in rows.tolist() for _ in range(g)], prompt_texts,
+                                texts, total, each)
+
+  def placed_batch(self, prompts: list[np.ndarray], completions: list[np.ndarray],
+                   samples: grpo_samples.Samples) -> tuple[dict, dict[str, np.ndarray]]:
+    """(the rewarded training batch on the mesh, the sample metrics) of the completions."""
+    loss, data = self.task.loss, self.task.data
     width = data.seq_len + loss.max_completion_length - 1
-    batch = grpo.train_batch([p for p in prompts for _ in range(g)], completions, width,
-                             data.loaded_tokenizer.pad_id or 0)
-    batch = {**{k: v[None, None] for k, v in batch.items()}, 'rewards': total[None, None]}
+    batch = grpo.train_batch([p for p in prompts for _ in range(loss.num_generations)],
+                             completions, width, data.loaded_tokenizer.pad_id or 0)
+    batch = {**{k: v[None, None] for k, v in batch.items()},
+             'rewards': samples.rewards[None, None]}
     placed = partitioning.host_to_global(batch, partitioning.round_batch_sharding(
         self.program.mesh))
     lengths = np.asarray([len(c) for c in completions], np.float32)
-    return placed, sample_metrics(total, each, lengths)
+    return placed, sample_metrics(samples.rewards, samples.each, lengths)
+
+  def training_batch(self, prompts: list[np.ndarray], rows: np.ndarray,
+                     completions: list[np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """(the rewarded training batch on the mesh, the sample metrics) of the completions."""
+    return self.placed_batch(prompts, completions, self.rewarded(rows, completions))
+
+  def scored_samples(self, params: Any, batches: dict, rng: jax.Array
+                     ) -> tuple[dict, dict[str, np.ndarray], grpo_samples.Samples]:
+    """(the scored training batch on the mesh, the sample metrics, the samples) of prompt
+    `batches`."""
+    prompts, rows = self.prompts(batches)
+    completions = self.sample(params, prompts, rng)
+    samples = self.rewarded(rows, completions)
+    placed, metrics = self.placed_batch(prompts, completions, samples)
+    return self.score(params, placed), metrics, samples
 
   def rollout(self, params: Any, batches: dict, rng: jax.Array
               ) -> tuple[dict, dict[str, np.ndarray]]:
     """(the scored training batch on the mesh, the sample metrics) of prompt `batches`."""
-    prompts, rows = self.prompts(batches)
-    placed, metrics = self.training_batch(prompts, rows, self.sample(params, prompts, rng))
-    return self.score(params, placed), metrics
+    return self.scored_samples(params, batches, rng)[:2]
 
   def __call__(self, state: Any, batches: dict, weights: jax.Array, rng: jax.Array
                ) -> tuple[Any, dict]:
-    scored, metrics = self.rollout(state.alg.params, batches, rng)
+    scored, metrics, samples = self.scored_samples(state.alg.params, batches, rng)
+    step = self.log.next_step()
+    if self.log.due(step):
+      self.log.write(step, samples, np.asarray(jax.device_get(scored['advantages'][0, 0])))
     state, update_metrics = self.update(state, scored, weights, rng)
     return state, {**update_metrics, **metrics}
 
@@ -171,4 +198,5 @@ def build(task: Task, program: Program) -> tuple[GrpoStep, Program]:
   trained = train_program(task, program)
   with jax.set_mesh(program.mesh):
     score = jax.jit(grpo.scorer(task.model, task.loss))
-  return GrpoStep(task, trained, score, compile_train_step(task, trained)), trained
+  log = grpo_samples.SampleLog(task.train, task.loss.num_completions_to_log)
+  return GrpoStep(task, trained, score, compile_train_step(task, trained), log), trained

@@ -202,6 +202,8 @@ def train(trainer: Trainer, job_dir: Path, *, restore_fallback: Fallback = 'off'
   if start == 0 and cfg.init_from is not None and primary:
     init_from.write_record(job_dir, init_from.source_record(cfg.init_from))
   writer = RunWriter(job_dir, start, cfg.num_steps, primary=primary)
+  if grpo.is_grpo(task):  # Its samples beside the rows, from the restored step on.
+    trainer.step.log.open(job_dir, start, primary)
   try:
     last_row = _run_steps(trainer, checkpoints, writer, start, state, meta)
   except BaseException:
