@@ -105,13 +105,22 @@ def _fitted(task: Task, ids: list[np.ndarray], request: DecodeRequest,
                    store=program_store.current())
 
 
+def prompt_ids(tokenizer: Any, prompts: list[str]) -> list[np.ndarray]:
+  """Each text prompt's ids as GRPO's prompt rows and TRL tokenize it: the tokenizer's own BOS
+  rule first (`bos_prefix`: its post-processor's, or tokenizer_config.json's add_bos_token),
+  then the text's ids."""
+  prefix = list(getattr(tokenizer, 'bos_prefix', ()))
+  return [np.asarray(prefix + list(ids), np.int32) for ids in tokenizer.encode_batch(prompts)]
+
+
 def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
                  request: DecodeRequest, chat: bool = False, started: float | None = None
                  ) -> str:
   """Each prompt followed by its continuation, one block per prompt: sampled with a KV cache on
   the training mesh, in tokens of the data's tokenizer, stopping at its EOS (the byte
   tokenizer's EOS is a newline, a separator: byte LMs run to --decode_length), within the
-  positions the model attends (`fit_context`). With `chat`, each prompt is a user turn of the
+  positions the model attends (`fit_context`), each prompt after the tokenizer's BOS where it
+  adds one (`prompt_ids`). With `chat`, each prompt is a user turn of the
   tokenizer's chat template (chat_replies). With `started` (time.monotonic()), the time from
   it to the first token is printed on stderr."""
   from paxlike.decode import generate  # pylint: disable=import-outside-toplevel
@@ -121,7 +130,7 @@ def decoded_text(task: Task, mesh: Mesh, params: Any, prompts: list[str],
   if chat:
     return chat_replies(task, mesh, params, tokenizer, prompts, request, started)
   check_prompts(task.model, tokenizer, prompts)
-  ids, options = _fitted(task, tokenizer.encode_batch(prompts), request, started)
+  ids, options = _fitted(task, prompt_ids(tokenizer, prompts), request, started)
   eos_id = tokenizer.eos_id if tokenizer.kind != 'bytes' else None
   rows = generate(task.model, params, ids, eos_id=eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
                   rules=task.mesh.rules, **options)
