@@ -8,10 +8,11 @@ capacity of a row is
     C = ceil(capacity_factor · k · T / E)        (T tokens in the row, E experts; at most T)
 
 so routing never depends on how the batch is split over devices: a 1-device run and an
-8-device `expert` mesh route every token the same way. `capacity_factor=None` (or 0) is
-dropless: C = T, every expert could take the whole row (the expert matmuls then cost E/k
-times the active ones). Slots are handed out in priority order: every token's first choice
-(in row order) before any second choice, as GShard does.
+8-device `expert` mesh route every token the same way. Slots are handed out in priority
+order: every token's first choice (in row order) before any second choice, as GShard does.
+`capacity_factor=None` (or 0) is dropless: no slots, each token's k choices are grouped by
+expert and run only there (`moe_dispatch`; `dispatch` picks its matmul), which computes what
+C = T slots would at about k/E of their FLOPs.
 
 Routers: the gates are the router softmax's top-k probabilities (softmax over all E experts
 first, as Mixtral and Qwen-MoE compute it), renormalised to sum to 1 over the k choices when
@@ -38,14 +39,14 @@ of the choices). `summarize` reduces a 'moe' collection over layers.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from paxlike.layers import lora
+from paxlike.layers import lora, moe_dispatch
 from paxlike.layers.blocks import EMBED_ACT, MLP_ACTIVATIONS, Mlp
 
 DType = Any
@@ -57,6 +58,12 @@ COLLECTION = 'moe'
 SLOTS_BY_TOKEN = (None, 'batch', None, 'embed')
 EXPERT_IN = ('expert', 'expert_batch', None, 'embed')
 EXPERT_HIDDEN = ('expert', 'expert_batch', None, 'mlp')
+MatMul = Callable[[jax.Array, jax.Array], jax.Array]  # (inputs, expert weights [E, in, out]).
+
+
+def _by_slot(x: jax.Array, w: jax.Array) -> jax.Array:
+  """Slots x [E, B, C, in] times each expert's weight w [E, in, out]."""
+  return jnp.einsum('ebci,eio->ebco', x, w)
 
 
 def capacity(tokens: int, num_experts: int, k: int, capacity_factor: float | None) -> int:
@@ -75,6 +82,16 @@ class Routing(NamedTuple):
   dropped: jax.Array  # int32: choices that found their expert full.
 
 
+def top_k(probs: jax.Array, k: int, renormalize: bool | None = None
+          ) -> tuple[jax.Array, jax.Array]:
+  """(gates, choices) [B, T, k]: the top-k router probabilities (renormalised as `route` says)
+  and their expert ids."""
+  gates, choices = jax.lax.top_k(probs, k)
+  if (k > 1) if renormalize is None else renormalize:
+    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+  return gates, choices
+
+
 def route(probs: jax.Array, k: int, slots: int, dtype: DType = jnp.float32,
           renormalize: bool | None = None) -> Routing:
   """Top-k routing of router probabilities `probs` [B, T, E] into `slots` per expert and row.
@@ -83,9 +100,7 @@ def route(probs: jax.Array, k: int, slots: int, dtype: DType = jnp.float32,
   k > 1; with k = 1 the raw probability, as in Switch, so the main loss still trains the router).
   """
   num_experts = probs.shape[-1]
-  gates, choices = jax.lax.top_k(probs, k)  # [B, T, k]
-  if (k > 1) if renormalize is None else renormalize:
-    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+  gates, choices = top_k(probs, k, renormalize)
   picked = jax.nn.one_hot(choices, num_experts, dtype=jnp.int32)  # [B, T, k, E]
   batch, length = probs.shape[:2]
   by_priority = jnp.swapaxes(picked, 1, 2).reshape(batch, k * length, num_experts)
@@ -137,7 +152,9 @@ class MoeMlp(nn.Module):
   under a sigmoid gate, params 'shared_expert' and 'shared_gate'): see the module docstring.
   LoRA (`lora_rank` > 0): each expert kernel named in `lora_targets` gets adapters of its own
   beside it, `<name>_lora_a` [E, in, r] and `<name>_lora_b` [E, r, out] (`lora.merge_lora`
-  folds them in per expert); the shared expert's kernels get a dense MLP's adapters."""
+  folds them in per expert); the shared expert's kernels get a dense MLP's adapters.
+  `dispatch` ('auto', 'blocks', 'ragged'): the dropless path's grouped matmul
+  (`moe_dispatch.resolve`)."""
 
   d_ff: int
   num_experts: int
@@ -154,6 +171,7 @@ class MoeMlp(nn.Module):
   lora_rank: int = 0
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = ()
+  dispatch: str = 'auto'
 
   def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
     """An expert weight [E, in, out], initialised per expert with fan-in `in`."""
@@ -161,11 +179,13 @@ class MoeMlp(nn.Module):
     kernel = self.param(name, nn.with_logical_partitioning(init, names), shape, self.param_dtype)
     return jnp.asarray(kernel, self.dtype)
 
-  def _project(self, name: str, x: jax.Array, width: int, names: tuple[str, str]) -> jax.Array:
-    """x [E, B, C, in] through every expert's kernel `name` [E, in, width], plus its LoRA
-    adapters `<name>_lora_a` [E, in, r] and `<name>_lora_b` [E, r, width] when targeted."""
+  def _project(self, name: str, x: jax.Array, width: int, names: tuple[str, str],
+               matmul: MatMul) -> jax.Array:
+    """x (slots [E, B, C, in] or grouped rows [R, in]) through each expert's kernel `name`
+    [E, in, width] by `matmul`, plus its LoRA adapters `<name>_lora_a` [E, in, r] and
+    `<name>_lora_b` [E, r, width] when targeted."""
     shape = (self.num_experts, x.shape[-1], width)
-    y = jnp.einsum('ebci,eio->ebco', x, self._kernel(name, shape, ('expert', *names)))
+    y = matmul(x, self._kernel(name, shape, ('expert', *names)))
     if not self.lora_rank or name not in self.lora_targets:
       return y
     if self.lora_rank > min(shape[1:]):
@@ -178,18 +198,31 @@ class MoeMlp(nn.Module):
     b = self.param(f'{name}_lora_b', nn.with_logical_partitioning(
         nn.initializers.zeros, ('expert', lora.RANK_AXIS, names[1])),
         (shape[0], rank, width), self.param_dtype)
-    low = jnp.einsum('ebci,eir->ebcr', x, jnp.asarray(a, self.dtype))
+    low = matmul(x, jnp.asarray(a, self.dtype))
     scale = jnp.asarray(self.lora_alpha / rank, self.dtype)
-    return y + jnp.einsum('ebcr,ero->ebco', low, jnp.asarray(b, self.dtype)) * scale
+    return y + matmul(low, jnp.asarray(b, self.dtype)) * scale
 
-  def _experts(self, x: jax.Array) -> jax.Array:
-    """Every expert's MLP on its slots: x [E, B, C, d] -> [E, B, C, d]."""
+  def _experts(self, x: jax.Array, matmul: MatMul = _by_slot,
+               constrain: Callable[[jax.Array, tuple], jax.Array] = nn.with_logical_constraint
+               ) -> jax.Array:
+    """Every expert's MLP: on its slots x [E, B, C, d], or (a grouped `matmul`, `constrain`
+    a no-op) on its rows of the grouped buffer x [R, d]."""
     act = MLP_ACTIVATIONS[self.activation]
-    up = lambda name: self._project(name, x, self.d_ff, ('embed', 'mlp'))
+    up = lambda name: self._project(name, x, self.d_ff, ('embed', 'mlp'), matmul)
     h = act(up('wi_gate')) * up('wi_up') if self.gated else act(up('wi'))
-    h = nn.with_logical_constraint(h, EXPERT_HIDDEN)
-    return nn.with_logical_constraint(self._project('wo', h, x.shape[-1], ('mlp', 'embed')),
-                                      EXPERT_IN)
+    h = constrain(h, EXPERT_HIDDEN)
+    return constrain(self._project('wo', h, x.shape[-1], ('mlp', 'embed'), matmul), EXPERT_IN)
+
+  def _dropless(self, x: jax.Array, probs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(y, choices): each token through its k experts only (`moe_dispatch`)."""
+    gates, choices = top_k(probs, self.experts_per_token, self.renormalize)
+    impl = moe_dispatch.resolve(self.dispatch)
+
+    def experts(buffer: jax.Array, plan: moe_dispatch.Plan) -> jax.Array:
+      matmul = lambda rows, w: moe_dispatch.grouped_matmul(rows, w, plan, impl)
+      return self._experts(buffer, matmul, lambda y, _: y)
+
+    return moe_dispatch.dropless(x, choices, gates, self.num_experts, experts, impl), choices
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -200,19 +233,27 @@ class MoeMlp(nn.Module):
         (x.shape[-1], self.num_experts), self.param_dtype)
     logits = jnp.einsum('btd,de->bte', x.astype(jnp.float32), router.astype(jnp.float32))
     probs = jax.nn.softmax(logits, axis=-1)
+    x = jnp.asarray(x, self.dtype)
+    if self.capacity_factor:
+      y, choices, dropped = self._capped(x, probs)
+    else:
+      (y, choices), dropped = self._dropless(x, probs), jnp.int32(0)
+    if self.shared_d_ff:
+      y = y + self._shared_expert(x)
+    if not self.is_initializing():
+      self._sow_stats(probs, logits, choices, dropped)
+    return nn.with_logical_constraint(y, EMBED_ACT)
+
+  def _capped(self, x: jax.Array, probs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(y, choices, dropped): GShard dispatch into `capacity` slots per expert and row."""
     slots = capacity(x.shape[1], self.num_experts, self.experts_per_token, self.capacity_factor)
     routing = route(probs, self.experts_per_token, slots, self.dtype, self.renormalize)
-    x = jnp.asarray(x, self.dtype)
     expert_in = nn.with_logical_constraint(
         jnp.einsum('btec,btd->ebcd', routing.dispatch, x), SLOTS_BY_TOKEN)
     expert_out = self._experts(nn.with_logical_constraint(expert_in, EXPERT_IN))
     expert_out = nn.with_logical_constraint(expert_out, SLOTS_BY_TOKEN)
-    y = jnp.einsum('btec,ebcd->btd', routing.combine, expert_out)
-    if self.shared_d_ff:
-      y = y + self._shared_expert(x)
-    if not self.is_initializing():
-      self._sow_stats(probs, logits, routing)
-    return nn.with_logical_constraint(y, EMBED_ACT)
+    return (jnp.einsum('btec,ebcd->btd', routing.combine, expert_out), routing.choices,
+            routing.dropped)
 
   def _shared_expert(self, x: jax.Array) -> jax.Array:
     """Qwen2-MoE's shared expert: sigmoid(x · w_gate) · MLP(x), every token, x [B, T, d]."""
@@ -223,14 +264,15 @@ class MoeMlp(nn.Module):
               self.lora_rank, self.lora_alpha, self.lora_targets, name='shared_expert')
     return scale * mlp(x)
 
-  def _sow_stats(self, probs: jax.Array, logits: jax.Array, routing: Routing) -> None:
-    balance, z = load_balance_loss(probs, routing.choices), z_loss(logits)
+  def _sow_stats(self, probs: jax.Array, logits: jax.Array, choices: jax.Array,
+                 dropped: jax.Array) -> None:
+    balance, z = load_balance_loss(probs, choices), z_loss(logits)
     stats = {
         'loss': self.aux_loss_weight * balance + self.router_z_loss_weight * z,
         'aux_loss': balance,
         'z_loss': z,
-        'dropped': routing.dropped / routing.choices.size,
-        'max_load': jnp.max(expert_share(routing.choices, self.num_experts)),
+        'dropped': dropped / choices.size,
+        'max_load': jnp.max(expert_share(choices, self.num_experts)),
     }
     for name, value in stats.items():
       self.sow(COLLECTION, name, value.astype(jnp.float32))
