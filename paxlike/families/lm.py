@@ -43,7 +43,10 @@ def kernel_line(model: TransformerLM, data: Any) -> str:
 def summary(model: TransformerLM, data: Any) -> str:
   """The attention kernel, params and the closed-form training FLOPs per token."""
   seq_len = data.seq_len
-  return (kernel_line(model, data) + f'# params: {param_count(model, seq_len):,}\n'
+  quantized = getattr(model, 'base_quantization', 'none') != 'none'
+  count = param_count(model.clone(base_quantization='none') if quantized else model, seq_len)
+  note = f' (base stored as {model.base_quantization})' if quantized else ''
+  return (kernel_line(model, data) + f'# params: {count:,}{note}\n'
           f'# train FLOPs per token (seq_len {seq_len}): {flops_per_token(model, seq_len):.4g}\n')
 
 

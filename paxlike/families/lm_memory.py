@@ -71,9 +71,10 @@ import jax.numpy as jnp
 import optax
 
 from paxlike.core import partitioning
+from paxlike.core.trainable import split_params
 from paxlike.errors import UserError
 from paxlike.families.lm_flops import mean_attended_keys
-from paxlike.layers import TransformerLM, moe
+from paxlike.layers import TransformerLM, lora, moe
 
 Task = Any  # paxlike.trainer.task.Task (which imports the families: named, not imported, here).
 
@@ -241,10 +242,18 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
   params = sum(on_device)
   layer_params = sum(b for (path, _), b in zip(paths, on_device)
                      if str(getattr(path[0], 'key', '')).startswith('block'))
-  opt_state = jax.eval_shape(task.optimizer.init, nn.unbox(boxed))
+  # LoRA trains its adapters alone: gradients and optimizer state are theirs (a quantized base
+  # is counted in its stored bytes above, and never trained).
+  trained_tree, trained = nn.unbox(boxed), params
+  if getattr(model, 'lora_rank', 0):
+    trained_tree = split_params(trained_tree, lora.lora_mask)[0]
+    marks = jax.tree.leaves(lora.lora_mask(nn.unbox(boxed)))
+    trained = sum(b for b, mark in zip(on_device, marks) if mark)
+    total = sum(x.value.size * x.value.dtype.itemsize for x, mark in zip(leaves, marks) if mark)
+  opt_state = jax.eval_shape(task.optimizer.init, trained_tree)
   optimizer = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(opt_state))
-  # Optimizer states mirror the params and are sharded like them.
-  optimizer *= params / total
+  # Optimizer states mirror the trained params and are sharded like them.
+  optimizer *= trained / max(total, 1)
   batch_ways = math.prod(mesh.get(a, 1) for a in (*partitioning.BATCH_AXES,
                                                   partitioning.CLIENTS_AXIS))
   rows = data.batch_size * data.rows_per_item  # A pair: 2 sequences.
@@ -254,15 +263,32 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
   activations = tokens * activation_bytes_per_token(
       model, data.seq_len, kernel, mesh.get('model', 1), stages,
       task.train.microbatches if stages > 1 else 1)
-  activations += fixed_activation_bytes(model, layer_params, mesh.get('model', 1))
+  quantized = getattr(model, 'base_quantization', 'none') != 'none'
+  activations += fixed_activation_bytes(model, 0.0 if quantized else layer_params,
+                                        mesh.get('model', 1))
+  if quantized:  # Kernels dequantized to the compute dtype: every layer's with remat 'none'
+    # (the backward pass needs them all), else one layer's at a time.
+    dequantized = _layer_elements(model.clone(base_quantization='none'), sample, mesh, rules)
+    dequantized *= jnp.dtype(model.dtype).itemsize
+    activations += dequantized / (1 if model.remat_policy == 'none' else model.num_layers)
   if _updates_materialized(opt_state):  # A float32 tree of updates the size of the params.
     activations += params
   # After the backward pass the optimizer updates a leaf at a time: the largest leaf's update
   # is one more buffer of its size (the 1B's stacked MLP kernels: 1 GB) while the activations
   # are gone; the peak is the larger of the two.
   activations = max(activations, max(on_device, default=0.0))
-  return Estimate(devices, mesh, params, optimizer, params, activations,
+  return Estimate(devices, mesh, params, optimizer, trained, activations,
                   reference=params if keeps_reference_copy(task) else 0.0)
+
+
+def _layer_elements(model: TransformerLM, sample: Any, mesh: dict[str, int],
+                    rules: dict[str, Any]) -> float:
+  """Elements of the layers' params on one device (a float model's)."""
+  boxed = jax.eval_shape(model.init, jax.random.key(0), sample)['params']
+  paths = jax.tree_util.tree_flatten_with_path(
+      boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
+  return sum(x.value.size / _ways(x.names, mesh, rules) for path, x in paths
+             if str(getattr(path[0], 'key', '')).startswith('block'))
 
 
 def summary(task: Task, device_counts: tuple[int, ...] = (8, 64, 256)) -> str:

@@ -85,8 +85,9 @@ def _check_trainable(task: Task) -> None:
                     '> 0 to train LoRA adapters over it')
 
 
-_ADVICE = ('lower data.batch_size, set model.remat_policy=\'full\', or shrink the optimizer '
-           'state (--fdl_fiddler=bf16_moments or adafactor)')
+_ADVICE = ('lower data.batch_size, set model.remat_policy=\'full\', shrink the optimizer '
+           'state (--fdl_fiddler=bf16_moments or adafactor), or for a fine-tune train LoRA '
+           'over a quantized base (model.lora_rank=16, model.base_quantization=\'nf4\')')
 
 
 def memory_budget(task: Task) -> tuple[float | None, str]:

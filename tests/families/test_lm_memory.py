@@ -104,3 +104,17 @@ def test_one_chip_16gb_fits_each_preset_by_the_tpu_estimate(key):
 def test_one_chip_16gb_refuses_the_8b_naming_what_would_fit_it():
   with pytest.raises(UserError, match='8b needs a quantized base'):
     preset_task('lm.Llama8B', 'fiddler:one_chip_16gb')
+
+
+@pytest.mark.parametrize('kind', ['none', 'int8', 'nf4'])
+def test_lora_over_a_quantized_base_is_within_15_percent_of_xla(kind):
+  """Params dominate here (4 layers of d 512, one sequence of 64): the stored kernels' bytes,
+  the adapters' gradients and moments alone, one layer's kernels dequantized at a time."""
+  task = config_io.build(tiny_config(
+      'model.num_layers=4', 'model.d_model=512', 'model.num_heads=8', 'model.d_ff=1024',
+      'model.max_len=64', 'data.seq_len=64', 'data.batch_size=1', "model.remat_policy='dots'",
+      'model.dtype=bfloat16', 'model.scan_layers=True', 'model.lora_rank=8',
+      f'model.base_quantization={kind!r}'))
+  est = lm_memory.estimate(task, 1)
+  assert est.gradients < est.params / 20 and est.optimizer < est.params / 10
+  assert est.total == pytest.approx(xla_bytes(task), rel=TOLERANCE)
