@@ -74,6 +74,7 @@ class Block(NamedTuple):
   texts: list[str]  # The texts (SFT: the completions; chat: the messages as JSON).
   prompts: list[str] | None  # SFT: the prompts.
   clients: list[str] | None  # The values of Fields.client_field.
+  rows: list[int] | None = None  # Each document's JSONL line / Parquet row (from 1), to name it.
 
 
 @dataclasses.dataclass
@@ -235,9 +236,9 @@ def _txt(raw: BinaryIO, mode: str, counts: Counts, start: int) -> Iterator[Block
 def _jsonl(path: Path, lines: BinaryIO, raw: BinaryIO, fields: Fields, counts: Counts,
            start: int, options: str) -> Iterator[Block]:
   rows, missing, block = 0, counts.missing, _Rows(fields)
-  for _, record in _json_lines(path, lines, counts):
+  for number, record in _json_lines(path, lines, counts):
     rows += 1
-    block.add(record if isinstance(record, dict) else {}, counts)
+    block.add(record if isinstance(record, dict) else {}, counts, number)
     if len(block.texts) >= BLOCK_ROWS:
       counts.bytes_done = start + raw.tell()
       yield block.take()
@@ -258,8 +259,8 @@ def _parquet(path: Path, fields: Fields, counts: Counts, options: str) -> Iterat
     size, total = path.stat().st_size, max(file.metadata.num_rows, 1)
     for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=fields.needed()):
       columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-      for values in zip(*columns):
-        block.add(dict(zip(fields.needed(), values)), counts)
+      for at, values in enumerate(zip(*columns), rows + 1):
+        block.add(dict(zip(fields.needed(), values)), counts, at)
       rows += batch.num_rows
       counts.bytes_done += size * batch.num_rows // total
       yield block.take()
@@ -283,8 +284,9 @@ class _Rows:
     self.texts: list[str] = []
     self.prompts: list[str] | None = [] if fields.prompt_field else None
     self.clients: list[str] | None = [] if fields.client_field else None
+    self.rows: list[int] = []
 
-  def add(self, row: dict[str, Any], counts: Counts) -> None:
+  def add(self, row: dict[str, Any], counts: Counts, number: int) -> None:
     f = self.fields
     if f.messages_field:
       text = chat_rows.conversation_text(row.get(f.messages_field))
@@ -299,6 +301,7 @@ class _Rows:
       counts.empty += 1
     else:
       self.texts.append(text)
+      self.rows.append(number)
       if self.prompts is not None:
         self.prompts.append(prompt)
       if self.clients is not None:
@@ -306,7 +309,7 @@ class _Rows:
 
   def take(self) -> Block:
     """The block so far; the next starts empty."""
-    block = Block(self.texts, self.prompts, self.clients)
+    block = Block(self.texts, self.prompts, self.clients, self.rows)
     self.__init__(self.fields)
     return block
 

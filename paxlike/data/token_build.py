@@ -37,6 +37,7 @@ import numpy as np
 
 from paxlike.data import doc_hash
 from paxlike.data import text_files
+from paxlike.errors import UserError
 from paxlike.tokenizers import documents
 
 CHUNK_BYTES = 1 << 20
@@ -65,6 +66,7 @@ class Chunk:
   prompts: list[str] | None = None
   files: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (file, documents)
   clients: list[str] = dataclasses.field(default_factory=list)  # With a client_field.
+  rows: list[int] = dataclasses.field(default_factory=list)  # Line / row in its file (0: none).
   start: int = 0  # Bytes of the files read before the chunk's first block.
 
   def file_ids(self) -> np.ndarray:
@@ -94,6 +96,7 @@ def chunks(files: dict[str, Path], fields: text_files.Fields,
         chunk.prompts += block.prompts
       chunk.files.append((index, len(block.texts)))
       chunk.clients += block.clients or ()
+      chunk.rows += block.rows if block.rows is not None else [0] * len(block.texts)
       if (counts.bytes_done - chunk.start >= CHUNK_BYTES
           or len(chunk.texts) >= CHUNK_DOCS):
         yield chunk
@@ -129,15 +132,29 @@ def encoded_chunks(files: dict[str, Path], fields: text_files.Fields,
       future = executor.submit(encode, chunk.texts, chunk.prompts)
       pending.append((_without_text(chunk), text_hashes(chunk.texts, chunk.prompts), future))
       if len(pending) >= 2 * workers:
-        yield _done(pending.popleft())
+        yield _done(pending.popleft(), files)
     while pending:
-      yield _done(pending.popleft())
+      yield _done(pending.popleft(), files)
 
 
-def _done(item: tuple[Chunk, np.ndarray, concurrent.futures.Future]) -> tuple[Chunk, Encoded]:
+def _done(item: tuple[Chunk, np.ndarray, concurrent.futures.Future], files: dict[str, Path]
+          ) -> tuple[Chunk, Encoded]:
   meta, hashes, future = item
-  tokens, lengths, prompt_lengths, trained = future.result()
+  try:
+    tokens, lengths, prompt_lengths, trained = future.result()
+  except documents.DocumentRefused as error:
+    raise UserError(f'{where(meta, error.index, files)}: {error.message}') from None
   return meta, Encoded(tokens, lengths, hashes, prompt_lengths, trained)
+
+
+def where(chunk: Chunk, index: int, files: dict[str, Path]) -> str:
+  """'FILE:LINE' of the chunk's document `index` ('FILE: row N' in Parquet, 'FILE' alone
+  where its reader keeps no number)."""
+  path = list(files.values())[int(chunk.file_ids()[index])]
+  row = chunk.rows[index] if index < len(chunk.rows) else 0
+  if not row:
+    return str(path)
+  return f'{path}: row {row}' if path.name.endswith('.parquet') else f'{path}:{row}'
 
 
 def _without_text(chunk: Chunk) -> Chunk:

@@ -28,6 +28,7 @@ import numpy as np
 
 from paxlike.errors import UserError
 from paxlike.tokenizers.chat_template import ChatTemplate, Span, load_chat_template
+from paxlike.tokenizers.documents import DocumentRefused
 from paxlike.tokenizers.hf_tokenizer import HfTokenizer
 
 PROBE = 'paxlike-probe-reply'  # A reply whose text is found again in the probe render.
@@ -131,10 +132,17 @@ class ChatEncoder:
   def encode_batch(self, conversations: Sequence[list[dict]]
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
     """encode_conversation of each conversation, their texts encoded in one library call."""
-    rendered = [self.assistant_spans(messages) for messages in conversations]
+    rendered = [self._spans_of(index, messages) for index, messages in enumerate(conversations)]
     encoded = self.tokenizer.encode_markup([text for text, _, _ in rendered])
     return [(ids, self._trained(ids, offsets, spans, marked))
             for (ids, offsets), (_, spans, marked) in zip(encoded, rendered)]
+
+  def _spans_of(self, index: int, messages: list[dict]) -> tuple[str, list[Span], bool]:
+    """assistant_spans of conversation `index` of a batch; a refusal says which it is."""
+    try:
+      return self.assistant_spans(messages)
+    except UserError as error:
+      raise DocumentRefused(str(error), index) from None
 
   def _trained(self, ids: np.ndarray, offsets: np.ndarray, spans: list[Span],
                marked: bool) -> np.ndarray:
@@ -169,6 +177,24 @@ class ChatEncoder:
     text = self.template.render([{'role': 'user', 'content': prompt}],
                                 add_generation_prompt=True)
     return self.tokenizer.encode_markup([text])[0][0]
+
+  def generation_prompt_note(self) -> str | None:
+    """A note for `--chat` when the template ignores add_generation_prompt (a user turn's text
+    is the same with and without it), else None: the reply is sampled right after the user's
+    turn, with no assistant header."""
+    turn = [{'role': 'user', 'content': 'Hi'}]
+    try:
+      ignored = (self.template.render(turn, add_generation_prompt=True)
+                 == self.template.render(turn))
+    except UserError:
+      return None  # A template that cannot render one user turn fails in prompt_ids itself.
+    if not ignored:
+      return None
+    return (f'note: chat template {self.template.path} ignores add_generation_prompt (a user '
+            'turn renders the same with and without it), so each reply is sampled right after '
+            "the user's turn with no assistant header: right for templates whose user turn "
+            "ends the prompt (Mistral's [/INST]); with others the model may go on with the "
+            "user's turn")
 
   def reply_text(self, ids: Sequence[int]) -> str:
     """The text of generated `ids`, cut before the first stop token."""

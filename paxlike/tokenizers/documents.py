@@ -9,7 +9,21 @@ from typing import Any
 
 import numpy as np
 
+from paxlike.errors import UserError
+
 Pieces = list[tuple[np.ndarray, np.ndarray]]
+
+
+class DocumentRefused(UserError):
+  """Document `index` of an encode call is refused (`message`); the token store's build names
+  its file and line (token_build). Pickles across the build's worker processes."""
+
+  def __init__(self, message: str, index: int):
+    super().__init__(message)
+    self.message, self.index = message, index
+
+  def __reduce__(self) -> tuple[Any, ...]:
+    return type(self), (self.message, self.index)
 
 
 def join_documents(pieces: Pieces, eos_id: int, dtype: np.dtype

@@ -107,8 +107,9 @@ def test_a_template_that_refuses_a_conversation_stops_the_build_naming_it(tmp_pa
   gemma = write_family(tmp_path / 'gemma', 'gemma')  # conversation(0) has a system turn.
   with pytest.raises(UserError) as error:
     _ = chat_data(tmp_path, gemma).store
-  assert str(error.value).startswith(f'chat template {tmp_path / "gemma/tokenizer_config.json"} '
-                                     'failed on a conversation of roles [system, user, ')
+  assert str(error.value).startswith(  # The row is named: line 1 of chat.jsonl.
+      f'{tmp_path / "chat.jsonl"}:1: chat template {tmp_path / "gemma/tokenizer_config.json"} '
+      'failed on a conversation of roles [system, user, ')
   assert "raise_exception('System role not supported')" in str(error.value)
 
 
