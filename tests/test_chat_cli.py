@@ -71,6 +71,23 @@ def test_chat_sft_trains_on_replies_and_decodes_a_chat_turn(tmp_path):
                     env=env)
   assert decoded.stdout.startswith('user: what is 3 plus 3?\nassistant: '), decoded.stdout
   assert '<|im_end|>' not in decoded.stdout
+  assert 'ignores add_generation_prompt' not in decoded.stderr  # ChatML's has the prompt.
+
+
+def test_decode_chat_notes_a_template_that_ignores_add_generation_prompt(tmp_path):
+  root, job = write_source(tmp_path), tmp_path / 'job'
+  write_family(root / 'hf', 'mistral')  # [INST] ... [/INST]: no assistant header to add.
+  env = cli_env(PAXLIKE_TOKEN_DIR=str(tmp_path / 'tokens'))
+  run_cli(*chat_args(root, job), env=env)
+  decoded = run_cli(*chat_args(root, job), '--mode=decode', '--chat', '--prompt=hi',
+                    '--decode_length=2', '--temperature=0', env=env)
+  assert decoded.stdout.startswith('user: hi\nassistant: '), decoded.stdout
+  notes = [line for line in decoded.stderr.splitlines() if line.startswith('note: chat template')]
+  assert len(notes) == 1 and notes[0].endswith(
+      f"{job}/source/tokenizer_config.json ignores add_generation_prompt (a user turn renders the "
+      "same with and without it), so each reply is sampled right after the user's turn with no "
+      "assistant header: right for templates whose user turn ends the prompt (Mistral's "
+      "[/INST]); with others the model may go on with the user's turn"), decoded.stderr
 
 
 def test_a_chat_template_that_does_not_compile_is_one_line_exit_2(tmp_path):

@@ -148,6 +148,8 @@ def chat_replies(task: Task, mesh: Mesh, params: Any, tokenizer: Any, prompts: l
   from paxlike.tokenizers.chat_encoder import load_chat_encoder  # pylint: disable=import-outside-toplevel
   encoder = load_chat_encoder(tokenizer)
   check_vocab(task.model, tokenizer)
+  if (note := encoder.generation_prompt_note()) is not None:
+    print(note, file=sys.stderr, flush=True)
   ids, options = _fitted(task, [encoder.prompt_ids(prompt) for prompt in prompts], request,
                          started)
   stop = encoder.eos_id if encoder.end_of_turn_id is None else encoder.end_of_turn_id
