@@ -11,6 +11,8 @@ import os
 import signal
 import time
 
+import fiddle as fdl
+import jax
 import numpy as np
 import pytest
 
@@ -81,6 +83,7 @@ def test_kill_9_then_job_log_dir_alone_then_moved_gives_the_uninterrupted_rows(r
   evals = json.loads(run_cli(f'--job_log_dir={moved}', '--mode=eval',
                              '--allow_import=my_rewards', env=env(root)).stdout)
   assert evals['step'] == STEPS and evals['eval_loss'] == rows[-1]['eval_loss']
+  assert evals['eval_reward'] == rows[-1]['eval_reward']  # Greedy: the params' alone.
   out = run_cli(f'--job_log_dir={moved}', '--mode=decode', '--prompt=12+3=',
                 '--decode_length=3', '--allow_import=my_rewards', env=env(root)).stdout
   assert out.startswith('12+3=')
@@ -105,6 +108,42 @@ def test_samples_log_each_steps_completions_rewards_and_advantages(whole):
       assert abs(sum(s['advantage'] for s in group)) < 1e-4
       best = max(group, key=lambda s: s['reward'])
       assert best['advantage'] == max(s['advantage'] for s in group)
+
+
+def greedy_text(model, params, tok, prompt: np.ndarray, new: int, stop: int) -> str:
+  """The reference greedy completion: the whole model (no cache) rerun for each new token,
+  cut before the stop token."""
+  forward = jax.jit(lambda p, window: model.apply({'params': p}, window))
+  ids = list(prompt)
+  for _ in range(new):
+    window = np.zeros((1, model.max_len), np.int32)
+    window[0, :len(ids)] = ids
+    token = int(np.asarray(forward(params, window))[0, len(ids) - 1].argmax())
+    if token == stop:
+      break
+    ids.append(token)
+  return tok.decode(ids[len(prompt):])
+
+
+def test_eval_reward_is_the_mean_reward_of_greedy_held_out_completions(root, whole, monkeypatch):
+  from paxlike.cli import run_config
+  from paxlike.config import config_io
+  from paxlike.trainer import grpo_eval, restore
+  rows = metric_rows(whole)
+  assert [r['step'] for r in rows if 'eval_reward' in r] == [3, 6]
+  monkeypatch.syspath_prepend(str(root))  # my_rewards, as the CLI's PYTHONPATH has it.
+  task = fdl.build(config_io.with_run_lengths(run_config.run_config(
+      str(whole), None, allow_import=['my_rewards'])))
+  placed, step, state = restore.load_latest_state(task, whole, evaluator=False)
+  assert step == STEPS
+  params = jax.device_get(state.alg.params)
+  data = task.data
+  held = grpo_eval.held_out_rows(data)
+  assert len(held) == 4 and set(held.tolist()) <= set(data.split[1].tolist())
+  texts = [greedy_text(task.model, params, data.loaded_tokenizer, data.rows.ids[r],
+                       task.loss.max_completion_length, data.stop_id()) for r in held.tolist()]
+  want = np.mean([len(t) / 8 for t in texts], dtype=np.float32)
+  assert rows[-1]['eval_reward'] == pytest.approx(float(want), rel=1e-6)
 
 
 def test_a_reward_function_returning_strings_is_refused_by_name_exit_2(root, tmp_path):

@@ -16,7 +16,7 @@ from paxlike.core import partitioning
 from paxlike.core.trainable import TrainableMask
 from paxlike.data.sources import ClientEval
 from paxlike.federated.clients import fine_tuned
-from paxlike.trainer import evaluation, grpo, losses, preference
+from paxlike.trainer import evaluation, grpo, grpo_eval, losses, preference
 from paxlike.trainer.program import Kept, Program, compiled, placed_spec
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import TrainState, ema_params
@@ -35,6 +35,7 @@ class Evaluator:
   batch_size: int
   rows: slice                     # The rows of each eval batch this process loads.
   personalized: Callable[[Any], dict[str, float]] | None = None  # Eval after fine-tuning.
+  rewarded: Callable[[Any], dict[str, float]] | None = None  # GRPO's held-out reward.
   trainable: TrainableMask | None = None
 
   def evaluate(self, alg_state: Any) -> tuple[dict[str, float], Table]:
@@ -51,15 +52,17 @@ class Evaluator:
     metrics, table = evaluation.finish(totals, self.client_eval)
     if self.personalized is not None:
       metrics.update(self.personalized(alg_state.params))
+    if self.rewarded is not None:
+      metrics.update(self.rewarded(alg_state.params))
     return metrics, table
 
   def evaluate_state(self, state: TrainState) -> tuple[dict[str, float], Table]:
     """`evaluate` of the params and, with an EMA, its pooled metrics as `ema_*` (the same
-    compiled eval on the EMA params; no per-client table or personalization for it)."""
+    compiled eval on the EMA params; no per-client table, personalization or GRPO reward)."""
     evals, clients = self.evaluate(state.alg)
     ema = ema_params(state, self.trainable)
     if ema is not None:
-      ema_evals, _ = dataclasses.replace(self, personalized=None).evaluate(
+      ema_evals, _ = dataclasses.replace(self, personalized=None, rewarded=None).evaluate(
           state.alg._replace(params=ema))
       evals.update({f'ema_{k}': v for k, v in ema_evals.items() if k != 'clients_evaluated'})
     return evals, clients
@@ -89,4 +92,6 @@ def build_evaluator(task: Task, program: Program, kept: Kept | None = None) -> E
                    rows=partitioning.process_block(sharding, (batch_size,))[0],
                    personalized=evaluation.personalization(task, client_eval, fine_tuned(
                        losses.model_loss_fn(task.model), task.optimizer)),
+                   rewarded=(grpo_eval.held_out_reward(task, program) if grpo.is_grpo(task)
+                             else None),
                    trainable=program.trainable)
