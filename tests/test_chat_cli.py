@@ -12,7 +12,7 @@ import pytest
 
 from paxlike.interop import hf_llama
 from paxlike.layers import TransformerLM
-from tests.helpers import cli_env, metric_rows, run_cli
+from tests.helpers import cli_env, metric_rows, run_cli, run_python
 from tests.tokenizers.chat_fixtures import FAMILIES, write_chat_tokenizer, write_family
 
 pytestmark = pytest.mark.slow
@@ -72,6 +72,16 @@ def test_chat_sft_trains_on_replies_and_decodes_a_chat_turn(tmp_path):
   assert decoded.stdout.startswith('user: what is 3 plus 3?\nassistant: '), decoded.stdout
   assert '<|im_end|>' not in decoded.stdout
   assert 'ignores add_generation_prompt' not in decoded.stderr  # ChatML's has the prompt.
+  # The export says where generate stops: the source has no generation_config.json, so the
+  # tokenizer's eos (<|im_end|>, its end of turn) and pad.
+  out = tmp_path / 'exported'
+  exported = run_python(['-m', 'paxlike.interop.hf', f'--job_log_dir={job}', f'--out={out}'],
+                        env, timeout=300)
+  assert exported.returncode == 0, exported.stderr[-2000:]
+  assert 'generation_config.json' in exported.stdout + exported.stderr
+  assert json.loads((out / 'generation_config.json').read_text()) == {
+      'eos_token_id': tokenizer._tok.token_to_id('<|im_end|>'),
+      'pad_token_id': tokenizer._tok.token_to_id('<|endoftext|>')}
 
 
 def test_decode_chat_notes_a_template_that_ignores_add_generation_prompt(tmp_path):

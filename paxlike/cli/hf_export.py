@@ -4,7 +4,8 @@ python -m paxlike.interop.hf --job_log_dir=DIR --out=HF_DIR [--step=N] [--allow_
 (also as .hf_llama)
 
 Writes config.json and model.safetensors (LoRA adapters merged into their kernels, the EMA of
-the params when the run kept one) and copies the tokenizer files the run's data used, so
+the params when the run kept one), copies the tokenizer files the run's data used and writes
+generation_config.json (the source's, else the tokenizer's eos/bos/pad: `generation_config`), so
 transformers' `AutoModelForCausalLM.from_pretrained(HF_DIR)` and `AutoTokenizer` load it, and
 `train.init_from=hf:HF_DIR` starts a run from it. The family is the source checkpoint's when
 the job dir holds `source/config.json` (a fine-tune's copy; its keys that do not change the
@@ -35,6 +36,8 @@ from paxlike.interop import checkpoint, hf_fields
 from paxlike.layers import TransformerLM, lora, quantization
 from paxlike.trainer import job_source
 
+GENERATION_FILE = 'generation_config.json'
+
 def export_job(job_dir: str | Path, out: str | Path, step: int | None = None,
                allow_import: tuple[str, ...] = ()) -> str:
   """Writes the HF directory `out` from `job_dir`'s checkpoint (latest, or `step`); returns a
@@ -64,12 +67,16 @@ def export_job(job_dir: str | Path, out: str | Path, step: int | None = None,
   if model.lora_rank:
     params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
   source = _source_config(job_dir)
-  copied = job_source.tokenizer_files(job_source.tokenizer_of(task.data) or 'bytes')
+  tokenizer = job_source.tokenizer_of(task.data) or 'bytes'
+  copied = job_source.tokenizer_files(tokenizer)
+  generation = generation_config(job_dir, tokenizer)
   model_type = source.get('model_type')
   checkpoint.family_for_model(model, model_type)  # Refused before anything is written.
   carried = {k: v for k, v in source.items() if k in hf_fields.HARMLESS}
-  write_atomically(out, lambda tmp: _write(tmp, params, model, model_type, carried, copied))
-  what = ', '.join(f.name for f in copied) or 'no tokenizer (byte-level data)'
+  write_atomically(out, lambda tmp: _write(tmp, params, model, model_type, carried, copied,
+                                           generation))
+  what = ', '.join([*(f.name for f in copied), *[GENERATION_FILE] * bool(generation)])
+  what = what or 'no tokenizer (byte-level data)'
   family = json.loads((out / 'config.json').read_text())['model_type']
   return f'wrote {out}: {family} config.json, model.safetensors (step {found}), {what}'
 
@@ -80,11 +87,44 @@ def _source_config(job_dir: Path) -> dict[str, Any]:
   return checkpoint.read_config(file.parent) if file.is_file() else {}
 
 
+def generation_config(job_dir: Path, tokenizer: str) -> str | None:
+  """What the export writes as generation_config.json, so that transformers' `generate` stops
+  where the source stopped: the source checkpoint's own file (the job's copy, as it is), else
+  JSON of the tokenizer's bos/eos/pad ids, eos with the chat template's end-of-turn token when
+  it has another (what `--mode=decode --chat` stops at); None for byte-level data (no tokenizer
+  is exported)."""
+  source = job_dir / job_source.SOURCE_DIR / GENERATION_FILE
+  if source.is_file():
+    return source.read_text('utf-8')
+  if tokenizer == 'bytes':
+    return None
+  from paxlike.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
+  from paxlike.tokenizers.chat_encoder import ChatEncoder  # pylint: disable=import-outside-toplevel
+  from paxlike.tokenizers.chat_template import load_chat_template  # pylint: disable=import-outside-toplevel
+  loaded = load_tokenizer(tokenizer)
+  eos: Any = loaded.eos_id
+  if loaded.kind == 'hf':
+    try:
+      end_of_turn = ChatEncoder(loaded, load_chat_template(loaded.path)).end_of_turn_id
+    except UserError:  # No chat template beside it (or one that cannot render a turn).
+      end_of_turn = None
+    if end_of_turn not in (None, eos):
+      eos = [eos, end_of_turn]
+  ids = {'bos_token_id': loaded.bos_id, 'eos_token_id': eos, 'pad_token_id': loaded.pad_id}
+  config = Path(loaded.path).parent / 'tokenizer_config.json'
+  named = json.loads(config.read_text('utf-8')) if config.is_file() else {}
+  if isinstance(named, dict) and 'bos_token' in named and named['bos_token'] is None:
+    del ids['bos_token_id']  # bos_token: null, which transformers' tokenizer reads as none.
+  return json.dumps({k: v for k, v in ids.items() if v is not None}, indent=2) + '\n'
+
+
 def _write(tmp: Path, params: Any, model: TransformerLM, model_type: str | None,
-           carried: dict[str, Any], copied: list[Path]) -> None:
+           carried: dict[str, Any], copied: list[Path], generation: str | None) -> None:
   checkpoint.save_hf_checkpoint(params, model, tmp, model_type=model_type, carried=carried)
   for file in copied:
     shutil.copy(file, tmp / file.name)
+  if generation is not None:
+    (tmp / GENERATION_FILE).write_text(generation, 'utf-8')
 
 
 def write_atomically(out: Path, write: Any) -> None:
