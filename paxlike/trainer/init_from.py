@@ -33,6 +33,7 @@ from paxlike.interop import checkpoint, weight_files
 from paxlike.trainer import reference
 
 RECORD = 'init_source.json'  # In the job dir: where the run's params came from.
+ADAPTER_CONFIG = 'adapter_config.json'  # A PEFT adapter directory's (no config.json beside it).
 LORA_FIELDS = ('lora_rank', 'lora_alpha', 'lora_targets')  # The run's own, never the source's.
 
 
@@ -61,7 +62,32 @@ def parse(init_from: str) -> Source:
   path = Path(rest).expanduser().absolute()
   if not path.is_dir():
     raise UserError(f'train.init_from={init_from!r}: {path} is not a directory')
+  if kind == 'hf' and (path / ADAPTER_CONFIG).is_file() and not (path / 'config.json').is_file():
+    raise UserError(f'train.init_from={init_from!r}: {adapter_refusal(path)}')
   return Source(init_from, kind, path, step)
+
+
+def adapter_refusal(path: Path) -> str:
+  """Why a PEFT adapter directory is not a checkpoint to start from, and what to pass: its
+  base (adapter_config.json's base_model_name_or_path) as hf:DIR, the adapter merged first."""
+  try:
+    config = json.loads((path / ADAPTER_CONFIG).read_text('utf-8'))
+  except (OSError, ValueError) as error:
+    return f'{path / ADAPTER_CONFIG} is not a readable JSON file ({error})'
+  config = config if isinstance(config, dict) else {}
+  base = config.get('base_model_name_or_path')
+  what = (f"{path} is a PEFT {config.get('peft_type', 'adapter')} adapter "
+          f"(r={config.get('r')}, lora_alpha={config.get('lora_alpha')}, target_modules="
+          f"{config.get('target_modules')}) for the base {base!r}, not a checkpoint")
+  local = Path(str(base)).expanduser() if isinstance(base, str) else None
+  if local is not None and (local / 'config.json').is_file():
+    start = f'pass the base as train.init_from=hf:{local.absolute()}'
+  else:
+    start = (f'pass the base {base!r} as train.init_from=hf:DIR, a local Hugging Face '
+             'directory (nothing is downloaded)')
+  return (f'{what}; paxlike does not apply adapters at init_from: merge it into its base with '
+          "PEFT (model.merge_and_unload().save_pretrained(DIR)) and pass hf:DIR, or "
+          f'{start} to train a fresh adapter (model.lora_rank) from the base alone')
 
 
 def init_source_tokenizer(init_from: str | None) -> str | None:
