@@ -16,6 +16,7 @@ from paxlike.data import ImageData, LmData, TextData, data_root
 from paxlike.data import preference_synth
 from paxlike.data.preference_data import PreferenceData
 from paxlike.data.text_files import Fields
+from paxlike.layers import TransformerLM
 from paxlike.registry import register
 from paxlike.trainer.preference_loss import PreferenceLoss
 
@@ -240,6 +241,13 @@ class TextLoraFedAvg(TextFedAvg):
                   'lora_targets': ('query', 'key', 'value', 'out')}
 
 
+def source_shaped_lm() -> fdl.Config:
+  """A TransformerLM config that sets no field: with `train.init_from` every shape field and the
+  data's tokenizer come from the source (main.fill_from_init_source fills only fields a config
+  leaves unset), as lm.DpoLlama's; without one, TransformerLM's defaults (a 2-layer byte LM)."""
+  return fdl.Config(TransformerLM)
+
+
 @register
 class DpoLoraFedAvg(TextLoraFedAvg):
   """Federated preference tuning: FedAvg of DPO clients over TextLoraFedAvg's adapters (rank 8,
@@ -247,17 +255,22 @@ class DpoLoraFedAvg(TextLoraFedAvg):
   adapters off, so no client holds a second copy of the model. Each client is a preference
   file (`data.partition=file`) or a value of a row field (`data.partition=field
   data.client_field=NAME`); by default the stdlib pairs of lm.DpoTiny, a client per module.
+  The model's shape and the tokenizer are the source's (`train.init_from=hf:DIR` or
+  `job:DIR`, as lm.DpoLlama); without a source, a 2-layer byte LM.
 
   python -m paxlike.main --exp=federated.DpoLoraFedAvg --job_log_dir=/tmp/dpofed \\
-      --fdl_set=train.init_from=job:/tmp/paxlike/stdlib_tiny
+      --fdl_set=train.init_from=hf:/path/to/llama --fdl_set=data.files='pairs/*.jsonl' \\
+      --fdl_set=data.partition=field --fdl_set=data.client_field=user
   """
+  MODEL = staticmethod(source_shaped_lm)
+  MODEL_FIELDS = {'lora_rank': 8, 'lora_targets': ('query', 'key', 'value', 'out')}
 
   def task(self):
     cfg = super().task()
     cfg.loss = fdl.Config(PreferenceLoss, kind='dpo', beta=0.1)
     return cfg
 
-  def datasets(self):
+  def datasets(self):  # The tokenizer unset: bytes, or the source's.
     fields = {'partition': 'field', 'client_field': 'module', **self.data_fields()}
-    return fdl.Config(PreferenceData, files=preference_synth.STDLIB_PAIRS,
-                      tokenizer='bytes', seq_len=128, batch_size=8, **fields)
+    return fdl.Config(PreferenceData, files=preference_synth.STDLIB_PAIRS, seq_len=128,
+                      batch_size=8, **fields)
