@@ -306,3 +306,14 @@ def test_lora_preset_quick_reports_steps_per_sec_of_the_lora_side_only():
   lora = out['lora']
   assert lora['steps_per_sec'] == pytest.approx(1e3 / lora['ms_per_step'])
   assert lora['tokens_per_sec'] == pytest.approx(lora['steps_per_sec'] * 2 * 32)
+
+
+@pytest.mark.bench
+def test_qlora_quick_reports_each_bases_bytes_and_step_time():
+  out = run_json('benchmarks/qlora.py', '--quick')
+  none, int8, nf4 = out['none'], out['int8'], out['nf4']
+  # int8 stores a byte per kernel weight, NF4 half a byte: the params shrink in that order.
+  assert nf4['param_bytes'] < int8['param_bytes'] < none['param_bytes']
+  assert int8['params_vs_none'] == pytest.approx(int8['param_bytes'] / none['param_bytes'])
+  assert all(row['ms_per_step'] > 0 and row['xla_bytes'] > row['param_bytes']
+             for row in (none, int8, nf4))
