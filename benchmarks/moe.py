@@ -1,7 +1,7 @@
 """A MoE train step against a dense one with the same active parameters, on the same mesh.
 
     python benchmarks/moe.py [--devices 8] [--mesh data=2,expert=4] [--steps 10] [--repeats 3]
-                             [--quick]
+                             [--quick] [--no-dropless]
 
 The MoE model is a TransformerLM (vocab 256, 2 layers, d 128, 4 heads, seq 128, batch 16) whose
 MLPs are `--experts` experts of width 256 with top-`--k` routing (capacity factor 1.25); the
@@ -12,10 +12,18 @@ runs in a child process that sees `--devices` of them; on a GPU host set `--devi
 GPU count). On the mesh the dense model treats 'expert' as one more data axis. Timed in
 alternating repeats, at most 2 steps in flight, as the trainer runs.
 
+Dropless (unless `--no-dropless`): two more sides of the same MoE with no capacity,
+`dropless_every_expert` (capacity factor E/k, so C = T slots: every expert computes every
+token, which is what `capacity_factor=None` computed before issue 68) and `dropless_grouped`
+(`capacity_factor=None`: each token through its k experts, `layers/moe_dispatch.py`); the
+`dropless` entry holds grouped / every-expert ratios of XLA's FLOPs and of step time, measured
+in the same run.
+
 Prints one JSON object: per side `ms_per_step` (median), `params`, `active_params` (the
 matmul params a token uses: lm_flops.matmul_params), `flops_per_token` and the compiled step's
-`all_to_all` count; the MoE side adds the routing statistics of its last step; `ratio` is
-MoE / dense step time.
+`all_to_all` count and `xla_flops` (XLA's cost analysis of the compiled step: the program of
+one device, so on an N-way mesh about 1/N of the step's work); the MoE side adds the routing
+statistics of its last step; `ratio` is MoE / dense step time.
 """
 
 from __future__ import annotations
@@ -40,18 +48,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--steps', type=int, default=10, help='steps per timed repeat')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
+  parser.add_argument('--no-dropless', dest='dropless', action='store_false',
+                      help='skip the two dropless sides')
   parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
   return parser.parse_args(argv)
 
 
 def models(args: argparse.Namespace):
-  """(MoE model, dense model with the same active params, seq_len, batch)."""
+  """({side: model}, seq_len, batch): the MoE, the dense model with the same active params
+  and (`args.dropless`) the two dropless MoEs."""
   from paxlike.layers import TransformerLM
   d, layers, width, seq, batch = (32, 1, 32, 16, 8) if args.quick else (128, 2, 256, 128, 16)
   shape = dict(vocab_size=256, num_layers=layers, d_model=d, num_heads=4, max_len=seq)
   sparse = TransformerLM(**shape, d_ff=width, num_experts=args.experts,
                          experts_per_token=args.k, capacity_factor=1.25)
-  return sparse, TransformerLM(**shape, d_ff=args.k * width), seq, batch
+  sides = {'moe': sparse, 'dense': TransformerLM(**shape, d_ff=args.k * width)}
+  if args.dropless:
+    sides['dropless_every_expert'] = sparse.clone(capacity_factor=args.experts / args.k)
+    sides['dropless_grouped'] = sparse.clone(capacity_factor=None)
+  return sides, seq, batch
 
 
 def count_ops(hlo: str, op: str) -> int:
@@ -81,7 +96,8 @@ def side(model, mesh_cfg, batch):
     data = partitioning.host_to_global(batch, partitioning.round_batch_sharding(mesh))
     weights, rng = jax.numpy.ones(1), jax.random.key(0)
     step = jax.jit(alg.next, donate_argnums=0)
-    hlo = step.lower(state['s'], data, weights, rng).compile().as_text()
+    compiled = step.lower(state['s'], data, weights, rng).compile()
+    hlo = compiled.as_text()
     last = {}
 
     def one():
@@ -92,7 +108,8 @@ def side(model, mesh_cfg, batch):
   facts = {'params': sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
            'active_params': lm_flops.matmul_params(model),
            'flops_per_token': lm_flops.flops_per_token(model, batch['inputs'].shape[-1]),
-           'all_to_all': count_ops(hlo, 'all-to-all')}
+           'all_to_all': count_ops(hlo, 'all-to-all'),
+           'xla_flops': float(compiled.cost_analysis()['flops'])}
   return (lambda n: common.timed_loop(one, n)), facts, last
 
 
@@ -102,12 +119,13 @@ def child(args: argparse.Namespace) -> None:
   from paxlike.core.partitioning import MeshConfig
   sizes = dict(item.split('=') for item in args.mesh.split(','))
   mesh_cfg = MeshConfig(ici=tuple(int(v) for v in sizes.values()), axes=tuple(sizes))
-  sparse, dense, seq, batch = models(args)
+  models_by_side, seq, batch = models(args)
+  sparse, dense = models_by_side['moe'], models_by_side['dense']
   steps, repeats = (2, 1) if args.quick else (args.steps, args.repeats)
   tokens = np.random.default_rng(0).integers(0, 256, (1, 1, batch, seq + 1))
   data = {'inputs': tokens[..., :-1].astype(np.int32), 'targets': tokens[..., 1:].astype(np.int32),
           'mask': np.ones((1, 1, batch, seq), np.float32)}
-  sides = {'moe': side(sparse, mesh_cfg, data), 'dense': side(dense, mesh_cfg, data)}
+  sides = {name: side(model, mesh_cfg, data) for name, model in models_by_side.items()}
   times = common.alternate({name: (lambda s=s: s[0](steps)) for name, s in sides.items()}, repeats)
   result = {'benchmark': 'moe', 'platform': jax.devices()[0].platform,
             'devices': jax.device_count(), 'mesh': {k: int(v) for k, v in sizes.items()},
@@ -121,6 +139,10 @@ def child(args: argparse.Namespace) -> None:
   metrics = sides['moe'][2]['metrics']
   result['moe'].update({key: float(metrics[key]) for key in metrics if key.startswith('moe_')})
   result['ratio'] = result['moe']['ms_per_step'] / result['dense']['ms_per_step']
+  if args.dropless:
+    grouped, every = result['dropless_grouped'], result['dropless_every_expert']
+    result['dropless'] = {'flops_ratio': grouped['xla_flops'] / every['xla_flops'],
+                          'ms_ratio': grouped['ms_per_step'] / every['ms_per_step']}
   common.emit(result)
 
 

@@ -214,15 +214,14 @@ class MoeMlp(nn.Module):
     return constrain(self._project('wo', h, x.shape[-1], ('mlp', 'embed'), matmul), EXPERT_IN)
 
   def _dropless(self, x: jax.Array, probs: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(y, choices): each token through its k experts only (`moe_dispatch`)."""
+    """(y, choices): each token through its k experts only (`moe_dispatch`), the tokens of
+    each batch shard grouped apart."""
     gates, choices = top_k(probs, self.experts_per_token, self.renormalize)
-    impl = moe_dispatch.resolve(self.dispatch)
-
-    def experts(buffer: jax.Array, plan: moe_dispatch.Plan) -> jax.Array:
-      matmul = lambda rows, w: moe_dispatch.grouped_matmul(rows, w, plan, impl)
-      return self._experts(buffer, matmul, lambda y, _: y)
-
-    return moe_dispatch.dropless(x, choices, gates, self.num_experts, experts, impl), choices
+    experts = lambda buffer, matmul: self._experts(buffer, matmul, lambda y, _: y)
+    groups = math.gcd(x.shape[0], moe_dispatch.batch_shards())
+    y = moe_dispatch.dropless(x, choices, gates, self.num_experts, experts, self.dispatch, groups,
+                              nn.with_logical_constraint)
+    return y, choices
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:

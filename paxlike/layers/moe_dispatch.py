@@ -14,26 +14,37 @@ rows are sorted by expert instead, and the experts run on their own rows:
   times the work, so 'auto' picks it on TPU only).
 
 Exact against the capped path at C = T: the same gates times the same experts' outputs, summed
-in choice order. On an 'expert' mesh the expert weights a block needs are gathered to it (GSPMD
-partitions the sort and the gathers), where the capped path moves tokens with all-to-alls.
+in choice order. On an 'expert' mesh the expert weights a block needs are gathered to it, where
+the capped path moves tokens with all-to-alls. 'blocks' plans the rows of each batch shard
+apart (`batch_shards`), so each device sorts and computes only its own tokens; 'ragged' plans
+all rows at once (jax 0.12 cannot vmap ragged_dot over a group axis), which on a batch-sharded
+mesh every device would repeat, so 'auto' picks it only where the batch is not split.
 """
 
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import math
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+Matmul = Callable[[jax.Array, jax.Array], jax.Array]
+Constrain = Callable[[jax.Array, tuple], jax.Array]
+# The grouped buffers [groups, rows, features]: a group per batch shard.
+GROUPED = ('batch', None, None)
 
 
 class Plan(NamedTuple):
   """Where the M rows go. dest: int32 [M], each row's place in the padded buffer; sizes: int32
-  [E], each expert's padded group size; block_expert: int32 [num_blocks], each block's expert."""
+  [E], each expert's padded group size; block_expert: int32 [num_blocks], each block's expert.
+  (With a leading group axis when `dropless` plans each batch shard's rows apart.)"""
 
   dest: jax.Array
   sizes: jax.Array
   block_expert: jax.Array
-  block: int
 
 
 def num_blocks(rows: int, num_experts: int, block: int) -> int:
@@ -62,12 +73,12 @@ def plan(experts: jax.Array, num_experts: int, block: int) -> Plan:
   dest = jnp.zeros(rows, jnp.int32).at[order].set(dest_sorted.astype(jnp.int32))
   first_rows = jnp.arange(num_blocks(rows, num_experts, block), dtype=jnp.int32) * block
   block_expert = jnp.searchsorted(jnp.cumsum(sizes), first_rows, side='right')
-  return Plan(dest, sizes, jnp.minimum(block_expert, num_experts - 1).astype(jnp.int32), block)
+  return Plan(dest, sizes, jnp.minimum(block_expert, num_experts - 1).astype(jnp.int32))
 
 
-def scatter(x: jax.Array, p: Plan) -> jax.Array:
+def scatter(x: jax.Array, p: Plan, block: int) -> jax.Array:
   """Rows x [M, d] -> the padded buffer [num_blocks · block, d] (padding rows zero)."""
-  buffer = jnp.zeros((p.block_expert.shape[0] * p.block, x.shape[-1]), x.dtype)
+  buffer = jnp.zeros((p.block_expert.shape[0] * block, x.shape[-1]), x.dtype)
   return buffer.at[p.dest].set(x, unique_indices=True)
 
 
@@ -80,31 +91,59 @@ def grouped_matmul(buffer: jax.Array, w: jax.Array, p: Plan, impl: str) -> jax.A
   """buffer [num_blocks · block, in] times each row's expert weight `w` [E, in, out]."""
   if impl == 'ragged':
     return jax.lax.ragged_dot(buffer, w, p.sizes)
-  blocks = buffer.reshape(-1, p.block, buffer.shape[-1])
+  block = buffer.shape[0] // p.block_expert.shape[0]
+  blocks = buffer.reshape(-1, block, buffer.shape[-1])
   out = jnp.einsum('nbi,nio->nbo', blocks, w[p.block_expert])
   return out.reshape(-1, w.shape[-1])
 
 
-def resolve(impl: str) -> str:
-  """'auto' -> 'ragged' on TPU (a grouped-matmul kernel), else 'blocks'."""
+def batch_shards() -> int:
+  """How many ways the logical rules in context split 'batch' over the mesh in context."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return 1
+  axes = nn.logical_to_mesh_axes(('batch',))[0]
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  return math.prod(dict(mesh.shape).get(a, 1) for a in axes)
+
+
+def resolve(impl: str, groups: int = 1) -> str:
+  """'auto' -> 'ragged' on TPU (a grouped-matmul kernel) when the batch is in one group (see
+  the module docstring), else 'blocks'."""
   if impl not in ('auto', 'blocks', 'ragged'):
     raise ValueError(f"dispatch must be 'auto', 'blocks' or 'ragged', got {impl!r}")
   if impl == 'auto':
-    return 'ragged' if jax.default_backend() == 'tpu' else 'blocks'
+    return 'ragged' if jax.default_backend() == 'tpu' and groups == 1 else 'blocks'
   return impl
 
 
 def dropless(x: jax.Array, choices: jax.Array, gates: jax.Array, num_experts: int,
-             experts: Callable[[jax.Array, Plan], jax.Array], impl: str = 'auto') -> jax.Array:
-  """Σ_j gates[..., j] · expert_{choices[..., j]}(x): x [B, T, d], choices and gates [B, T, k];
-  `experts(buffer, plan)` runs the grouped experts on the padded buffer [rows, d]."""
-  impl = resolve(impl)
+             experts: Callable[[jax.Array, Matmul], jax.Array], impl: str = 'auto',
+             groups: int = 1, constrain: Constrain = lambda y, _: y) -> jax.Array:
+  """Σ_j gates[..., j] · expert_{choices[..., j]}(x): x [B, T, d], choices and gates [B, T, k].
+
+  The rows are planned in `groups` groups of B / groups batch rows (one per batch shard, so
+  each device sorts and computes its own tokens; `constrain(y, logical_names)` places them;
+  'ragged' plans one group).
+  `experts(buffer, matmul)` runs the experts on the padded buffers [groups, R, d], with
+  `matmul(rows, w)` their grouped matmul by an expert weight w [E, in, out]."""
+  impl = resolve(impl, groups)
+  groups = 1 if impl == 'ragged' else groups
   b, t, d = x.shape
   k = choices.shape[-1]
-  flat = choices.reshape(-1).astype(jnp.int32)  # Row n·k + j: token n's j-th choice.
-  block = 1 if impl == 'ragged' else block_size(flat.shape[0], num_experts)
-  p = plan(flat, num_experts, block)
-  rows = jnp.repeat(x.reshape(b * t, d), k, axis=0, total_repeat_length=b * t * k)
-  out = gather(experts(scatter(rows, p), p), p).reshape(b, t, k, d)
-  return jnp.einsum('btkd,btk->btd', out, gates.astype(out.dtype))
+  rows_per_group = b // groups * t * k
+  flat = choices.reshape(groups, rows_per_group).astype(jnp.int32)  # Row n·k + j: n's j-th.
+  block = 1 if impl == 'ragged' else block_size(rows_per_group, num_experts)
+  p = jax.vmap(lambda e: plan(e, num_experts, block))(flat)
+  rows = jnp.repeat(x.reshape(groups, b // groups * t, d), k, axis=1,
+                    total_repeat_length=rows_per_group)
+  buffer = constrain(jax.vmap(lambda r, q: scatter(r, q, block))(rows, p), GROUPED)
 
+  def matmul(buffer: jax.Array, w: jax.Array) -> jax.Array:
+    if impl == 'ragged':  # One group.
+      return grouped_matmul(buffer[0], w, jax.tree.map(lambda a: a[0], p), impl)[None]
+    return jax.vmap(lambda r, q: grouped_matmul(r, w, q, impl))(buffer, p)
+
+  out = constrain(experts(buffer, matmul), GROUPED)
+  out = jax.vmap(gather)(out, p).reshape(b, t, k, d)
+  return jnp.einsum('btkd,btk->btd', out, gates.astype(out.dtype))
