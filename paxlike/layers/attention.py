@@ -218,24 +218,44 @@ class CausalSelfAttention(nn.Module):
                         segment_ids: jax.Array | None, cache_len: int | None,
                         window: int | jax.Array | None) -> jax.Array:
     """Writes k, v (and their segment ids) into the cache at its index, then attends q over
-    every cache slot its mask allows (T is the prompt once, then 1)."""
+    every cache slot its mask allows (T is the prompt once, then 1). A static window (a local
+    layer, not a scanned step's traced one) keeps a ring of min(window, cache_len) slots
+    (`kv_cache`): a Gemma or Mistral local layer holds its window, not the whole context."""
     b, t, n_kv, h = k.shape
     if segment_ids is None:
       segment_ids = jnp.ones((b, t), jnp.int32)
     if not self.has_variable('cache', 'key') and cache_len is None:
       raise ValueError('decode=True needs cache_len on the first (prefill) call')
+    ring = isinstance(window, int)
+    slots = min(window, cache_len) if ring and cache_len is not None else cache_len
     zeros = lambda shape, dtype: lambda: jnp.zeros(shape, dtype)
-    keys = self.variable('cache', 'key', zeros((b, n_kv, cache_len, h), k.dtype))
-    values = self.variable('cache', 'value', zeros((b, n_kv, cache_len, h), v.dtype))
-    segments = self.variable('cache', 'segment_ids', zeros((b, cache_len), jnp.int32))
+    keys = self.variable('cache', 'key', zeros((b, n_kv, slots, h), k.dtype))
+    values = self.variable('cache', 'value', zeros((b, n_kv, slots, h), v.dtype))
+    segments = self.variable('cache', 'segment_ids', zeros((b, slots), jnp.int32))
     index = self.variable('cache', 'index', zeros((), jnp.int32))
-    start = index.value
-    for cache, new in ((keys, k), (values, v)):
-      cache.value = nn.with_logical_constraint(
-          kv_cache.write(cache.value, new.transpose(0, 2, 1, 3), start, axis=2),
-          kv_cache.CACHE_AXES)
-    segments.value = kv_cache.write(segments.value, segment_ids.astype(jnp.int32), start, axis=1)
+    start, segment_ids = index.value, segment_ids.astype(jnp.int32)
+    new = (k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), segment_ids)
     index.value = start + t
+    if ring:
+      return self._ring_attention(q, new, (keys, values, segments), start, window)
+    for cache, fresh in zip((keys, values), new):
+      cache.value = nn.with_logical_constraint(kv_cache.write(cache.value, fresh, start, axis=2),
+                                               kv_cache.CACHE_AXES)
+    segments.value = kv_cache.write(segments.value, segment_ids, start, axis=1)
     mask = kv_cache.decode_mask(segment_ids, segments.value, start, window)
     return kv_cache.attend(q, keys.value, values.value, mask, self.query_scale,
                            self.attn_logit_softcap)
+
+  def _ring_attention(self, q: jax.Array, new: tuple[jax.Array, ...], cache: tuple[Any, ...],
+                      start: jax.Array, window: int) -> jax.Array:
+    """q over the ring as it was and the T `new` keys, values [B, K, T, H] and segment ids
+    [B, T] (absolute slots [start, start + T)), which then go into the ring."""
+    t, size = new[2].shape[1], cache[0].value.shape[2]
+    both = [jnp.concatenate([c.value, n.astype(c.value.dtype)], axis=axis)
+            for c, n, axis in zip(cache, new, (2, 2, 1))]
+    k_slots = jnp.concatenate([kv_cache.ring_slots(start, size), start + jnp.arange(t)])
+    mask = kv_cache.decode_mask(new[2], both[2], start, window, k_slots)
+    for c, fresh, axis in zip(cache, new, (2, 2, 1)):
+      written = kv_cache.ring_write(c.value, fresh, start, axis)
+      c.value = written if axis == 1 else nn.with_logical_constraint(written, kv_cache.CACHE_AXES)
+    return kv_cache.attend(q, both[0], both[1], mask, self.query_scale, self.attn_logit_softcap)
