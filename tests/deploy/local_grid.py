@@ -38,7 +38,8 @@ class LocalGrid:
     return list(self.contexts)
 
   def send_and_receive(self, messages, timeout: float):
-    handlers = {'query': client_app.query, 'train': client_app.train}
+    handlers = {'query': client_app.query, 'train': client_app.train,
+                'query.handoff': client_app.handoff}
     self.sent += [m.metadata.message_type for m in messages]
     replies = []
     for m in messages:
@@ -74,7 +75,7 @@ def deploy(cfg: fdl.Config, export: Path, out: Path, rounds: int, nodes: int,
   num_clients = records.num_clients(config_io.build(cfg).data)
   grid = LocalGrid({FIRST_NODE + k: SimpleNamespace(state=RecordDict(), node_config={
       'export-dir': str(export), 'config': str(config), 'log': str(out / f'node{k}.jsonl'),
-      'clients': ','.join(map(str, clients))})
+      'clients': ','.join(map(str, clients)), 'state-dir': str(out / f'node{k}')})
       for k, clients in enumerate(clients_of_nodes(num_clients, nodes))}, lose_at, secure)
   server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                                 run_config={'export-dir': str(export), 'config': str(config),

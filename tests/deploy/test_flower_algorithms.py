@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
+from paxlike.deploy.flower import client_state, rounds
 from tests.deploy.local_grid import deploy
 from tests.export.export_task import ALGORITHMS, ROUNDS, trained_and_exported
 from tests.helpers import TIMING_FIELDS
@@ -61,8 +62,10 @@ def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, tmp_path_fact
   logs = [tmp_path / 'run' / f'node{k}.jsonl' for k in range(NODES)]  # None if never sent.
   ran = [[json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
          for log in logs]
-  # One query per node, then one train message per node with a slot in the round's cohort.
-  assert grid.sent == ['query'] * NODES + ['train'] * sum(map(len, ran))
+  # One query per node, then one train message per node with a slot in the round's cohort
+  # (and a handoff to a node holding a slot's client state that moves to another node).
+  sent = [t for t in grid.sent if t != 'query.handoff']
+  assert sent == ['query'] * NODES + ['train'] * sum(map(len, ran))
   for k, entries in enumerate(ran):  # Each node ran only its own clients.
     assert all(c % NODES == k for entry in entries for c in entry['clients'])
   assert sum(len(e['slots']) for entries in ran for e in entries) == sum(
@@ -83,7 +86,26 @@ def test_deployed_rounds_equal_the_simulation(algorithm, tmp_path, tmp_path_fact
   cohorts = [json.loads(line) for line in (tmp_path / 'run' / 'server' / 'cohorts.jsonl')
              .read_text().splitlines()]
   _assert_downlink(plan, grid, cohorts)
+  kept_at_clients = rounds.client_state(plan)  # On the nodes, never sent by the server.
+  assert not [k for _, _, keys in grid.down for k in keys
+              if k.split('/', 1)[1] in kept_at_clients]
   with np.load(tmp_path / 'run' / 'server' / 'final.npz') as final:
-    assert sorted(final.files) == sorted(state)
+    assert sorted(final.files) == sorted(set(state) - set(kept_at_clients))
     for name in final.files:
       np.testing.assert_allclose(final[name], state[name], rtol=1e-5, atol=1e-6, err_msg=name)
+  assert_client_state(tmp_path / 'run', NODES, kept_at_clients, state)
+
+
+def assert_client_state(run, nodes: int, names: list[str], state: dict) -> None:
+  """Each slot's newest client state row on the nodes is the simulation's final row."""
+  newest = {}
+  for k in range(nodes):
+    store = client_state.Store(run / f'node{k}')
+    for slot, version in store.held():
+      if version >= newest.get(slot, (-1, None))[0]:
+        newest[slot] = (version, store.row(slot, version))
+  assert sorted(newest) == (list(range(len(state[names[0]]))) if names else [])
+  for name in names:
+    for slot, (_, row) in newest.items():
+      np.testing.assert_allclose(row[name], state[name][slot], rtol=1e-5, atol=1e-6,
+                                 err_msg=f'{name}[{slot}]')

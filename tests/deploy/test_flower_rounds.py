@@ -1,5 +1,5 @@
 """The server side of a deployed round apart from Flower: what a slot is sent, how contributions
-are reduced, the round key, which node holds which client, the client state kept for each slot,
+are reduced, the round key, which node holds which client, where the client state is kept,
 which node runs which cohort slot, and which node is sent a once value."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import jax
 import numpy as np
+import pytest
 from flwr.app import RecordDict
 
-from paxlike.deploy.flower import once, rounds
+from paxlike.deploy.flower import client_state, once, rounds
 
 PLAN = {'inputs': [], 'communication': [
     {'kind': 'scatter', 'value': 'down.0', 'axis': 1},
@@ -50,20 +51,36 @@ def test_every_client_is_on_exactly_one_node():
   assert sorted(sum(rounds.clients_of_nodes(7, 3), [])) == list(range(7))
 
 
-def test_client_state_travels_with_its_slot_and_a_dropped_slot_keeps_its_row():
+def test_client_state_is_never_sent_and_the_node_keeps_its_versions(tmp_path):
   plan = {'inputs': [{'name': 'state.params.w', 'placement': 'server', 'carried': True},
                      {'name': 'state.replicas.mu', 'placement': 'clients', 'carried': True},
                      {'name': 'weights', 'placement': 'clients', 'carried': False}],
           'communication': [{'kind': 'broadcast', 'value': 'state.params.w'}]}
-  mu = np.arange(6.0).reshape(3, 2)
-  env = {'state.params.w': np.ones(2), 'state.replicas.mu': mu, 'weights': np.ones(3)}
-  sent = rounds.slot_down(plan, env, 1)
-  assert sorted(sent) == ['state.params.w', 'state.replicas.mu']  # Not the node's own weights.
-  np.testing.assert_array_equal(sent['state.replicas.mu'], [2.0, 3.0])
-  after = rounds.client_state_rows(plan, env, {0: {'state.replicas.mu': np.float64([9, 9])},
-                                               2: {'state.replicas.mu': np.float64([7, 7])}})
-  np.testing.assert_array_equal(after['state.replicas.mu'], [[9, 9], [2, 3], [7, 7]])
-  np.testing.assert_array_equal(mu, np.arange(6.0).reshape(3, 2))  # The old rows untouched.
+  env = {'state.params.w': np.ones(2), 'state.replicas.mu': np.arange(6.0).reshape(3, 2),
+         'weights': np.ones(3)}
+  assert sorted(rounds.slot_down(plan, env, 1)) == ['state.params.w']  # Not mu, not weights.
+  assert sorted(rounds.server_state(plan, env)) == ['state.params.w', 'weights']
+  store = client_state.Store(tmp_path)
+  for version in range(5):
+    store.put(1, version, {'state.replicas.mu': np.float32([version, 0])})
+  store.save()
+  again = client_state.Store(tmp_path)  # A restarted node reads what was saved.
+  assert again.held() == [(1, 2), (1, 3), (1, 4)]  # The last KEEP versions.
+  np.testing.assert_array_equal(again.row(1, 3)['state.replicas.mu'], [3, 0])
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['client_state.npz']  # No temp left.
+
+
+def test_a_handed_over_row_opens_only_for_its_node_slot_and_version(tmp_path):
+  mine, other = client_state.node_key(tmp_path / 'a'), client_state.node_key(tmp_path / 'b')
+  assert client_state.node_key(tmp_path / 'a').private_bytes_raw() == mine.private_bytes_raw()
+  row = {'mu': np.arange(4.0)}
+  blob = client_state.seal(row, client_state.public_hex(mine), 2, 7)
+  assert blob.dtype == np.uint8 and np.arange(4.0).tobytes() not in blob.tobytes()
+  np.testing.assert_array_equal(client_state.unseal(mine, blob, 2, 7)['mu'], row['mu'])
+  from cryptography.exceptions import InvalidTag
+  for key, slot, version in ((other, 2, 7), (mine, 1, 7), (mine, 2, 6)):
+    with pytest.raises(InvalidTag):
+      client_state.unseal(key, blob, slot, version)
 
 
 def test_slots_go_to_their_clients_nodes_and_padded_ones_run_only_under_poisson():

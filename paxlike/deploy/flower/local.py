@@ -48,9 +48,12 @@ FLAGS = flags.FLAGS
 
 
 def node_config(export_dir: Path, out: Path, clients: list[int], name: str) -> str:
-  """A SuperNode's `--node-config`: the export, the saved config, its clients, its log."""
+  """A SuperNode's `--node-config`: the export, the saved config, its clients, its log, and
+  where it keeps its clients' state (OUT/nodes/NAME: kept across launches, so a resumed run's
+  nodes find it)."""
   return (f'export-dir="{export_dir.absolute()}" config="{out.absolute()}/config.json" '
-          f'clients="{",".join(map(str, clients))}" log="{out.absolute()}/logs/{name}.jsonl"')
+          f'clients="{",".join(map(str, clients))}" log="{out.absolute()}/logs/{name}.jsonl" '
+          f'state-dir="{out.absolute()}/nodes/{name}"')
 
 
 def _save_runs(fed: federation.Federation, path: Path) -> None:

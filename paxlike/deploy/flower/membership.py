@@ -39,6 +39,8 @@ class Members:
     self.asked: set[int] = set()
     self.owner: dict[int, int] = {}  # client id -> node id, for the nodes taking part.
     self.sizes = np.zeros(num_clients, np.int64)
+    self.keys: dict[int, str] = {}  # node -> its public key for client state handoffs.
+    self.held: dict[int, list[str]] = {}  # node -> the client state versions it reported.
 
   def _event(self, **event: Any) -> None:
     print(json.dumps(event), flush=True)
@@ -121,6 +123,8 @@ class Members:
       return f'it claims client {taken[0]}, which is out of range or held by another node'
     for client, size in zip(clients, sizes):
       self.owner[client], self.sizes[client] = node, size
+    self.keys[node] = str(answer.get('state_key', ''))
+    self.held[node] = [str(v) for v in answer.get('state_held', [])]
     self._event(event='joined', node=node, clients=clients)
     return None
 

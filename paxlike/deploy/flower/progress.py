@@ -4,8 +4,8 @@ checkpoints of the server state (paxlike's `Checkpoints`, one per round) and the
 ServerApp killed between a row and its checkpoint rewrites that row instead of repeating it).
 
 A checkpoint's metadata holds what the round loop needs besides the state: the clients' sizes
-(what cohorts are sampled from), the clients lost with their nodes so far, and the metric sums
-the trainer carries between rows.
+(what cohorts are sampled from), the clients lost with their nodes so far, each slot's client
+state version, and the metric sums the trainer carries between rows.
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ def resume(checkpoints: Checkpoints, start_step: int, initial: dict[str, np.ndar
 
 
 def save(checkpoints: Checkpoints, step: int, state: dict[str, np.ndarray],
-         sizes: np.ndarray, lost: list[int]) -> None:
-  """Starts the async save of round `step`'s state with what a resume needs besides it."""
+         sizes: np.ndarray, lost: list[int], state_versions: list[int] | None = None) -> None:
+  """Starts the async save of round `step`'s state with what a resume needs besides it (the
+  version of each slot's client state, which the nodes keep: slot_versions.py)."""
   checkpoints.save(step, state, {'step': step, 'sizes': [int(s) for s in sizes],
-                                 'lost_clients': sorted(lost)})
+                                 'lost_clients': sorted(lost),
+                                 'state_versions': [int(v) for v in state_versions or []]})
 
 
 class Rows:

@@ -13,22 +13,15 @@ from paxlike.export import run as executor
 
 def client_state(plan: dict[str, Any]) -> list[str]:
   """The names of the state the plan carries at the clients, stacked by cohort slot (DiLoCo's
-  inner optimizer state, SCAFFOLD's controls). The deployment keeps it at the server between
-  rounds, as the reference executor does, and sends each slot its row with the round."""
+  inner optimizer state, SCAFFOLD's controls). The nodes keep it (client_state.py); the
+  server keeps only each slot's version (slot_versions.py)."""
   return [s['name'] for s in plan['inputs'] if s['placement'] == 'clients' and s['carried']]
 
 
-def client_state_rows(plan: dict[str, Any], carried: dict[str, np.ndarray],
-                      got: dict[int, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-  """The client state after a round: each slot's row as its client returned it (`got`), the
-  old row for a slot that was dropped."""
-  state = {}
-  for name in client_state(plan):
-    rows = np.array(carried[name], copy=True)
-    for slot, outputs in got.items():
-      rows[slot] = outputs[name]
-    state[name] = rows
-  return state
+def server_state(plan: dict[str, Any], carried: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The carried state without the clients' (what the server keeps and checkpoints)."""
+  kept_at_clients = set(client_state(plan))
+  return {n: v for n, v in carried.items() if n not in kept_at_clients}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +77,9 @@ def rng_key_data(seed: int, step: int, key_impl: str) -> np.ndarray:
 def slot_down(plan: dict[str, Any], env: dict[str, np.ndarray], slot: int,
               broadcasts: bool = True) -> dict[str, np.ndarray]:
   """What the server sends cohort slot `slot`: broadcasts whole (unless not `broadcasts`: a
-  message then carries them once for all its slots, `shared_down`), scatters and the client
-  state their row `slot`."""
-  sent = {name: env[name][slot] for name in client_state(plan)}
+  message then carries them once for all its slots, `shared_down`) and scatters their row
+  `slot` (never client state: the nodes keep it)."""
+  sent = {}
   for entry in plan['communication']:
     value = env[entry['value']] if entry['kind'] in executor.DOWN else None
     if entry['kind'] == 'broadcast' and broadcasts:

@@ -30,18 +30,21 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from paxlike.deploy.flower import (evaluate, membership, once, polling, progress, records,
-                                   rounds, secure, secure_round)
+                                   rounds, secure, secure_round, slot_versions)
 
 app = ServerApp()
 
 
 def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], draw: rounds.Draw,
-                   owner: dict[int, int], step: int, sent: once.Sent
+                   owner: dict[int, int], step: int, sent: once.Sent,
+                   versions: slot_versions.Versions | None = None,
+                   sealed: dict[int, np.ndarray] | None = None
                    ) -> tuple[list[Message], list[int]]:
   """One message per node with a slot in this round's cohort (its slots, their clients, and
   the live clients the cohort was drawn among, so the node draws the same cohort); the slots
   no node runs. A message carries each slot's scattered values and client state, the
-  broadcasts once for all its slots, and the `once` values the node does not hold yet."""
+  broadcasts once for all its slots, and the `once` values the node does not hold yet; with
+  client state, each slot's version and the row another node `sealed` for it, if any."""
   by_node, orphans = rounds.slots_by_node(draw.cohort, owner, draw.padded_run)
   messages = []
   for node, slots in by_node.items():
@@ -50,8 +53,12 @@ def train_messages(plan: dict[str, Any], env: dict[str, np.ndarray], draw: round
     down.update({records.slot_key(records.SHARED, n): v
                  for n, v in rounds.shared_down(plan, env).items()})
     down.update({records.slot_key(records.ONCE, n): v for n, v in sent.due(node, env).items()})
+    down.update({records.slot_key(s, 'sealed'): v for s, v in (sealed or {}).items()
+                 if s in slots})
     config = ConfigRecord({'step': step, 'slots': slots, 'live': draw.live,
                            'clients': [int(draw.cohort[s]) for s in slots]})
+    if versions is not None and versions.names:
+      config['versions'] = versions.of(slots)
     content = RecordDict({'round': config, 'down': records.to_record(down)})
     messages.append(Message(content, node, 'train', group_id=str(step)))
   return messages, orphans
@@ -62,7 +69,9 @@ def collect(plan: dict[str, Any], grid: Grid, messages: list[Message], timeout: 
   """({slot: its contributions} of the nodes that replied, the nodes that did not in
   `timeout` seconds or replied with an error, the bytes of the arrays they sent)."""
   replies = {r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)}
-  specs = plan['programs']['client']['outputs']  # Flower sends a 0-d array as shape (1,).
+  kept_at_clients = set(rounds.client_state(plan))  # The nodes keep it: not in the replies.
+  specs = [d for d in plan['programs']['client']['outputs'] if d['name'] not in kept_at_clients]
+  # Flower sends a 0-d array as shape (1,).
   got, missing, received = {}, [], 0
   for message in messages:
     node = message.metadata.dst_node_id
@@ -78,25 +87,48 @@ def collect(plan: dict[str, Any], grid: Grid, messages: list[Message], timeout: 
   return got, missing, received
 
 
+def _handoffs(plan: dict[str, Any], grid: Grid, members: membership.Members,
+              versions: slot_versions.Versions, draw: rounds.Draw, step: int, timeout: float
+              ) -> tuple[dict[int, np.ndarray], dict[str, Any]]:
+  """The client state rows of the slots that move to another node this round, sealed by
+  their holders for the receivers (slot_versions.py), and what it did: the bytes relayed and
+  the slots whose holder was lost (their state starts again from the export's)."""
+  if not versions.names:
+    return {}, {}
+  versions.forget(set(versions.holder.values()) - set(members.owner.values()))
+  versions.learn({n: h for n, h in members.held.items() if n in members.owner.values()})
+  by_node, _ = rounds.slots_by_node(draw.cohort, members.owner, draw.padded_run)
+  sealed, relayed = versions.sealed(grid, versions.handoffs(by_node, members.keys, step),
+                                    timeout)
+  return sealed, {'state_handoff_bytes': relayed,
+                  'state_reset_slots': versions.reset_missing(by_node, sealed)}
+
+
 def _uplink(ex: Any, grid: Grid, context: Context, members: membership.Members,
             env: dict[str, np.ndarray], draw: rounds.Draw, step: int, timeout: float,
-            scale: float | None, sent: once.Sent
+            scale: float | None, sent: once.Sent,
+            versions: slot_versions.Versions | None = None
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[int, dict[str, np.ndarray]]]:
   """The round's aggregates from the nodes (SecAgg+ when `scale` is set: its legacy messages
   carry what the train messages would), what it did, and each slot's outputs (none through
   SecAgg+, which sees only sums)."""
   plan, cohort = ex.plan, draw.cohort
-  messages, _ = train_messages(plan, env, draw, members.owner, step, sent)
+  sealed, moved = (_handoffs(plan, grid, members, versions, draw, step, timeout)
+                   if versions is not None else ({}, {}))
+  messages, _ = train_messages(plan, env, draw, members.owner, step, sent, versions, sealed)
   if scale is None:
     got, missing, received = collect(plan, grid, messages, timeout)
     for node in missing:
       members.lose(node, step)
     if not got:
       raise RuntimeError(f'round {step}: no node returned its clients\' work')
+    if versions is not None:
+      versions.ran({s: m.metadata.dst_node_id for m in messages
+                    for s in m.content['round']['slots'] if s in got}, step)
     return (rounds.aggregates(plan, [got[s] for s in sorted(got)]),
             {'dropped_slots': sorted(set(range(len(cohort))) - set(got)),
              'bytes_down': sum(records.payload_bytes(m.content['down']) for m in messages),
-             'bytes_up': received}, got)
+             'bytes_up': received, **moved}, got)
   # Every node takes part (one with no slot is sent nothing); each node gets what its train
   # message would carry: its slots' values, the broadcasts once, the once values it lacks.
   by_node = {node: ([], [], {}) for node in set(members.owner.values())}
@@ -144,7 +176,8 @@ def _secure_sums_of_live_nodes(grid: Grid, context: Context, members: membership
 
 def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members,
               carried: dict[str, np.ndarray], draw: rounds.Draw, step: int, seed: int,
-              timeout: float, sent: once.Sent, scale: float | None = None
+              timeout: float, sent: once.Sent, scale: float | None = None,
+              versions: slot_versions.Versions | None = None
               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """One round from the state `carried`: (server_post's named outputs, what the round did:
   its dropped slots, the array bytes sent down and up, the seconds of the server's work)."""
@@ -156,12 +189,11 @@ def run_round(ex: Any, grid: Grid, context: Context, members: membership.Members
       *rounds.program_args(spec['server_pre'], env))))
   server = time.perf_counter() - began
   aggregated, done, got = _uplink(ex, grid, context, members, env, draw, step, timeout, scale,
-                                  sent)
+                                  sent, versions)
   began = time.perf_counter()
   env.update(aggregated)
   outputs = rounds.named_outputs(spec['server_post'], ex.programs['server_post'].call(
       *rounds.program_args(spec['server_post'], env)))
-  outputs.update(rounds.client_state_rows(plan, carried, got))
   return outputs, {**done, 'server_seconds': server + time.perf_counter() - began}
 
 
@@ -182,12 +214,14 @@ def main(grid: Grid, context: Context) -> None:
   task = records.load_task(str(settings['config']))
   seed, data, timeout = task.train.seed, task.data, float(settings['timeout'])
   accountant = privacy.accountant(task)  # DP runs: the rows' dp_epsilon, as the trainer's.
-  evaluator = evaluate.ServerEval(task)  # The trainer's eval_* fields, at its eval steps.
+  # The trainer's eval_* fields, at its eval steps (of the server's state).
+  evaluator = evaluate.ServerEval(task, rounds.client_state(plan))
   out.mkdir(parents=True, exist_ok=True)
   last = plan['start_step'] + int(settings['rounds'])
   checkpoints = progress.open_checkpoints(out)
   try:
-    start = progress.resume(checkpoints, plan['start_step'], ex.carried)
+    start = progress.resume(checkpoints, plan['start_step'], rounds.server_state(plan, ex.carried))
+    versions = slot_versions.Versions(plan, start.meta)  # Client state: on the nodes.
     identity = {'config_sha256': plan['config_sha256'],
                 'plan_sha256': membership.file_sha256(Path(export_dir) / 'plan.json')}
     clients = records.num_clients(data)
@@ -209,7 +243,7 @@ def main(grid: Grid, context: Context) -> None:
       scale = (max(1.0, float(sources.cohort_weights(sizes, cohort, data.sampling).sum()))
                if secure_sums else None)
       outputs, done = run_round(ex, grid, context, members, carried, draw, step, seed,
-                                timeout, sent, scale)
+                                timeout, sent, scale, versions)
       carried = {n: outputs[n] for n in carried}
       lost = sorted(set(range(clients)) - set(members.owner))
       seconds = time.perf_counter() - began
@@ -220,7 +254,7 @@ def main(grid: Grid, context: Context) -> None:
                  {'cohort': [int(c) for c in cohort], 'live_clients': live,
                   'lost_clients': lost, **done,
                   'round_seconds': seconds}, evals)
-      progress.save(checkpoints, step, carried, sizes, lost)
+      progress.save(checkpoints, step, carried, sizes, lost, versions.version)
     checkpoints.wait()
     rows.close()
   finally:
