@@ -65,12 +65,14 @@ class LocalGrid:
 
 
 def deploy(cfg: fdl.Config, export: Path, out: Path, rounds: int, nodes: int,
-           lose_at: dict[int, int] | None = None, secure: bool = False) -> LocalGrid:
+           lose_at: dict[int, int] | None = None, secure: bool = False,
+           again: bool = False) -> LocalGrid:
   """Runs `rounds` exported rounds through the apps on `nodes` in-process nodes (node k logs to
-  out/node{k}.jsonl, the server writes to out/server), through SecAgg+ when `secure`; the grid
-  used."""
+  out/node{k}.jsonl and keeps its client state in out/node{k}, the server writes to
+  out/server), through SecAgg+ when `secure`; the grid used. `again`: into the `out` of an
+  earlier call, as a restarted federation (fresh nodes' contexts, a new ServerApp)."""
   config = out / 'config.json'
-  out.mkdir(parents=True)
+  out.mkdir(parents=True, exist_ok=again)
   config.write_text(config_io.to_json(cfg))
   num_clients = records.num_clients(config_io.build(cfg).data)
   grid = LocalGrid({FIRST_NODE + k: SimpleNamespace(state=RecordDict(), node_config={

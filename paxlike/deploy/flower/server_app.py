@@ -206,25 +206,23 @@ def main(grid: Grid, context: Context) -> None:
   polling.pull_replies_sooner()
   settings = context.run_config
   export_dir, out = str(settings['export-dir']), Path(str(settings['out-dir']))
-  ex = executor.load(export_dir)
-  plan = ex.plan
+  plan = (ex := executor.load(export_dir)).plan
   secure_sums = bool(settings.get('secure-aggregation', False))
   if secure_sums and (reason := secure.refusal(plan)) is not None:
     raise RuntimeError(reason)
   task = records.load_task(str(settings['config']))
   seed, data, timeout = task.train.seed, task.data, float(settings['timeout'])
   accountant = privacy.accountant(task)  # DP runs: the rows' dp_epsilon, as the trainer's.
-  # The trainer's eval_* fields, at its eval steps (of the server's state).
-  evaluator = evaluate.ServerEval(task, rounds.client_state(plan))
+  evaluator = evaluate.ServerEval(task, rounds.client_state(plan))  # The trainer's eval_*.
   out.mkdir(parents=True, exist_ok=True)
   last = plan['start_step'] + int(settings['rounds'])
   checkpoints = progress.open_checkpoints(out)
   try:
     start = progress.resume(checkpoints, plan['start_step'], rounds.server_state(plan, ex.carried))
-    versions = slot_versions.Versions(plan, start.meta)  # Client state: on the nodes.
+    versions = slot_versions.Versions(plan, start.meta)
     identity = {'config_sha256': plan['config_sha256'],
                 'plan_sha256': membership.file_sha256(Path(export_dir) / 'plan.json')}
-    clients = records.num_clients(data)
+    clients = records.num_clients(data)  # Below: the nodes keep the client state (versions).
     members = membership.Members(grid, identity, clients, out / 'nodes.jsonl')
     lost = list(start.meta.get('lost_clients', []))
     members.wait_for(clients - len(lost), timeout)
