@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
 import numpy as np
 
 from paxlike.decode import engine
@@ -34,11 +35,13 @@ def greedy_completions(task: Task, program: Program, params: Any, rows: np.ndarr
   data, loss = task.data, task.loss
   prompts = [data.rows.ids[r] for r in rows.tolist()]
   new = loss.max_completion_length
-  return engine.generate(task.model, params, prompts, max_new_tokens=new, temperature=0.0,
-                         eos_id=data.stop_id(), pad_id=data.loaded_tokenizer.pad_id or 0,
-                         cache_len=engine.cache_len_for(task.model, max(map(len, prompts)), new),
-                         mesh=program.mesh, rules=program.rules,
-                         batch_size=data.eval_batch_size)
+  mesh, params = grpo_step.local_decoding(program.mesh, params)  # Several processes: each whole.
+  with jax.set_mesh(mesh):  # LoRA's merge too, on the decoder's devices.
+    return engine.generate(task.model, params, prompts, max_new_tokens=new, temperature=0.0,
+                           eos_id=data.stop_id(), pad_id=data.loaded_tokenizer.pad_id or 0,
+                           cache_len=engine.cache_len_for(task.model, max(map(len, prompts)),
+                                                          new),
+                           mesh=mesh, rules=program.rules, batch_size=data.eval_batch_size)
 
 
 def reward_metrics(total: np.ndarray, each: dict[str, np.ndarray]) -> dict[str, float]:

@@ -65,14 +65,16 @@ class SampleLog:
 
   def __init__(self, train: Any, limit: int, max_bytes: int = MAX_BYTES):
     self.train, self.limit, self.max_bytes = train, limit, max_bytes
-    self.path: Path | None = None
+    self.path: Path | None = None  # Where this process writes: the primary's file, once open.
+    self.opened = False
     self.step = 0  # The step last counted (`next_step`).
     self._full = False
 
   def open(self, job_dir: Path, start: int, primary: bool = True) -> None:
     """Counts steps from `start` (the restored step), and on the primary process keeps only
     the file's complete rows of steps <= start."""
-    self.step, self.path = start, (job_dir / FILE if primary and self.limit > 0 else None)
+    self.step, self.opened = start, True
+    self.path = job_dir / FILE if primary and self.limit > 0 else None
     if self.path is not None:
       if torn := truncate_after(self.path, start):
         status(f'dropped {torn} torn line{"s" if torn > 1 else ""} of {FILE}, cut short by a '
@@ -84,13 +86,17 @@ class SampleLog:
     return self.step
 
   def due(self, step: int) -> bool:
-    """Whether step `step` writes rows: open, and a step with a row in metrics.jsonl."""
+    """Whether step `step` logs samples (on every process alike: they gather the
+    advantages): open, rows asked for, and a step with a row in metrics.jsonl."""
     cfg = self.train
-    return self.path is not None and (step % cfg.log_every == 0 or step % cfg.eval_every == 0
-                                      or step == cfg.num_steps)
+    return self.opened and self.limit > 0 and (
+        step % cfg.log_every == 0 or step % cfg.eval_every == 0 or step == cfg.num_steps)
 
   def write(self, step: int, samples: Samples, advantages: np.ndarray) -> None:
-    """Appends step `step`'s rows in one write, unless that would pass `max_bytes`."""
+    """Appends step `step`'s rows in one write (the primary process; the others write
+    nothing), unless that would pass `max_bytes`."""
+    if self.path is None:
+      return
     data = ''.join(json.dumps(r) + '\n'
                    for r in sample_rows(step, samples, advantages, self.limit)).encode()
     size = self.path.stat().st_size if self.path.exists() else 0

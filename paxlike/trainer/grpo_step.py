@@ -17,7 +17,11 @@ any train step its round. It then
      as fast as train.num_steps says);
   4. at a step with a row, appends the first completions with their rewards and advantages to
      DIR/samples.jsonl (grpo_samples.py), once the loop has opened `GrpoStep.log` there.
-GRPO runs in one process (the host side reads every prompt and completion).
+On several processes (jax.distributed) every process runs the host side whole and alike: it
+gathers the step's prompts, samples every completion on its own devices (the decoder on this
+process's part of the mesh, from the params gathered to it: a model too large for one host's
+devices does not sample this way), scores them all, and places its part of the training batch;
+the update runs on the whole mesh. Only the primary process writes samples.jsonl.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from paxlike.core import partitioning
 from paxlike.decode import engine
@@ -49,6 +54,24 @@ def step_sampling_seed(seed: int, step: int) -> int:
   return sampling_seed(jax.random.fold_in(jax.random.key(seed), step))
 
 
+def gathered(tree: Any) -> Any:
+  """Host numpy copies of the global arrays of `tree`, whole on every process."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def local_decoding(mesh: Mesh, params: Any) -> tuple[Mesh, Any]:
+  """(mesh, params) the decoder runs on: the training mesh and params in one process; on
+  several, this process's devices of the mesh (on its first axis) and the params gathered."""
+  if jax.process_count() == 1:
+    return mesh, params
+  mine = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+  shape = (len(mine),) + (1,) * (len(mesh.axis_names) - 1)
+  return Mesh(np.asarray(mine).reshape(shape), mesh.axis_names), gathered(params)
+
+
 def sample(task: Task, mesh: Any, rules: Any, params: Any, prompts: list[np.ndarray],
            seed: int) -> list[np.ndarray]:
   """Each prompt's G completions (rows i*G .. i*G+G-1 for prompt i), int32 ids cut after the
@@ -57,10 +80,12 @@ def sample(task: Task, mesh: Any, rules: Any, params: Any, prompts: list[np.ndar
   repeated = [p for p in prompts for _ in range(loss.num_generations)]
   new = loss.max_completion_length
   cache_len = engine.cache_len_for(task.model, max(map(len, repeated)), new)
-  return engine.generate(task.model, params, repeated, max_new_tokens=new,
-                         temperature=loss.temperature, top_k=loss.top_k, top_p=loss.top_p,
-                         eos_id=data.stop_id(), seed=seed, cache_len=cache_len,
-                         pad_id=data.loaded_tokenizer.pad_id or 0, mesh=mesh, rules=rules)
+  mesh, params = local_decoding(mesh, params)
+  with jax.set_mesh(mesh):  # LoRA's merge too, on the decoder's devices.
+    return engine.generate(task.model, params, repeated, max_new_tokens=new,
+                           temperature=loss.temperature, top_k=loss.top_k, top_p=loss.top_p,
+                           eos_id=data.stop_id(), seed=seed, cache_len=cache_len,
+                           pad_id=data.loaded_tokenizer.pad_id or 0, mesh=mesh, rules=rules)
 
 
 def completion_texts(tokenizer: Any, completions: list[np.ndarray], stop: int) -> list[str]:
@@ -106,7 +131,8 @@ class GrpoStep:
 
   def prompts(self, batches: dict) -> tuple[list[np.ndarray], np.ndarray]:
     """(each prompt's ids, their rows) of a placed prompt batch, on the host."""
-    host = jax.device_get({k: batches[k][0, 0] for k in ('inputs', 'lengths', 'row')})
+    host = gathered({k: batches[k] for k in ('inputs', 'lengths', 'row')})
+    host = {k: np.asarray(v)[0, 0] for k, v in host.items()}
     return [row[:n] for row, n in zip(host['inputs'], host['lengths'].tolist())], host['row']
 
   def sample(self, params: Any, prompts: list[np.ndarray], rng: jax.Array) -> list[np.ndarray]:
@@ -165,7 +191,7 @@ class GrpoStep:
     scored, metrics, samples = self.scored_samples(state.alg.params, batches, rng)
     step = self.log.next_step()
     if self.log.due(step):
-      self.log.write(step, samples, np.asarray(jax.device_get(scored['advantages'][0, 0])))
+      self.log.write(step, samples, np.asarray(gathered(scored['advantages']))[0, 0])
     state, update_metrics = self.update(state, scored, weights, rng)
     return state, {**update_metrics, **metrics}
 
@@ -192,9 +218,6 @@ def build(task: Task, program: Program) -> tuple[GrpoStep, Program]:
   """The GRPO step of `task` placed as `program`, and its training program (for reporters)."""
   if not isinstance(task.loss, GrpoLoss):
     raise UserError('a GRPO step needs loss=GrpoLoss(...)')
-  if jax.process_count() > 1:
-    raise UserError('GRPO runs in one process: its host side reads every prompt and '
-                    'completion (run it on one host, any number of its devices)')
   trained = train_program(task, program)
   with jax.set_mesh(program.mesh):
     score = jax.jit(grpo.scorer(task.model, task.loss))
