@@ -1,8 +1,8 @@
 """`lm.GrpoTiny` through the CLI, from a short ArithmeticSft run: rows log the rewards, KL,
-clipping and completion lengths; kill -9 and a rerun give the uninterrupted rows; the completions
-a training step samples are what `--mode=decode` continues the same prompts with at the step's
-seed; a reward function that is not allowed is one line, exit 2, and one that raises at a step is
-one line, exit 1, with no checkpoint saved."""
+clipping and completion lengths; kill -9 and a rerun give the uninterrupted rows and
+samples.jsonl; the completions a training step samples are what `--mode=decode` continues the
+same prompts with at the step's seed; a reward function that is not allowed is one line, exit
+2, and one that raises at a step is one line, exit 1, with no checkpoint saved."""
 
 import json
 import os
@@ -66,6 +66,7 @@ def test_kill_9_then_rerun_gives_the_uninterrupted_rows(sft, whole, tmp_path):
   assert steps and steps[-1] < 8
   run_cli(*grpo_args(sft), f'--job_log_dir={tmp_path}')
   assert metric_rows(tmp_path) == metric_rows(whole)
+  assert (tmp_path / 'samples.jsonl').read_bytes() == (whole / 'samples.jsonl').read_bytes()
 
 
 def training_completions(job, step):
