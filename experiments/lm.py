@@ -278,8 +278,10 @@ class GrpoTiny(Experiment):
 
   python -m paxlike.main --exp=lm.GrpoTiny --job_log_dir=/tmp/paxlike/grpo_tiny \\
       --fdl_set=train.init_from=job:/tmp/paxlike/arithmetic_sft@200
-  (after ArithmeticSft's commands; the reward curve: docs/reproductions/grpo.md). Rows log reward (mean), reward_std, reward_max, kl, clip_ratio,
-  completion_length; eval_loss is the held-out answers' NLL.
+  (after ArithmeticSft's commands; the reward curve: docs/reproductions/grpo.md). Rows log
+  reward (mean), reward_std, reward_max, kl, clip_ratio, completion_length; eval_loss is the
+  held-out answers' NLL and eval_reward the mean reward of greedy completions of the held-out
+  prompts; samples.jsonl holds each logged step's first completions with their rewards.
   """
 
   STEPS, PEAK_LR = 200, 2e-3
