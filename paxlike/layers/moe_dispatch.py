@@ -93,7 +93,11 @@ def grouped_matmul(buffer: jax.Array, w: jax.Array, p: Plan, impl: str) -> jax.A
     return jax.lax.ragged_dot(buffer, w, p.sizes)
   block = buffer.shape[0] // p.block_expert.shape[0]
   blocks = buffer.reshape(-1, block, buffer.shape[-1])
-  out = jnp.einsum('nbi,nio->nbo', blocks, w[p.block_expert])
+  # Each block's weight picked by a one-hot matmul (exact: HIGHEST keeps f32 weights whole on
+  # TPU), not a gather: XLA:CPU ran the gather's transpose, a scatter-add, element by element.
+  pick = jax.nn.one_hot(p.block_expert, w.shape[0], dtype=w.dtype)
+  weights = jnp.einsum('ne,eio->nio', pick, w, precision=jax.lax.Precision.HIGHEST)
+  out = jnp.einsum('nbi,nio->nbo', blocks, weights)
   return out.reshape(-1, w.shape[-1])
 
 
