@@ -27,7 +27,9 @@ unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layer
 model (`paxlike.interop`, built from a config.json of the Llama's size: 4 layers, d 256, 4
 heads, 2 kv heads, d_ff 688, vocab 256, with the family's own features: biases, q/k norms,
 windows of 64, Gemma's norms and soft-caps) beside the plain Llama of that size, the same
-prompts and new tokens, interleaved repeats; `ratio` is the family's tokens/s over the Llama's.
+prompts and new tokens, interleaved repeats; `ratio` is the family's tokens/s over the Llama's;
+`cache_bytes` is its KV cache at batch 1 (local layers hold a ring of their window), and
+`full_cache_bytes` what it was with every layer holding the whole cache (before issue 68).
 """
 
 from __future__ import annotations
@@ -190,18 +192,36 @@ def family_model(name: str):
   return fdl.build(interop.config_from_hf(hf))
 
 
+def cache_bytes(model, params, width: int, cache_size: int) -> int:
+  """Bytes of the KV cache that a batch-1 prefill `width` wide makes in `cache_size` slots."""
+  import jax
+  import jax.numpy as jnp
+  tokens = jnp.zeros((1, width), jnp.int32)
+  cache = jax.eval_shape(lambda p: model.apply(
+      {'params': p}, tokens, positions=jnp.arange(width)[None], decode=True,
+      cache_len=cache_size, mutable=['cache'])[1], params)
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
+
+
 def run_families(names: list[str], args: argparse.Namespace) -> dict:
   """Batch-1 KV-cache tokens/s of each family beside the Llama's (interleaved repeats)."""
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
   import numpy as np
+  from paxlike.decode import engine
   prompts = [np.random.default_rng(0).integers(1, 256, args.prompt_len).astype(np.int32)]
   cache_len = max(288, args.prompt_len + args.new_tokens - 1)
-  runs = {}
+  runs, sizes = {}, {}
+  cache_size, width = engine.shapes_for(args.prompt_len, args.new_tokens, cache_len)
   for name in ['llama', *[n for n in names if n != 'llama']]:
     model = family_model(name)
     params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))['params']
+    sizes[name] = {'cache_slots': cache_size,
+                   'cache_bytes': cache_bytes(model, params, width, cache_size),
+                   'full_cache_bytes': cache_bytes(  # A window as wide as the cache.
+                       model.clone(sliding_window=model.sliding_window and cache_size), params,
+                       width, cache_size)}
     runs[name] = lambda m=model, p=params: kv_cache(m, p, prompts, args.new_tokens, cache_len)
     runs[name]()  # Compiles.
   rates = {name: [] for name in runs}
@@ -212,7 +232,7 @@ def run_families(names: list[str], args: argparse.Namespace) -> dict:
   llama = statistics.median(rates['llama'])
   return {name: {'tokens_per_sec': round(statistics.median(r), 1),
                  'llama_tokens_per_sec': round(llama, 1),
-                 'ratio': round(statistics.median(r) / llama, 3)}
+                 'ratio': round(statistics.median(r) / llama, 3), **sizes[name]}
           for name, r in rates.items() if name in names}
 
 

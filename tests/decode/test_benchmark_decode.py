@@ -26,3 +26,10 @@ def test_decode_benchmark_times_a_family_beside_the_llama():
   row = json.loads(proc.stdout)['families']['gemma3_text']
   assert row['tokens_per_sec'] > 0 and row['llama_tokens_per_sec'] > 0
   assert abs(row['ratio'] - row['tokens_per_sec'] / row['llama_tokens_per_sec']) < 0.01
+  # Gemma 3 at this size: 2 local layers (a ring of the 64-slot window) and 2 global ones of
+  # the whole 128-slot cache, against 4 of 128 slots before; keys and values of 2 kv heads of
+  # 256 features (float32), plus 4 bytes of segment id per slot and an index per layer.
+  per_slot = 2 * 2 * 256 * 4 + 4
+  assert row['cache_slots'] == 128
+  assert row['full_cache_bytes'] == 4 * (128 * per_slot + 4)
+  assert row['cache_bytes'] == 2 * (64 * per_slot + 4) + 2 * (128 * per_slot + 4)
