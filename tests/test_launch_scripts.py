@@ -29,6 +29,8 @@ def run_script(name: str, *args: str, timeout: float = 60, **env: str) -> subpro
       'TPU_NAME', 'ZONE', 'PROJECT', 'NUM_SLICES', 'REF', 'RUN_NAME', 'ACCELERATOR_TYPE',
       'RUNTIME_VERSION', 'XLA_FLAGS', 'LIBTPU_INIT_ARGS', 'NODES', 'GPUS_PER_NODE', 'PARTITION',
       'TIME', 'ACCOUNT', 'PROCESS_PER_NODE', 'PORT', 'DEVICES_PER_PROCESS')}
+  # The scripts run the suite's own interpreter, not .venv's nor a PYTHON that `make` exported.
+  base['PYTHON'] = sys.executable
   return subprocess.run(['timeout', '-s', 'KILL', str(timeout), 'bash', str(SCRIPTS / name), *args],
                         text=True, capture_output=True, env={**base, **env}, cwd=REPO)
 
