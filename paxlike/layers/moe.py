@@ -153,8 +153,8 @@ class MoeMlp(nn.Module):
   LoRA (`lora_rank` > 0): each expert kernel named in `lora_targets` gets adapters of its own
   beside it, `<name>_lora_a` [E, in, r] and `<name>_lora_b` [E, r, out] (`lora.merge_lora`
   folds them in per expert); the shared expert's kernels get a dense MLP's adapters.
-  `dispatch` ('auto', 'blocks', 'ragged'): the dropless path's grouped matmul
-  (`moe_dispatch.resolve`)."""
+  `dispatch` ('auto', 'blocks', 'ragged', 'slots'): the dropless path's grouped matmul, or
+  'slots' for the capped path at a slot per token (`moe_dispatch.resolve`)."""
 
   d_ff: int
   num_experts: int
@@ -213,6 +213,12 @@ class MoeMlp(nn.Module):
     h = constrain(h, EXPERT_HIDDEN)
     return constrain(self._project('wo', h, x.shape[-1], ('mlp', 'embed'), matmul), EXPERT_IN)
 
+  def _dispatch(self) -> str:
+    """The dropless path's matmul here (`moe_dispatch.resolve`, the mesh's 'expert' ways)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    ways = 1 if mesh.empty else dict(mesh.shape).get('expert', 1)
+    return moe_dispatch.resolve(self.dispatch, expert_shards=ways)
+
   def _dropless(self, x: jax.Array, probs: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(y, choices): each token through its k experts only (`moe_dispatch`), the tokens of
     each batch shard grouped apart."""
@@ -233,7 +239,7 @@ class MoeMlp(nn.Module):
     logits = jnp.einsum('btd,de->bte', x.astype(jnp.float32), router.astype(jnp.float32))
     probs = jax.nn.softmax(logits, axis=-1)
     x = jnp.asarray(x, self.dtype)
-    if self.capacity_factor:
+    if self.capacity_factor or self._dispatch() == 'slots':
       y, choices, dropped = self._capped(x, probs)
     else:
       (y, choices), dropped = self._dropless(x, probs), jnp.int32(0)

@@ -101,7 +101,7 @@ def test_dropless_costs_its_active_experts_not_every_expert():
 
 
 def test_unknown_dispatch_is_refused():
-  with pytest.raises(ValueError, match="dispatch must be 'auto', 'blocks' or 'ragged'"):
+  with pytest.raises(ValueError, match="dispatch must be one of 'auto', 'blocks', 'ragged'"):
     moe.MoeMlp(F, E, 2, None, dispatch='dense').init(jax.random.key(0), jnp.ones((1, 4, D)))
 
 
@@ -153,3 +153,17 @@ def test_dropless_on_expert_meshes_equals_one_device_and_every_expert():
   for mesh in ('one', 'data2_expert4'):
     every = out[f'every/{mesh}']['flops']
     assert out[f'blocks/{mesh}']['flops'] < 0.7 * every, (mesh, out[f'blocks/{mesh}'], every)
+
+
+def test_auto_keeps_the_slots_path_where_the_mesh_splits_the_experts():
+  """The grouped matmuls gather every expert's weights to each device: on an expert-split mesh
+  'auto' keeps the capped path at a slot per token, which equals the grouped one."""
+  assert moe_dispatch.resolve('auto', expert_shards=4) == 'slots'
+  assert moe_dispatch.resolve('auto', groups=2, expert_shards=1) == 'blocks'
+  x = jax.random.normal(jax.random.key(1), (2, 16, D))
+  slots, every = moe.MoeMlp(F, E, 2, None, dispatch='slots'), moe.MoeMlp(F, E, 2, E / 2)
+  grouped = moe.MoeMlp(F, E, 2, None, dispatch='blocks')
+  params = jax.jit(slots.init)(jax.random.key(0), x)
+  np.testing.assert_array_equal(jax.jit(slots.apply)(params, x), jax.jit(every.apply)(params, x))
+  np.testing.assert_allclose(jax.jit(grouped.apply)(params, x), jax.jit(slots.apply)(params, x),
+                             rtol=1e-5, atol=1e-6)
