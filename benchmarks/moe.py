@@ -65,7 +65,7 @@ def models(args: argparse.Namespace):
   sides = {'moe': sparse, 'dense': TransformerLM(**shape, d_ff=args.k * width)}
   if args.dropless:
     sides['dropless_every_expert'] = sparse.clone(capacity_factor=args.experts / args.k)
-    sides['dropless_grouped'] = sparse.clone(capacity_factor=None, dispatch='blocks')
+    sides['dropless_grouped'] = sparse.clone(capacity_factor=None, moe_dispatch='blocks')
   return sides, seq, batch
 
 

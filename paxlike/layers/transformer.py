@@ -148,6 +148,7 @@ class TransformerLM(nn.Module):
   moe_d_ff: int | None = None
   moe_renormalize: bool | None = None
   moe_shared_d_ff: int = 0
+  moe_dispatch: str = 'auto'  # A dropless MoE's matmul: see moe_dispatch.resolve.
 
   def head_size(self) -> int:
     """Features per attention head."""
@@ -178,7 +179,8 @@ class TransformerLM(nn.Module):
         self.moe_d_ff or self.d_ff, self.num_experts, self.experts_per_token, self.capacity_factor,
         self.aux_loss_weight, self.router_z_loss_weight, self.gated_mlp, self.dtype,
         self.param_dtype, activation, renormalize=self.moe_renormalize,
-        shared_d_ff=self.moe_shared_d_ff, lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
+        shared_d_ff=self.moe_shared_d_ff, dispatch=self.moe_dispatch,
+        lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
         lora_targets=tuple(t for t in self.lora_targets if t in lora.MLP_TARGETS), parent=None)
 
   def _block(self, name: str | None, is_moe: bool = False, is_local: bool = True
