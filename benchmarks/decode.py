@@ -20,7 +20,7 @@ every parameter and the whole KV cache once, so the roofline is batch × bandwid
 bytes + cache bytes); at batch 1 it is ~bandwidth / parameter bytes (v5e: 819 GB/s). Reports
 tokens/s (decode steps only: new tokens after the first over the time after it), the fraction of
 the roofline, and the first token's latency (prefill of the prompt, `ttft_ms`). The bandwidth
-comes from the device kind (HBM_BYTES_PER_SEC, next to paxlike.trainer.throughput's FLOPs peak);
+comes from the device kind (paxlike.trainer.throughput's HBM_BYTES_PER_SEC, beside its FLOPs peak);
 unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layers of d 128.
 
 `--family NAME` instead times batch-1 greedy KV-cache decoding of that Hugging Face family's
@@ -236,28 +236,6 @@ def run_families(names: list[str], args: argparse.Namespace) -> dict:
           for name, r in rates.items() if name in names}
 
 
-# HBM bandwidth per chip in bytes/s, by a substring of `jax.Device.device_kind` (first match
-# wins), as paxlike.trainer.throughput.PEAK_FLOPS_PER_SEC has the FLOPs peak.
-HBM_BYTES_PER_SEC: tuple[tuple[str, float], ...] = (
-    ('v5 lite', 819e9),   # TPU v5e
-    ('v5e', 819e9),
-    ('v5p', 2765e9),
-    ('v6', 1640e9),       # TPU v6e (Trillium)
-    ('v4', 1200e9),
-    ('v5', 2765e9),       # 'TPU v5' is v5p
-    ('h200', 4.8e12),
-    ('h100', 3.35e12),
-    ('a100', 2.0e12),
-)
-
-
-def hbm_bytes_per_sec(device_kind: str) -> float | None:
-  kind = device_kind.lower()
-  if 'cpu' in kind:
-    return None
-  return next((bw for key, bw in HBM_BYTES_PER_SEC if key in kind), None)
-
-
 def preset_model(name: str, quick: bool):
   import fiddle as fdl
   from configs import models as model_configs
@@ -304,11 +282,12 @@ def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> 
 def main(argv: list[str] | None = None) -> None:
   args = parse_args(argv)
   import jax
+  from paxlike.trainer import throughput
   out = {'benchmark': 'decode', 'quick': args.quick, 'platform': jax.devices()[0].platform,
          'new_tokens': args.new_tokens, 'prompt_len': args.prompt_len,
          'reference_tokens': args.reference_tokens, 'repeats': args.repeats}
   if args.presets:
-    bandwidth = hbm_bytes_per_sec(jax.devices()[0].device_kind)
+    bandwidth = throughput.hbm_bytes_per_sec(jax.devices()[0].device_kind)
     out.update(device_kind=jax.devices()[0].device_kind, hbm_bytes_per_sec=bandwidth,
                batches=args.batches)
     for name in args.presets.split(','):

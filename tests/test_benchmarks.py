@@ -294,9 +294,9 @@ def test_decode_presets_quick_reports_each_batch_and_the_roofline_inputs():
 
 
 def test_hbm_bandwidth_comes_from_the_device_kind():
-  from benchmarks import decode
-  assert decode.hbm_bytes_per_sec('TPU v5 lite') == 819e9
-  assert decode.hbm_bytes_per_sec('cpu') is None
+  from paxlike.trainer import throughput
+  assert throughput.hbm_bytes_per_sec('TPU v5 lite') == 819e9
+  assert throughput.hbm_bytes_per_sec('cpu') is None
 
 
 @pytest.mark.bench

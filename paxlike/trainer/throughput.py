@@ -17,12 +17,37 @@ PEAK_FLOPS_PER_SEC: tuple[tuple[str, float], ...] = (
 )
 
 
-def peak_flops_per_sec(device_kind: str) -> float | None:
-  """Peak dense bf16 FLOP/s of one chip, or None when unknown (e.g. CPU)."""
+# HBM bandwidth per chip in bytes/s, matched the same way (a batch-1 decode token reads every
+# parameter once, so parameter bytes over this is its roofline time).
+HBM_BYTES_PER_SEC: tuple[tuple[str, float], ...] = (
+    ('v5 lite', 819e9),   # TPU v5e
+    ('v5e', 819e9),
+    ('v5p', 2765e9),
+    ('v6', 1640e9),       # TPU v6e (Trillium)
+    ('v4', 1200e9),
+    ('v5', 2765e9),       # 'TPU v5' is v5p
+    ('h200', 4.8e12),
+    ('h100', 3.35e12),
+    ('a100', 2.0e12),
+)
+
+
+def _by_kind(table: tuple[tuple[str, float], ...], device_kind: str) -> float | None:
+  """The first value of `table` whose key is in `device_kind` (None on CPU or unknown)."""
   kind = device_kind.lower()
   if 'cpu' in kind:
     return None
-  return next((peak for key, peak in PEAK_FLOPS_PER_SEC if key in kind), None)
+  return next((value for key, value in table if key in kind), None)
+
+
+def peak_flops_per_sec(device_kind: str) -> float | None:
+  """Peak dense bf16 FLOP/s of one chip, or None when unknown (e.g. CPU)."""
+  return _by_kind(PEAK_FLOPS_PER_SEC, device_kind)
+
+
+def hbm_bytes_per_sec(device_kind: str) -> float | None:
+  """HBM bandwidth of one chip in bytes/s, or None when unknown (e.g. CPU)."""
+  return _by_kind(HBM_BYTES_PER_SEC, device_kind)
 
 
 def throughput_metrics(steps_per_sec: float, items_per_step: int, item_name: str,
