@@ -158,17 +158,7 @@ def stop_group(proc: subprocess.Popen | ForkedProcess) -> None:
   """SIGKILLs `proc`'s session and every process below it: the local launcher starts Flower's
   processes in sessions of their own, which a launcher killed mid-run (a failed test) would
   leave running."""
-  below = processes_lib.descendants(proc.pid)
-  try:
-    os.killpg(proc.pid, signal.SIGKILL)
-  except ProcessLookupError:
-    pass
-  for pid in below:
-    try:
-      os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-  proc.wait()
+  processes_lib.kill_tree(proc)
 
 
 def flwr(*args: str, home: Path) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from paxlike.deploy.flower import reaper
 from paxlike.deploy.flower.reaper import descendants, running  # noqa: F401 (re-exported)
@@ -159,14 +160,7 @@ class Group:
   def stop_one(self, proc: subprocess.Popen) -> None:
     """Kills `proc`'s process group and every process below it (a SuperLink that did not get
     its port), and waits for it."""
-    below = descendants(proc.pid)
-    _signal_group(proc, signal.SIGKILL)
-    for pid in below:
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-    proc.wait()
+    kill_tree(proc)
 
   def stop(self, grace: float = 10.0) -> None:
     # A SuperLink's flower-superexec starts a process group of its own: its members are found
@@ -192,6 +186,19 @@ class Group:
     if self._watch_fd is not None:
       reaper.release(self._watch_fd, self._watchdog)
       self._watch_fd = None
+
+
+def kill_tree(proc: Any) -> None:
+  """SIGKILLs `proc`'s process group (it leads one) and every process below it, those in
+  sessions of their own too (found before the group goes), then waits for `proc`."""
+  below = descendants(proc.pid)
+  _signal_group(proc, signal.SIGKILL)
+  for pid in below:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  proc.wait()
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
