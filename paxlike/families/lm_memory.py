@@ -246,8 +246,8 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
   # is counted in its stored bytes above, and never trained).
   trained_tree, trained = nn.unbox(boxed), params
   if getattr(model, 'lora_rank', 0):
+    marks = jax.tree.leaves(lora.lora_mask(trained_tree))
     trained_tree = split_params(trained_tree, lora.lora_mask)[0]
-    marks = jax.tree.leaves(lora.lora_mask(nn.unbox(boxed)))
     trained = sum(b for b, mark in zip(on_device, marks) if mark)
     total = sum(x.value.size * x.value.dtype.itemsize for x, mark in zip(leaves, marks) if mark)
   opt_state = jax.eval_shape(task.optimizer.init, trained_tree)
