@@ -27,9 +27,11 @@ import gzip
 import json
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
 
 CATEGORIES = ('matmul', 'attention', 'other_custom_call', 'fusion', 'copy', 'collective', 'host',
               'control')
@@ -66,14 +68,7 @@ def trace(fn: Callable[[], Any], directory: Path, steps: int) -> float:
   import jax
   jax.block_until_ready(fn())  # Compiled and warm before the trace starts.
   with jax.profiler.trace(str(directory), create_perfetto_trace=True):
-    began, previous = time.perf_counter(), None
-    for _ in range(steps):
-      out = fn()
-      if previous is not None:
-        jax.block_until_ready(previous)
-      previous = out
-    jax.block_until_ready(previous)
-    return time.perf_counter() - began
+    return common.timed_loop(fn, steps)
 
 
 def _events(directory: Path) -> list[dict[str, Any]]:
