@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--exp', help='default: lm.Llama1B on a GPU, else lm.Llama350M')
   parser.add_argument('--fdl_set', action='append', default=[], help='PATH=VALUE (repeatable)')
+  parser.add_argument('--fiddler', action='append', default=[],
+                      help='a configs/fiddlers.py name, applied before --fdl_set (repeatable)')
   parser.add_argument('--only', choices=('both', 'trainer', 'bare', 'federated'), default='both')
   parser.add_argument('--no-federated', dest='federated', action='store_false')
   parser.add_argument('--no-donate', dest='donate', action='store_false',
@@ -248,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
           else throughput.peak_flops_per_sec(device.device_kind))
   out = {**base, 'peak_tflops': peak and peak / 1e12}
   if args.only != 'federated':
-    task = task_of(args.exp, [], [*(QUICK_LM if args.quick else []), *args.fdl_set])
+    task = task_of(args.exp, args.fiddler, [*(QUICK_LM if args.quick else []), *args.fdl_set])
     common.log(f'accelerator_mfu: {args.exp} on {device.device_kind}')
     out['lm'] = measure(task, args, peak, bare=args.only != 'trainer',
                         trainer=args.only != 'bare')

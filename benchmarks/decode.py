@@ -21,7 +21,11 @@ bytes + cache bytes); at batch 1 it is ~bandwidth / parameter bytes (v5e: 819 GB
 tokens/s (decode steps only: new tokens after the first over the time after it), the fraction of
 the roofline, and the first token's latency (prefill of the prompt, `ttft_ms`). The bandwidth
 comes from the device kind (paxlike.trainer.throughput's HBM_BYTES_PER_SEC, beside its FLOPs peak);
-unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layers of d 128.
+unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layers of d 128 (heads of 64).
+`--quantizations none,int8,nf4` times each weight-only quantized base (`model.base_quantization`:
+the same weights stored int8 or NF4, dequantized in the matmuls; embeddings and norms as they
+are) with its own roofline over its own stored bytes, and its tokens/s over the bf16 model's
+(`vs_none`). Rows sit under the preset, then the kind: `out['1b']['int8']['batch_32']`.
 
 `--family NAME` instead times batch-1 greedy KV-cache decoding of that Hugging Face family's
 model (`paxlike.interop`, built from a config.json of the Llama's size: 4 layers, d 256, 4
@@ -55,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--quick', action='store_true', help='a few tokens, one repeat (tests)')
   parser.add_argument('--presets', default=None,
                       help='comma-separated configs/models.py sizes (350m, 1b): against the roofline')
+  parser.add_argument('--quantizations', default='none',
+                      help='with --presets: comma-separated base_quantization kinds (none, int8, '
+                           'nf4), each timed on the same weights')
   parser.add_argument('--family', default=None,
                       help='an HF model_type (or all): its batch-1 decoding beside the Llama')
   args = parser.parse_args(argv)
@@ -241,8 +248,8 @@ def preset_model(name: str, quick: bool):
   from configs import models as model_configs
   model = fdl.build(getattr(model_configs, f'lm_{name}')())
   if quick:
-    model = model.clone(num_layers=2, d_model=128, num_heads=4, num_kv_heads=2, d_ff=256,
-                        vocab_size=512)
+    model = model.clone(num_layers=2, d_model=128, num_heads=2, num_kv_heads=1, d_ff=256,
+                        vocab_size=512)  # Heads of 64: NF4's blocks.
   return model
 
 
@@ -254,28 +261,40 @@ def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> 
   import numpy as np
   from paxlike.decode import engine
   model = preset_model(name, args.quick)
+  from paxlike.layers import quantization
+  model = preset_model(name, args.quick)
   init = jax.jit(lambda key: jax.tree.map(lambda x: x.astype(model.dtype), nn.unbox(
       model.init(key, jnp.zeros((1, 8), jnp.int32)))['params']))
-  params = init(jax.random.key(0))
-  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  float_params = init(jax.random.key(0))
   cache_size, _ = engine.shapes_for(args.prompt_len, args.new_tokens, model.max_len)
   head = model.head_size()
-  out = {'param_bytes': param_bytes, 'param_dtype': jnp.dtype(model.dtype).name,
-         'cache_size': cache_size}
-  rng = np.random.default_rng(0)
-  for batch in (int(b) for b in args.batches.split(',')):
-    prompts = [rng.integers(1, model.vocab_size, args.prompt_len).astype(np.int32)
-               for _ in range(batch)]
-    common.log(f'decode: {name} batch {batch}')
-    row, _ = measure(lambda: kv_cache(model, params, prompts, args.new_tokens, model.max_len),
-                     args.repeats)
-    cache_bytes = (2 * model.num_layers * (model.num_kv_heads or model.num_heads) * head
-                   * cache_size * batch * jnp.dtype(model.dtype).itemsize)
-    if bandwidth:
-      roofline = batch * bandwidth / (param_bytes + cache_bytes)
-      row.update(roofline_tokens_per_sec=round(roofline, 1),
-                 fraction_of_roofline=round(row['decode_tokens_per_sec'] / roofline, 4))
-    out[f'batch_{batch}'] = row
+  out = {'param_dtype': jnp.dtype(model.dtype).name, 'cache_size': cache_size}
+  for kind in args.quantizations.split(','):
+    # The same weights stored as the kind's model stores them (embeddings and norms as they are).
+    params = (float_params if kind == 'none' else
+              jax.jit(lambda p, kind=kind: quantization.quantize_tree(p, kind))(float_params))
+    kind_model = model.clone(base_quantization=kind)
+    param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    rows = {'param_bytes': param_bytes}
+    rng = np.random.default_rng(0)
+    for batch in (int(b) for b in args.batches.split(',')):
+      prompts = [rng.integers(1, model.vocab_size, args.prompt_len).astype(np.int32)
+                 for _ in range(batch)]
+      common.log(f'decode: {name} {kind} batch {batch}')
+      row, _ = measure(lambda: kv_cache(kind_model, params, prompts, args.new_tokens,
+                                        model.max_len), args.repeats)
+      cache_bytes = (2 * model.num_layers * (model.num_kv_heads or model.num_heads) * head
+                     * cache_size * batch * jnp.dtype(model.dtype).itemsize)
+      if bandwidth:
+        roofline = batch * bandwidth / (param_bytes + cache_bytes)
+        row.update(roofline_tokens_per_sec=round(roofline, 1),
+                   fraction_of_roofline=round(row['decode_tokens_per_sec'] / roofline, 4))
+      if kind != 'none' and 'none' in out:
+        row['vs_none'] = round(row['decode_tokens_per_sec']
+                               / out['none'][f'batch_{batch}']['decode_tokens_per_sec'], 4)
+      rows[f'batch_{batch}'] = row
+    del params
+    out[kind] = rows
   return out
 
 

@@ -12,18 +12,24 @@
 # is appended to PYTHONPATH, and any JAX, jaxlib, libtpu or numpy pip put there is removed, so the
 # machine's own stay in use. paxlike itself runs from this source tree (on PYTHONPATH).
 #
-# Parts, in order (each its own process under a wall-clock limit; one that fails or runs out of
+# Parts, in order (levers_1b, qlora_8b and decode_quant run only when --parts names them; each
+# part its own process under a wall-clock limit; one that fails or runs out of
 # time is recorded with its exit code and last stderr line, and the rest still run):
 #   mfu_350m   accelerator_mfu.py: lm.Llama350M at seq 2048 through the trainer and as a bare
 #              step, MFU and trainer/bare, and a profile of the bare step (where the time goes)
 #   mfu_1b     the same for lm.Llama1B (TinyLlama-1.1B shapes), without the profile
-#   levers     levers.py: each lever's bare-step MFU (the table in benchmarks/levers.py)
+#   levers     levers.py: each lever's bare-step MFU (the tables in benchmarks/levers.py), 350M
+#   levers_1b  the same for the 1B's levers (Adafactor, remat, batch: the way to 50% MFU)
 #   decode     decode.py --presets: batch 1 and 32 tokens/s of the 350M and 1B models against
 #              the HBM roofline, and the first token's latency
 #   tpu_tests  tpu_tests.py: pytest on tests/tpu (splash vs XLA attention, TPU vs CPU step)
 #   lora_1b    lora.py --preset 1b: a LoRA fine-tune step of the 1B model, steps/s and MFU
 #   federated  accelerator_mfu.py --only=federated: federated.ShakespeareFedAvg, 125M, cohort 16
 #   dpo, grpo  dpo_step.py, grpo_step.py: step times (GRPO's sampling share of the step)
+#   qlora_8b   qlora.py --preset 8b: a LoRA step of Llama-3-8B shapes over an int8 and an NF4
+#              base at batch 1 × 2048: ms/step, MFU, the params' and XLA's bytes
+#   decode_quant  decode.py --quantizations: the 1B's decode tokens/s with its base bf16, int8
+#              and NF4 (weight-only), each against its own roofline
 # Seen on a v5e (2026-12-07): the install 83 s (once per machine), mfu_350m 77 s, tpu_tests 73 s.
 # A part cut by the budget runs alone with --parts (e.g. --parts levers --budget 300).
 # The models' shapes for the MFU parts (batch, remat) are MODELS in benchmarks/levers.py.
@@ -42,6 +48,8 @@ WHEELS=""
 BUDGET=460
 QUICK=0
 ALL_PARTS="mfu_350m,mfu_1b,levers,decode,tpu_tests,lora_1b,federated,dpo,grpo"
+# Not run unless named in --parts (each needs a call of its own on one chip).
+MORE_PARTS="levers_1b,qlora_8b,decode_quant"
 PARTS="$ALL_PARTS"
 SITE="${PAXLIKE_TPU_SITE:-/tmp/paxlike-tpu-site}"
 INDEX="${PAXLIKE_TPU_INDEX:-file:///opt/pypi/simple}"
@@ -66,7 +74,7 @@ while [[ $# -gt 0 ]]; do
 done
 command -v "$PYTHON_BIN" >/dev/null || die "no interpreter at $PYTHON_BIN"
 for part in ${PARTS//,/ }; do
-  [[ ",$ALL_PARTS," == *",$part,"* ]] || die "unknown part $part (see --help)"
+  [[ ",$ALL_PARTS,$MORE_PARTS," == *",$part,"* ]] || die "unknown part $part (see --help)"
 done
 if [[ -n "$WHEELS" ]]; then
   [[ -d "$WHEELS" ]] || die "--wheels $WHEELS is not a directory"
@@ -132,6 +140,8 @@ if (( QUICK )); then
   run mfu_350m 0 -- benchmarks/accelerator_mfu.py --quick --no-federated --profile "$PROFILE"
   run mfu_1b 0 -- benchmarks/accelerator_mfu.py --quick --no-federated --exp lm.Llama1B
   run levers 0 -- benchmarks/levers.py --quick --time-limit 240
+  run levers_1b 0 -- benchmarks/levers.py --quick --model 1b --time-limit 240
+  run qlora_8b 0 -- benchmarks/qlora.py --quick --kinds int8,nf4
 else
   M350=$("$PYTHON_BIN" -c 'from benchmarks import levers; print(" ".join("--fdl_set=" + o for o in levers.MODELS["350m"][1]))')
   M1B=$("$PYTHON_BIN" -c 'from benchmarks import levers; print(" ".join("--fdl_set=" + o for o in levers.MODELS["1b"][1]))')
@@ -142,6 +152,9 @@ else
   run mfu_1b 80 -- benchmarks/accelerator_mfu.py --exp lm.Llama1B $M1B --no-federated \
     --steps 5 --warmup 1
   run levers 100 -- benchmarks/levers.py --steps 4 --warmup 1 --time-limit 90
+  run levers_1b 240 -- benchmarks/levers.py --model 1b --steps 4 --warmup 1 --time-limit 230
+  run qlora_8b 200 -- benchmarks/qlora.py --preset 8b --batch 1 --seq 2048 --kinds int8,nf4 \
+    --steps 3 --repeats 2
 fi
 run decode 60 -- benchmarks/decode.py --presets 350m,1b --batches 1,32 --new_tokens 128 \
   --prompt_len 128 --repeats 2 "${Q[@]}"
@@ -150,6 +163,8 @@ run lora_1b 40 -- benchmarks/lora.py --preset 1b --sides lora "${Q[@]}"
 run federated 45 -- benchmarks/accelerator_mfu.py --only=federated --steps 3 --warmup 1 "${Q[@]}"
 run dpo 25 -- benchmarks/dpo_step.py --steps 3 --repeats 3 "${Q[@]}"
 run grpo 30 -- benchmarks/grpo_step.py --steps 3 "${Q[@]}"
+run decode_quant 120 -- benchmarks/decode.py --presets 1b --batches 1,32 --new_tokens 128 \
+  --prompt_len 128 --repeats 2 --quantizations none,int8,nf4 "${Q[@]}"
 
 "$PYTHON_BIN" - "$OUT" "$PARTS" "$QUICK" "$((SECONDS - START))" <<'EOF'
 import json, pathlib, sys

@@ -27,36 +27,69 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
+from configs import sizes  # noqa: E402
 
-# name: (experiment, overrides). Seq 2048 is the presets' own. lm.Llama350M ran out of HBM at
-# batch 8 with 'dots' remat and ran at batch 4 (issue 67); lm.Llama1B (TinyLlama-1.1B shapes:
-# 22 × 2048, 32 heads, 4 kv heads, d_ff 5632, vocab 32000) did not fit at batch 4 with float32
-# params and Adam moments: add the option that fits (bf16 moments, Adafactor) here when it lands.
+class Lever(NamedTuple):
+  """Overrides on top of the model's, configs/fiddlers.py names applied before them, and
+  environment flags (a lever with flags runs in a child process)."""
+
+  overrides: tuple[str, ...] = ()
+  env: dict[str, str] = {}
+  fiddlers: tuple[str, ...] = ()
+
+
+def _fit(exp: str, size: str) -> tuple[str, list[str]]:
+  """The experiment at seq 2048 with what configs/sizes.py CHIP_16GB says fits one chip."""
+  fit = sizes.CHIP_16GB[size]
+  return exp, [f'data.batch_size={fit.batch}', 'data.seq_len=2048',
+               f'model.remat_policy={fit.remat_policy}',
+               *(['model.param_dtype=bfloat16'] if fit.bf16_params else [])]
+
+
+# name: (experiment, overrides): the presets at seq 2048 as they fit one TPU v5e chip.
 MODELS: dict[str, tuple[str, list[str]]] = {
-    '350m': ('lm.Llama350M', ['data.batch_size=4', 'data.seq_len=2048']),
-    '1b': ('lm.Llama1B', ['data.batch_size=4', 'data.seq_len=2048', 'model.remat_policy=full']),
+    '350m': _fit('lm.Llama350M', '350m'),
+    '1b': _fit('lm.Llama1B', '1b'),
 }
 LEVER_MODEL = '350m'
 
-# name: (overrides on top of the model's, env). remat policies: paxlike/layers/lm_checks.py
-# REMAT_POLICIES ('none', 'full', 'dots'); attention: model.attention_impl ('auto' picks splash
-# on a TPU, 'xla'); layers: model.scan_layers.
-LEVERS: dict[str, tuple[list[str], dict[str, str]]] = {
-    'base': ([], {}),
-    'batch_2': (['data.batch_size=2'], {}),
-    'batch_8_remat_full': (['data.batch_size=8', 'model.remat_policy=full'], {}),
-    'remat_full': (['model.remat_policy=full'], {}),
-    'remat_none_batch_2': (['model.remat_policy=none', 'data.batch_size=2'], {}),
-    'unrolled_layers': (['model.scan_layers=False'], {}),
-    'attention_xla': (['model.attention_impl=xla'], {}),
-    'xla_latency_hiding': ([], {'LIBTPU_INIT_ARGS': '--xla_tpu_enable_latency_hiding_scheduler=true'}),
+# Each model's levers (the first is the base the others are compared with). remat policies:
+# paxlike/layers/lm_checks.py REMAT_POLICIES; attention: model.attention_impl ('auto' picks
+# splash on a TPU, 'xla'); layers: model.scan_layers; fiddlers: configs/fiddlers.py.
+LATENCY_HIDING = {'LIBTPU_INIT_ARGS': '--xla_tpu_enable_latency_hiding_scheduler=true'}
+LEVERS: dict[str, dict[str, Lever]] = {
+    '350m': {
+        'base': Lever(),
+        'remat_dots': Lever(('model.remat_policy=dots',)),
+        'remat_full': Lever(('model.remat_policy=full',)),
+        'batch_8_remat_full': Lever(('data.batch_size=8', 'model.remat_policy=full')),
+        'unrolled_layers': Lever(('model.scan_layers=False',)),
+        'attention_xla': Lever(('model.attention_impl=xla',)),
+        'xla_latency_hiding': Lever(env=LATENCY_HIDING),
+    },
+    # The 1B at batch 4 needs 'full' remat with AdamW (its bf16 params and moments are 8.8 GB);
+    # Adafactor's factored state frees ~4 GB for saved activations, so less is recomputed.
+    '1b': {
+        'base': Lever(),
+        'remat_dots_batch_2': Lever(('model.remat_policy=dots', 'data.batch_size=2')),
+        'remat_dots_attention_batch_2': Lever(('model.remat_policy=dots_attention',
+                                               'data.batch_size=2')),
+        'adafactor': Lever(fiddlers=('adafactor',)),
+        'adafactor_remat_dots': Lever(('model.remat_policy=dots',), fiddlers=('adafactor',)),
+        'adafactor_remat_dots_batch_2': Lever(('model.remat_policy=dots', 'data.batch_size=2'),
+                                              fiddlers=('adafactor',)),
+        'adafactor_batch_8': Lever(('data.batch_size=8',), fiddlers=('adafactor',)),
+        'unrolled_layers': Lever(('model.scan_layers=False',)),
+    },
 }
 
-QUICK_LEVERS = ('base', 'remat_full', 'xla_latency_hiding')  # --quick: one of each kind.
+# --quick: one lever of each kind (in process, a fiddler, a child with flags).
+QUICK_LEVERS = {'350m': ('base', 'remat_full', 'xla_latency_hiding'),
+                '1b': ('base', 'remat_dots_batch_2', 'adafactor')}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,10 +103,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--peak-tflops', type=float)
   parser.add_argument('--quick', action='store_true', help='tiny shapes, 3 levers (tests)')
   args = parser.parse_args(argv)
-  names = args.only.split(',') if args.only else list(QUICK_LEVERS if args.quick else LEVERS)
-  unknown = [n for n in names if n not in LEVERS]
+  table = LEVERS[args.model]
+  names = (args.only.split(',') if args.only
+           else list(QUICK_LEVERS[args.model] if args.quick else table))
+  unknown = [n for n in names if n not in table]
   if unknown:
-    parser.error(f'unknown lever(s) {", ".join(unknown)}; known: {", ".join(LEVERS)}')
+    parser.error(f'unknown lever(s) {", ".join(unknown)} for --model {args.model}; '
+                 f'known: {", ".join(table)}')
   args.names = names
   return args
 
@@ -82,25 +118,28 @@ def overrides(args: argparse.Namespace, name: str) -> list[str]:
   """The model's overrides, then the lever's (then the quick shapes, which win)."""
   from benchmarks import accelerator_mfu
   quick = accelerator_mfu.QUICK_LM if args.quick else []
-  return [*MODELS[args.model][1], *LEVERS[name][0], *quick]
+  return [*MODELS[args.model][1], *LEVERS[args.model][name].overrides, *quick]
 
 
 def in_process(args: argparse.Namespace, name: str, peak: float | None) -> dict[str, Any]:
   from benchmarks import accelerator_mfu
   mfu_args = argparse.Namespace(quick=args.quick, donate=True, warmup=args.warmup,
                                 steps=args.steps, profile=None)
-  task = accelerator_mfu.task_of(MODELS[args.model][0], [], overrides(args, name))
+  task = accelerator_mfu.task_of(MODELS[args.model][0], list(LEVERS[args.model][name].fiddlers),
+                                 overrides(args, name))
   return accelerator_mfu.measure(task, mfu_args, peak, trainer=False)
 
 
 def in_child(args: argparse.Namespace, name: str, time_left: float) -> dict[str, Any]:
   """The lever in a child process with its environment flags appended to ours."""
   env = common.child_env()
-  for key, value in LEVERS[name][1].items():
+  lever = LEVERS[args.model][name]
+  for key, value in lever.env.items():
     env[key] = f'{env.get(key, "")} {value}'.strip()
   cmd = [sys.executable, 'benchmarks/accelerator_mfu.py', '--only=bare',
          f'--exp={MODELS[args.model][0]}', f'--steps={args.steps}', f'--warmup={args.warmup}',
          *[f'--fdl_set={o}' for o in overrides(args, name)],
+         *[f'--fiddler={f}' for f in lever.fiddlers],
          *(['--quick'] if args.quick else []),
          *([f'--peak-tflops={args.peak_tflops}'] if args.peak_tflops else [])]
   try:
@@ -115,8 +154,8 @@ def in_child(args: argparse.Namespace, name: str, time_left: float) -> dict[str,
   return json.loads(lines[-1])['lm']
 
 
-def row_of(name: str, measured: dict[str, Any]) -> dict[str, Any]:
-  row = {'overrides': LEVERS[name][0], 'env': LEVERS[name][1]}
+def row_of(lever: Lever, measured: dict[str, Any]) -> dict[str, Any]:
+  row = {'overrides': list(lever.overrides), 'env': lever.env, 'fiddlers': list(lever.fiddlers)}
   keep = ('bare_mfu', 'bare_steps_per_sec', 'bare_error', 'bare_setup_s', 'batch_size',
           'remat_policy', 'scan_layers', 'attention_kernel')
   row.update({k: measured[k] for k in keep if k in measured})
@@ -144,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
       out['levers'][name] = {'skipped': 'time limit'}
       continue
     common.log(f'levers: {name} ({int(left)} s left)')
-    measured = (in_child(args, name, left) if LEVERS[name][1]
-                else in_process(args, name, peak))
-    out['levers'][name] = row_of(name, measured)
+    lever = LEVERS[args.model][name]
+    measured = in_child(args, name, left) if lever.env else in_process(args, name, peak)
+    out['levers'][name] = row_of(lever, measured)
     base = out['levers'].get('base', {}).get('tokens_per_sec')
     for row in out['levers'].values():
       if base and row.get('tokens_per_sec'):

@@ -282,15 +282,22 @@ def test_plot_metrics_writes_a_png(tmp_path):
 
 @pytest.mark.bench
 def test_decode_presets_quick_reports_each_batch_and_the_roofline_inputs():
-  out = run_json('benchmarks/decode.py', '--presets', '350m', '--quick')
+  out = run_json('benchmarks/decode.py', '--presets', '350m', '--quick',
+                 '--quantizations', 'none,int8,nf4')
   preset = out['350m']
   # The quick preset: 2 layers of d 128, vocab 512, bf16 weights (what the roofline reads).
-  assert preset['param_dtype'] == 'bfloat16' and preset['param_bytes'] % 2 == 0
-  assert set(preset) >= {'batch_1', 'batch_2'}
-  for batch in ('batch_1', 'batch_2'):
-    row = preset[batch]
-    assert row['decode_tokens_per_sec'] > 0 and row['ttft_ms'] > 0
-    assert ('fraction_of_roofline' in row) == (out['hbm_bytes_per_sec'] is not None)
+  assert preset['param_dtype'] == 'bfloat16' and preset['none']['param_bytes'] % 2 == 0
+  # int8 stores a byte per kernel weight, NF4 about half: the same model in fewer bytes.
+  sizes = [preset[k]['param_bytes'] for k in ('none', 'int8', 'nf4')]
+  assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+  for kind in ('none', 'int8', 'nf4'):
+    for batch in ('batch_1', 'batch_2'):
+      row = preset[kind][batch]
+      assert row['decode_tokens_per_sec'] > 0 and row['ttft_ms'] > 0
+      assert ('fraction_of_roofline' in row) == (out['hbm_bytes_per_sec'] is not None)
+      if kind != 'none':
+        assert row['vs_none'] == pytest.approx(row['decode_tokens_per_sec'] / preset['none'][
+            batch]['decode_tokens_per_sec'], rel=1e-3)
 
 
 def test_hbm_bandwidth_comes_from_the_device_kind():

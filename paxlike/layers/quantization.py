@@ -65,6 +65,7 @@ def check(kind: str, shape: tuple[int, ...], in_axes: int) -> None:
 
 def quantize(w: jax.Array, kind: str, in_axes: int, double: bool = True) -> dict[str, jax.Array]:
   """W [*in, *out] (its first `in_axes` axes are inputs) stored as `kind` ('int8' or 'nf4')."""
+  check(kind, w.shape, in_axes)
   w = jnp.asarray(w, jnp.float32)
   if kind == 'int8':
     scale = jnp.max(jnp.abs(w), axis=tuple(range(in_axes)), keepdims=True) / 127.0

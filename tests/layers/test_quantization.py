@@ -115,3 +115,11 @@ def test_kernels_that_cannot_be_stored_are_refused_in_one_line():
   with pytest.raises(ValueError, match='dense layers only'):
     TransformerLM(vocab_size=64, d_model=128, num_heads=2, d_ff=128, num_experts=4,
                   base_quantization='int8').init(jax.random.key(0), TOKENS)
+
+
+def test_quantizing_a_kernel_nf4_cannot_block_is_one_line_not_a_reshape_error():
+  # The out projection [heads, 32, embed]: its last input axis is not a multiple of 64.
+  with pytest.raises(ValueError, match=r'nf4 needs input axes that are multiples of 64 .*\(4, 32, 128\)'):
+    qz.quantize(_weights((4, 32, 128)), 'nf4', in_axes=2)
+  with pytest.raises(ValueError, match='nf4 needs input axes'):
+    qz.quantize_tree({'layers': {'attention': {'out': _weights((2, 4, 32, 128))}}}, 'nf4')
