@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 import sys
 import time
@@ -295,6 +296,8 @@ def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> 
       rows[f'batch_{batch}'] = row
     del params
     out[kind] = rows
+    # On stderr as each kind ends: a run killed at its time limit still shows what it measured.
+    common.log(f'decode: {name} so far: {json.dumps(out)}')
   return out
 
 

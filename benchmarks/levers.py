@@ -1,8 +1,9 @@
-"""The MFU levers: each a named set of --fdl_set overrides and/or environment flags, timed as a
-bare jitted train step (benchmarks/accelerator_mfu.py's) of one model. Edit the tables below.
+"""The MFU levers: each a named set of --fdl_set overrides, fiddlers and environment flags,
+timed as a bare jitted train step (benchmarks/accelerator_mfu.py's) of one model. Edit the
+tables below.
 
     python benchmarks/levers.py                      # every lever on MODELS[LEVER_MODEL]
-    python benchmarks/levers.py --only base,unrolled --model 1b --steps 5
+    python benchmarks/levers.py --only base,unrolled_layers --model 1b --steps 5
     python benchmarks/levers.py --quick              # tiny shapes on any device (CPU: tests)
 
 Levers with only overrides run one after another in this process (one TPU open, each its own
@@ -71,25 +72,25 @@ LEVERS: dict[str, dict[str, Lever]] = {
         'attention_xla': Lever(('model.attention_impl=xla',)),
         'xla_latency_hiding': Lever(env=LATENCY_HIDING),
     },
-    # The 1B at batch 4 needs 'full' remat with AdamW (its bf16 params and moments are 8.8 GB);
-    # Adafactor's factored state frees ~4 GB for saved activations, so less is recomputed.
+    # The 1B's fit saves attention's outputs at batch 2 (53.6% on a v5e); at batch 4 AdamW's
+    # bf16 state (8.8 GB with the params) leaves room for 'full' remat only (47.2%), where
+    # Adafactor's factored state frees ~4 GB for 'dots' (53.5%).
     '1b': {
         'base': Lever(),
-        'remat_dots_batch_2': Lever(('model.remat_policy=dots', 'data.batch_size=2')),
-        'remat_dots_attention_batch_2': Lever(('model.remat_policy=dots_attention',
-                                               'data.batch_size=2')),
-        'adafactor': Lever(fiddlers=('adafactor',)),
-        'adafactor_remat_dots': Lever(('model.remat_policy=dots',), fiddlers=('adafactor',)),
-        'adafactor_remat_dots_batch_2': Lever(('model.remat_policy=dots', 'data.batch_size=2'),
+        'batch_4_remat_full': Lever(('data.batch_size=4', 'model.remat_policy=full')),
+        'remat_dots': Lever(('model.remat_policy=dots',)),
+        'adafactor_batch_4_remat_dots': Lever(('data.batch_size=4', 'model.remat_policy=dots'),
                                               fiddlers=('adafactor',)),
-        'adafactor_batch_8': Lever(('data.batch_size=8',), fiddlers=('adafactor',)),
+        'adafactor_batch_4': Lever(('data.batch_size=4',), fiddlers=('adafactor',)),
+        'adafactor_batch_8_remat_full': Lever(('data.batch_size=8', 'model.remat_policy=full'),
+                                              fiddlers=('adafactor',)),
         'unrolled_layers': Lever(('model.scan_layers=False',)),
     },
 }
 
 # --quick: one lever of each kind (in process, a fiddler, a child with flags).
 QUICK_LEVERS = {'350m': ('base', 'remat_full', 'xla_latency_hiding'),
-                '1b': ('base', 'remat_dots_batch_2', 'adafactor')}
+                '1b': ('base', 'remat_dots', 'adafactor_batch_4')}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -193,7 +193,7 @@ def test_device_check_quick_runs_its_parts_and_prints_one_json_object():
   assert set(out['parts']) == {'levers', 'tpu_tests'}
   levers = out['parts']['levers']['levers']
   assert set(levers) == {'base', 'remat_full', 'xla_latency_hiding'}
-  assert levers['remat_full']['remat_policy'] == 'full' and levers['base']['remat_policy'] == 'dots'
+  assert levers['remat_full']['remat_policy'] == 'full' and levers['base']['remat_policy'] == 'dots_attention'
   assert levers['base']['vs_base'] == 1.0
   for row in levers.values():  # The env lever ran in a child process, the others here.
     assert row['bare_steps_per_sec'] > 0 and row['tokens_per_sec'] == pytest.approx(
