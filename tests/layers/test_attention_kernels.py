@@ -135,12 +135,19 @@ def test_splash_block_needs_a_128_multiple():
   assert attention_kernels.splash_block(200) is None
 
 
+def error_lines(stderr: str) -> list[str]:
+  """stderr's lines less the note a run that prepares its data prints first (the first run on
+  a fresh data root: CI's machine), which says where the data went, not what failed."""
+  return [line for line in stderr.strip().splitlines()
+          if not line.startswith('prepared stdlib from local files into ')]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('mode', ['print_config', 'train', 'eval', 'decode'])
 def test_cli_forced_cudnn_on_cpu_is_one_line_exit_2_in_every_mode(tmp_path, mode):
   proc = run_cli(*TINY, f'--mode={mode}', f'--job_log_dir={tmp_path}',
                  '--fdl_set=model.attention_impl=cudnn', check=False)
-  lines = proc.stderr.strip().splitlines()
+  lines = error_lines(proc.stderr)
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
   assert lines[0].startswith("paxlike: error: attention_impl='cudnn': cuDNN flash attention")
   assert list(tmp_path.iterdir()) == []
@@ -155,10 +162,7 @@ def test_cli_configs_the_platform_or_layers_reject_are_one_line_exit_2(tmp_path,
                                                                        message):
   proc = run_cli(*TINY, f'--mode={mode}', f'--job_log_dir={tmp_path}', f'--fdl_set={override}',
                  check=False)
-  # The layers check a model at its first trace, once its data is ready: a run that prepares
-  # the data (the first on a fresh data root) says where before the error.
-  lines = [line for line in proc.stderr.strip().splitlines()
-           if not line.startswith('prepared stdlib from local files into ')]
+  lines = error_lines(proc.stderr)
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
   assert lines[0].startswith(f'paxlike: error: {message}')
   assert list(tmp_path.iterdir()) == []
