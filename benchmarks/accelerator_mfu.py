@@ -53,7 +53,8 @@ FEDERATED = ['data.clients_per_round=16', 'data.local_steps=4']
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__, 'tiny shapes on whatever device there is (CPU here)',
+                         quick_aliases=('--dry-run',))
   parser.add_argument('--exp', help='default: lm.Llama1B on a GPU, else lm.Llama350M')
   parser.add_argument('--fdl_set', action='append', default=[], help='PATH=VALUE (repeatable)')
   parser.add_argument('--fiddler', action='append', default=[],
@@ -68,8 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--profile-steps', type=int, default=3)
   parser.add_argument('--peak-tflops', type=float,
                       help="the chip's dense bf16 peak (default: paxlike.trainer.throughput's table)")
-  parser.add_argument('--quick', '--dry-run', dest='quick', action='store_true',
-                      help='tiny shapes on whatever device there is (CPU here)')
   args = parser.parse_args(argv)
   if args.quick:
     args.steps, args.warmup = 3, 1

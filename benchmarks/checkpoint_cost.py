@@ -46,7 +46,7 @@ GOAL = 1.03
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__)
   parser.add_argument('--exp', default='lm.StdlibTiny')
   parser.add_argument('--set', action='append', default=[], metavar='PATH=VALUE')
   parser.add_argument('--steps', type=int, default=30, help='steps per timed window')
@@ -58,7 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--pyspy_raw', type=Path, metavar='FILE',
                       help="summarize FILE (py-spy's raw output of a --saves_only run) and exit")
   parser.add_argument('--pyspy_rate', type=int, default=100, help='its samples per second')
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   args = parser.parse_args(argv)
   if args.quick:
     args.steps, args.every, args.repeats = 4, 2, 1

@@ -8,6 +8,7 @@ their own device count.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import gzip
 import json
@@ -30,6 +31,15 @@ REPO = Path(__file__).resolve().parents[1]
 # opened by path, that forks the child from a process holding paxlike's imports
 # (tests/forked_cli.py, ForkServer.popen) instead of starting a fresh interpreter.
 START: Callable[..., Any] | None = None
+
+
+def parser(doc: str | None, quick_help: str = 'tiny settings, for tests',
+           quick_aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+  """A benchmark's argument parser: its docstring's first line as the description, and the
+  `--quick` flag every benchmark has (tiny shapes on any device: what the test suite runs)."""
+  out = argparse.ArgumentParser(description=(doc or '').strip().split('\n')[0])
+  out.add_argument('--quick', *quick_aliases, dest='quick', action='store_true', help=quick_help)
+  return out
 
 
 def log(message: str) -> None:

@@ -49,13 +49,12 @@ PAXLIKE_ARGS = ['--exp=lm.StdlibTiny',
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__)
   parser.add_argument('--steps', default='20,120', help='the two run lengths n1,n2')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--mesh', choices=('4x2', '8'), default='4x2',
                       help="paxlike's mesh: 4x2 data x model (--fdl_fiddler=cpu8, tensor "
                            "parallel over 'model'), or 8: the default all-data mesh")
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   parser.add_argument('--child', type=int, metavar='STEPS', help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.quick:

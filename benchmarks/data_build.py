@@ -291,8 +291,7 @@ def startup(args) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description='The data start-up with an existing store.')
-  parser.add_argument('--quick', action='store_true', help='a 4 MB corpus, one repeat')
+  parser = common.parser('The data start-up with an existing store.', 'a 4 MB corpus, one repeat')
   parser.add_argument('--corpus_mb', type=float, default=None, help='corpus size (1024)')
   parser.add_argument('--repeats', type=int, default=None, help='fresh processes each (5)')
   parser.add_argument('--startup_child', metavar='FILES', help=argparse.SUPPRESS)

@@ -42,8 +42,7 @@ H200_BF16_FLOPS, MFU = 989e12, 0.4
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
+  parser = common.parser(__doc__)
   parser.add_argument('--only', default=','.join(SECTIONS), help='comma-separated sections')
   parser.add_argument('--rss_mb', default=None, help='store sizes for rss (default 20,2000)')
   parser.add_argument('--rss_child', nargs=2, metavar=('FILES', 'STEPS'), help=argparse.SUPPRESS)

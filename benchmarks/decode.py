@@ -51,13 +51,12 @@ from benchmarks import common  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__, 'a few tokens, one repeat (tests)')
   parser.add_argument('--new_tokens', type=int, default=256)
   parser.add_argument('--prompt_len', type=int, default=32)
   parser.add_argument('--reference_tokens', type=int, default=32)
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--batches', default='1,8')
-  parser.add_argument('--quick', action='store_true', help='a few tokens, one repeat (tests)')
   parser.add_argument('--presets', default=None,
                       help='comma-separated configs/models.py sizes (350m, 1b): against the roofline')
   parser.add_argument('--quantizations', default='none',

@@ -35,11 +35,10 @@ GOAL = 2.2  # DPO (LoRA, adapters-off reference) over SFT on the same tokens, at
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__)
   parser.add_argument('--steps', type=int, default=5, help='steps per timed repeat')
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--rank', type=int, default=8)
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   return parser.parse_args(argv)
 
 

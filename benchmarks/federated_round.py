@@ -46,7 +46,7 @@ MODES = ('paxlike', 'loop', 'vmapped')
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__)
   parser.add_argument('--exp', default='federated.ShakespeareFedAvg')
   parser.add_argument('--set', action='append', default=[], metavar='PATH=VALUE')
   parser.add_argument('--cohorts', default='4,16,64')
@@ -63,7 +63,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--no-rss', action='store_true', help='skip the per-mode RSS processes')
   parser.add_argument('--profile', type=Path, metavar='DIR',
                       help='trace one round per mode into DIR; op time by kind in the JSON')
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   parser.add_argument('--child', choices=('time', 'memory'), help=argparse.SUPPRESS)
   parser.add_argument('--mode', choices=MODES, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)

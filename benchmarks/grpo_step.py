@@ -28,12 +28,11 @@ from benchmarks import common  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__, 'tiny and 2 steps (tests)')
   parser.add_argument('--prompts', type=int, default=16)
   parser.add_argument('--generations', type=int, default=8)
   parser.add_argument('--new_tokens', type=int, default=32)
   parser.add_argument('--steps', type=int, default=5)
-  parser.add_argument('--quick', action='store_true', help='tiny and 2 steps (tests)')
   args = parser.parse_args(argv)
   if args.quick:
     args.prompts, args.generations, args.new_tokens, args.steps = 2, 2, 4, 2

@@ -94,7 +94,7 @@ QUICK_LEVERS = {'350m': ('base', 'remat_full', 'xla_latency_hiding'),
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__, 'tiny shapes, 3 levers (tests)')
   parser.add_argument('--model', default=LEVER_MODEL, choices=sorted(MODELS))
   parser.add_argument('--only', help='comma-separated lever names (default: all)')
   parser.add_argument('--steps', type=int, default=5)
@@ -102,7 +102,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--time-limit', type=float, default=86400.0,
                       help='seconds: levers not started by then are reported as skipped')
   parser.add_argument('--peak-tflops', type=float)
-  parser.add_argument('--quick', action='store_true', help='tiny shapes, 3 levers (tests)')
   args = parser.parse_args(argv)
   table = LEVERS[args.model]
   names = (args.only.split(',') if args.only

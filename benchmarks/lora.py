@@ -31,7 +31,7 @@ from benchmarks import common  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__)
   parser.add_argument('--steps', type=int, default=20, help='steps per timed repeat')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--rank', type=int, default=8)
@@ -39,7 +39,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--batch', type=int, default=4, help='with --preset')
   parser.add_argument('--seq', type=int, default=2048, help='with --preset')
   parser.add_argument('--sides', default='full,lora')
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   return parser.parse_args(argv)
 
 

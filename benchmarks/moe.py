@@ -40,14 +40,13 @@ from benchmarks import common  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__)
   parser.add_argument('--devices', type=int, default=8, help='forced CPU devices of the child')
   parser.add_argument('--mesh', default='data=2,expert=4', help='axis=size,... (ici)')
   parser.add_argument('--experts', type=int, default=8)
   parser.add_argument('--k', type=int, default=2, help='experts per token')
   parser.add_argument('--steps', type=int, default=10, help='steps per timed repeat')
   parser.add_argument('--repeats', type=int, default=3)
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   parser.add_argument('--no-dropless', dest='dropless', action='store_false',
                       help='skip the two dropless sides')
   parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)

@@ -28,7 +28,7 @@ GOAL = 0.97
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__)
   parser.add_argument('--exp', default='lm.StdlibTiny')
   parser.add_argument('--set', action='append', default=[], metavar='PATH=VALUE',
                       help='config override, as --fdl_set (repeatable)')
@@ -36,7 +36,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--steps', type=int, default=30, help='steps per timed repeat')
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--warmup', type=int, default=3)
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.quick:

@@ -43,7 +43,7 @@ DEVICES = 8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__)
   parser.add_argument('--stages', default='2,4')
   parser.add_argument('--microbatches', default='4,8')
   parser.add_argument('--layers', type=int, default=8)
@@ -54,7 +54,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--circular', type=int, default=1,
                       help='also time the circular schedule with this many passes (> 1)')
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)  # Internal.
   args = parser.parse_args(argv)
   if args.quick:

@@ -33,7 +33,7 @@ TARGETS = ('query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wo')
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__)
   parser.add_argument('--steps', type=int, default=20, help='steps per timed repeat')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--rank', type=int, default=8)
@@ -41,7 +41,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--preset', choices=('350m', '1b', '8b'), help='a configs/models.py size')
   parser.add_argument('--batch', type=int, default=1, help='with --preset')
   parser.add_argument('--seq', type=int, default=2048, help='with --preset')
-  parser.add_argument('--quick', action='store_true', help='tiny settings, for tests')
   return parser.parse_args(argv)
 
 

@@ -41,11 +41,10 @@ PHASES = ('interpreter_s', 'import_s', 'init_s', 'data_load_s', 'compile_s', 'da
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__, 'one run of a 1-layer model')
   parser.add_argument('--exp', default='lm.StdlibTiny')
   parser.add_argument('--set', action='append', default=[], metavar='PATH=VALUE')
   parser.add_argument('--repeats', type=int, default=3)
-  parser.add_argument('--quick', action='store_true', help='one run of a 1-layer model')
   parser.add_argument('--keep', action='store_true',
                       help='keep the compiled programs, as a CLI run does (core.program_store)')
   parser.add_argument('--child', type=float, help=argparse.SUPPRESS)  # The parent's launch time.

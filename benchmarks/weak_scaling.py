@@ -29,7 +29,7 @@ QUICK_MODEL = ['model.num_layers=1', 'model.d_model=32', 'model.num_heads=2', 'm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = common.parser(__doc__, '1 and 2 devices, a tiny round')
   parser.add_argument('--exp', default='federated.ShakespeareFedAvg')
   parser.add_argument('--set', action='append', default=[], metavar='PATH=VALUE')
   parser.add_argument('--devices', default='1,2,4,8', help='device counts (up to those present)')
@@ -38,7 +38,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--steps', type=int, default=5, help='timed rounds per point')
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--png', type=Path, default=Path('/tmp/paxlike/weak_scaling.png'))
-  parser.add_argument('--quick', action='store_true', help='1 and 2 devices, a tiny round')
   parser.add_argument('--child', type=int, help=argparse.SUPPRESS)  # Internal: one point.
   args = parser.parse_args(argv)
   if args.quick:
