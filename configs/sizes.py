@@ -18,11 +18,10 @@ top-2; its FLOPs (and MFU) count the active params, its memory every expert. On 
 split the experts over an 'expert' axis (docs/models.md, "Mixture of experts").
 
 `8b_pipeline` is the 8b for a multi-host pod: 4 GPipe stages across hosts, FSDP × tensor
-parallel inside each. `--mode=print_config` of lm.Llama8B with it estimates 48.5 GB per device on
-64 devices and 12.1 GB on 256 (FSDP × model alone: 22.5 and 5.6 GB): each device holds a
-quarter of the layers, but every stage still computes the embeddings and the head on its whole
-batch, whose float32 logits are most of that (docs/pipeline.md, "Not done"). Use it where FSDP
-would cross slow links, not to save memory.
+parallel inside each. Each device holds a quarter of the layers, but every stage still computes
+the embeddings and the head on its whole batch, whose float32 logits dominate its memory (the
+estimates per device: docs/models.md; docs/pipeline.md, "Not done"). Use it where FSDP would
+cross slow links, not to save memory.
 """
 
 from __future__ import annotations
@@ -97,11 +96,11 @@ class ChipFit:
   bf16_params: bool = False
 
 
+# Each the fastest fit measured on a v5e (docs/benchmarks.md, "Accelerator checks": the MFU of
+# each and of what else was tried). The 1B's float32 params and Adam moments alone overfill it.
 CHIP_16GB: dict[str, ChipFit] = {
-    '125m': ChipFit(8, 'none'),  # 15.6 GiB of 15.75 at its peak.
-    '350m': ChipFit(4, 'dots_attention'),  # 13.7 GiB; batch 8 needs 18 with 'dots'.
-    # float32 params and moments alone are 17.6 GB. Batch 2 saving attention's outputs ran at
-    # 53.6% MFU where batch 4 with 'full' remat (all that fits at 4) ran at 47.2%.
+    '125m': ChipFit(8, 'none'),
+    '350m': ChipFit(4, 'dots_attention'),
     '1b': ChipFit(2, 'dots_attention', bf16_params=True),
 }
 

@@ -4,8 +4,8 @@ of FORKABLE) and `python -c SCRIPT` runs.
 Each test worker keeps one server process that has imported the command line and what a run
 imports, without starting a jax backend, so that XLA_FLAGS (the device count) stay each run's own.
 The server forks one child per run. The child is still a process of its own: its exit code,
-signals, os._exit and file descriptors are as they would be. It only skips the ~2 s of imports that
-every run would otherwise pay again, and the interpreter's teardown: the child ends with os._exit,
+signals, os._exit and file descriptors are as they would be. It only skips the imports that every
+run would otherwise pay again, and the interpreter's teardown: the child ends with os._exit,
 as paxlike's own error exits do, so atexit handlers do not run (the trainer closes its
 checkpoints and summaries itself before it returns).
 

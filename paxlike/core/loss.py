@@ -4,7 +4,7 @@
 A loss that is a mean over a batch's unmasked targets may say so by being a `MaskedMeanLoss`:
 it keeps the sums its means divide, so that a data-parallel step can differentiate the sums and
 divide afterwards (`value_and_mean_grad`): the same loss and gradient, with one all-reduce per
-step instead of two (the target count's all-reduce no longer stands between the forward and
+step instead of two (the target count's all-reduce need not stand between the forward and
 backward passes).
 """
 

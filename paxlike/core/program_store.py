@@ -2,10 +2,10 @@
 exported prefill and loop (`Store.abstract_params`, `Store.traced`), and a training run's
 compiled init, train step and eval step (`Store.compiled`).
 
-After its imports, a warm `--mode=decode` run spent most of its time tracing the model three
-times (its init, for the params' shapes and shardings; the prefill; the loop), only to find
-programs that JAX's persistent compilation cache then served: JAX keeps no trace across
-processes. This store keeps what those traces give: the params' shapes, dtypes and partition
+JAX keeps no trace across processes, so without this store a warm `--mode=decode` run traces
+the model three times (its init, for the params' shapes and shardings; the prefill; the loop)
+only to find programs that JAX's persistent compilation cache serves. This store keeps what
+those traces give: the params' shapes, dtypes and partition
 specs (JSON), and the programs as `jax.export` serializations (StableHLO), which JAX lowers
 and compiles (from its cache) without running the model's Python. An entry's key hashes
 everything a trace reads: what the caller names (the model's attributes, the decode options,
@@ -13,7 +13,7 @@ the mesh and its rules), the arguments' tree, shapes, dtypes and shardings, the 
 jax, jaxlib and flax versions, every jax config value, the source of paxlike itself, the
 installed libraries' versions and the size and mtime of every other loaded module's file
 outside the standard library (a user's model class). A key that matches loads its entry; any
-change misses, and the run traces as before and writes the entry. An entry that cannot be read
+change misses, and the run traces and writes the entry. An entry that cannot be read
 is traced again and overwritten; a program JAX cannot export (a custom call without a stable
 target, say) runs as traced; a store that cannot be written (read-only, full) only warns.
 
@@ -24,8 +24,8 @@ neither traces nor lowers nor looks them up in JAX's cache, a cost that grows wi
 program (XLA_FLAGS, LIBTPU_INIT_ARGS). A run of several processes compiles as before: each
 process's executable is its own devices'. Only an executable XLA compiled in this process is
 kept: XLA:CPU serializes one that JAX's cache loaded without its kernels. So a key that changes
-(an edited experiment, another seed) while JAX's cache still holds its programs loads them from
-that cache, traced, as a run did before this store, until XLA compiles them again.
+(an edited experiment, another seed) while JAX's cache still holds its programs traces them and
+loads them from that cache, until XLA compiles them again.
 
 Each store lives beside JAX's compilation cache (DIRNAME for decode, TRAIN_DIRNAME for training,
 inside it) and is on exactly when that cache is (`current`); each keeps its newest entries, up

@@ -9,8 +9,8 @@ missing, say a bare accelerator image, it is unbounded, as JAX makes it). JAX's 
 (unbounded unless `JAX_COMPILATION_CACHE_MAX_SIZE` says otherwise): a bound costs every write a
 scan of the whole directory, which a cache of thousands of small programs, like the test
 suite's, should not pay. paxlike's own cache keeps every compile that took at least
-MIN_COMPILE_SECONDS (JAX's default is 1 s, which left out a small model's decode loop, so every
-warm `--mode=decode` run compiled it again); an op run eagerly compiles in milliseconds and stays
+MIN_COMPILE_SECONDS (below JAX's default of 1 s, which would leave out a small model's decode
+loop, compiled again by every warm `--mode=decode` run); an op run eagerly compiles in milliseconds and stays
 out. `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` wins when set.
 """
 
