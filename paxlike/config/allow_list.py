@@ -75,6 +75,18 @@ MOVED_ARGUMENTS = {
         ('text_field', 'txt_document', 'prompt_field', 'completion_field', 'client_field',
          'messages_field')),
 }
+
+
+def moved_argument(fn_or_cls: Any, name: str) -> str | None:
+  """The argument of `fn_or_cls` whose record holds its former argument `name` now (e.g.
+  'fields' for TextData's 'client_field': MOVED_ARGUMENTS), or None where `name` never moved."""
+  if not isinstance(fn_or_cls, type):
+    return None
+  field, _, names = MOVED_ARGUMENTS.get((fn_or_cls.__module__, fn_or_cls.__qualname__),
+                                        (None, None, ()))
+  return field if name in names else None
+
+
 CLASSES_ONLY = ('paxlike.data', 'paxlike.trainer.preference_loss', 'paxlike.trainer.grpo_loss',
                 'flax.linen',
                 'fiddle._src.config', 'fiddle._src.partial', 'fiddle._src.tagging')

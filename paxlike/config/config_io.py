@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import fiddle as fdl
 import jax.numpy as jnp
+from absl import logging
 from fiddle import daglish
 from fiddle.experimental import serialization
 
@@ -99,23 +100,53 @@ def _config_at(cfg: fdl.Buildable, path: list[daglish.PathElement]) -> Any:
   return value
 
 
-def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
-  """Sets each `PATH=VALUE` on `cfg`, checking the path exists and the value's type fits."""
-  for text in overrides:
-    path, value = parse_override(text)
-    *parents, last = daglish.parse_path('.' + path)
+def moved_path(cfg: fdl.Buildable, path: str) -> str | None:
+  """The path a field renamed since `path` was written has now (allow_list.MOVED_ARGUMENTS, the
+  table saved configs load through: TextData's `data.client_field` is `data.fields.client_field`),
+  or None where `path` names no moved field."""
+  *parents, name = path.split('.')
+  try:
+    parent = daglish.follow_path(cfg, daglish.parse_path('.' + '.'.join(parents))) if (
+        parents) else cfg
+  except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+    return None
+  if not isinstance(parent, fdl.Buildable):
+    return None
+  field = allow_list.moved_argument(fdl.get_callable(parent), name)
+  return None if field is None else '.'.join([*parents, field, name])
+
+
+def _field_at(cfg: fdl.Buildable, path: str) -> tuple[str, Any, str, Any]:
+  """(path, parent config, field name, current value) of the field `path` sets: a renamed
+  field's new path (`moved_path`, noted in a warning), UserError for no field at all."""
+  for attempt in (path, moved_path(cfg, path)):
+    if attempt is None:
+      break
+    *parents, last = daglish.parse_path('.' + attempt)
     try:
       parent = _config_at(cfg, parents)
       old = getattr(parent, last.name)
     except (AttributeError, KeyError, TypeError, ValueError):
-      raise UserError(f'--fdl_set {path}: no such field in the config') from None
+      continue
+    if attempt != path:
+      logging.warning('--fdl_set %s: this field is %s now', path, attempt)
+    return attempt, parent, last.name, old
+  raise UserError(f'--fdl_set {path}: no such field in the config')
+
+
+def apply_overrides(cfg: fdl.Buildable, overrides: Iterable[str]) -> None:
+  """Sets each `PATH=VALUE` on `cfg`, checking the path exists and the value's type fits; a
+  renamed field's old path sets its new one (`moved_path`)."""
+  for text in overrides:
+    path, value = parse_override(text)
+    path, parent, name, old = _field_at(cfg, path)
     if not isinstance(parent, fdl.Buildable):
       raise UserError(f'--fdl_set {path}: {path.rsplit(".", 1)[0]} is not a config')
     if _is_dtype(old) and isinstance(value, str):
       value = _dtype_named(path, value)
-    if not (_same_kind(old, value) or _annotation_admits(parent, last.name, value)):
+    if not (_same_kind(old, value) or _annotation_admits(parent, name, value)):
       raise UserError(f'--fdl_set {path}={value!r}: expected a {type(old).__name__} like {old!r}')
-    setattr(parent, last.name, tuple(value) if isinstance(value, list) else value)
+    setattr(parent, name, tuple(value) if isinstance(value, list) else value)
 
 
 def with_run_lengths(cfg: fdl.Buildable) -> fdl.Buildable:
