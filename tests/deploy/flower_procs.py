@@ -33,15 +33,16 @@ def digits_export(tmp_path_factory) -> Path:
 
 
 LORA_ROUNDS = 2
+LORA_CLIENTS = 3  # SecAgg+ needs 3 nodes (secure.MIN_NODES), each holding a client.
 
 
 def lora_flags(root: Path) -> list[str]:
-  """TextLoraFedAvg at test size (tests/federated/lora_task.py) for LORA_ROUNDS rounds on two
-  clients, the text files root/corpus/0 and root/corpus/1 (data.partition=file)."""
+  """TextLoraFedAvg at test size (tests/federated/lora_task.py) for LORA_ROUNDS rounds on
+  LORA_CLIENTS clients, all every round, the text files root/corpus/K (data.partition=file)."""
   from tests.federated.lora_task import SMALL
   return ['--exp=federated.TextLoraFedAvg', *(f'--fdl_set={o}' for o in SMALL),
           f'--fdl_set=data.files={root}/corpus/*/corpus.txt', '--fdl_set=data.partition=file',
-          '--fdl_set=data.clients_per_round=2', f'--fdl_set=train.num_steps={LORA_ROUNDS}']
+          f'--fdl_set=data.clients_per_round={LORA_CLIENTS}', f'--fdl_set=train.num_steps={LORA_ROUNDS}']
 
 
 def lora_run(tmp_path_factory) -> tuple[list[str], Path, Path]:
@@ -51,7 +52,7 @@ def lora_run(tmp_path_factory) -> tuple[list[str], Path, Path]:
   from tests.federated.lora_task import write_corpus
 
   def make(root: Path) -> None:
-    for k in range(2):
+    for k in range(LORA_CLIENTS):
       (root / 'corpus' / str(k)).mkdir(parents=True)
       write_corpus(root / 'corpus' / str(k))
     made = run_python(['-m', 'paxlike.export', *lora_flags(root), f'--out={root / "export"}',

@@ -207,16 +207,32 @@ def test_more_nodes_than_clients_is_refused_in_one_line_naming_the_option(tmp_pa
 
 
 def test_secure_aggregation_over_nodes_that_would_hold_no_client_is_refused(tmp_path):
-  """--secure_aggregation --nodes=2 for an experiment of one client: before, the launcher ran
-  SecAgg+ over one node (its sums, that node's values, in the clear to the server)."""
-  flags = [*fp.CLI_TINY, '--fdl_set=data.num_clients=1', '--fdl_set=data.clients_per_round=1']
+  """--secure_aggregation --nodes=3 for an experiment of 2 clients: before (with 2 nodes and 1
+  client), the launcher ran SecAgg+ over one node (its sums, that node's values, in the clear to
+  the server)."""
+  flags = [*fp.CLI_TINY, '--fdl_set=data.num_clients=2', '--fdl_set=data.clients_per_round=2']
   from tests.helpers import run_python
   made = run_python(['-m', 'paxlike.export', *flags, f'--out={tmp_path / "export"}',
                      '--rounds=1'], cli_env(), timeout=300)
   assert made.returncode == 0, made.stderr[-2000:]
   line = _one_line(_launcher(*flags, f'--export_dir={tmp_path / "export"}', '--rounds=1',
-                             '--nodes=2', '--secure_aggregation', f'--out={tmp_path / "run"}'))
-  assert '--nodes=2' in line and '1 client' in line and '--secure_aggregation' in line, line
+                             '--nodes=3', '--secure_aggregation', f'--out={tmp_path / "run"}'))
+  assert '--nodes=3' in line and '2 clients' in line and '--secure_aggregation' in line, line
+  assert not (tmp_path / 'run').exists()
+
+
+def test_secure_aggregation_over_two_nodes_is_refused_in_one_line_naming_what_to_pass(
+    tmp_path_factory, tmp_path):
+  """Pairwise masks over 2 nodes hide nothing between them: each learns the other's
+  contribution as the sum (the next round's model) less its own. Before: exit 0, SecAgg+ ran."""
+  export = fp.digits_export(tmp_path_factory)
+  for nodes in (1, 2):
+    line = _one_line(_launcher(*fp.CLI_TINY, f'--export_dir={export}', '--rounds=1',
+                               f'--nodes={nodes}', '--secure_aggregation',
+                               f'--out={tmp_path / "run"}'))
+    assert f'--secure_aggregation with --nodes={nodes}' in line, line
+    assert line.endswith('pass --nodes=3 or more'), line
+  assert not (tmp_path / 'run').exists()
 
 
 def test_flwr_not_importable_is_refused_in_one_line_naming_the_package(tmp_path_factory,

@@ -1,5 +1,5 @@
-"""Federated LoRA on text (TextLoraFedAvg at test size: two clients, a file each, both on one
-node) on a local Flower federation of real processes (SuperLink, SuperNode, a ClientApp process
+"""Federated LoRA on text (TextLoraFedAvg at test size: three clients, a file each, all on
+one node) on a local Flower federation of real processes (SuperLink, SuperNode, a ClientApp process
 per message): its rows equal `python -m paxlike.main`'s, and its frozen base, which the plan
 broadcasts once, crosses the network in round 1 only. Round 2's message carries none of it: the
 node's ClientApp process reads it from the `context.state` its SuperNode kept, so a Flower that

@@ -236,31 +236,32 @@ def test_the_launcher_refuses_a_plan_secagg_cannot_sum(export, tmp_path):
   plan['communication'] = [e for e in plan['communication'] if e['value'] != kept['value']]
   (tampered / 'plan.json').write_text(json.dumps(plan))
   ran = _python('paxlike.deploy.flower.local', *CLI_TINY, f'--export_dir={tampered}',
-                f'--out={tmp_path / "run"}', '--rounds=1', '--nodes=2', '--secure_aggregation',
+                f'--out={tmp_path / "run"}', '--rounds=1', '--nodes=3', '--secure_aggregation',
                 timeout=300)
   assert ran.returncode == 2
   assert kept['value'] in ran.stderr and len(ran.stderr.strip().splitlines()) == 1
   assert not (tmp_path / 'run').exists()
 
 
-@pytest.mark.slow  # A secure federation of two nodes for two rounds (flower_procs.lora_run).
+@pytest.mark.slow  # A secure federation of 3 nodes for two rounds (flower_procs.lora_run).
 def test_secure_lora_rounds_send_the_base_once_and_equal_the_simulation(tmp_path_factory,
                                                                          tmp_path):
-  """Federated LoRA on text through SecAgg+ (two clients, a file each, on two nodes): round 2's
-  fit messages carry none of the frozen base, which the nodes kept from round 1 (a node that
+  """Federated LoRA on text through SecAgg+ (three clients, a file each, on three nodes): round
+  2's fit messages carry none of the frozen base, which the nodes kept from round 1 (a node that
   lost it would fail round 2), and the rows equal `paxlike.main`'s within the quantization."""
   flags, export, job = fp.lora_run(tmp_path_factory)
   out = tmp_path / 'run'
   ran = _python('paxlike.deploy.flower.local', *flags, f'--export_dir={export}',
-                f'--out={out}', f'--rounds={fp.LORA_ROUNDS}', '--nodes=2', '--round_timeout=180',
-                '--server_restarts=0', '--secure_aggregation', timeout=900)
+                f'--out={out}', f'--rounds={fp.LORA_ROUNDS}', f'--nodes={fp.LORA_CLIENTS}',
+                '--round_timeout=180', '--server_restarts=0', '--secure_aggregation', timeout=900)
   assert ran.returncode == 0, ran.stderr[-3000:]
   plan = json.loads((export / 'plan.json').read_text())
   once = [e for e in plan['communication'] if e.get('once')]
   cohorts = fp.rows(out / 'server' / 'cohorts.jsonl')
   first, second = (c['bytes_down'] for c in cohorts)
-  # Each of the two nodes got the base in round 1 only (its bytes, plus the arrays' headers).
-  assert 0 <= first - second - 2 * plan['download_once_bytes'] <= 2 * 256 * len(once)
+  # Each node got the base in round 1 only (its bytes, plus the arrays' headers).
+  nodes = fp.LORA_CLIENTS
+  assert 0 <= first - second - nodes * plan['download_once_bytes'] <= nodes * 256 * len(once)
   simulated, deployed = metric_rows(job), fp.rows(out / 'server' / 'metrics.jsonl')
   assert [r['step'] for r in deployed] == [r['step'] for r in simulated] == [1, 2]
   for sim, dep, cohort in zip(simulated, deployed, cohorts):
@@ -269,7 +270,7 @@ def test_secure_lora_rounds_send_the_base_once_and_equal_the_simulation(tmp_path
     # The clients' learning rate is a plain mean, scaled by the cohort's slots (not by its
     # total weight, thousands of tokens here, which left it 0): within its own bound.
     assert cohort['secagg_mean_error_bound'] == pytest.approx(
-        secure.sum_error_bound(2, sim['clients']) / sim['clients'])
+        secure.sum_error_bound(nodes, sim['clients']) / sim['clients'])
     assert sim['learning_rate'] > 1e3 * cohort['secagg_mean_error_bound']
     assert abs(dep['learning_rate'] - sim['learning_rate']) <= cohort['secagg_mean_error_bound']
     for key in shared - {'learning_rate'}:  # Weighted by the tokens: a level is ~1e-6 of each.

@@ -174,9 +174,8 @@ def run(argv: list[str]) -> None:
     from paxlike.deploy.flower import secure
     if (reason := secure.refusal(plan)) is not None:
       raise UserError(reason)
-    if not 2 <= FLAGS.nodes <= secure.MAX_NODES:
-      raise UserError(f'--secure_aggregation needs 2 to {secure.MAX_NODES} nodes (SecAgg+ sums '
-                      'over nodes, in a modulus that must not wrap)')
+    if (reason := secure.nodes_refusal(FLAGS.nodes)) is not None:
+      raise UserError(reason)
   out = Path(FLAGS.out)
   launches.resumable(out, config_json)
   task = config_io.build(cfg)
@@ -184,7 +183,7 @@ def run(argv: list[str]) -> None:
   if FLAGS.nodes > num_clients:  # A node holds clients k, k + N, ...: one would hold none.
     raise UserError(f'--nodes={FLAGS.nodes} is more than the experiment\'s {num_clients} '
                     f'client{"s" * (num_clients != 1)} (data.num_clients); each node must hold '
-                    'one' + (', and --secure_aggregation needs 2 nodes that hold clients'
+                    'one' + (', and --secure_aggregation needs 3 nodes that hold clients'
                              if FLAGS.secure_aggregation else ''))
   launches.stop_on_signals()
   if launches.rows_done(out) != FLAGS.rounds or not (out / 'server' / 'final.npz').exists():

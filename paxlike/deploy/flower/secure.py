@@ -32,6 +32,22 @@ CLIPPING_RANGE = 64.0  # A DP-FedAvg round's scaled stats reached 18.5: Flower's
 QUANTIZATION_RANGE = 2**27  # One level: 128 / 2^27 ≈ 9.5e-7 of the scaled value.
 MODULUS_RANGE = 2**32
 MAX_NODES = MODULUS_RANGE // QUANTIZATION_RANGE - 1  # The modular sum cannot wrap: 31.
+# With 2 nodes each learns the other's contribution: the sum (the next round's model) less its own.
+MIN_NODES = 3
+
+
+def nodes_refusal(nodes: int) -> str | None:
+  """Why SecAgg+ over `nodes` nodes would not hide a node's contribution or could not sum
+  (one line naming --nodes and what to pass); None for MIN_NODES to MAX_NODES."""
+  if nodes < MIN_NODES:
+    return (f'--secure_aggregation with --nodes={nodes} hides nothing: the sum less a node\'s '
+            'own contribution is the other\'s' if nodes == 2 else
+            f'--secure_aggregation with --nodes={nodes} has no one to hide a node among'
+            ) + f'; pass --nodes={MIN_NODES} or more'
+  if nodes > MAX_NODES:
+    return (f'--secure_aggregation with --nodes={nodes}: SecAgg+\'s modular sum would wrap; '
+            f'pass --nodes={MAX_NODES} or fewer')
+  return None
 
 
 def refusal(plan: dict[str, Any]) -> str | None:
