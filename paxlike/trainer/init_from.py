@@ -1,12 +1,16 @@
-"""`train.init_from`: a fresh run's params from a Hugging Face Llama dir (`'hf:DIR'`) or from
-another paxlike job's committed checkpoint (`'job:DIR'`, `'job:DIR@STEP'`; params only).
+"""`train.init_from`: a fresh run's params from a Hugging Face checkpoint dir (`'hf:DIR'`), a
+PEFT LoRA adapter dir on its base (`'hf:ADAPTER'`, the base the adapter_config.json names when
+that is a local directory, else `'hf:ADAPTER@BASE'`), or another paxlike job's committed
+checkpoint (`'job:DIR'`, `'job:DIR@STEP'`; params only).
 
 `load_params` checks every name and shape against the run's abstract params from the source's
 headers (safetensors) or metadata (Orbax) before it reads any data, then places each tensor
 with its sharding as it is read: an HF checkpoint one tensor at a time (a scanned model's
 layers one tensor at a time, stacked on the devices), a job's params by Orbax's partial restore
 of `alg.params` straight into their shardings. Leaves the source lacks must be adapters (LoRA),
-which keep their fresh init. The trainer calls it on a fresh start only (`loop.restore_or_init`).
+which keep their fresh init, unless the source is a PEFT adapter: then its lora_A/lora_B are
+the adapters (`paxlike.interop.peft`; the model's LoRA fields are the adapter's). The trainer
+calls it on a fresh start only (`loop.restore_or_init`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import fiddle as fdl
 import jax
@@ -29,65 +33,71 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from paxlike.errors import UserError
 from paxlike.layers import quantization
-from paxlike.interop import checkpoint, weight_files
+from paxlike.interop import checkpoint, peft, weight_files
 from paxlike.trainer import reference
 
 RECORD = 'init_source.json'  # In the job dir: where the run's params came from.
-ADAPTER_CONFIG = 'adapter_config.json'  # A PEFT adapter directory's (no config.json beside it).
 LORA_FIELDS = ('lora_rank', 'lora_alpha', 'lora_targets')  # The run's own, never the source's.
 
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """A parsed `init_from`: kind 'hf' or 'job', its directory, and a job's step (None: latest)."""
+  """A parsed `init_from`: kind 'hf' or 'job', its directory (an adapter's base), a job's step
+  (None: latest) and a PEFT adapter directory to load onto the base (None: none)."""
 
   spec: str
   kind: str
   path: Path
   step: int | None = None
+  adapter: Path | None = None
 
 
 def parse(init_from: str) -> Source:
-  """'hf:DIR' | 'job:DIR' | 'job:DIR@STEP' -> Source; UserError for anything else or a DIR
-  that is not a directory."""
+  """'hf:DIR' | 'hf:ADAPTER' | 'hf:ADAPTER@BASE' | 'job:DIR' | 'job:DIR@STEP' -> Source;
+  UserError for anything else, a DIR that is not a directory, or an adapter without a base."""
   kind, sep, rest = init_from.partition(':')
   if not sep or kind not in ('hf', 'job') or not rest:
     raise UserError(f"train.init_from={init_from!r} is not 'hf:DIR', 'job:DIR' or 'job:DIR@STEP'")
   step = None
+  if kind == 'hf' and '@' in rest and not Path(rest).expanduser().is_dir():
+    adapter, _, base = rest.rpartition('@')
+    return _adapter_source(init_from, _directory(init_from, adapter), base)
   if kind == 'job' and '@' in rest:
     rest, _, digits = rest.rpartition('@')
     if not digits.isdigit():
       raise UserError(f'train.init_from={init_from!r}: the step after @ must be an integer')
     step = int(digits)
-  path = Path(rest).expanduser().absolute()
-  if not path.is_dir():
-    raise UserError(f'train.init_from={init_from!r}: {path} is not a directory')
-  if kind == 'hf' and (path / ADAPTER_CONFIG).is_file() and not (path / 'config.json').is_file():
-    raise UserError(f'train.init_from={init_from!r}: {adapter_refusal(path)}')
+  path = _directory(init_from, rest)
+  if kind == 'hf' and peft.is_adapter(path):
+    return _adapter_source(init_from, path, None)
   return Source(init_from, kind, path, step)
 
 
-def adapter_refusal(path: Path) -> str:
-  """Why a PEFT adapter directory is not a checkpoint to start from, and what to pass: its
-  base (adapter_config.json's base_model_name_or_path) as hf:DIR, the adapter merged first."""
-  try:
-    config = json.loads((path / ADAPTER_CONFIG).read_text('utf-8'))
-  except (OSError, ValueError) as error:
-    return f'{path / ADAPTER_CONFIG} is not a readable JSON file ({error})'
-  config = config if isinstance(config, dict) else {}
-  base = config.get('base_model_name_or_path')
-  what = (f"{path} is a PEFT {config.get('peft_type', 'adapter')} adapter "
-          f"(r={config.get('r')}, lora_alpha={config.get('lora_alpha')}, target_modules="
-          f"{config.get('target_modules')}) for the base {base!r}, not a checkpoint")
-  local = Path(str(base)).expanduser() if isinstance(base, str) else None
-  if local is not None and (local / 'config.json').is_file():
-    start = f'pass the base as train.init_from=hf:{local.absolute()}'
-  else:
-    start = (f'pass the base {base!r} as train.init_from=hf:DIR, a local Hugging Face '
-             'directory (nothing is downloaded)')
-  return (f'{what}; paxlike does not apply adapters at init_from: merge it into its base with '
-          "PEFT (model.merge_and_unload().save_pretrained(DIR)) and pass hf:DIR, or "
-          f'{start} to train a fresh adapter (model.lora_rank) from the base alone')
+def _directory(init_from: str, text: str) -> Path:
+  path = Path(text).expanduser().absolute()
+  if not path.is_dir():
+    raise UserError(f'train.init_from={init_from!r}: {path} is not a directory')
+  return path
+
+
+def _adapter_source(init_from: str, adapter: Path, base: str | None) -> Source:
+  """An adapter dir on `base` (None: the base its adapter_config.json names, which must be a
+  local directory with a config.json); UserError saying what to pass otherwise."""
+  if not peft.is_adapter(adapter):
+    raise UserError(f'train.init_from={init_from!r}: {adapter} is no PEFT adapter directory '
+                    f'({peft.CONFIG} and no config.json): hf:ADAPTER@BASE loads an adapter onto '
+                    'BASE')
+  config = peft.read_config(adapter)
+  named = config.get('base_model_name_or_path')
+  given = base if base is not None else named
+  path = Path(given).expanduser().absolute() if isinstance(given, str) and given else None
+  if path is not None and (path / 'config.json').is_file():
+    return Source(init_from, 'hf', path, adapter=adapter)
+  what = f'train.init_from={init_from!r}: {peft.describe(adapter, config)}'
+  if base is not None:
+    raise UserError(f'{what}; the base given after @, {path}, holds no config.json')
+  raise UserError(f'{what}, which is not a local directory holding a config.json: pass a local '
+                  f'copy of it as train.init_from=hf:{adapter}@BASE_DIR (nothing is downloaded)')
 
 
 def init_source_tokenizer(init_from: str | None) -> str | None:
@@ -96,9 +106,9 @@ def init_source_tokenizer(init_from: str | None) -> str | None:
   if init_from is None:
     return None
   source = parse(init_from)
-  if source.kind == 'hf':
-    found = [source.path / n for n in ('tokenizer.json', 'tokenizer.model')
-             if (source.path / n).is_file()]
+  if source.kind == 'hf':  # An adapter's own tokenizer (PEFT saves one beside it), else the base's.
+    found = [folder / n for folder in (source.adapter, source.path) if folder is not None
+             for n in ('tokenizer.json', 'tokenizer.model') if (folder / n).is_file()]
     return str(found[0]) if found else None
   from paxlike.trainer.job_source import tokenizer_of  # pylint: disable=import-outside-toplevel
   tokenizer = tokenizer_of(_job_config(source).data)
@@ -106,14 +116,22 @@ def init_source_tokenizer(init_from: str | None) -> str | None:
 
 
 def model_overrides_from(init_from: str) -> dict[str, Any]:
-  """The model fields the source fixes: an HF config.json's (as `checkpoint.config_from_hf`), or
-  the fields the other job's config.json sets on its model (its LoRA fields left out)."""
+  """The model fields the source fixes: an HF config.json's (as `checkpoint.config_from_hf`; an
+  adapter's base's, with the adapter's LoRA rank, alpha and targets), or the fields the other
+  job's config.json sets on its model (its LoRA fields left out)."""
   source = parse(init_from)
   if source.kind == 'hf':
     config = source.path / 'config.json'
     if not config.is_file():
       raise UserError(f'train.init_from={init_from!r}: no config.json in {source.path}')
-    return dict(checkpoint.config_from_hf(checkpoint.read_config(source.path)).__arguments__)
+    hf = checkpoint.read_config(source.path)
+    fields = dict(checkpoint.config_from_hf(hf).__arguments__)
+    if source.adapter is not None:
+      adapter = peft.read_adapter(source.adapter)
+      names = checkpoint.name_map(fdl.build(checkpoint.config_from_hf(hf)), hf.get('model_type'))
+      fields.update(lora_rank=adapter.rank, lora_alpha=adapter.alpha,
+                    lora_targets=peft.targets(adapter, names))
+    return fields
   model = _job_config(source).model
   return {k: v for k, v in model.__arguments__.items() if k not in LORA_FIELDS}
 
@@ -173,19 +191,53 @@ def _load_hf(source: Source, want: dict[str, Any], adapters: set[str], model: An
   checkpoint.check_shapes({name: shape for name, (shape, _) in header.items()}, model, tensors)
   scanned = bool(getattr(model, 'scan_layers', False))
   group = model.moe_every if getattr(model, 'num_experts', 0) else 1
+  name = lambda path: '/'.join(_scanned_path(path, group) if scanned else path)
   stored = lambda path: ([path + (e,) for e in quantization.entries(kind, double)]
                          if kind != 'none' and quantization.kernel_axes(path[:-1], path[-1])
                          else [path])
-  names = {'/'.join(_scanned_path(p, group) if scanned else p)
-           for t in tensors.values() for path in t.paths for p in stored(path)}
+  names = {name(p) for t in tensors.values() for path in t.paths for p in stored(path)}
   _check_coverage(source, names, want, adapters)
-  placed: dict[str, jax.Array] = {}
-  layers: dict[str, dict[int, jax.Array]] = {}  # Scanned: each layer placed, stacked when whole.
-  steps = model.num_layers // group
+  adapter = None
+  if source.adapter is not None:  # Checked before any data is read.
+    adapter = peft.read_adapter(source.adapter)
+    peft.check_model(adapter, model, tensors)
+    shapes = _unrolled_shapes(want, adapters, model, group)
   read = checkpoint.read_params(header, model, tensors)
   # A quantized base is quantized as it streams in, one tensor at a time.
-  for path, value in (pair for p, v in read for pair in quantization.quantize_one(p, v, kind,
-                                                                                  double)):
+  pairs = (pair for p, v in read for pair in quantization.quantize_one(p, v, kind, double))
+  placed = _place(pairs, want, model, group)
+  if adapter is not None:
+    dtype = np.dtype(model.param_dtype)
+    placed.update(_place(peft.adapter_params(adapter, tensors, shapes, dtype), want, model,
+                         group))
+  return placed
+
+
+def _unrolled_shapes(want: dict[str, Any], adapters: set[str], model: Any, group: int
+                     ) -> dict[str, tuple[int, ...]]:
+  """The adapter params' names and shapes in the unrolled ('block_{i}') tree."""
+  if not getattr(model, 'scan_layers', False):
+    return {name: tuple(want[name].shape) for name in adapters}
+  out = {}
+  for i in range(model.num_layers):
+    for name in adapters:
+      parts = name.split('/')
+      if parts[0] != 'blocks':
+        out[name] = tuple(want[name].shape)
+      elif group == 1 or parts[1] == f'layer_{i % group}':
+        out['/'.join((f'block_{i}', *parts[1 + (group > 1):]))] = tuple(want[name].shape[1:])
+  return out
+
+
+def _place(pairs: Iterator[tuple[tuple[str, ...], np.ndarray]], want: dict[str, Any],
+           model: Any, group: int) -> dict[str, jax.Array]:
+  """Each (unrolled path, value) on the devices with its sharding; a scanned model's layers
+  placed one at a time and stacked once all are."""
+  scanned = bool(getattr(model, 'scan_layers', False))
+  placed: dict[str, jax.Array] = {}
+  layers: dict[str, dict[int, jax.Array]] = {}
+  steps = model.num_layers // group
+  for path, value in pairs:
     if not scanned or not path[0].startswith('block_'):
       placed['/'.join(path)] = _put(value, want['/'.join(path)])
       continue
@@ -277,7 +329,8 @@ def _sha256(file: Path) -> str:
 def source_record(init_from: str) -> dict[str, Any]:
   """What `init_source.json` says: the init_from string, kind, directory, step (jobs), and the
   sha256 of each file read (an HF dir's config.json, index and the safetensors files it is made
-  of; every file of the job's step directory) with one sha256 over them all."""
+  of, and an adapter's as 'adapter/NAME'; every file of the job's step directory) with one
+  sha256 over them all; with an adapter, its directory as 'adapter'."""
   source = parse(init_from)
   step = None
   if source.kind == 'hf':
@@ -294,9 +347,13 @@ def source_record(init_from: str) -> dict[str, Any]:
     root = source.path / 'checkpoints' / str(step)
     files = sorted(p for p in root.rglob('*') if p.is_file())
   hashes = {str(f.relative_to(root)): _sha256(f) for f in files if f.is_file()}
+  if source.adapter is not None:  # The adapter's files, under its directory's name.
+    hashes.update({f'adapter/{n}': _sha256(source.adapter / n)
+                   for n in (peft.CONFIG, peft.WEIGHTS)})
   total = hashlib.sha256(''.join(f'{k}:{v}\n' for k, v in hashes.items()).encode()).hexdigest()
-  return {'init_from': init_from, 'kind': source.kind, 'path': str(source.path), 'step': step,
-          'files': hashes, 'sha256': total}
+  record = {'init_from': init_from, 'kind': source.kind, 'path': str(source.path), 'step': step,
+            'files': hashes, 'sha256': total}
+  return record if source.adapter is None else {**record, 'adapter': str(source.adapter)}
 
 
 def write_record(job_dir: Path, record: dict[str, Any]) -> None:
