@@ -1,5 +1,5 @@
 """Flower's waits as the local federation shortens them (paxlike/deploy/flower/polling.py and
-supernode.py), checked against flwr's own functions: a missing array is pulled again within a
+flower_patches.py), checked against flwr's own functions: a missing array is pulled again within a
 fraction of a second (Flower's own retries wait 1 s, then 2 s), and the SuperNode's loop sleeps
 at most 0.3 s where it slept 3 s."""
 
@@ -37,9 +37,9 @@ SUPERNODE = """
 import json, time
 from flwr.supernode import start_client_internal as loop
 from flwr.supercore.inflatable import inflatable_utils
-from paxlike.deploy.flower import supernode
+from paxlike.deploy.flower import flower_patches
 before = (loop.time is time, loop.pull_objects is inflatable_utils.pull_objects)
-supernode.shorten_waits()
+assert flower_patches.apply('supernode')
 began = time.monotonic()
 loop.time.sleep(3)  # The loop's sleep after a pull that found no message.
 print(json.dumps({'before': before, 'slept': time.monotonic() - began,

@@ -1,11 +1,12 @@
-"""Flower 1.42's waits, shortened where a message would otherwise sit idle.
+"""Shorter waits for the ServerApp's replies and for a message's arrays (docs/flower.md,
+"Polling", has the measurements).
 
-- `PolledGrid`: the ServerApp collects replies every 0.1 s; `Grid.send_and_receive` sleeps 3 s
-  between pulls, so a reply waited on average 1.5 s (per round, per SecAgg+ stage) after it
-  arrived at the SuperLink.
-- `sooner`: a message is listed (to a SuperNode, its ClientApp, or the ServerApp) before its
-  arrays have arrived, and Flower's pull of a missing array retries after 1 s, then 2 s, ...
-  up to 10 s; sooner's retries wait PULL_BACKOFF seconds, doubling up to PULL_BACKOFF_CAP.
+- `PolledGrid`: the ServerApp collects replies every POLL seconds through the Grid's own
+  `push_messages` and `pull_messages`, where `Grid.send_and_receive` sleeps 3 s between pulls.
+- `sooner`: Flower lists a message (to a SuperNode, its ClientApp or the ServerApp) before its
+  arrays have arrived, and retries a missing array's pull after 1 s, then 2 s, up to 10 s;
+  sooner's retries wait PULL_BACKOFF seconds, doubling up to PULL_BACKOFF_CAP, through the
+  pull functions' own backoff keywords. flower_patches.py puts it where Flower pulls.
 """
 
 from __future__ import annotations
@@ -25,13 +26,6 @@ def sooner(pull: Callable[..., Any]) -> Callable[..., Any]:
   """Flower's `pull_objects` or `pull_and_inflate_object_from_tree`, retrying a missing array
   after PULL_BACKOFF seconds, doubling up to PULL_BACKOFF_CAP."""
   return functools.partial(pull, initial_backoff=PULL_BACKOFF, backoff_cap=PULL_BACKOFF_CAP)
-
-
-def pull_replies_sooner() -> None:
-  """This process's ServerApp Grid (Flower's HTTP one) pulls a reply's arrays `sooner`."""
-  from flwr.superlink.grid import http_grid
-  if not isinstance(http_grid.pull_objects, functools.partial):
-    http_grid.pull_objects = sooner(http_grid.pull_objects)
 
 
 class PolledGrid:

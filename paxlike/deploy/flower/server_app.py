@@ -29,8 +29,9 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from paxlike.deploy.flower import (evaluate, membership, once, polling, progress, records,
-                                   rounds, secure, secure_round, slot_versions)
+from paxlike.deploy.flower import (evaluate, flower_patches, membership, once, polling,
+                                   progress, records, rounds, secure, secure_round,
+                                   slot_versions)
 
 app = ServerApp()
 
@@ -203,7 +204,7 @@ def main(grid: Grid, context: Context) -> None:
   from paxlike.export import run as executor
   from paxlike.trainer import privacy
   grid = polling.polled(grid)  # Replies collected every 0.1 s, not Flower's 3 s.
-  polling.pull_replies_sooner()
+  flower_patches.apply('server_app')
   settings = context.run_config
   export_dir, out = str(settings['export-dir']), Path(str(settings['out-dir']))
   plan = (ex := executor.load(export_dir)).plan

@@ -130,17 +130,10 @@ def become_clientapp(request: dict, fds: list[int]) -> NoReturn:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     sys.argv = ['flwr-clientapp', *request['argv'][1:]]
-    _retry_pulls_sooner()
+    from paxlike.deploy.flower import flower_patches
+    flower_patches.apply('client_app')  # Its SuperNode lists the message before its arrays.
     sys.modules['flwr.supernode.cli.flwr_clientapp'].flwr_clientapp()
   forked_child.exit_as_main(clientapp)
-
-
-def _retry_pulls_sooner() -> None:
-  """The ClientApp pulls its message's arrays `polling.sooner`: its SuperNode lists the message
-  before it has pulled them, and a forked ClientApp asks at once."""
-  from paxlike.deploy.flower import polling
-  run = importlib.import_module('flwr.supernode.runtime.run_clientapp')
-  run.pull_and_inflate_object_from_tree = polling.sooner(run.pull_and_inflate_object_from_tree)
 
 
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
