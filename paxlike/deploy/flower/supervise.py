@@ -1,15 +1,12 @@
-"""What the local launcher does while a run is in flight, because it owns the federation's
-processes and so learns of a death at once, where Flower learns of it only when heartbeats stop
-(its SuperLink tolerates 2 x 30 s, fixed in flwr 1.42's constants, for nodes and ServerApps):
+"""What the local launcher does while a run is in flight. It owns the federation's processes, so
+it learns of a death when it happens, where Flower learns of it only when heartbeats stop
+(docs/flower.md, "Flower 1.42 details this relies on"):
 
 - a SuperNode process that exited is unregistered from the SuperLink (`flwr supernode
   unregister`, what an operator does for a node that is gone): the SuperLink marks it offline,
   so the ServerApp's message to it comes back as an error and the node is lost in that round;
 - the run's ServerApp process that exited while `flwr run --stream` still streams is stopped
   (`flwr stop`), which ends the stream, so the launcher submits the app again at once.
-
-A real deployment has no such supervisor: there a lost node costs the round's timeout or
-Flower's heartbeat patience, whichever ends first, and a dead ServerApp Flower's task heartbeat.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A warm launcher for Flower's `flwr-clientapp`: a server that has imported what a ClientApp
 process imports (Flower, JAX, paxlike's ClientApp) and forks one child per message, in place of
-the fresh process a SuperNode's `flower-superexec` starts for every message (3-5 s of imports).
+the fresh process a SuperNode's `flower-superexec` starts for every message, which imports it
+all again (docs/flower.md, "The warm ClientApp launcher", has what that costs).
 
   python -m paxlike.deploy.flower.warm_clientapp --socket PATH --bin-dir DIR
 
