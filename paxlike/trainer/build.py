@@ -17,7 +17,7 @@ from paxlike.config import config_io
 from paxlike.core import program_store
 from paxlike.errors import UserError
 from paxlike.trainer.task import Task
-from paxlike.trainer import grpo, grpo_step, privacy
+from paxlike.trainer import objectives, privacy
 from paxlike.trainer.evaluator import Evaluator, build_evaluator
 from paxlike.trainer.program import Kept, Program, compile_train_step, place
 from paxlike.trainer.reporters import Reporters, build_reporters
@@ -28,13 +28,15 @@ from paxlike.trainer.train_state import TrainState
 class Trainer:
   """A task with what runs it: `program` (mesh, shardings, init, abstract state, data block),
   `step` (the compiled train step) with its `reporters` (throughput and privacy of each row),
-  both None when not asked for, and `evaluator` (None when not asked for)."""
+  both None when not asked for, `evaluator` (None when not asked for), and the task's
+  `objective` (objectives.for_task)."""
 
   task: Task
   program: Program
   step: Callable[..., tuple[TrainState, dict]] | None
   evaluator: Evaluator | None
   reporters: Reporters | None
+  objective: objectives.Objective
 
 
 class KeptAs(NamedTuple):
@@ -68,13 +70,15 @@ def setup(task: Task, *, train_step: bool = True, evaluator: bool = True,
   store = None if kept_as is None else program_store.current(program_store.TRAIN_DIRNAME)
   kept = None if store is None else Kept(store, kept_as)
   program = place(task, kept)
-  step, trained = None, program  # A GRPO step samples, then trains on its own batch shape.
-  if train_step:
-    step, trained = (grpo_step.build(task, program) if grpo.is_grpo(task) else
+  objective = objectives.of_task(task)
+  step, trained = None, program  # An objective's own step (GRPO's samples first) may place
+  if train_step:                 # its batches by a program of its own.
+    step, trained = (objective.train_step(task, program) if objective.train_step else
                      (_fitting(compile_train_step, task, program, kept), program))
   return Trainer(task=task, program=program, step=step,
                  evaluator=build_evaluator(task, program, kept) if evaluator else None,
-                 reporters=build_reporters(task, trained, accountant) if train_step else None)
+                 reporters=build_reporters(task, trained, accountant) if train_step else None,
+                 objective=objective)
 
 
 def _check_trainable(task: Task) -> None:

@@ -16,7 +16,7 @@ from paxlike.core import partitioning
 from paxlike.core.trainable import TrainableMask
 from paxlike.data.sources import ClientEval
 from paxlike.federated.clients import fine_tuned
-from paxlike.trainer import evaluation, grpo, grpo_eval, losses, preference
+from paxlike.trainer import evaluation, losses, objectives
 from paxlike.trainer.program import Kept, Program, compiled, placed_spec
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import TrainState, ema_params
@@ -35,7 +35,7 @@ class Evaluator:
   batch_size: int
   rows: slice                     # The rows of each eval batch this process loads.
   personalized: Callable[[Any], dict[str, float]] | None = None  # Eval after fine-tuning.
-  rewarded: Callable[[Any], dict[str, float]] | None = None  # GRPO's held-out reward.
+  held_out: Callable[[Any], dict[str, float]] | None = None  # The objective's (GRPO: reward).
   trainable: TrainableMask | None = None
 
   def evaluate(self, alg_state: Any) -> tuple[dict[str, float], Table]:
@@ -52,35 +52,31 @@ class Evaluator:
     metrics, table = evaluation.finish(totals, self.client_eval)
     if self.personalized is not None:
       metrics.update(self.personalized(alg_state.params))
-    if self.rewarded is not None:
-      metrics.update(self.rewarded(alg_state.params))
+    if self.held_out is not None:
+      metrics.update(self.held_out(alg_state.params))
     return metrics, table
 
   def evaluate_state(self, state: TrainState) -> tuple[dict[str, float], Table]:
     """`evaluate` of the params and, with an EMA, its pooled metrics as `ema_*` (the same
-    compiled eval on the EMA params; no per-client table, personalization or GRPO reward)."""
+    compiled eval on the EMA params; no per-client table, personalization or the objective's
+    own held-out metrics)."""
     evals, clients = self.evaluate(state.alg)
     ema = ema_params(state, self.trainable)
     if ema is not None:
-      ema_evals, _ = dataclasses.replace(self, personalized=None, rewarded=None).evaluate(
+      ema_evals, _ = dataclasses.replace(self, personalized=None, held_out=None).evaluate(
           state.alg._replace(params=ema))
       evals.update({f'ema_{k}': v for k, v in ema_evals.items() if k != 'clients_evaluated'})
     return evals, clients
 
 
 def build_evaluator(task: Task, program: Program, kept: Kept | None = None) -> Evaluator:
-  """The evaluator of `task` placed as `program`, its eval step compiled for the mesh (kept
-  where `kept` says)."""
-  data, mesh = task.data, program.mesh
+  """The evaluator of `task` placed as `program`: its objective's eval step compiled for the
+  mesh (kept where `kept` says) and held-out metrics."""
+  data, mesh, objective = task.data, program.mesh, objectives.of_task(task)
   client_eval = data.client_eval()
   eval_batch = program.eval_batch_spec  # Read once, by `place`.
   sharding = partitioning.eval_batch_sharding(mesh)
-  if task.loss is not None and not grpo.is_grpo(task):  # Pairs: the preference loss, rewards.
-    step = preference.eval_step(task.model, task.loss)
-  else:
-    step = evaluation.eval_step(task.model, data.item,
-                                client_eval.num_groups if client_eval else 1,
-                                program.algorithm.ensemble)
+  step = objective.eval_step(task, program, client_eval.num_groups if client_eval else 1)
   with jax.set_mesh(mesh), nn.logical_axis_rules(program.rules):
     step = compiled(jax.jit(step), (
         program.abstract_state.alg, jax.tree.map(lambda x: placed_spec(x, sharding), eval_batch),
@@ -92,6 +88,6 @@ def build_evaluator(task: Task, program: Program, kept: Kept | None = None) -> E
                    rows=partitioning.process_block(sharding, (batch_size,))[0],
                    personalized=evaluation.personalization(task, client_eval, fine_tuned(
                        losses.model_loss_fn(task.model), task.optimizer)),
-                   rewarded=(grpo_eval.held_out_reward(task, program) if grpo.is_grpo(task)
+                   held_out=(objective.held_out(task, program) if objective.held_out
                              else None),
                    trainable=program.trainable)

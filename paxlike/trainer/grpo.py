@@ -1,6 +1,7 @@
 """GRPO on the trainer: the loss (grpo_loss.py's objective as a LossFn of an LM), the scores a
 sampled batch needs before its update (advantages, the sampling policy's and the reference's
-log-probabilities), and the batch of prompts + completions the update trains on.
+log-probabilities), and the batch of prompts + completions the update trains on. The trainer
+finds them through GRPO's objective record (objectives/grpo.py).
 
 A training batch holds N = B * G sequences (prompt i's G completions in rows i*G .. i*G+G-1):
 `inputs`/`targets` int32 [N, T] (prompt + completion, shifted by one; T = data.seq_len +
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paxlike.core.loss import LossFn, MaskedMeanLoss
+from paxlike.core.loss import MaskedMeanLoss
 from paxlike.errors import UserError
 from paxlike.trainer import losses, preference
 from paxlike.trainer.grpo_loss import GrpoLoss, group_advantages, token_terms, token_weights
@@ -35,24 +36,9 @@ SAMPLE_METRICS = ('reward', 'reward_std', 'reward_max', 'completion_length')
 METRICS = (*LOSS_METRICS, *SAMPLE_METRICS)
 
 
-def is_prompt_data(data: Any) -> bool:
-  """Whether `data` gives prompts to sample from (DataSource.batch_kind)."""
-  return data is not None and data.batch_kind == 'prompts'
-
-
-def is_grpo(task: Any) -> bool:
-  return isinstance(getattr(task, 'loss', None), GrpoLoss)
-
-
-def check_task(model: nn.Module, loss: Any, data: Any) -> None:
-  """UserError when GRPO's parts disagree: prompt data without a GRPO loss or the reverse, a
-  KL term without LoRA (no reference), or a prompt plus completion past the model's context."""
-  if not isinstance(loss, GrpoLoss):
-    raise UserError(f'{type(data).__name__} gives prompts, which train with GRPO: set '
-                    'loss=GrpoLoss(reward_fns=...) (an experiment that has one: lm.GrpoTiny)')
-  if data is not None and not is_prompt_data(data):
-    raise UserError(f'a GRPO loss samples completions of prompts; {type(data).__name__} gives '
-                    'none (use PromptData)')
+def check_task(model: nn.Module, loss: GrpoLoss, data: Any) -> None:
+  """UserError when GRPO's parts disagree: a KL term without LoRA (no reference), or a prompt
+  plus completion past the model's context."""
   if loss.beta > 0 and not getattr(model, 'lora_rank', 0):
     raise UserError('GRPO with loss.beta > 0 keeps the policy near a reference model, the base '
                     'with the LoRA adapters off: set model.lora_rank > 0, or loss.beta=0 to '
@@ -63,15 +49,6 @@ def check_task(model: nn.Module, loss: Any, data: Any) -> None:
       raise UserError(f'a prompt of data.seq_len={data.seq_len} tokens plus '
                       f'loss.max_completion_length={loss.max_completion_length} takes {needed} '
                       f'positions, past model.max_len={model.max_len}')
-
-
-def task_loss_fn(model: nn.Module, loss: Any, data: Any = None) -> LossFn:
-  """A task's training loss: GRPO's for a GrpoLoss or prompt data, else the preference or the
-  model's own (preference.task_loss_fn)."""
-  if isinstance(loss, GrpoLoss) or is_prompt_data(data):
-    check_task(model, loss, data)
-    return grpo_loss_fn(model, loss)
-  return preference.task_loss_fn(model, loss, data)
 
 
 def token_logps(model: nn.Module, params: Any, batch: losses.Batch, temperature: float,

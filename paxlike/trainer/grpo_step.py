@@ -35,9 +35,7 @@ from jax.sharding import Mesh
 
 from paxlike.core import partitioning
 from paxlike.decode import engine
-from paxlike.errors import UserError
 from paxlike.trainer import grpo, grpo_samples, rewards
-from paxlike.trainer.grpo_loss import GrpoLoss
 from paxlike.trainer.program import Program, compile_train_step, placed_spec
 from paxlike.trainer.task import Task
 
@@ -216,8 +214,6 @@ def train_program(task: Task, program: Program) -> Program:
 
 def build(task: Task, program: Program) -> tuple[GrpoStep, Program]:
   """The GRPO step of `task` placed as `program`, and its training program (for reporters)."""
-  if not isinstance(task.loss, GrpoLoss):
-    raise UserError('a GRPO step needs loss=GrpoLoss(...)')
   trained = train_program(task, program)
   with jax.set_mesh(program.mesh):
     score = jax.jit(grpo.scorer(task.model, task.loss))

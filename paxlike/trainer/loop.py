@@ -22,7 +22,7 @@ from paxlike.data.prefetch import Prefetcher
 from paxlike.errors import RunFailure
 from paxlike.trainer.task import Task
 from paxlike.core import partitioning
-from paxlike.trainer import checkpoint, grpo, init_from, preference_loss
+from paxlike.trainer import checkpoint, init_from, objectives
 from paxlike.trainer.build import Trainer
 from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.trainer.restore_fallback import Fallback
@@ -30,11 +30,6 @@ from paxlike.trainer.preemption import StopSignal
 from paxlike.trainer.program import Program
 from paxlike.trainer.summaries import RunWriter, status
 from paxlike.trainer.train_state import FINITE, TrainState, with_hyperparams
-
-
-# Logged as the mean over the steps since the previous row (a step's own value is noisy).
-MEAN_METRICS = ('loss', 'accuracy', *preference_loss.METRICS, *grpo.METRICS)
-MEAN_PREFIXES = ('reward/',)  # GRPO's reward of each of several reward functions.
 
 
 @jax.jit
@@ -138,7 +133,8 @@ def _run_steps(trainer: Trainer, checkpoints: Checkpoints, writer: RunWriter, st
   """Steps `start + 1` to `train.num_steps` (or to a stop signal): the last row written."""
   cfg, program = trainer.task.train, trainer.program
   last_row: dict[str, Any] = {}
-  # Device-side sums of MEAN_METRICS over the steps since the last row, checkpointed (exactly:
+  # Device-side sums of the loss and the objective's metrics (logged as the means over the
+  # steps since the previous row: a step's own value is noisy), checkpointed (exactly:
   # float32 -> JSON float -> float32) so that a resume between rows logs the uninterrupted means.
   sums = {k: np.float32(v) for k, v in meta.get('metric_sums', {}).items()}
   count = meta.get('metric_steps', 0)
@@ -151,8 +147,7 @@ def _run_steps(trainer: Trainer, checkpoints: Checkpoints, writer: RunWriter, st
       host = host_rounds.get(step)
       waited += time.perf_counter() - asked
       state, metrics = trainer.step(state, *round_inputs(trainer, step, host))
-      means = {k: v for k, v in metrics.items()
-               if k in MEAN_METRICS or k.startswith(MEAN_PREFIXES)}
+      means = objectives.mean_metrics(trainer.objective, metrics)
       sums, count = (_add_metrics(sums, means) if count else means), count + 1
       if step % cfg.log_every == 0 or step % cfg.eval_every == 0 or step == cfg.num_steps:
         now = time.perf_counter()
@@ -202,8 +197,8 @@ def train(trainer: Trainer, job_dir: Path, *, restore_fallback: Fallback = 'off'
   if start == 0 and cfg.init_from is not None and primary:
     init_from.write_record(job_dir, init_from.source_record(cfg.init_from))
   writer = RunWriter(job_dir, start, cfg.num_steps, primary=primary)
-  if grpo.is_grpo(task):  # Its samples beside the rows, from the restored step on.
-    trainer.step.log.open(job_dir, start, primary)
+  if trainer.objective.open_run is not None:  # Its files beside the rows (GRPO's samples).
+    trainer.objective.open_run(trainer.step, job_dir, start, primary)
   try:
     last_row = _run_steps(trainer, checkpoints, writer, start, state, meta)
   except BaseException:

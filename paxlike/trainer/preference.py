@@ -1,5 +1,6 @@
 """Preference tuning on the trainer: a task's `loss` (preference_loss.PreferenceLoss) as the
-LossFn of an LM on pair batches, and its held-out evaluation.
+LossFn of an LM on pair batches, and its held-out evaluation (found through the preference
+objective's record, objectives/preference.py).
 
 A pair batch (paxlike/data/preference_data.py) holds 2P sequences [2P, T]: row 2i is pair i's
 chosen sequence and row 2i + 1 its rejected one, each prompt + completion + EOS, padded; `mask`
@@ -18,7 +19,6 @@ import jax
 import jax.numpy as jnp
 from clu import metrics as clu_metrics
 
-from paxlike.errors import UserError
 from paxlike.layers import lora
 from paxlike.trainer import losses, reference
 from paxlike.trainer.evaluation import named_average
@@ -102,29 +102,6 @@ def preference_loss_fn(model: nn.Module, loss: PreferenceLoss) -> losses.MaskedM
     return (jnp.sum(jnp.where(valid > 0, value, 0.0)),
             (jnp.sum(valid), {k: jnp.sum(v * valid) for k, v in metrics.items()}))
   return losses.MaskedMeanLoss(sums)
-
-
-def is_pair_data(data: Any) -> bool:
-  """Whether `data` gives preference pairs (DataSource.batch_kind)."""
-  return data is not None and data.batch_kind == 'pairs'
-
-
-def task_loss_fn(model: nn.Module, loss: PreferenceLoss | None, data: Any = None
-                 ) -> losses.LossFn:
-  """A task's training loss: the model's own (losses.model_loss_fn) without `loss`, else the
-  preference loss. UserError when the data's kind and the loss disagree."""
-  if loss is None:
-    if is_pair_data(data):
-      raise UserError(f'{type(data).__name__} gives preference pairs, which train with a '
-                      "preference loss: set loss=PreferenceLoss(kind='dpo', ...) (--fdl_set="
-                      'loss.kind=dpo on an experiment that has one, e.g. lm.DpoTiny)')
-    return losses.model_loss_fn(model)
-  if not isinstance(loss, PreferenceLoss):
-    raise UserError(f'Task.loss must be None or a PreferenceLoss, got {type(loss).__name__}')
-  if data is not None and not is_pair_data(data):
-    raise UserError(f'loss.kind={loss.kind!r} trains on preference pairs; '
-                    f'{type(data).__name__} gives none (use PreferenceData)')
-  return preference_loss_fn(model, loss)
 
 
 # Eval: the same per-pair values over the held-out pairs, with clu averages; metric fields

@@ -26,8 +26,7 @@ from paxlike.core.loss import LossFn
 from paxlike.core.trainable import TrainableMask
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
-from paxlike.trainer import reference
-from paxlike.trainer.grpo import task_loss_fn
+from paxlike.trainer import objectives, reference
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
                                          init_state, train_step, with_hyperparams)
@@ -86,8 +85,9 @@ class Program:
 
 def trainable_mask(task: Task) -> TrainableMask | None:
   """LoRA's `lora_mask` when the model has adapters (`model.lora_rank` > 0); every leaf but
-  the frozen reference copy for a full fine-tune's DPO (reference.py); else None (all)."""
-  if reference.needs_copy(task.model, task.loss):
+  the frozen reference copy where the objective keeps one (a full fine-tune's DPO:
+  reference.py); else None (all)."""
+  if objectives.of_task(task).reference_copy(task.model, task.loss):
     return reference.policy_mask
   return adapter_mask(task)
 
@@ -218,13 +218,15 @@ def place(task: Task, kept: Kept | None = None) -> Program:
   inputs = spec.eval['inputs']
   sample = np.zeros((1, *inputs.shape[1:]), inputs.dtype)  # init_params reads one row's shape.
   partitioning.check_divisible(mesh, data.num_slots, data.batch_size, inputs.shape[0])
-  loss_fn = task_loss_fn(_pipelined_model(task, mesh, data.batch_size), task.loss, data)
+  loss_fn = objectives.task_loss_fn(_pipelined_model(task, mesh, data.batch_size), task.loss,
+                                    data)
   trainable = trainable_mask(task)
   algorithm = build_algorithm(task, loss_fn, trainable)
   rules = partitioning.rules_for_mesh(task.mesh.rules, mesh)
   batch_sharding = partitioning.round_batch_sharding(mesh)
   # A full fine-tune's DPO keeps a frozen copy of the initial params beside them (reference.py).
-  finish = reference.attach if reference.needs_copy(task.model, task.loss) else (lambda p: p)
+  keeps_copy = objectives.of_task(task).reference_copy(task.model, task.loss)
+  finish = reference.attach if keeps_copy else (lambda p: p)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     model_params = made(functools.partial(_abstract_params, task, sample), kept,
                         f'abstract_params{sample.shape}', mesh)

@@ -22,7 +22,7 @@ from paxlike.core.partitioning import MeshConfig
 from paxlike.data.sources import DataSource
 from paxlike.errors import UserError
 from paxlike.families import family_of
-from paxlike.trainer.grpo import task_loss_fn
+from paxlike.trainer.objectives import task_loss_fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Task:
   experiment: str | None = None  # The registered key the CLI built this config from.
   # A preference loss (paxlike.trainer.preference_loss.PreferenceLoss) for pair data, or GRPO's
   # (paxlike.trainer.grpo_loss.GrpoLoss) for prompt data; None: the model's own loss
-  # (paxlike.trainer.grpo.task_loss_fn).
+  # (paxlike.trainer.objectives: the config's type picks the objective).
   loss: Any = None
 
   def __post_init__(self):

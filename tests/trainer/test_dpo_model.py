@@ -15,7 +15,7 @@ from paxlike.data import LmData
 from paxlike.data.preference_data import PreferenceData
 from paxlike.errors import UserError
 from paxlike.layers import TransformerLM
-from paxlike.trainer import preference, reference
+from paxlike.trainer import objectives, preference, reference
 from paxlike.trainer.preference_loss import PreferenceLoss
 
 BASE = TransformerLM(vocab_size=64, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_len=16)
@@ -166,9 +166,9 @@ def test_a_full_fine_tune_scores_against_its_frozen_copy():
 
 def test_mismatched_loss_and_data_are_one_line_errors():
   with pytest.raises(UserError, match='train with a preference loss'):
-    preference.task_loss_fn(LORA, None, PreferenceData(files='pairs.jsonl'))
+    objectives.task_loss_fn(LORA, None, PreferenceData(files='pairs.jsonl'))
   with pytest.raises(UserError, match='trains on preference pairs'):
-    preference.task_loss_fn(LORA, PreferenceLoss(), LmData())
+    objectives.task_loss_fn(LORA, PreferenceLoss(), LmData())
 
 
 def test_padding_pairs_are_left_out_of_the_means():
