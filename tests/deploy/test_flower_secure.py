@@ -1,10 +1,10 @@
 """`--secure_aggregation`: the plan's sums through Flower's SecAgg+ (secure.py). Fast: what a
 node sends and how the server reads the unmasked sum, through Flower's own quantization, stay
 within `sum_error_bound`; plans whose clients keep individual values are refused in one line.
-Slow, on one secure federation of three nodes (made once): its first DigitsFedAvg round through
+Slow, on one secure federation of four nodes (made once): its first DigitsFedAvg round through
 the SecAgg+ workflow and mods equals the reference executor's within the bound that
 quantization leaves, and differs from it (the sums really were quantized); a node killed during
-its second round is left out and the round runs again among the other two. Federated LoRA
+its second round is left out and the round runs again among the other three. Federated LoRA
 through SecAgg+ sends its frozen base once and equals the simulation."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_plans_whose_clients_keep_individual_values_are_refused_in_one_line():
 
 
 CLI_TINY = fp.CLI_TINY
-NODES = 3  # Node k holds clients k, k + NODES, ...: node 1 is the one killed.
+NODES = 4  # Node k holds clients k, k + NODES, ...: node 1 is the one killed, 3 stay.
 
 
 def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -208,12 +208,12 @@ def test_a_secure_round_equals_the_executor_within_the_quantization_bound(export
       np.testing.assert_array_equal(final[name], last[name], err_msg=name)
 
 
-@pytest.mark.slow  # Three nodes through SecAgg+ for two rounds, one of them run twice.
+@pytest.mark.slow  # Four nodes through SecAgg+ for two rounds, one of them run twice.
 def test_a_node_killed_during_a_secure_round_is_left_out_and_the_round_runs_again(export,
                                                                                   federation):
-  """Node 1 of 3, stopped inside round 2 and then killed (`_run_and_kill_node1`): the launcher
+  """Node 1 of 4, stopped inside round 2 and then killed (`_run_and_kill_node1`): the launcher
   unregisters it, SecAgg+ halts for want of its shares, and the ServerApp runs round 2 again
-  among nodes 0 and 2 with node 1's slots dropped. Both rounds equal the reference executor on
+  among nodes 0, 2 and 3 with node 1's slots dropped. Both rounds equal the reference executor on
   the cohorts the rows record, within the quantization's bound."""
   out = federation
   cohorts = fp.rows(out / 'server' / 'cohorts.jsonl')
@@ -222,7 +222,9 @@ def test_a_node_killed_during_a_secure_round_is_left_out_and_the_round_runs_agai
   assert cohorts[0]['dropped_slots'] == []
   assert cohorts[1]['dropped_slots'] == [s for s, c in enumerate(cohorts[1]['cohort'])
                                          if c % NODES == 1]
-  assert [r['nodes'] for r in rows] == [3, 2] and [r['clients_lost'] for r in rows] == [0, 2]
+  lost = len([c for c in range(5) if c % NODES == 1])
+  assert [r['nodes'] for r in rows] == [NODES, NODES - 1]
+  assert [r['clients_lost'] for r in rows] == [0, lost]
   assert 'node node1 exited (-9); unregistered' in (out / 'logs' / 'supervisor.log').read_text()
   task = config_io.build(config_io.load_file(out / 'config.json'))
   assert_rows_within_secagg_bound(task, rows, cohorts, executor_rounds(task, export, cohorts))

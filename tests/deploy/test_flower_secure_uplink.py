@@ -3,7 +3,8 @@ in-process stand-in Grid (tests/deploy/local_grid.py, Flower's own secaggplus_mo
 when a node is lost during the round, SecAgg+ runs again among the others, and a plain mean (the
 clients' learning rate, 0.1 on every client) is their sum divided by the slots still held, as
 the plain path's mean over the replies, not by the cohort's slots (issue 72.5: before, only the
-end-to-end test reached that line, with a tolerance on loss and accuracy that could not tell)."""
+end-to-end test reached that line, with a tolerance on loss and accuracy that could not tell).
+A loss that leaves 2 nodes stops the run instead: SecAgg+ over 2 hides nothing between them."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from paxlike.export.__main__ import export_experiment
 from tests.deploy.local_grid import FIRST_NODE, LocalGrid
 from tests.export.export_task import digits
 
-NODES, CLIENTS = 3, 6
+NODES, CLIENTS = 4, 6  # Nodes 0 and 1 hold two clients, 2 and 3 one.
 
 
 @pytest.fixture(autouse=True)
@@ -44,8 +45,9 @@ def exported(tmp_path_factory) -> tuple[object, Path, Path]:
   return cfg, root / 'export', root / 'config.json'
 
 
-def _uplink(exported, tmp_path: Path, secure: bool, lost: int, step: int = 1):
-  """Round `step`'s uplink on NODES in-process nodes, node `lost` answering nothing from its
+def _uplink(exported, tmp_path: Path, secure: bool, lost: int, step: int = 1,
+            nodes: int = NODES):
+  """Round `step`'s uplink on `nodes` in-process nodes, node `lost` answering nothing from its
   first message of the round on: (the aggregates, what the round did, the cohort)."""
   cfg, export, config = exported
   tmp_path.mkdir()
@@ -53,7 +55,7 @@ def _uplink(exported, tmp_path: Path, secure: bool, lost: int, step: int = 1):
   contexts = {FIRST_NODE + k: SimpleNamespace(state=RecordDict(), node_config={
       'export-dir': str(export), 'config': str(config), 'log': str(tmp_path / f'node{k}.jsonl'),
       'clients': ','.join(map(str, clients))})
-      for k, clients in enumerate(rounds.clients_of_nodes(CLIENTS, NODES))}
+      for k, clients in enumerate(rounds.clients_of_nodes(CLIENTS, nodes))}
   grid = LocalGrid(contexts, {lost: step}, secure)
   ex = executor.load(export)
   identity = {'config_sha256': ex.plan['config_sha256'],
@@ -96,3 +98,14 @@ def test_a_secure_plain_mean_with_a_lost_nodes_slots_is_divided_by_the_slots_hel
   assert abs(float(secure[mean]) - float(plain[mean])) <= bound + 1e-7, (secure[mean], bound)
   # Divided by the cohort's slots instead, it would be off by far more than the bound.
   assert abs(float(plain[mean]) * held / len(cohort) - float(plain[mean])) > 100 * bound
+
+
+def test_a_secure_round_left_with_two_nodes_stops_the_run_in_one_line(exported, tmp_path):
+  """3 nodes, one lost during round 1: SecAgg+ halts, and running it again among the other two
+  would let each learn the other's contribution (the sum less its own), so the round fails.
+  Before: it ran again among the two (secagg_attempts 2)."""
+  with pytest.raises(RuntimeError) as stopped:
+    _uplink(exported, tmp_path / 'secure', True, FIRST_NODE + 1, nodes=3)
+  message = str(stopped.value)
+  assert message == ('round 1: 2 of the nodes left for SecAgg+, which needs 3 to hide a node\'s '
+                     'contribution from the others; the run stops at its last checkpoint')

@@ -5,7 +5,7 @@ seed, cohort size and sampling), `out-dir` (rows, checkpoints and node events go
 `rounds` (the run's last round, counted from the export's start), `timeout` (seconds a round,
 or the nodes joining, may take) and `secure-aggregation` (1: the sums go through SecAgg+,
 secure.py; every node takes part in every round, and a node lost during one halts SecAgg+,
-which then runs the round again among the nodes still connected).
+which then runs the round again among the nodes still connected, if at least 3 are).
 
 It resumes from the newest Orbax checkpoint in `out-dir` (or starts from the export's state),
 asks the nodes which clients they hold (membership.py), then per round: runs server_pre on the
@@ -158,9 +158,14 @@ def _secure_sums_of_live_nodes(grid: Grid, context: Context, members: membership
   attempts it took. A node lost during the round halts SecAgg+ (every node's masks must be
   removed); the round then runs again among the nodes still connected, the lost node's slots
   dropped from `by_node` (weight 0, as the plain path drops them). A halt with no node lost is
-  raised."""
+  raised, and so is a round left with fewer than secure.MIN_NODES nodes (RuntimeError, one
+  line): each of two would learn the other's contribution."""
   attempt = 1
   while True:
+    if len(by_node) < secure.MIN_NODES:
+      raise RuntimeError(f'round {step}: {len(by_node)} of the nodes left for SecAgg+, which '
+                         f'needs {secure.MIN_NODES} to hide a node\'s contribution from the '
+                         'others; the run stops at its last checkpoint')
     try:
       sums, sent_down = secure_round.secure_sums(grid, context, by_node, draw.live, step, scales,
                                                  timeout)
