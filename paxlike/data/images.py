@@ -156,12 +156,8 @@ class ImageData(sources.DataSource):
 
   @functools.cached_property
   def client_sizes(self) -> np.ndarray:
+    """Each client's training examples."""
     return partition.client_sizes(self.clients)
-
-  @property
-  def num_slots(self) -> int:
-    """The cohort slots a round's batches lead with (`sources.cohort_slots`)."""
-    return sources.cohort_slots(self.sampling, self.clients_per_round, self.num_clients)
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None), cohort: np.ndarray | None = None
@@ -172,8 +168,7 @@ class ImageData(sources.DataSource):
     mask 0 (both are in the STEP_MASK). `cohort`: this round's clients instead of the sampled
     ones (DataSource.round_batches)."""
     sizes, per_client = self.client_sizes, self.local_steps * self.batch_size
-    cohort = (sources.sample_cohort(seed, step, sizes, self.clients_per_round, self.sampling)
-              if cohort is None else sources.checked_cohort(self, cohort, self.num_clients))
+    cohort = self.round_cohort(seed, step, cohort)
     rng = sources.round_rng(seed, step, sources.EXAMPLE_STREAM)
     picks = []
     for c in cohort:

@@ -191,17 +191,13 @@ class LmData(sources.DataSource):
 
   @property
   def client_names(self) -> tuple[str, ...]:
-    """The training clients (the LM family counts a DP run's population by them)."""
+    """The training clients' names (the domains', the natural clients', 'pooled')."""
     return self.train_streams.names
 
   @property
-  def num_slots(self) -> int:
-    """The cohort slots a round's batches lead with (`sources.cohort_slots`; pooled data has
-    no clients to sample, so clients_per_round)."""
-    if self.partition == 'pooled':
-      return self.clients_per_round
-    return sources.cohort_slots(self.sampling, self.clients_per_round,
-                                len(self.train_streams.sizes))
+  def client_sizes(self) -> np.ndarray:
+    """Each training client's bytes (its stream's tokens)."""
+    return self.train_streams.sizes
 
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None), cohort: np.ndarray | None = None
@@ -210,14 +206,7 @@ class LmData(sources.DataSource):
     batch rows `rows` of them) and the whole cohort's FedAvg weights; a Poisson cohort's
     unused slots hold client 0's windows with mask 0 and weight 0. `cohort`: this round's
     clients instead of the sampled ones (DataSource.round_batches)."""
-    s, k = self.train_streams, self.clients_per_round
-    pooled = self.partition == 'pooled'
-    if cohort is not None:
-      cohort = sources.checked_cohort(self, cohort, len(s.sizes), distinct=not pooled)
-    elif pooled:
-      cohort = np.zeros(k, np.int64)
-    else:
-      cohort = sources.sample_cohort(seed, step, s.sizes, k, self.sampling)
+    s, cohort = self.train_streams, self.round_cohort(seed, step, cohort)
     present, member = cohort != sources.PADDED, np.maximum(cohort, 0)
     rng = sources.round_rng(seed, step, sources.EXAMPLE_STREAM)
     sizes = s.sizes[member][:, None, None]

@@ -161,17 +161,11 @@ class PreferenceData(TokenSource):
     rows `rows` of them) and the cohort's weights (its clients' training pairs). `cohort`: this
     round's clients instead of the sampled ones (DataSource.round_batches)."""
     plan, k, steps = self.plan, self.clients_per_round, self.local_steps
-    sizes = plan['client_pairs']
-    pooled = self.partition == 'pooled'
-    if cohort is not None:
-      cohort = sources.checked_cohort(self, cohort, len(sizes), distinct=not pooled)
-    else:
-      cohort = (np.zeros(k, np.int64) if pooled else
-                sources.sample_cohort(seed, step, sizes, k, self.sampling))
+    cohort = self.round_cohort(seed, step, cohort)
     slots = np.arange(len(cohort))[clients][:, None, None]
     local = np.arange(steps)[None, :, None]
     row = np.arange(self.batch_size)[None, None, :]
-    rounds = step * k + slots if self.partition == 'pooled' else np.full_like(slots, step)
+    rounds = step * k + slots if self.pooled else np.full_like(slots, step)
     positions = (rounds * steps + local) * self.batch_size + row
     member = np.broadcast_to(cohort[slots], positions.shape)
     picked = shuffled_rows(seed, member, positions, plan['client_rows'])
@@ -181,7 +175,7 @@ class PreferenceData(TokenSource):
     batch = self.pack(needed)
     cut = slice(start - 2 * (start // 2), stop - 2 * (start // 2))
     return ({k: v[:, :, cut] for k, v in batch.items()},
-            sources.cohort_weights(sizes, cohort, self.sampling))
+            sources.cohort_weights(self.client_sizes, cohort, self.sampling))
 
   def _eval_pairs(self) -> np.ndarray:
     """[batches, eval_batch_size] held-out pairs (-1: empty), as TextData's eval rows."""
@@ -197,9 +191,14 @@ class PreferenceData(TokenSource):
     return [{k: v[rows] for k, v in self.pack(pairs).items()} for pairs in self._eval_pairs()]
 
   @property
+  def client_sizes(self) -> np.ndarray:
+    """Each training client's training pairs ('pooled': one client)."""
+    return self.plan['client_pairs']
+
+  @property
   def client_names(self) -> tuple[str, ...]:
     """Each training client's file name or client_field value ('pooled': one)."""
-    if self.partition == 'pooled':
+    if self.pooled:
       return ('pooled',)
     names = (self.store.manifest['files'] if self.partition == 'file' else
              token_store.client_names(self.store))

@@ -112,6 +112,11 @@ class PromptData(TokenizedSource):
   def client_names(self) -> tuple[str, ...]:
     return ('pooled',)
 
+  @property
+  def client_sizes(self) -> np.ndarray:
+    """The one client's training prompts."""
+    return np.array([len(self.split[0])], np.int64)
+
   def stop_id(self) -> int:
     """The token a completion stops at: the chat template's end of turn, else EOS."""
     if self.messages_field is not None:
@@ -135,7 +140,7 @@ class PromptData(TokenizedSource):
     """Step `step`'s prompt batch (module docstring), rows `rows` of it, and weight [1]. Its
     one client is every round's cohort: `cohort` may only say so ([0])."""
     if cohort is not None:
-      sources.checked_cohort(self, cohort, 1)
+      sources.checked_cohort(self, cohort)
     picked = self.prompt_rows(seed, step)
     ids = [self.rows.ids[r] for r in picked.tolist()]
     pad = self.loaded_tokenizer.pad_id or 0

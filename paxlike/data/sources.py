@@ -2,19 +2,17 @@
 
 from collections.abc import Sequence
 import abc
-import dataclasses
 import functools
 import math
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 
 from paxlike.core.batch import STEP_MASK  # Which local steps each slot runs (see there).
+# What sources give, named here too (sources.Batch, sources.Spec, ...): source_types.py.
+from paxlike.data.source_types import Batch, BatchSpec, ClientEval, Item, Spec, spec_of
 from paxlike.errors import RunFailure, UserError
 
-# 'inputs', 'targets', 'mask'; packed text adds 'segment_ids' and 'positions', and Poisson cohorts
-# or stragglers add STEP_MASK (see DataSource.batch_spec).
-Batch = dict[str, np.ndarray]
 SAMPLINGS = ('uniform', 'weighted', 'fixed')
 # With Poisson cohorts: for the sources whose round batches pad its unused slots (images, LM).
 PADDED_SAMPLINGS = (*SAMPLINGS, 'poisson')
@@ -22,52 +20,10 @@ PADDED = -1  # A Poisson cohort's unused slot (weight 0, mask 0).
 # A Poisson cohort's slots: at least mean + 8 sd, and overflowing with probability at most this
 # per round (the exact binomial tail; for a mean of 1 client, 8 sd alone is ~1e-7).
 POISSON_OVERFLOW = 1e-12
-Item = Literal['tokens', 'examples']  # What a batch's mask counts: LM tokens, or examples.
 
 # Distinct streams so that the cohort of a round does not depend on batch shapes, and turning
 # stragglers on changes neither the cohort nor the examples.
 COHORT_STREAM, EXAMPLE_STREAM, STRAGGLER_STREAM = 0, 1, 2
-
-
-@dataclasses.dataclass(frozen=True)
-class ClientEval:
-  """How the pooled eval splits into per-client held-out metrics.
-
-  Every eval target is in one group: `groups[i]` has the shape of eval batch i's mask (-1: in
-  no group). Client c's metric is the `mix[c]`-weighted sum over groups of each group's mean,
-  e.g. groups = LM clients and mix = identity (each client's own held-out text), or groups =
-  classes and mix = each client's training label distribution (the test set reweighted to the
-  client's label mix, exactly in expectation).
-  """
-
-  names: tuple[str, ...]
-  groups: list[np.ndarray]
-  mix: np.ndarray  # float64 [clients, num_groups], rows sum to 1.
-
-  @property
-  def num_groups(self) -> int:
-    return self.mix.shape[1]
-
-
-class Spec(NamedTuple):
-  """The shape and dtype of one array of a batch."""
-
-  shape: tuple[int, ...]
-  dtype: np.dtype
-
-
-class BatchSpec(NamedTuple):
-  """What a round holds, without building one: `round` the batches (leading [slots,
-  local_steps, rows]), `weights` the cohort's [slots], `eval` one eval batch (leading [rows])."""
-
-  round: dict[str, Spec]
-  weights: Spec
-  eval: dict[str, Spec]
-
-
-def spec_of(batch: Batch) -> dict[str, Spec]:
-  """The specs of a built batch's arrays (what `batch_spec` promises)."""
-  return {k: Spec(tuple(v.shape), np.dtype(v.dtype)) for k, v in batch.items()}
 
 
 class DataSource(abc.ABC):
@@ -78,6 +34,10 @@ class DataSource(abc.ABC):
   `vocab_size`, `loaded_tokenizer`, `fingerprint()`, `config_lines()`, `batch_kind`. `prepare()` is
   the one step that reads or builds the data (a corpus's token store and packing plan, a
   dataset's arrays); the trainer calls it once, before it asks for `batch_spec()`.
+
+  Client questions are the source's own: `client_sizes` (and so the number of clients, its
+  length) and `cohort(seed, step, live)`, the one rule that draws a round's clients, which
+  `round_batches`, a deployment's apps and the privacy accountant all ask.
   """
 
   item: ClassVar[Item]
@@ -99,6 +59,39 @@ class DataSource(abc.ABC):
   @abc.abstractmethod
   def row_spec(self) -> dict[str, Spec]:
     """The arrays of one row of a batch: shapes without the leading batch axes."""
+
+  @property
+  @abc.abstractmethod
+  def client_sizes(self) -> np.ndarray:
+    """int [clients]: each training client's size in what it is weighted by (examples,
+    training tokens, pairs), by client id; pooled data is one client. What 'weighted' cohorts
+    draw by and FedAvg weighs by; its length is the number of clients (a DP run's population,
+    a deployment's clients). Reads the data the first time."""
+
+  @property
+  def pooled(self) -> bool:
+    """Whether the data is one pool (client 0) that every cohort slot reads rows of."""
+    return self.partition == 'pooled'
+
+  def cohort(self, seed: int, step: int, live: Sequence[int] | None = None,
+             sizes: np.ndarray | None = None) -> np.ndarray:
+    """int64 [num_slots]: round `step`'s client in each cohort slot (PADDED: none), the one
+    rule rounds are drawn by. Pooled data: client 0 in every slot; else `sample_cohort` by
+    `sampling` among the clients. `live` (a deployment's clients still reachable; None: all)
+    restricts the draw, so that all live gives the same cohort (pooled: every slot PADDED once
+    client 0 is lost). `sizes` (None: `client_sizes`): the sizes to draw by where they are
+    known without the data (a Flower server's, reported by its nodes)."""
+    k = self.clients_per_round
+    if self.pooled:
+      return np.full(k, 0 if live is None or 0 in live else PADDED, np.int64)
+    sizes = self.client_sizes if sizes is None else np.asarray(sizes)
+    return sample_cohort(seed, step, sizes, k, self.sampling, live)
+
+  def round_cohort(self, seed: int, step: int,
+                   cohort: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+    """The cohort `round_batches` draws for: `cohort` when one is given (checked,
+    `checked_cohort`), else the round's own, `cohort(seed, step)`."""
+    return self.cohort(seed, step) if cohort is None else checked_cohort(self, cohort)
 
   @abc.abstractmethod
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
@@ -128,8 +121,11 @@ class DataSource(abc.ABC):
 
   @property
   def num_slots(self) -> int:
-    """The cohort slots a round's batches lead with."""
-    return self.clients_per_round
+    """The cohort slots a round's batches lead with: clients_per_round, or under 'poisson'
+    sampling of clients (pooled data has none to draw) `poisson_slots` of them."""
+    if self.sampling != 'poisson' or self.pooled:
+      return self.clients_per_round
+    return poisson_slots(len(self.client_sizes), self.clients_per_round)
 
   @property
   def rows_per_item(self) -> int:
@@ -189,11 +185,6 @@ def poisson_slots(num_clients: int, k: int) -> int:
   return min(num_clients, bound)
 
 
-def cohort_slots(sampling: str, k: int, num_clients: int) -> int:
-  """The slots a round's batches lead with: `k`, or under 'poisson' `poisson_slots`."""
-  return poisson_slots(num_clients, k) if sampling == 'poisson' else k
-
-
 def poisson_cohort(seed: int, step: int, num_clients: int, k: int) -> np.ndarray:
   """int64 [poisson_slots]: round `step`'s clients, each in independently with probability
   k / num_clients, in increasing order, then PADDED. RunFailure (never truncation) if more
@@ -250,19 +241,18 @@ def _live_cohort(seed: int, step: int, sizes: np.ndarray, k: int, sampling: str,
   return np.concatenate([chosen, np.full(k - drawn, PADDED, np.int64)]).astype(np.int64)
 
 
-def checked_cohort(source: 'DataSource', cohort: Sequence[int] | np.ndarray, num_clients: int,
-                   distinct: bool = True) -> np.ndarray:
+def checked_cohort(source: DataSource, cohort: Sequence[int] | np.ndarray) -> np.ndarray:
   """`cohort` as int64 when it can be `source`'s round: `num_slots` entries, each a client id
-  in [0, num_clients) or PADDED, the clients distinct unless `distinct` is False (a pooled
-  partition's slots all read client 0); else a one-line UserError."""
+  among its `client_sizes` or PADDED, the clients distinct unless the data is pooled (every
+  slot then reads client 0); else a one-line UserError."""
   array = np.asarray(cohort)
-  name, slots = type(source).__name__, source.num_slots
+  name, slots, num_clients = type(source).__name__, source.num_slots, len(source.client_sizes)
   if (array.shape != (slots,) or not (array.size == 0 or np.issubdtype(array.dtype, np.integer))
       or ((array < PADDED) | (array >= num_clients)).any()):
     raise UserError(f'{name}: a cohort must be {slots} client ids in [0, {num_clients}) or '
                     f'{PADDED} (padded), got {np.asarray(cohort).tolist()}')
   real = array[array != PADDED]
-  if distinct and len(np.unique(real)) != len(real):
+  if not source.pooled and len(np.unique(real)) != len(real):
     raise UserError(f'{name}: a cohort holds each client at most once, got {array.tolist()}')
   return array.astype(np.int64)
 

@@ -195,13 +195,6 @@ class TextData(TokenSource):
                              store.manifest['tokenizer']['pad_id'], store.doc_prompt,
                              None if store.trained is None else store.trained_at)
 
-  @property
-  def num_slots(self) -> int:
-    """The cohort slots a round's batches lead with: clients_per_round, or under 'poisson'
-    sampling (never pooled) `sources.poisson_slots` of the clients."""
-    return sources.cohort_slots(self.sampling, self.clients_per_round,
-                                len(self.packed.client_tokens))
-
   def round_batches(self, seed: int, step: int, clients: slice = slice(None),
                     rows: slice = slice(None), cohort: np.ndarray | None = None
                     ) -> tuple[sources.Batch, np.ndarray]:
@@ -210,17 +203,11 @@ class TextData(TokenSource):
     hold client 0's rows with mask 0 (no local step runs) and weight 0. `cohort`: this round's
     clients instead of the sampled ones (DataSource.round_batches)."""
     p, k, steps = self.packed, self.clients_per_round, self.local_steps
-    pooled = self.partition == 'pooled'
-    if cohort is not None:
-      cohort = sources.checked_cohort(self, cohort, len(p.client_tokens), distinct=not pooled)
-    elif pooled:
-      cohort = np.zeros(k, np.int64)
-    else:
-      cohort = sources.sample_cohort(seed, step, p.client_tokens, k, self.sampling)
+    cohort = self.round_cohort(seed, step, cohort)
     slots = np.arange(len(cohort))[clients][:, None, None]
     local = np.arange(steps)[None, :, None]
     row = np.arange(self.batch_size)[rows][None, None, :]
-    rounds = step * k + slots if self.partition == 'pooled' else np.full_like(slots, step)
+    rounds = step * k + slots if self.pooled else np.full_like(slots, step)
     positions = (rounds * steps + local) * self.batch_size + row
     member = np.maximum(cohort, 0)[slots]
     picked = shuffled_rows(seed, np.broadcast_to(member, positions.shape), positions,
@@ -258,9 +245,14 @@ class TextData(TokenSource):
     return sources.ClientEval(self.client_names, groups, np.eye(len(p.client_ids)))
 
   @property
+  def client_sizes(self) -> np.ndarray:
+    """Each training client's training tokens ('pooled': one client)."""
+    return self.packed.client_tokens
+
+  @property
   def client_names(self) -> tuple[str, ...]:
     """Each training client's file name or client_field value ('pooled': one)."""
-    if self.partition == 'pooled':
+    if self.pooled:
       return ('pooled',)
     names = (self.store.manifest['files'] if self.partition == 'file' else
              token_store.client_names(self.store))

@@ -2,8 +2,9 @@
 
 A `Family` is a record of functions, as optax's `GradientTransformation` is a record of `init`
 and `update`: `paxlike.families.family_of(model)` returns the one for a model, and the trainer,
-the evaluator, the statistics, the privacy accountant, decoding and the fiddlers ask it instead
-of testing the model's class. A new kind of model is a new module here with its `FAMILY`.
+the evaluator, the statistics, decoding and the fiddlers ask it instead of testing the model's
+class. A new kind of model is a new module here with its `FAMILY`. Questions about clients are
+the data's (`DataSource.client_sizes` and `cohort`), never a family's.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ class Family(NamedTuple):
   memory_summary(task): per-device memory estimate lines ('' where the family has none).
   mix_ensemble(apply, members, inputs, log_prior): the log-probs of an ensemble of stacked
     members (BTM's experts), as evaluation scores it.
-  population(data): the clients a DP run's cohorts are drawn from (the privacy unit).
   shrink(model_config): makes a model config small, in place (the `tiny` fiddler).
   """
 
@@ -57,7 +57,6 @@ class Family(NamedTuple):
   kernel_line: Callable[[Any, Any], str]
   memory_summary: Callable[[Any], str]
   mix_ensemble: Callable[[Apply, Any, jax.Array, jax.Array], jax.Array]
-  population: Callable[[Any], int]
   shrink: Callable[[Any], None]
 
 

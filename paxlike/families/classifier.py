@@ -50,11 +50,6 @@ def check_data(model: nn.Module, data: Any) -> None:
   check_item(FAMILY, model, data)
 
 
-def population(data: Any) -> int:
-  """The data's training clients (`client_sizes`: one entry per client)."""
-  return len(data.client_sizes)
-
-
 def no_kernel(model: nn.Module, data: Any) -> str:
   del model, data
   return ''
@@ -75,4 +70,4 @@ FAMILY = Family(
     check_data=check_data,
     items_per_step=mask_items, step_flops=step_flops, input_sample=input_sample,
     summary=summary, kernel_line=no_kernel, memory_summary=no_memory_estimate,
-    mix_ensemble=mixture_log_probs, population=population, shrink=unchanged)
+    mix_ensemble=mixture_log_probs, shrink=unchanged)

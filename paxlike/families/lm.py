@@ -73,11 +73,6 @@ def check_data(model: TransformerLM, data: Any) -> None:
                     f'vocab_size={vocab} (its tokenizer\'s ids): set model.vocab_size >= {vocab}')
 
 
-def population(data: Any) -> int:
-  """The data's training clients (`client_names`: speakers, modules, files, field values)."""
-  return len(data.client_names)
-
-
 def shrink(model_config: Any) -> None:
   """One layer (a MoE one, for a MoE model)."""
   model_config.num_layers = 1
@@ -89,7 +84,7 @@ FAMILY = Family(
     name='lm', item='tokens', can_decode=True, complete=complete, check_data=check_data,
     items_per_step=mask_items, step_flops=step_flops, input_sample=input_sample,
     summary=summary, kernel_line=kernel_line, memory_summary=lm_memory.summary,
-    mix_ensemble=ensemble_log_probs, population=population, shrink=shrink)
+    mix_ensemble=ensemble_log_probs, shrink=shrink)
 
 
 def is_lm(model: nn.Module | type) -> bool:

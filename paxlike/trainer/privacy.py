@@ -27,7 +27,6 @@ import math
 from typing import TYPE_CHECKING
 
 from paxlike.errors import UserError
-from paxlike.families import family_of
 from paxlike.federated.dp import DpAggregator
 
 SAMPLINGS = ('poisson', 'without_replacement', 'full')
@@ -118,11 +117,11 @@ def aggregator_of(algorithm: object) -> DpAggregator | None:
 
 
 def population(task) -> int:
-  """The number of clients cohorts are drawn from, as the model's family counts the data's
-  clients (refusing data that has no clients)."""
-  if task.data.partition == 'pooled':
+  """The number of clients cohorts are drawn from: the data's (`DataSource.client_sizes`),
+  refusing data that has no clients."""
+  if task.data.pooled:
     raise UserError('differential privacy needs clients: data.partition=pooled has none')
-  return family_of(task.model).population(task.data)
+  return len(task.data.client_sizes)
 
 
 def accountant(task) -> Accountant | None:

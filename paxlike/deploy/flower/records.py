@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:  # The apps import paxlike.data (tfds) only where they use it.
+  from paxlike.data.sources import DataSource
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> Any:
@@ -57,30 +60,22 @@ def int_list(text: str) -> list[int]:
   return [int(part) for part in str(text).split(',') if part.strip()]
 
 
-def client_sizes(data: Any) -> np.ndarray:
-  """Each client's FedAvg size, what cohorts are sampled from (its data read first): an image
-  source's examples per client, a text source's training tokens per client."""
+def client_sizes(data: DataSource) -> np.ndarray:
+  """Each client's size, what cohorts are drawn by (`DataSource.client_sizes`, its data read
+  first)."""
   data.prepare()
-  sizes = getattr(data, 'client_sizes', None)
-  return np.asarray(data.packed.client_tokens if sizes is None else sizes)
+  return np.asarray(data.client_sizes)
 
 
-def num_clients(data: Any) -> int:
-  """The experiment's client count: the source's setting where it has one (images), else the
-  clients its data holds (text: one per file or client field value)."""
-  count = getattr(data, 'num_clients', None)
-  return int(count) if count is not None else len(client_sizes(data))
+def num_clients(data: DataSource) -> int:
+  """The experiment's client count: the clients its data holds."""
+  return len(client_sizes(data))
 
 
-def cohort(data: Any, seed: int, step: int, sizes: np.ndarray,
+def cohort(data: DataSource, seed: int, step: int, sizes: np.ndarray,
            live: list[int] | None = None) -> np.ndarray:
-  """Round `step`'s client per cohort slot among the `live` clients (None: all), as the
-  source's `round_batches` draws it when all are live: text pooled into one client gives every
-  slot client 0 (TextData's rule: each slot then reads its own rows of the pool; PADDED when
-  client 0 is lost), any other source samples among the clients' `sizes`
-  (`sources.sample_cohort`, which gives the simulation's cohort when every client is live)."""
-  from paxlike.data import sources
-  if getattr(data, 'partition', None) == 'pooled':
-    held = live is None or 0 in live
-    return np.full(data.clients_per_round, 0 if held else sources.PADDED, np.int64)
-  return sources.sample_cohort(seed, step, sizes, data.clients_per_round, data.sampling, live)
+  """Round `step`'s client per cohort slot among the `live` clients (None: all), drawn by the
+  source's own rule (`DataSource.cohort`) from `sizes`, the clients' sizes as this app knows
+  them (a node's from its data, the server's from its nodes' reports): the simulation's
+  cohort when every client is live."""
+  return data.cohort(seed, step, live, sizes=sizes)
