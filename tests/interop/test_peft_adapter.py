@@ -20,7 +20,7 @@ from paxlike import interop
 from paxlike.errors import UserError
 from paxlike.layers import TransformerLM, lora
 from paxlike.trainer import init_from
-from tests.interop import checkpoints, peft_adapters, reference
+from tests.interop import checkpoints, moe_reference, peft_adapters, reference, test_moe_families
 
 LLAMA_ALL = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')
 PHI3_ALL = ('qkv_proj', 'o_proj', 'gate_up_proj', 'down_proj')
@@ -228,3 +228,24 @@ def test_other_adapter_kinds_and_files_are_refused(tmp_path):
   assert refusal(lambda: init_from.model_overrides_from(f'hf:{adapter}')).startswith(
       f'{adapter / "adapter_model.safetensors"}: base_model.model.model.layers.0.self_attn.'
       'q_proj.lora_A.weight is [4, 32], not A [r, in] with r=8')
+
+
+@pytest.mark.parametrize('scanned', [False, True])
+def test_an_attention_adapter_on_a_moe_base(tmp_path, scanned):
+  """Qwen3-MoE with a dense layer 0 and a MoE layer 1 (a scanned step is a group of both)."""
+  cfg = test_moe_families.hf_config('qwen3_moe_step2', 'v4')
+  tensors = moe_reference.random_checkpoint(cfg)
+  test_moe_families.write(tmp_path / 'base', tensors, cfg)
+  adapted = peft_adapters.modules(tensors, ('q_proj', 'o_proj'))
+  weights = peft_adapters.write(tmp_path / 'adapter', tensors, adapted, str(tmp_path / 'base'))
+  model, params = start(f'hf:{tmp_path / "adapter"}', scan_layers=scanned)
+  tokens = test_moe_families.TOKENS
+  got = np.asarray(model.apply({'params': params}, jnp.asarray(tokens)))
+  want = moe_reference.moe_logits(peft_adapters.merged(tensors, weights, 4, 8), cfg, tokens)
+  assert relative_error(got, want) < 2e-5
+  expert = 'model.layers.1.mlp.experts.0.gate_proj'
+  peft_adapters.write(tmp_path / 'adapter', tensors, [expert], str(tmp_path / 'base'))
+  assert refusal(lambda: init_from.model_overrides_from(f'hf:{tmp_path / "adapter"}')) == (
+      f'{tmp_path / "adapter" / "adapter_model.safetensors"}: base_model.model.{expert}.lora_A.'
+      f'weight adapts {expert}, an expert row of a stacked kernel; paxlike LoRA adapts query, '
+      'key, value, out, wi_gate, wi_up, wi, wo')
