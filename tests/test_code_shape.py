@@ -9,7 +9,8 @@ from pathlib import Path
 import paxlike
 
 ROOT = Path(paxlike.__file__).parent
-ROOT_MODULES = {'__init__.py', 'main.py', 'registry.py', 'experiment.py', 'errors.py'}
+ROOT_MODULES = {'__init__.py', '__main__.py', 'main.py', 'registry.py', 'experiment.py',
+                'errors.py'}
 MAX_FUNCTION_LINES = 60
 
 

@@ -17,7 +17,11 @@ layout section draws the same table):
   cli                                 what the commands need besides main
   export                              federated program export and its executor
   deploy                              running an exported round elsewhere (Flower)
-  main                                the CLI
+  main                                `python -m paxlike.main`, the job command's shim
+
+`paxlike COMMAND` (paxlike/__main__.py, then paxlike.cli.dispatch) runs these programs by name,
+as `python -m` does; none of them imports paxlike.main: their shared flags and runners are
+paxlike.cli's.
 
 Programs (a `__main__.py`, or a module with a `__main__` guard that no paxlike module
 imports: `python -m paxlike.interop.hf`, `python -m paxlike.tokenizers`, ...) sit above every
@@ -169,9 +173,29 @@ def test_the_programs_are_the_commands():
   graph = import_graph(ROOT)
   found = programs(ROOT, graph)
   assert {'paxlike.interop.hf', 'paxlike.interop.hf_llama', 'paxlike.tokenizers.__main__',
-          'paxlike.export.__main__'} <= found
-  # Imported by export.artifacts (and main by the export command): each keeps to its layer.
-  assert not {'paxlike.export.run', 'paxlike.main'} & found
+          'paxlike.export.__main__', 'paxlike.deploy.flower.local', 'paxlike.main',
+          'paxlike.__main__'} <= found
+  # Imported by export.artifacts: it keeps to its layer.
+  assert 'paxlike.export.run' not in found
+
+
+def test_only_the_cli_and_the_main_shims_import_paxlike_main():
+  # The command line is the roof: the programs' shared flags and runners live in paxlike.cli,
+  # so no package (export, deploy, ...) reaches up into paxlike.main for them.
+  graph = import_graph(ROOT)
+  importers = {name for name, targets in graph.items() if 'paxlike.main' in targets}
+  assert {name for name in importers
+          if not name.startswith('paxlike.cli.') and not name.endswith('.__main__')} == set()
+  assert importers == set()  # Today not even those: main is the shim of the job command.
+
+
+def test_each_subcommand_runs_a_program_of_the_package():
+  from paxlike.cli.commands import COMMANDS
+  names, graph = module_names(ROOT), import_graph(ROOT)
+  runnable = programs(ROOT, graph) | {'paxlike.export.run'}  # Its guard, beside its importers.
+  for command in (c for c in COMMANDS if c.module is not None):
+    package_main = f'{command.module}.__main__'  # What `python -m PACKAGE` runs.
+    assert (package_main if package_main in names else command.module) in runnable, command
 
 
 def test_a_back_edge_and_an_unplaced_package_are_found(tmp_path):

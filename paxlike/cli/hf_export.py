@@ -30,6 +30,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from paxlike import registry
+from paxlike.cli import flag_defs
 from paxlike.config import config_io
 from paxlike.errors import UserError
 from paxlike.interop import checkpoint, hf_fields
@@ -163,4 +164,5 @@ def run_cli() -> None:
   flags.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).')
   flags.DEFINE_multi_string('allow_import', [], "A module of the user's the job's config names "
                             '(e.g. its reward function), as when it was trained.')
+  flag_defs.show_in_help('job_log_dir', 'out', 'step', 'allow_import')
   app.run(main)

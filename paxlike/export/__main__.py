@@ -4,10 +4,11 @@
       [--job_log_dir=JOB] [--rounds=R] [--fdl_set=PATH=VALUE ...]
   python -m paxlike.export.run --dir=/tmp/fedavg_export --rounds=R
 
-The config comes from paxlike.main's flags (--exp or --fdl_config, --fdl_fiddler, --fdl_set).
+Also `paxlike export ...`. The config comes from the shared config flags (paxlike.cli.flag_defs:
+--exp or --fdl_config, --fdl_fiddler, --fdl_set).
 The state is the latest checkpoint of --job_log_dir, else the run's initial state; the R rounds
 of client batches, weights and rngs after it are the trainer's own (pure in (seed, step)).
-Exit codes as paxlike.main: 2 for a usage error or a round that cannot be exported.
+Exit codes as `paxlike train`: 2 for a usage error or a round that cannot be exported.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Any, Callable
 
 from absl import app, flags
 
+from paxlike.cli import flag_defs
+from paxlike.cli import program as cli
 from paxlike.config import config_io
-from paxlike import main as cli
 
+flag_defs.define(flag_defs.CONFIG)
 flags.DEFINE_string('out', None, 'New (or empty) directory for plan.json and the programs.')
 flags.DEFINE_integer('rounds', 1, 'Rounds of client inputs to export for the executor.')
 FLAGS = flags.FLAGS

@@ -260,7 +260,8 @@ def run_rounds(ex: Export, rounds: int) -> list[dict[str, np.ndarray]]:
 
 
 def main(argv: list[str]) -> None:
-  from absl import flags
+  from absl import app, flags
+  app.define_help_flags()  # --help: this docstring and these flags, as absl's app.run gives.
   flags.DEFINE_string('dir', None, 'The export directory (python -m paxlike.export --out).')
   flags.DEFINE_integer('rounds', 1, 'Rounds to run (at most the rounds the export holds).')
   flags.DEFINE_string('out', None, 'Optional .npz for the last round\'s outputs (must be new).')

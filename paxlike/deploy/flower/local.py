@@ -4,7 +4,7 @@ each its own process group, all stopped at the end.
   python -m paxlike.deploy.flower.local --export_dir=DIR --rounds=R --nodes=N --out=OUT \
       --exp=federated.DigitsFedAvg [--fdl_set=PATH=VALUE ...] [--secure_aggregation]
 
-The config flags are those the export was made with (paxlike.main's); a config whose hash is
+The config flags are those the export was made with (flag_defs.CONFIG); a config whose hash is
 not the plan's is refused (exit 2). The SuperLink serves TLS with a certificate of a CA made
 for the run and admits only the N nodes whose keys the launcher enrolled. Node k holds clients
 k, k + N, k + 2N, ... and reads them through paxlike's data pipeline. OUT/server gets
@@ -25,11 +25,13 @@ from pathlib import Path
 
 from absl import app, flags
 
-from paxlike import main as cli
+from paxlike.cli import flag_defs
+from paxlike.cli import program as cli
 from paxlike.deploy.flower import (federation, launches, processes, records, supervise,
                                    warm_clientapp)
 from paxlike.deploy.flower.rounds import clients_of_nodes
 
+flag_defs.define(flag_defs.CONFIG)
 flags.DEFINE_string('export_dir', None, 'The export directory (python -m paxlike.export --out).')
 flags.DEFINE_integer('rounds', 1, 'Rounds to run (at most the rounds the export holds).')
 flags.DEFINE_integer('nodes', 2, 'SuperNodes to start.')
