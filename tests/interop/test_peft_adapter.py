@@ -249,3 +249,16 @@ def test_an_attention_adapter_on_a_moe_base(tmp_path, scanned):
       f'{tmp_path / "adapter" / "adapter_model.safetensors"}: base_model.model.{expert}.lora_A.'
       f'weight adapts {expert}, an expert row of a stacked kernel; paxlike LoRA adapts query, '
       'key, value, out, wi_gate, wi_up, wi, wo')
+
+
+def test_an_adapter_on_an_int8_quantized_base(tmp_path):
+  """QLoRA: the base quantized as it streams in, the adapter's factors as they are."""
+  cfg, tensors, weights, adapter = setup(tmp_path, 'llama2', ('v_proj', 'down_proj'))
+  model, params = start(f'hf:{adapter}', base_quantization='int8')
+  b = weights['base_model.model.model.layers.0.mlp.down_proj.lora_B.weight']
+  np.testing.assert_array_equal(params['block_0']['mlp']['wo_lora_b'], b.T)
+  tokens = checkpoints.tokens(cfg)
+  got = np.asarray(jax.jit(model.apply)({'params': params}, jnp.asarray(tokens)))
+  ref = reference.logits(peft_adapters.merged(tensors, weights, 4, 8), cfg, tokens)
+  assert relative_error(got, ref) < 5e-2  # int8's rounding of the base...
+  assert relative_error(got, reference.logits(tensors, cfg, tokens)) > 0.5  # ...not the adapter.
