@@ -29,10 +29,10 @@ from safetensors import SafetensorError, safe_open
 
 from paxlike.errors import UserError
 from paxlike.interop.family import NameMap
+from paxlike.interop.weight_files import ADAPTER as WEIGHTS
 from paxlike.layers import lora
 
 CONFIG = 'adapter_config.json'
-WEIGHTS = 'adapter_model.safetensors'
 KEY = re.compile(r'base_model\.model\.(.+)\.lora_([AB])\.weight')
 # adapter_config.json keys whose non-default value paxlike's LoRA cannot express.
 UNSUPPORTED = {'use_dora': (None, False), 'modules_to_save': (None, []),
@@ -61,8 +61,10 @@ class Adapter:
 
 
 def is_adapter(directory: Path) -> bool:
-  """A PEFT adapter directory: adapter_config.json and no config.json beside it."""
-  return (directory / CONFIG).is_file() and not (directory / 'config.json').is_file()
+  """A PEFT adapter directory: adapter_config.json and no model weights beside it (a copy of
+  the base's config.json, which some trainers save with the adapter, does not make it one)."""
+  return (directory / CONFIG).is_file() and not any(
+      f.name != WEIGHTS for f in directory.glob('*.safetensors'))
 
 
 def read_config(directory: Path) -> dict[str, Any]:

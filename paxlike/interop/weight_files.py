@@ -5,8 +5,9 @@ transformers decides it, read from the files' headers alone:
   `weight_map` names; any other file (a stray `consolidated.safetensors`, a single-file copy
   beside the shards) is ignored. A shard the index names that is absent is refused by its name.
 - else `model.safetensors` alone, beside which other files are ignored too;
-- else every *.safetensors file (shards without an index), where a tensor held by two files is
-  refused naming both (there is no "last file wins").
+- else every *.safetensors file (shards without an index) but a PEFT adapter's
+  `adapter_model.safetensors`, where a tensor held by two files is refused naming both (there
+  is no "last file wins").
 
 Tensors must be float (F32, F16, BF16): a float8 or integer tensor is a quantized checkpoint,
 refused in one line (paxlike reads no `quantization_config`).
@@ -24,6 +25,7 @@ from paxlike.errors import RunFailure, UserError
 
 INDEX = 'model.safetensors.index.json'
 SINGLE = 'model.safetensors'
+ADAPTER = 'adapter_model.safetensors'  # A PEFT adapter's, never the model's weights.
 FLOAT = ('F32', 'F16', 'BF16', 'F64')
 Header = Mapping[str, tuple[tuple[int, ...], Path]]  # HF name -> (shape, file).
 
@@ -67,7 +69,7 @@ def weight_files(directory: str | Path) -> list[Path]:
     return sorted(set(_index(directory).values()))
   if (directory / SINGLE).is_file():
     return [directory / SINGLE]
-  files = sorted(directory.glob('*.safetensors'))
+  files = sorted(f for f in directory.glob('*.safetensors') if f.name != ADAPTER)
   if not files:
     raise UserError(f'no .safetensors files in {directory}')
   return files

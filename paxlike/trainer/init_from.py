@@ -85,7 +85,7 @@ def _adapter_source(init_from: str, adapter: Path, base: str | None) -> Source:
   local directory with a config.json); UserError saying what to pass otherwise."""
   if not peft.is_adapter(adapter):
     raise UserError(f'train.init_from={init_from!r}: {adapter} is no PEFT adapter directory '
-                    f'({peft.CONFIG} and no config.json): hf:ADAPTER@BASE loads an adapter onto '
+                    f'({peft.CONFIG} and no model weights): hf:ADAPTER@BASE loads an adapter onto '
                     'BASE')
   config = peft.read_config(adapter)
   named = config.get('base_model_name_or_path')

@@ -111,6 +111,21 @@ def test_an_explicit_base_after_at_and_the_record(tmp_path):
           'adapter/adapter_model.safetensors'} == set(record['files'])
 
 
+def test_a_config_json_beside_the_adapter_or_adapter_files_beside_a_base(tmp_path):
+  """Some trainers save the base's config.json with the adapter: still an adapter. A base
+  with a PEFT adapter's files left beside its index-less shards: the base alone."""
+  cfg, tensors, weights, adapter = setup(tmp_path, 'llama2', ('q_proj',))
+  (adapter / 'config.json').write_text(json.dumps(cfg))
+  assert init_from.parse(f'hf:{adapter}').adapter == adapter
+  base = tmp_path / 'base'
+  (base / 'model.safetensors').rename(base / 'model-00001-of-00001.safetensors')
+  for name in ('adapter_config.json', 'adapter_model.safetensors'):
+    (base / name).write_bytes((adapter / name).read_bytes())
+  model, params = start(f'hf:{base}')
+  assert model.lora_rank == 0
+  np.testing.assert_array_equal(params['lm_head']['kernel'], tensors['lm_head.weight'].T)
+
+
 def test_the_adapters_tokenizer_comes_first(tmp_path):
   *_, adapter = setup(tmp_path, 'llama2', ('q_proj',))
   (tmp_path / 'base' / 'tokenizer.json').write_text('{}')
@@ -138,8 +153,8 @@ def test_a_hub_base_or_a_base_without_config_says_what_to_pass(tmp_path):
   assert refusal(lambda: init_from.parse(f'hf:{adapter}@{tmp_path}')).endswith(
       f'the base given after @, {tmp_path}, holds no config.json')
   assert refusal(lambda: init_from.parse(f'hf:{tmp_path / "base"}@{tmp_path / "base"}')).endswith(
-      f'{tmp_path / "base"} is no PEFT adapter directory (adapter_config.json and no '
-      'config.json): hf:ADAPTER@BASE loads an adapter onto BASE')
+      f'{tmp_path / "base"} is no PEFT adapter directory (adapter_config.json and no model '
+      'weights): hf:ADAPTER@BASE loads an adapter onto BASE')
 
 
 CONFIG_REFUSALS = {
