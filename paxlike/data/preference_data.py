@@ -158,8 +158,9 @@ class PreferenceData(TokenSource):
                     rows: slice = slice(None), cohort: np.ndarray | None = None
                     ) -> tuple[sources.Batch, np.ndarray]:
     """[slots, local_steps, 2 * batch_size, seq_len] batches (cohort slots `clients`, batch
-    rows `rows` of them) and the cohort's weights (its clients' training pairs). `cohort`: this
-    round's clients instead of the sampled ones (DataSource.round_batches)."""
+    rows `rows` of them) and the cohort's weights (its clients' training pairs; a PADDED slot
+    reads client 0's pairs with weight 0). `cohort`: this round's clients instead of the
+    sampled ones (DataSource.round_batches)."""
     plan, k, steps = self.plan, self.clients_per_round, self.local_steps
     cohort = self.round_cohort(seed, step, cohort)
     slots = np.arange(len(cohort))[clients][:, None, None]
@@ -167,7 +168,7 @@ class PreferenceData(TokenSource):
     row = np.arange(self.batch_size)[None, None, :]
     rounds = step * k + slots if self.pooled else np.full_like(slots, step)
     positions = (rounds * steps + local) * self.batch_size + row
-    member = np.broadcast_to(cohort[slots], positions.shape)
+    member = np.broadcast_to(np.maximum(cohort, 0)[slots], positions.shape)
     picked = shuffled_rows(seed, member, positions, plan['client_rows'])
     pairs = np.asarray(plan['train_pairs'])[picked]
     start, stop, _ = rows.indices(2 * self.batch_size)
