@@ -15,7 +15,6 @@ from paxlike.cli.flag_defs import FLAGS, MODES  # noqa: F401 (this module's publ
 from paxlike.cli.program import (  # noqa: F401 (this module's public names)
     exit_with,
     parse_flags,
-    run_quick_exit,
     run_reporting_errors,
     task_config,
     use_local_settings,

@@ -10,7 +10,6 @@ import runpy
 import sys
 from pathlib import Path
 
-from paxlike.cli import job_command
 from paxlike.cli.commands import COMMANDS, Command, find
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -35,6 +34,7 @@ def usage_error(message: str) -> None:
 def run_command(command: Command, args: list[str]) -> None:
   """Runs `command` on `args` as its program; the program ends the process or returns."""
   if command.mode is not None:
+    from paxlike.cli import job_command  # Not before: the other programs import what they need.
     sys.argv = [f'paxlike {command.name}', *args]
     # absl's --help prints the __main__ module's docstring above the flags: this command's.
     sys.modules['__main__'].__doc__ = (f'paxlike {command.name}: {command.summary}\n'
@@ -64,6 +64,7 @@ def run_cli(argv: list[str] | None = None) -> None:
   if command is not None:
     run_command(command, rest)
   elif argv and argv[0].startswith('-'):
+    from paxlike.cli import job_command
     sys.argv = ['paxlike', *argv]
     job_command.run_cli(mode=None)
   else:

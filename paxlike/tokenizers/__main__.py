@@ -2,6 +2,7 @@
 
   python -m paxlike.tokenizers train --files='corpus/*.txt,more/*.jsonl.gz' --vocab_size=8000 \
       --kind=sentencepiece|bpe --out=DIR [--text_field=text] [--overwrite]
+  paxlike tokenizers train ...    (the same program)
 
 Writes DIR/tokenizer.model (SentencePiece BPE: pad 0, unk 1, bos 2, eos 3, byte fallback, text
 kept exactly) or DIR/tokenizer.json + DIR/tokenizer_config.json (Hugging Face byte-level BPE:
@@ -10,7 +11,7 @@ read as TextData reads them (paxlike/data/text_files.py): `.txt` whole, `.jsonl`
 `.parquet` by --text_field; rows without it are skipped and invalid UTF-8 replaced, each
 counted in a note on stderr (a file where no row has the field exits 2). A corpus too small for
 --vocab_size exits 2 saying how large it may be (no silently smaller vocab). Exit codes as
-paxlike.main: 2 for a usage error, 1 for unreadable data, each one line on stderr.
+`paxlike train`: 2 for a usage error, 1 for unreadable data, each one line on stderr.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ PROG = 'paxlike.tokenizers'
 
 
 class _Parser(argparse.ArgumentParser):
-  """argparse whose usage errors are UserErrors (one line, exit 2), as paxlike.main's flags."""
+  """argparse whose usage errors are UserErrors (one line, exit 2), as paxlike's absl flags."""
 
   def error(self, message: str):
     raise UserError(message)
