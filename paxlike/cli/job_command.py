@@ -8,6 +8,9 @@ import functools
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
+
+import fiddle as fdl
 
 from paxlike import registry
 from paxlike.cli import flag_defs, program
@@ -15,6 +18,10 @@ from paxlike.cli.flag_defs import FLAGS, MODES
 from paxlike.config import config_io
 from paxlike.errors import UserError
 from paxlike.trainer import job_dir, job_source
+from paxlike.trainer.task import Task
+
+if TYPE_CHECKING:
+  from paxlike.cli.decode_text import DecodeRequest
 
 
 # The flag groups (flag_defs) each command reads; None: `python -m paxlike.main`, whose --mode
@@ -67,7 +74,7 @@ def run(argv: list[str], mode: str | None = None) -> None:
     decode(task, request)
 
 
-def decode_request(task):
+def decode_request(task: Task) -> DecodeRequest:
   """What the decode flags ask of `task`, checked: an LM, a kernel this platform has."""
   from paxlike.cli.decode_text import DecodeRequest, Sampling
   from paxlike.families import family_of
@@ -79,7 +86,7 @@ def decode_request(task):
   return request
 
 
-def print_config(cfg, task) -> None:
+def print_config(cfg: fdl.Config, task: Task) -> None:
   """The config as text, the model's size, FLOPs and memory lines, and a DP run's budget."""
   from paxlike.cli.config_lines import model_summary
   from paxlike.families import family_of
@@ -91,7 +98,7 @@ def print_config(cfg, task) -> None:
     print(accountant.describe(task.train.num_steps))
 
 
-def train(cfg, task) -> None:
+def train(cfg: fdl.Config, task: Task) -> None:
   """Trains `task` in --job_log_dir (resuming it), recording its config and data there."""
   from paxlike.data import fingerprint
   from paxlike.families import family_of
@@ -123,7 +130,7 @@ def train(cfg, task) -> None:
           f'--logdir {directory / "summaries"})', file=sys.stderr)
 
 
-def evaluate(cfg, task) -> None:
+def evaluate(cfg: fdl.Config, task: Task) -> None:
   """Prints the held-out metrics of --job_log_dir's latest checkpoint as one JSON line (no
   train step is compiled; the init and eval step kept by a run of this config are loaded)."""
   from paxlike.data import fingerprint
@@ -139,7 +146,7 @@ def evaluate(cfg, task) -> None:
                     **({'eval_clients': clients} if clients else {})}))
 
 
-def decode(task, request) -> None:
+def decode(task: Task, request: DecodeRequest) -> None:
   """Prints each prompt and its continuation, sampled from --job_log_dir's latest checkpoint
   (its params alone, or its EMA if kept; no optimizer state, no train or eval step), and the
   time to the first token on stderr."""
