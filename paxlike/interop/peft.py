@@ -42,6 +42,9 @@ UNSUPPORTED = {'use_dora': (None, False), 'modules_to_save': (None, []),
                'fan_in_fan_out': (None, False), 'target_parameters': (None, []),
                'trainable_token_indices': (None, [], {}), 'use_qalora': (None, False),
                'alora_invocation_tokens': (None, [])}
+# Inits after which the adapter is trained on a residual of its base (W - B·A at init), not on
+# the base itself, unless PEFT converted it on saving (which writes init_lora_weights=true).
+RESIDUAL_INITS = ('pissa', 'olora', 'corda', 'loftq')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +93,9 @@ def _check_config(directory: Path, config: dict[str, Any]) -> None:
   if config.get('peft_type') != 'LORA':
     raise UserError(f"{where}: peft_type={config.get('peft_type')!r} cannot be loaded; only "
                     "'LORA' adapters map onto paxlike's LoRA")
-  for key, fine in UNSUPPORTED.items():
+  init = config.get('init_lora_weights')
+  residual = isinstance(init, str) and init.lower().startswith(RESIDUAL_INITS)
+  for key, fine in (*UNSUPPORTED.items(), ('init_lora_weights', () if residual else (init,))):
     if key in config and config[key] not in fine:
       raise UserError(f'{where}: {key}={config[key]!r} has no paxlike LoRA counterpart (only '
                       'plain LoRA on every layer of the attention and MLP projections, one rank '

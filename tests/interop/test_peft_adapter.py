@@ -161,6 +161,7 @@ CONFIG_REFUSALS = {
     'use_dora': True, 'modules_to_save': ['lm_head'], 'rank_pattern': {'q_proj': 8},
     'alpha_pattern': {'v_proj': 32}, 'layers_to_transform': [0], 'bias': 'lora_only',
     'lora_bias': True, 'fan_in_fan_out': True, 'layer_replication': [[0, 2]],
+    'init_lora_weights': 'pissa_niter_4',  # Trained on the base's residual, not converted.
 }
 
 
