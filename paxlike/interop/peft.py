@@ -58,10 +58,6 @@ class Adapter:
   alpha: float  # paxlike's lora_alpha: PEFT's scale times the rank.
   modules: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
 
-  @property
-  def base(self) -> Any:
-    return self.config.get('base_model_name_or_path')
-
 
 def is_adapter(directory: Path) -> bool:
   """A PEFT adapter directory: adapter_config.json and no model weights beside it (a copy of
