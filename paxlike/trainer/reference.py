@@ -23,15 +23,17 @@ from typing import Any
 
 import jax
 
+from paxlike.trainer.preference_loss import PreferenceLoss
+
 REFERENCE = 'frozen_reference'  # The params key of the copy (no model names a layer so).
 PREFIX = REFERENCE + '/'        # Its leaves' names in a flattened ('a/b/kernel') params dict.
 
 
-def needs_copy(model: Any, loss: Any) -> bool:
-  """Whether `loss` (a PreferenceLoss or None) on `model` needs a frozen copy of the params:
-  a loss with a reference (dpo, ipo) on a model without LoRA adapters."""
-  return (loss is not None and bool(getattr(loss, 'needs_reference', False))
-          and not getattr(model, 'lora_rank', 0))
+def needs_copy(model: Any, loss: PreferenceLoss) -> bool:
+  """Whether preference `loss` on `model` needs a frozen copy of the params: a kind with a
+  reference (dpo, ipo) on a model without LoRA adapters (the preference objective's
+  `reference_copy`, objectives/preference.py)."""
+  return loss.needs_reference and not getattr(model, 'lora_rank', 0)
 
 
 def attach(params: dict[str, Any]) -> dict[str, Any]:

@@ -66,26 +66,40 @@ def names(node: ast.AST) -> set[str]:
           {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)})
 
 
-def choices_outside_objectives() -> list[str]:
-  """'file:line' of each isinstance test against a registered loss type and each comparison
-  of a batch kind in paxlike, outside the objectives package and the data sources (which
-  define the kinds)."""
+def choices_outside_objectives(root: Path = ROOT) -> list[str]:
+  """'file:line' of each isinstance test against a registered loss type, each comparison of a
+  batch kind and each test of a `loss` against None in paxlike, outside the objectives package
+  and the data sources (which define the kinds)."""
   loss_types = {o.loss_type.__name__ for o in objectives.registry().values()}
   found = []
-  for path in sorted(ROOT.rglob('*.py')):
-    where = path.relative_to(ROOT).parts
+  for path in sorted(root.rglob('*.py')):
+    where = path.relative_to(root).parts
     if where[:2] == ('trainer', 'objectives') or where[0] == 'data':
       continue
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
       asks_type = isinstance(node, ast.Call) and getattr(node.func, 'id', '') == 'isinstance'
-      if (asks_type and names(node) & loss_types) or (
-          isinstance(node, ast.Compare) and 'batch_kind' in names(node)):
-        found.append(f'{path.relative_to(ROOT)}:{node.lineno}')
+      compares = names(node) if isinstance(node, ast.Compare) else set()
+      asks_none = 'loss' in compares and any(
+          isinstance(n, ast.Constant) and n.value is None for n in ast.walk(node))
+      if (asks_type and names(node) & loss_types) or 'batch_kind' in compares or asks_none:
+        found.append(f'{path.relative_to(root)}:{node.lineno}')
   return found
 
 
 def test_no_module_outside_the_lookup_decides_the_objective():
   assert choices_outside_objectives() == []
+
+
+def test_the_check_sees_each_way_of_deciding(tmp_path):
+  (tmp_path / 'trainer' / 'objectives').mkdir(parents=True)
+  (tmp_path / 'trainer' / 'step.py').write_text(
+      'grpo = isinstance(task.loss, GrpoLoss)\n'
+      'pairs = task.data.batch_kind == "pairs"\n'
+      'plain = task.loss is None\n'
+      'fine = isinstance(task.model, TransformerLM)\n')
+  (tmp_path / 'trainer' / 'objectives' / 'lookup.py').write_text('x = loss is None\n')
+  assert choices_outside_objectives(tmp_path) == ['trainer/step.py:1', 'trainer/step.py:2',
+                                                  'trainer/step.py:3']
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,10 +97,12 @@ def registry() -> dict[str, Objective]:
 
 
 def _of_loss(loss: Any) -> Objective:
-  """The objective registered for `loss`'s type; UserError for a type none trains."""
-  for objective in registry().values():
-    if isinstance(loss, objective.loss_type):
-      return objective
+  """The objective registered for `loss`'s type (else for a base class of it); UserError for
+  a type none trains."""
+  matches = [o for o in registry().values() if isinstance(loss, o.loss_type)]
+  exact = [o for o in matches if type(loss) is o.loss_type]
+  if matches:
+    return (exact or matches)[0]
   names = ', '.join(sorted(o.loss_type.__name__ for o in registry().values()
                            if o.loss_type is not type(None)))
   raise UserError(f'Task.loss must be None or one of {names}, got {type(loss).__name__}')
