@@ -90,16 +90,18 @@ def flower_processes_since(ticks: float) -> list[str]:
 
 
 def of_this_worker(pid: int) -> bool:
-  """Whether process `pid` descends from this pytest worker (its environment names the worker):
-  under -n, another worker's Flower processes run at the same time."""
-  worker = os.environ.get('PYTEST_XDIST_WORKER')
-  if worker is None:
+  """Whether process `pid` descends from this pytest worker (its environment names the worker
+  and the test run, tests/deploy/conftest.py): under -n, another worker's Flower processes run
+  at the same time, and another pytest run's may too."""
+  marks = [f'{name}={os.environ[name]}'.encode()
+           for name in ('PYTEST_XDIST_WORKER', 'PAXLIKE_TEST_RUN') if name in os.environ]
+  if not marks:
     return True
   try:
     env = Path(f'/proc/{pid}/environ').read_bytes().split(b'\0')
   except OSError:
     return False  # Gone since it was listed.
-  return f'PYTEST_XDIST_WORKER={worker}'.encode() in env
+  return all(mark in env for mark in marks)
 
 
 def now_ticks() -> float:
