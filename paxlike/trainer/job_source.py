@@ -17,6 +17,7 @@ from typing import Any
 import fiddle as fdl
 
 from paxlike.data.token_source import TokenizedSource
+from paxlike.errors import UserError
 
 SOURCE_DIR = 'source'
 # An HF checkpoint dir's files besides its weights that a job may need later.
@@ -45,10 +46,16 @@ def tokenizer_files(tokenizer: str) -> list[Path]:
 
 
 def hf_source_dir(init_from: str | None) -> Path | None:
-  """The directory of an `'hf:DIR'` init source, else None."""
+  """The checkpoint directory of an `'hf:...'` init source (a PEFT adapter's base for
+  'hf:ADAPTER' and 'hf:ADAPTER@BASE'), else None (also when init_from cannot be read: the run
+  refuses it in one line when it loads the source)."""
   if not init_from or not init_from.startswith('hf:'):
     return None
-  return Path(init_from.removeprefix('hf:')).expanduser().absolute()
+  from paxlike.trainer import init_from as init_from_lib  # It imports the model stack.
+  try:
+    return init_from_lib.parse(init_from).path.expanduser().absolute()
+  except UserError:
+    return None
 
 
 def _copy_into(files: list[Path], folder: Path) -> None:

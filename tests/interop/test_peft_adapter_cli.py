@@ -42,6 +42,8 @@ def test_a_run_starts_from_the_adapter_on_its_base_and_exports_it_merged(tmp_pat
   adapted = peft_adapters.modules(tensors, ('q_proj', 'v_proj'))
   lora = peft_adapters.write(tmp_path / 'adapter', tensors, adapted, str(tmp_path / 'base'),
                              r=4, alpha=8)
+  # The base's generation config: the job dir keeps the base's files, not the adapter dir's.
+  (tmp_path / 'base' / 'generation_config.json').write_text(json.dumps({'eos_token_id': 7}))
   proc = start(tmp_path, tmp_path / 'adapter', '--fdl_set=train.num_steps=1',
                '--fdl_set=train.log_every=1', '--fdl_set=optimizer.learning_rate.peak_value=0.0')
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -51,6 +53,8 @@ def test_a_run_starts_from_the_adapter_on_its_base_and_exports_it_merged(tmp_pat
   record = json.loads((job / 'init_source.json').read_text())
   assert record['path'] == str(tmp_path / 'base') and record['adapter'] == str(
       tmp_path / 'adapter')
+  for name in ('config.json', 'generation_config.json'):
+    assert (job / 'source' / name).read_text() == (tmp_path / 'base' / name).read_text(), name
   merged = {k: v.astype(np.float32) for k, v in peft_adapters.merged(tensors, lora, 4, 8).items()}
   params = checkpoint.import_params(merged, task.model)  # The plain model, the adapter merged.
   batches, _ = task.data.round_batches(task.train.seed, 1)
