@@ -93,6 +93,11 @@ class SyntheticLm(sources.DataSource):
   def prepare(self) -> None:
     """Nothing is read: the batches are drawn from (seed, step)."""
 
+  @property
+  def client_sizes(self) -> np.ndarray:
+    """A cohort's worth of equal clients (the windows are drawn, not owned)."""
+    return np.ones(self.clients_per_round, np.int64)
+
   def row_spec(self) -> dict[str, sources.Spec]:
     return LmData.row_spec(self)  # The same windows.
 

@@ -3,8 +3,8 @@
 `family_of(model)` is the `Family` (base.py) of a model, a model class or a model config:
 `lm.FAMILY` for `TransformerLM`, `classifier.FAMILY` for every other model (the vision
 classifiers map examples to class logits). Ask it, never the model's class: items per step and
-their name, FLOPs, the memory estimate, ensemble mixing, decoding, the privacy unit and the
-check of the model against its data all live in the family's module.
+their name, FLOPs, the memory estimate, ensemble mixing, decoding and the check of the model
+against its data all live in the family's module (the data source counts its own clients).
 """
 
 from __future__ import annotations

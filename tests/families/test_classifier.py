@@ -69,8 +69,8 @@ def test_the_ensemble_is_the_prior_weighted_mixture():
                              rtol=1e-5, atol=1e-7)
 
 
-def test_population_is_the_datas_clients_and_shrink_leaves_the_config():
-  assert FAMILY.population(DATA) == 7
+def test_the_family_does_not_count_clients_and_shrink_leaves_the_config():
+  assert not hasattr(FAMILY, 'population')  # The data source counts them: client_sizes.
   cfg = fdl.Config(CnnClassifier, dense=64)
   FAMILY.shrink(cfg)
   assert cfg == fdl.Config(CnnClassifier, dense=64)

@@ -113,8 +113,8 @@ def test_an_lm_on_example_data_is_a_user_error():
     family_of(MlpClassifier()).check_data(MlpClassifier(), types.SimpleNamespace(item='tokens'))
 
 
-def test_population_and_shrink():
-  assert FAMILY.population(types.SimpleNamespace(client_names=('a', 'b', 'c'))) == 3
+def test_the_family_does_not_count_clients_and_shrink():
+  assert not hasattr(FAMILY, 'population')  # The data source counts them: client_sizes.
   cfg = fdl.Config(TransformerLM, num_layers=12)
   family_of(cfg).shrink(cfg)
   assert cfg.num_layers == 1
