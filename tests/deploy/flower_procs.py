@@ -42,7 +42,8 @@ def lora_flags(root: Path) -> list[str]:
   from tests.federated.lora_task import SMALL
   return ['--exp=federated.TextLoraFedAvg', *(f'--fdl_set={o}' for o in SMALL),
           f'--fdl_set=data.files={root}/corpus/*/corpus.txt', '--fdl_set=data.partition=file',
-          f'--fdl_set=data.clients_per_round={LORA_CLIENTS}', f'--fdl_set=train.num_steps={LORA_ROUNDS}']
+          f'--fdl_set=data.clients_per_round={LORA_CLIENTS}',
+          f'--fdl_set=train.num_steps={LORA_ROUNDS}']
 
 
 def lora_run(tmp_path_factory) -> tuple[list[str], Path, Path]:
