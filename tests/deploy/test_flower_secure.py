@@ -277,3 +277,33 @@ def test_secure_lora_rounds_send_the_base_once_and_equal_the_simulation(tmp_path
     assert abs(dep['learning_rate'] - sim['learning_rate']) <= cohort['secagg_mean_error_bound']
     for key in shared - {'learning_rate'}:  # Weighted by the tokens: a level is ~1e-6 of each.
       np.testing.assert_allclose(dep[key], sim[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow  # Three nodes through SecAgg+ for one round, then one node killed.
+def test_a_secure_federation_left_with_two_nodes_stops_in_one_line(export, tmp_path):
+  """3 nodes, node 1 killed with SIGKILL once round 1's row is written: round 2 would run
+  SecAgg+ over the 2 nodes left, each of which would learn the other's contribution, so the
+  ServerApp stops and the launcher exits 1 with one line saying why; round 1's checkpoint
+  stays, and no Flower process is left. Before: round 2 ran again among the two, exit 0."""
+  out, log, began = tmp_path / 'run', tmp_path / 'launcher.log', fp.now_ticks()
+  launcher = fp.start_group([sys.executable, '-m', 'paxlike.deploy.flower.local', *CLI_TINY,
+                             f'--export_dir={export}', f'--out={out}', '--rounds=2', '--nodes=3',
+                             '--round_timeout=120', '--server_restarts=0',
+                             '--secure_aggregation'], log)
+  try:
+    fp.wait_until(lambda: len(fp.rows(out / 'server' / 'metrics.jsonl')) >= 1, 600, 'round 1',
+                  launcher)
+    fp.kill_node(out, 'node1')
+    code = launcher.wait(timeout=600)
+  finally:
+    fp.stop_group(launcher)
+  text = log.read_text()
+  assert code == 1, text[-3000:]
+  line = text.strip().splitlines()[-1]
+  assert line.startswith('paxlike.deploy.flower.local: failed: the ServerApp wrote 1 of 2 '
+                         'rounds (ServerApp failed with exception: round 2: 2 of the nodes '
+                         'left for SecAgg+, which needs 3 to hide a node\'s contribution'), line
+  assert 'Traceback' not in text.split('paxlike.deploy.flower.local: failed')[-1]
+  assert (out / 'server' / 'checkpoints' / '1').is_dir()
+  assert [r['step'] for r in fp.rows(out / 'server' / 'metrics.jsonl')] == [1]
+  assert fp.flower_processes_since(began) == []

@@ -1,7 +1,7 @@
 """What lets the local launcher be stopped, killed or run out of disk and started again on the
 same `--out` (issue 72): the rows written so far, a lock on `--out` (held by the launcher and
 its watchdog), the signals that stop it cleanly, the check that its run dir is one to resume,
-and the one line that says the disk is full.
+and the one line that says the disk is full or why the ServerApp failed.
 """
 
 from __future__ import annotations
@@ -143,3 +143,19 @@ def no_space_message(out: Path, path: str | Path) -> str:
           else 'no round was checkpointed')
   return (f'no space left on the device of {path}; {kept}: free space and run the same '
           'command to resume')
+
+
+def server_app_failure(runs_json: Path) -> str | None:
+  """Why the latest failed run in `runs_json` (`flwr ls --format json`) failed, as Flower
+  recorded it ("ServerApp failed with exception: ..."), on one line; None when none failed or
+  the file is missing or unreadable."""
+  try:
+    runs = json.loads(runs_json.read_text()).get('runs', [])
+  except (OSError, ValueError, AttributeError):
+    return None
+  failed = [r for r in runs if str(r.get('status', '')).endswith(':failed')
+            and str(r.get('status-details') or '').strip()]
+  if not failed:
+    return None
+  latest = max(failed, key=lambda r: str(r.get('finished-at') or ''))
+  return ' '.join(str(latest['status-details']).split())

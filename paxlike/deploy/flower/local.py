@@ -146,8 +146,9 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
   if launches.rows_done(out) != rounds or not (out / 'server' / 'final.npz').exists():
     if launches.disk_full(out):
       raise RunFailure(launches.no_space_message(out, out / 'server'))
+    why = launches.server_app_failure(out / 'runs.json')
     raise RunFailure(f'the ServerApp wrote {launches.rows_done(out)} of {rounds} rounds '
-                     f'(logs in {out / "logs"})')
+                     f'({why + "; " if why else ""}logs in {out / "logs"})')
 
 
 def run(argv: list[str]) -> None:
