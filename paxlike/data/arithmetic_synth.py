@@ -15,6 +15,8 @@ import os
 import random
 from pathlib import Path
 
+from paxlike.core import files
+
 DEFAULT_FILE = '/tmp/paxlike/arithmetic/arithmetic.jsonl'
 
 
@@ -32,9 +34,7 @@ def write_rows(path: str | os.PathLike, rows: list[dict[str, str]]) -> Path:
   """`rows` as JSONL at `path` (written atomically; directories made)."""
   path = Path(path).expanduser()
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
-  tmp.write_text(''.join(json.dumps(row) + '\n' for row in rows), encoding='utf-8')
-  os.replace(tmp, path)
+  files.write_text(path, ''.join(json.dumps(row) + '\n' for row in rows))
   return path
 
 

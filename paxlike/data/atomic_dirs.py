@@ -1,25 +1,23 @@
 """Directories that are whole or absent (a token store, what is derived from it): each is
-written into a fresh temporary directory beside its place and moved there under a lock, so
-concurrent writers write it once and a killed writer leaves only a `.tmp-` leftover, which the
-next writer removes."""
+written into a fresh temporary directory beside its place and moved there under a lock
+(paxlike.core.files.dir_written), so concurrent writers write it once and a killed writer
+leaves only a `.tmp-` leftover, which the next writer removes."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from paxlike.core import files
 from paxlike.data import prepare
 
 
 def write_json(path: Path, value: Any) -> None:
   """`value` as JSON at `path`, replaced whole."""
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(json.dumps(value, indent=1) + '\n')
-  os.replace(tmp, path)
+  files.write_json(path, value, indent=1)
 
 
 def replace_atomically(final: Path, lock: Path, is_complete: Callable[[Path], bool],
@@ -31,12 +29,10 @@ def replace_atomically(final: Path, lock: Path, is_complete: Callable[[Path], bo
       return
     for stale in final.parent.glob(f'.tmp-{final.name}-*'):
       shutil.rmtree(stale, ignore_errors=True)
-    tmp = final.parent / f'.tmp-{final.name}-{os.getpid()}'
-    tmp.mkdir(parents=True)
-    write(tmp)
-    if final.exists():  # Torn, or another key's (a hash prefix clash).
-      shutil.rmtree(final)
-    os.replace(tmp, final)
+    with files.dir_written(final) as tmp:
+      write(tmp)
+      if final.exists():  # Torn, or another key's (a hash prefix clash).
+        shutil.rmtree(final)
 
 
 def remove(final: Path, lock: Path) -> None:

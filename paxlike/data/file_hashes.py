@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from paxlike.core import files
 from paxlike.data import fingerprint
 from paxlike.data import prepare
 
@@ -80,8 +81,6 @@ def record(index: Path, entries: dict[str, Entry]) -> None:
   try:
     with prepare._locked(index.with_name(f'.{index.name}.lock')):  # pylint: disable=protected-access
       merged = {**read_index(index), **entries}
-      tmp = index.with_name(f'.{index.name}.{os.getpid()}')
-      tmp.write_text(json.dumps(merged, separators=(',', ':')) + '\n')
-      os.replace(tmp, index)
+      files.write_json(index, merged, indent=None, separators=(',', ':'))
   except OSError:
     pass

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from paxlike.core import files
 from paxlike.errors import UserError
 
 FILE = 'data_fingerprint.json'
@@ -79,6 +80,4 @@ def record(job_dir: Path, current: dict[str, Any] | None) -> None:
   """Writes `current` to the job dir's data_fingerprint.json (atomically)."""
   if current is None:
     return
-  tmp = job_dir / (FILE + '.tmp')
-  tmp.write_text(json.dumps(current, indent=2) + '\n')
-  os.replace(tmp, job_dir / FILE)
+  files.write_json(job_dir / FILE, current)

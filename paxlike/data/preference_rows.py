@@ -20,11 +20,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
+from paxlike.core import files as file_io
 from paxlike.data import chat_rows
 from paxlike.data import fingerprint
 from paxlike.data import text_files
@@ -144,8 +143,18 @@ def _derived_name(name: str) -> str:
 def _write_pairs(files: dict[str, Path], fields: PairFields, final: Path) -> None:
   """Writes every file's documents and the manifest into a temporary directory, then moves it
   into place (a concurrent writer's finished copy wins)."""
-  tmp = final.parent / f'.tmp-{final.name}-{os.getpid()}'
-  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    with file_io.dir_written(final) as tmp:
+      manifest = _write_documents_into(tmp, files, fields)
+      (tmp / MANIFEST).write_text(json.dumps(manifest) + '\n')
+  except OSError:  # Another run put its copy in place first.
+    if not (final / MANIFEST).is_file():
+      raise
+
+
+def _write_documents_into(tmp: Path, files: dict[str, Path], fields: PairFields) -> dict:
+  """Writes every file's documents under `tmp`; the manifest. UserError when no file holds a
+  pair or the files mix formats."""
   kinds, totals = set(), {'pairs': 0, 'skipped_pairs': 0}
   for name, path in files.items():
     (tmp / _derived_name(name)).parent.mkdir(parents=True, exist_ok=True)
@@ -156,17 +165,10 @@ def _write_pairs(files: dict[str, Path], fields: PairFields, final: Path) -> Non
     raise UserError('data.files: some files hold text pairs and others chat pairs; use one '
                     'format')
   if not totals['pairs']:
-    shutil.rmtree(tmp, ignore_errors=True)
     raise UserError(f'data.files: the {len(files)} files hold no preference pair'
                     + (f' ({totals["skipped_pairs"]} skipped with an empty completion)'
                        if totals['skipped_pairs'] else ''))
-  (tmp / MANIFEST).write_text(json.dumps({'format': kinds.pop(), **totals}) + '\n')
-  try:
-    os.replace(tmp, final)
-  except OSError:  # Another run put its copy in place first.
-    shutil.rmtree(tmp, ignore_errors=True)
-    if not (final / MANIFEST).is_file():
-      raise
+  return {'format': kinds.pop(), **totals}
 
 
 def store_fields(kind: str, fields: PairFields) -> text_files.Fields:

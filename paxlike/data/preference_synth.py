@@ -11,10 +11,10 @@ learn and a reward that merely counts bytes cannot.
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
+from paxlike.core import files
 from paxlike.data import token_store
 
 # `PreferenceData.files` may name this set so: the file is made on first use (a config stays free
@@ -82,9 +82,7 @@ def stdlib_pairs_file(num_pairs: int = 4000) -> Path:
   path = token_store.token_dir() / 'synthetic' / f'stdlib-pairs-v{FORMAT}-{num_pairs}.jsonl'
   if not path.is_file():
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
-    with open(tmp, 'w', encoding='utf-8') as f:
+    with files.open_atomic(path) as f:
       for pair in stdlib_pairs(num_pairs):
         f.write(json.dumps(pair) + '\n')
-    os.replace(tmp, path)
   return path

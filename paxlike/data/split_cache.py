@@ -5,12 +5,13 @@ complete, so the cache goes stale only with the decoding code: `VERSION` names i
 
 from __future__ import annotations
 
-import os
 import zipfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from paxlike.core import files
 
 VERSION = 1
 Arrays = dict[str, np.ndarray]
@@ -31,10 +32,9 @@ def cached(directory: str, split: str, kind: str, decode: Callable[[], Arrays]) 
   except (OSError, EOFError, ValueError, zipfile.BadZipFile):  # Absent or damaged: decode.
     pass
   arrays = decode()
-  tmp = path.with_name(f'.{path.name}.{os.getpid()}.npz')
   try:
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    with files.open_atomic(path, binary=True) as file:
+      np.savez(file, **arrays)
   except OSError:
-    tmp.unlink(missing_ok=True)
+    pass
   return arrays

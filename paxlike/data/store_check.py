@@ -10,12 +10,13 @@ never reach the model, while an untouched store is read only once.
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from paxlike.core import files
 
 VERIFIED = 'verified.json'
 BLOCK = 1 << 24
@@ -79,10 +80,8 @@ def damage(path: Path, sizes: dict[str, int], checksums: dict[str, str] | None) 
     got = _crc_of(path / name)
     if got != want:
       return f'{name} changed since its build (CRC-32 {got}, built {want})'
-  tmp = path / f'.{VERIFIED}.{os.getpid()}'
   try:
-    tmp.write_text(json.dumps(signature))
-    os.replace(tmp, path / VERIFIED)
+    files.write_text(path / VERIFIED, json.dumps(signature))
   except OSError:  # A read-only store is verified again next time.
     pass
   return None
