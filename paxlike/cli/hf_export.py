@@ -17,10 +17,9 @@ complete, so an export killed midway leaves no `--out` and a rerun starts clean.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from absl import app, flags, logging
 from paxlike import registry
 from paxlike.cli import flag_defs
 from paxlike.config import config_io
+from paxlike.core import files
 from paxlike.errors import UserError
 from paxlike.interop import checkpoint, hf_fields
 from paxlike.layers import TransformerLM, lora, quantization
@@ -128,19 +128,14 @@ def _write(tmp: Path, params: Any, model: TransformerLM, model_type: str | None,
     (tmp / GENERATION_FILE).write_text(generation, 'utf-8')
 
 
-def write_atomically(out: Path, write: Any) -> None:
-  """Runs `write(tmp)` on a fresh directory beside `out`, then renames it to `out` (which must
-  be absent or empty); the temporary directory is removed if `write` fails."""
-  out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f'.{out.name}.partial-'))
-  try:
+def write_atomically(out: Path, write: Callable[[Path], None]) -> None:
+  """Runs `write(tmp)` on a fresh directory beside `out` that then replaces `out` (absent or
+  empty: OSError otherwise) whole, its files fsynced (paxlike.core.files.dir_written); the
+  temporary directory is removed if `write` fails."""
+  with files.dir_written(out) as tmp:
     write(tmp)
     if out.is_dir() and not any(out.iterdir()):
       out.rmdir()
-    os.rename(tmp, out)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
 
 
 def main(argv: list[str]) -> None:

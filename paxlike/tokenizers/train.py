@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -19,6 +18,7 @@ import sentencepiece as spm
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from paxlike.core import files
 from paxlike.errors import RunFailure, UserError
 
 FILE_NAMES = {'sentencepiece': 'tokenizer.model', 'bpe': 'tokenizer.json'}
@@ -121,19 +121,6 @@ def bpe_config() -> dict[str, object]:
           'pad_token': BPE_PAD, 'bos_token': None, 'clean_up_tokenization_spaces': False}
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-  """Writes `path` whole or not at all: a temporary file beside it, synced, then renamed."""
-  tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
-  try:
-    with open(tmp, 'wb') as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    tmp.unlink(missing_ok=True)
-
-
 def write_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, out: Path) -> Path:
   """Trains a `kind` tokenizer on `texts` and writes it into the directory `out`; its path.
   For 'bpe' the config goes first, so a tokenizer.json is never without it."""
@@ -144,6 +131,6 @@ def write_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, out: Path)
   out.mkdir(parents=True, exist_ok=True)
   if kind == 'bpe':
     config = json.dumps(bpe_config(), indent=2) + '\n'
-    write_atomic(out / 'tokenizer_config.json', config.encode('utf-8'))
-  write_atomic(out / FILE_NAMES[kind], data)
+    files.write_text(out / 'tokenizer_config.json', config)
+  files.write_bytes(out / FILE_NAMES[kind], data)
   return out / FILE_NAMES[kind]

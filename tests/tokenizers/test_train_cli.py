@@ -130,18 +130,18 @@ def test_a_reading_error_inside_sentencepiece_comes_out_as_itself(tmp_path, corp
     train.sentencepiece_model(texts, 300)
 
 
-def test_write_atomic_leaves_the_old_file_or_the_new_one(tmp_path, monkeypatch):
-  path = tmp_path / 'tokenizer.model'
-  train.write_atomic(path, b'old')
+def test_a_tokenizer_write_cut_short_leaves_the_old_files(tmp_path, monkeypatch, corpus_text):
+  out = tmp_path / 'tok'
+  train.write_tokenizer('bpe', [corpus_text], 300, out)
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
 
   def killed(src, dst):
     raise KeyboardInterrupt  # as if the run stopped between writing and renaming
 
   monkeypatch.setattr(os, 'replace', killed)
   with pytest.raises(KeyboardInterrupt):
-    train.write_atomic(path, b'new')
-  assert [p.name for p in tmp_path.iterdir()] == ['tokenizer.model']
-  assert path.read_bytes() == b'old'
+    train.write_tokenizer('bpe', [corpus_text.upper()], 300, out)
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # No temporary left.
   monkeypatch.undo()
-  train.write_atomic(path, b'new')
-  assert path.read_bytes() == b'new'
+  train.write_tokenizer('bpe', [corpus_text.upper()], 300, out)
+  assert (out / 'tokenizer.json').read_bytes() != before['tokenizer.json']
