@@ -54,6 +54,7 @@ from jax.experimental import serialize_executable
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import paxlike
+from paxlike.core import files as file_io
 
 DIRNAME = 'paxlike-decode'
 TRAIN_DIRNAME = 'paxlike-train'
@@ -158,17 +159,13 @@ class Store:
     return blob
 
   def _write(self, path: Path, blob: bytes) -> None:
-    """Writes `path` whole (a temporary file renamed), then drops the oldest entries past
+    """Writes `path` whole (paxlike.core.files), then drops the oldest entries past
     the store's bounds. A store that cannot take it (read-only, full) is a warning: the run goes
     on with what it traced."""
-    tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
     try:
       self.directory.mkdir(parents=True, exist_ok=True)
-      tmp.write_bytes(blob)
-      os.replace(tmp, path)
+      file_io.write_bytes(path, blob)
     except OSError as error:
-      with contextlib.suppress(OSError):
-        tmp.unlink(missing_ok=True)
       warnings.warn(f'traces not kept in {self.directory}: {error}', stacklevel=3)
       return
     entries = []
