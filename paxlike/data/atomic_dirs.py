@@ -9,15 +9,9 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from paxlike.core import files
 from paxlike.data import prepare
-
-
-def write_json(path: Path, value: Any) -> None:
-  """`value` as JSON at `path`, replaced whole."""
-  files.write_json(path, value, indent=1)
 
 
 def replace_atomically(final: Path, lock: Path, is_complete: Callable[[Path], bool],

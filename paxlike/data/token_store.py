@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from paxlike.core import files as file_io
 from paxlike.data import atomic_dirs
 from paxlike.data import file_hashes
 from paxlike.data import fingerprint
@@ -193,7 +194,7 @@ class Writer:
     manifest = {**manifest, 'format': FORMAT, 'num_docs': self.num_docs,
                 'num_tokens': self.num_tokens, 'token_dtype': self.dtype.name,
                 'shards': self.shards, 'checksums': self.checksums.record()}
-    atomic_dirs.write_json(self.directory / MANIFEST, manifest)
+    file_io.write_json(self.directory / MANIFEST, manifest, indent=1)
     return manifest
 
 
@@ -279,7 +280,7 @@ def build(directory: Path, files: dict[str, Path], fields: text_files.Fields, to
     raise UserError(f'data.files: the {len(files)} files hold no documents'
                     + (f' ({summary})' if (summary := counts.summary(fields)) else ''))
   progress.done(writer.num_docs, writer.num_tokens, counts.summary(fields))
-  atomic_dirs.write_json(directory / 'clients.json', list(clients))
+  file_io.write_json(directory / 'clients.json', list(clients), indent=1)
   return writer.finish({**base_manifest(key, files, fields, tokenizer),
                         'counts': {'missing': counts.missing, 'empty': counts.empty,
                                    'replaced': counts.replaced}})
@@ -313,7 +314,7 @@ def derived(store: Store, name: str, version: int,
       arrays, meta = make()
       for key, value in arrays.items():
         np.save(tmp / f'{key}.npy', value)
-      atomic_dirs.write_json(tmp / MANIFEST, meta)
+      file_io.write_json(tmp / MANIFEST, meta, indent=1)
     atomic_dirs.replace_atomically(final, store.path.parent / f'.{store.path.name}.lock',
                                    lambda path: (path / MANIFEST).is_file(), write)
   arrays = {p.stem: np.load(p, mmap_mode='r') for p in sorted(final.glob('*.npy'))}
