@@ -18,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -31,6 +29,7 @@ import orbax.checkpoint as ocp
 from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from paxlike.core import files as file_io
 from paxlike.errors import UserError
 from paxlike.layers import quantization
 from paxlike.interop import checkpoint, peft, weight_files
@@ -358,9 +357,7 @@ def source_record(init_from: str) -> dict[str, Any]:
 
 def write_record(job_dir: Path, record: dict[str, Any]) -> None:
   """`job_dir/init_source.json`, atomically."""
-  tmp = job_dir / f'{RECORD}.tmp'
-  tmp.write_text(json.dumps(record, indent=2) + '\n')
-  os.replace(tmp, job_dir / RECORD)
+  file_io.write_json(job_dir / RECORD, record)
 
 
 def nbytes(tree: Any) -> int:

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator
 import fiddle as fdl
 
 from paxlike.config import config_io
+from paxlike.core import files as file_io
 from paxlike.errors import UserError
 from paxlike.trainer import job_source
 
@@ -53,12 +54,6 @@ def check_layout(path: Path) -> None:
       kind = 'a directory' if want_dir else 'a file'
       raise UserError(f'{entry} is not {kind}, as the job dir layout needs; move it away or use '
                       'another --job_log_dir')
-
-
-def _write_atomic(path: Path, text: str) -> None:
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(text)
-  os.replace(tmp, path)
 
 
 def saved_text(saved: Path) -> str:
@@ -122,8 +117,8 @@ def undone_if_refused(job_log_dir: str) -> Iterator[None]:
 def record_config(path: Path, cfg: fdl.Buildable, notes: str = '') -> None:
   """Writes config.json and config.txt, `notes` (e.g. '# attention kernel: cudnn') ending the
   latter (call once the run has restored, so a failed start leaves the job dir as it was)."""
-  _write_atomic(path / 'config.json', config_io.to_json(cfg))
-  _write_atomic(path / 'config.txt', config_io.to_text(cfg) + notes)
+  file_io.write_text(path / 'config.json', config_io.to_json(cfg))
+  file_io.write_text(path / 'config.txt', config_io.to_text(cfg) + notes)
 
 
 LOCK = 'trainer.lock'

@@ -9,13 +9,12 @@ tokenizer file a run was given, leaves the job dir whole.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import fiddle as fdl
 
+from paxlike.core import files as file_io
 from paxlike.data.token_source import TokenizedSource
 from paxlike.errors import UserError
 
@@ -62,9 +61,7 @@ def _copy_into(files: list[Path], folder: Path) -> None:
   """Copies each file into `folder` under its own name, each made whole before it appears."""
   folder.mkdir(exist_ok=True)
   for file in files:
-    tmp = folder / f'.{file.name}.tmp'
-    shutil.copyfile(file, tmp)
-    os.replace(tmp, folder / file.name)
+    file_io.copy_file(file, folder / file.name)
 
 
 def localize(job_dir: Path, cfg: fdl.Config) -> list[str]:

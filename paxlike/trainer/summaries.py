@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any, Mapping
 
 import numpy as np
 from tensorboardX import SummaryWriter
+
+from paxlike.core import files as file_io
 
 
 def scalars(metrics: Mapping[str, Any]) -> dict[str, float | int]:
@@ -42,9 +43,8 @@ def truncate_after(path: Path, step: int) -> int:
       continue
     if row.get('step', math.inf) <= step:
       kept.append(line)
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(''.join(line + '\n' for line in kept))
-  os.replace(tmp, path)  # A kill mid-write must not lose the rows being kept.
+  # Whole or not at all: a kill mid-write must not lose the rows being kept.
+  file_io.write_text(path, ''.join(line + '\n' for line in kept))
   return torn
 
 
