@@ -10,9 +10,9 @@ the new row as the round's version and replies with the contributions only.
 
 A node's store is one file, `client_state.npz` in its `state-dir` (node config), each slot's
 last `KEEP` versions (a restarted ServerApp resumes from a checkpoint whose versions may be a
-round behind the newest), written atomically (a temporary file, fsync, rename, fsync of the
-directory) before the reply, and read again by each message's process, so a restarted node
-(or ClientApp process) continues from it.
+round behind the newest), written atomically (paxlike.core.files: a temporary file, fsync,
+rename, fsync of the directory) before the reply, and read again by each message's process, so
+a restarted node (or ClientApp process) continues from it.
 
 When a slot moves to another node (a sampled cohort: replica s trains on another node's
 client), the node holding its version seals the row for the new node (X25519 with a fresh key
@@ -31,25 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from paxlike.core import files as file_io
+
 STORE, KEY = 'client_state.npz', 'state_x25519.key'
 KEEP = 3  # Versions kept per slot.
-
-
-def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-  """Writes `data` to `path` so that a crash leaves the old file or the new one, never a part."""
-  temp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
-  fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-  try:
-    os.write(fd, data) if len(data) else None
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-  os.replace(temp, path)
-  directory = os.open(path.parent, os.O_RDONLY)
-  try:
-    os.fsync(directory)
-  finally:
-    os.close(directory)
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
@@ -91,8 +76,9 @@ class Store:
 
   def save(self) -> None:
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(self.path, _npz_bytes({f'{s}@{v}/{n}': a for s, versions in self.rows.items()
-                                         for v, row in versions.items() for n, a in row.items()}))
+    file_io.write_bytes(self.path, _npz_bytes({
+        f'{s}@{v}/{n}': a for s, versions in self.rows.items()
+        for v, row in versions.items() for n, a in row.items()}), mode=0o644)
 
 
 def node_key(directory: str | Path) -> Any:
@@ -102,7 +88,7 @@ def node_key(directory: str | Path) -> Any:
   path = Path(directory) / KEY
   if not path.exists():
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, X25519PrivateKey.generate().private_bytes_raw(), 0o600)
+    file_io.write_bytes(path, X25519PrivateKey.generate().private_bytes_raw(), mode=0o600)
   return X25519PrivateKey.from_private_bytes(path.read_bytes())
 
 
