@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--exp', help='default: lm.Llama1B on a GPU, else lm.Llama350M')
   parser.add_argument('--fdl_set', action='append', default=[], help='PATH=VALUE (repeatable)')
   parser.add_argument('--fiddler', action='append', default=[],
-                      help='a configs/fiddlers.py name, applied before --fdl_set (repeatable)')
+                      help='a paxlike/configs/fiddlers.py name, applied before --fdl_set '
+                      '(repeatable)')
   parser.add_argument('--only', choices=('both', 'trainer', 'bare', 'federated'), default='both')
   parser.add_argument('--no-federated', dest='federated', action='store_false')
   parser.add_argument('--no-donate', dest='donate', action='store_false',
@@ -79,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def task_of(exp: str, fiddlers: list[str], overrides: list[str]) -> Any:
   """The built task of a registered experiment, after fiddlers and PATH=VALUE overrides."""
-  from configs import fiddlers as fiddler_lib
+  from paxlike.configs import fiddlers as fiddler_lib
   from paxlike import registry
   from paxlike.config import config_io
   registry.import_all()

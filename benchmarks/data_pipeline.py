@@ -174,7 +174,7 @@ def step_seconds(model_cfg, batch: int, seq: int, steps: int) -> float:
 
 def step_rates(args) -> dict:
   import jax.numpy as jnp
-  from configs import models
+  from paxlike.configs import models
   tiny = step_seconds(models.lm_tiny(), 16, 128, 5 if args.quick else 30)
   seq = 32 if args.quick else 512
   layer_times = []

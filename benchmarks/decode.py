@@ -3,8 +3,8 @@
     python benchmarks/decode.py [--new_tokens 256] [--prompt_len 32] [--repeats 3] [--quick]
     python benchmarks/decode.py --family gemma2   (or all: every dense family)
 
-Models: `lm.StdlibTiny`'s (configs/models.py lm_tiny; its rope lets the cache outgrow max_len
-128) and a 4-layer d256 Llama (vocab 256, d_ff 688, max_len 288), random float32 weights, at
+Models: `lm.StdlibTiny`'s (paxlike/configs/models.py lm_tiny; its rope lets the cache outgrow
+max_len 128) and a 4-layer d256 Llama (vocab 256, d_ff 688, max_len 288), random float32 weights, at
 batch 1 and 8, greedy. The KV-cache decoder is `paxlike.decode.generate`'s (prefill, then a
 jitted while loop per cache size); the reference is what `--mode=decode` did before it: one
 jitted forward pass over a fixed `max_len` window per token, from a Python loop. Its cost per
@@ -14,7 +14,7 @@ the reference's tokens. Medians (and the best) over repeats; the first (compilin
 timed. tokens/s counts every new token of the batch over the whole time, prefill included.
 
 `--presets 350m,1b` instead times the KV-cache decoder (greedy, random weights cast to the
-model's compute dtype, bf16 for the presets, as a server holds them) of configs/models.py's
+model's compute dtype, bf16 for the presets, as a server holds them) of paxlike/configs/models.py's
 lm_350m and lm_1b at each of `--batches`, against the HBM roofline: one decode step reads
 every parameter and the whole KV cache once, so the roofline is batch × bandwidth / (parameter
 bytes + cache bytes); at batch 1 it is ~bandwidth / parameter bytes (v5e: 819 GB/s). Reports
@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--batches', default='1,8')
   parser.add_argument('--presets', default=None,
-                      help='comma-separated configs/models.py sizes (350m, 1b): against the roofline')
+                      help='comma-separated paxlike/configs/models.py sizes (350m, 1b): against the '
+                      'roofline')
   parser.add_argument('--quantizations', default='none',
                       help='with --presets: comma-separated base_quantization kinds (none, int8, '
                            'nf4), each timed on the same weights')
@@ -73,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def models() -> dict:
   import fiddle as fdl
-  from configs import models as model_configs
+  from paxlike.configs import models as model_configs
   from paxlike.layers import TransformerLM
   llama = TransformerLM(vocab_size=256, num_layers=4, d_model=256, num_heads=4, d_ff=688,
                         max_len=288, tied_embeddings=False, norm_eps=1e-5)
@@ -245,7 +246,7 @@ def run_families(names: list[str], args: argparse.Namespace) -> dict:
 
 def preset_model(name: str, quick: bool):
   import fiddle as fdl
-  from configs import models as model_configs
+  from paxlike.configs import models as model_configs
   model = fdl.build(getattr(model_configs, f'lm_{name}')())
   if quick:
     model = model.clone(num_layers=2, d_model=128, num_heads=2, num_kv_heads=1, d_ff=256,

@@ -2,7 +2,7 @@
 
     python benchmarks/federated_round.py [--cohorts 4,16,64] [--local-steps 4] [--chunk N] [--quick]
 
-The task is `--exp` (default federated.ShakespeareFedAvg: `configs.models.lm_tiny()` on Tiny
+The task is `--exp` (default federated.ShakespeareFedAvg: `paxlike.configs.models.lm_tiny()` on Tiny
 Shakespeare by role) with `data.seq_len`, `data.batch_size`, `data.clients_per_round` and
 `data.local_steps` set from the flags. Per cohort, a child process times in alternating
 repeats, on the same device-resident round batches:

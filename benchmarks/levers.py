@@ -32,10 +32,10 @@ from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
-from configs import sizes  # noqa: E402
+from paxlike.configs import sizes  # noqa: E402
 
 class Lever(NamedTuple):
-  """Overrides on top of the model's, configs/fiddlers.py names applied before them, and
+  """Overrides on top of the model's, paxlike/configs/fiddlers.py names applied before them, and
   environment flags (a lever with flags runs in a child process)."""
 
   overrides: tuple[str, ...] = ()
@@ -44,7 +44,7 @@ class Lever(NamedTuple):
 
 
 def _fit(exp: str, size: str) -> tuple[str, list[str]]:
-  """The experiment at seq 2048 with what configs/sizes.py CHIP_16GB says fits one chip."""
+  """The experiment at seq 2048 with what paxlike/configs/sizes.py CHIP_16GB says fits one chip."""
   fit = sizes.CHIP_16GB[size]
   return exp, [f'data.batch_size={fit.batch}', 'data.seq_len=2048',
                f'model.remat_policy={fit.remat_policy}',
@@ -60,7 +60,7 @@ LEVER_MODEL = '350m'
 
 # Each model's levers (the first is the base the others are compared with). remat policies:
 # paxlike/layers/lm_checks.py REMAT_POLICIES; attention: model.attention_impl ('auto' picks
-# splash on a TPU, 'xla'); layers: model.scan_layers; fiddlers: configs/fiddlers.py.
+# splash on a TPU, 'xla'); layers: model.scan_layers; fiddlers: paxlike/configs/fiddlers.py.
 LATENCY_HIDING = {'LIBTPU_INIT_ARGS': '--xla_tpu_enable_latency_hiding_scheduler=true'}
 LEVERS: dict[str, dict[str, Lever]] = {
     '350m': {

@@ -10,8 +10,8 @@ state). Timed in alternating repeats with at most 2 steps in flight, as the trai
 Prints one JSON object: per side `ms_per_step` (median), `opt_state_bytes`, `trained_params`;
 `speedup` (full / lora step time) and `opt_state_ratio` (lora / full bytes).
 
-`--preset 1b` (or 350m) times configs/models.py's preset instead, at `--batch` × `--seq` (default
-4 × 2048), on whatever accelerator there is; `--sides lora` leaves out the full fine-tune (the
+`--preset 1b` (or 350m) times paxlike/configs/models.py's preset instead, at `--batch` × `--seq`
+(default 4 × 2048), on whatever accelerator there is; `--sides lora` leaves out the full fine-tune (the
 1B model's full AdamW state does not fit one TPU v5e chip). Each side then also reports
 `steps_per_sec` and `mfu`: the model's training FLOPs (6·N + attention per token, as the MFU
 benchmarks count them; a LoRA step skips the base weights' gradients, about a third of that)
@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--steps', type=int, default=20, help='steps per timed repeat')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--rank', type=int, default=8)
-  parser.add_argument('--preset', choices=('350m', '1b'), help='a configs/models.py size')
+  parser.add_argument('--preset', choices=('350m', '1b'), help='a paxlike/configs/models.py size')
   parser.add_argument('--batch', type=int, default=4, help='with --preset')
   parser.add_argument('--seq', type=int, default=2048, help='with --preset')
   parser.add_argument('--sides', default='full,lora')
@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def preset_shape(args: argparse.Namespace):
   """(base model, its description, seq, batch) of --preset (shrunk with --quick)."""
   import fiddle as fdl
-  from configs import models as model_configs
+  from paxlike.configs import models as model_configs
   model = fdl.build(getattr(model_configs, f'lm_{args.preset}')())
   seq, batch = args.seq, args.batch
   if args.quick:

@@ -12,8 +12,8 @@ alternating repeats with at most 2 steps in flight. Prints one JSON object: per 
 compiled step: its peak on an accelerator, arguments + outputs − aliased + temporaries on CPU)
 and `estimate_bytes` (paxlike's memory estimate), and each kind's ratios to `none`.
 
-`--preset 8b` (or 1b, 350m) builds configs/models.py's preset instead (random weights, params
-other than the quantized kernels in bfloat16, remat 'full') at `--batch` × `--seq` on whatever
+`--preset 8b` (or 1b, 350m) builds paxlike/configs/models.py's preset instead (random weights,
+params other than the quantized kernels in bfloat16, remat 'full') at `--batch` × `--seq` on whatever
 accelerator there is, and adds `mfu` (6·N + attention FLOPs per token over the chip's peak, as
 the MFU benchmarks count them; a LoRA step skips the base's weight gradients, a third of that).
 """
@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--rank', type=int, default=8)
   parser.add_argument('--kinds', default='none,int8,nf4')
-  parser.add_argument('--preset', choices=('350m', '1b', '8b'), help='a configs/models.py size')
+  parser.add_argument('--preset', choices=('350m', '1b', '8b'),
+                      help='a paxlike/configs/models.py size')
   parser.add_argument('--batch', type=int, default=1, help='with --preset')
   parser.add_argument('--seq', type=int, default=2048, help='with --preset')
   return parser.parse_args(argv)
@@ -48,7 +49,7 @@ def base_model(args: argparse.Namespace):
   """(the float base model with adapters, its shape, seq, batch)."""
   import fiddle as fdl
   import jax.numpy as jnp
-  from configs import models as model_configs
+  from paxlike.configs import models as model_configs
   from paxlike.layers import TransformerLM
   if args.preset:
     model = fdl.build(getattr(model_configs, f'lm_{args.preset}')())

@@ -1,8 +1,9 @@
 """The experiment registry.
 
 Experiments come from three places:
-- this repo's `experiments` package: keys are `<module under experiments>.<ClassName>`
-  (e.g. `lm.StdlibTiny`);
+- paxlike's own `paxlike.experiments` package: keys are `<module under it>.<ClassName>`
+  (e.g. `lm.StdlibTiny`; its full name, or the `experiments.` one from before it moved under
+  paxlike, finds it too);
 - any importable module: `get('my_project.my_module.MyExperiment')` imports
   `my_project.my_module` (the user named it, so it is trusted) and its key is that full name;
 - installed plugins: every module named in the entry-point group `paxlike.experiments`.
@@ -17,15 +18,16 @@ import importlib.metadata
 import importlib.util
 import pkgutil
 import sys
-from pathlib import Path
 
 from paxlike.errors import UserError
 
 _EXPERIMENTS: dict[str, type] = {}
 _PLUGINS: dict[str, str] = {}  # Module name -> the distribution whose entry point imported it.
-_PACKAGE = 'experiments'
+_PACKAGE = 'paxlike.experiments'
+# What a key of paxlike's own may be prefixed with: its package, and the top-level name that
+# package had before it moved under paxlike.
+_OWN_PREFIXES = (_PACKAGE + '.', 'experiments.')
 ENTRY_POINT_GROUP = 'paxlike.experiments'
-OWN_PACKAGES = ('experiments', 'configs')  # Top-level packages shipped beside `paxlike`.
 
 
 def register(cls: type) -> type:
@@ -42,21 +44,8 @@ def key_of(cls: type) -> str:
   return f'{cls.__module__.removeprefix(_PACKAGE + ".")}.{cls.__name__}'
 
 
-def check_own_packages() -> None:
-  """Refuses a `configs` or `experiments` package that shadows the one installed with paxlike
-  (a user's own package of that name earlier on sys.path would otherwise be imported instead)."""
-  home = Path(__file__).resolve().parents[1]
-  for name in OWN_PACKAGES:
-    spec = importlib.util.find_spec(name)
-    where = [Path(p).resolve() for p in (spec.submodule_search_locations or [])] if spec else []
-    if where and home / name not in where:
-      raise UserError(f'the package {name!r} at {where[0]} shadows paxlike\'s own '
-                      f'({home / name}); rename yours (e.g. my_{name}) or take it off PYTHONPATH')
-
-
 def import_all() -> None:
-  """Imports every module of the `experiments` package and every plugin module."""
-  check_own_packages()
+  """Imports every module of the `paxlike.experiments` package and every plugin module."""
   package = importlib.import_module(_PACKAGE)
   for info in pkgutil.iter_modules(package.__path__, _PACKAGE + '.'):
     importlib.import_module(info.name)
@@ -126,9 +115,10 @@ def get(name: str) -> type:
   """The experiment class for a key, a unique dotted suffix of one, or `module.Class`."""
   if not name or not name.strip():
     raise UserError('--exp is empty; use --list to see the experiments')
-  if name not in _EXPERIMENTS and name.removeprefix(_PACKAGE + '.') not in _EXPERIMENTS:
+  candidates = [name, *(name.removeprefix(p) for p in _OWN_PREFIXES if name.startswith(p))]
+  if not any(key in _EXPERIMENTS for key in candidates):
     _import_named_module(name)
-  for key in (name, name.removeprefix(_PACKAGE + '.')):
+  for key in candidates:
     if key in _EXPERIMENTS:
       return _EXPERIMENTS[key]
   matches = [k for k in _EXPERIMENTS if k.endswith('.' + name)]

@@ -125,7 +125,7 @@ def _platform() -> str:
 def test_accelerator_mfu_quick_times_trainer_and_bare_step_and_the_federated_round():
   """Runs on any host (CPU here, the accelerator on a TPU or GPU host); MFU is model FLOPs ×
   rate / peak."""
-  from configs.models import lm_125m
+  from paxlike.configs.models import lm_125m
   from paxlike.families import lm_flops
   out = run_json('benchmarks/accelerator_mfu.py', '--quick', '--peak-tflops=0.5')
   default = 'lm.Llama1B' if _platform() == 'gpu' else 'lm.Llama350M'

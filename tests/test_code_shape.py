@@ -4,7 +4,10 @@ over 60 lines (a function that long does more than one thing)."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
+
+import setuptools
 
 import paxlike
 
@@ -24,6 +27,18 @@ def long_functions(path: Path) -> list[tuple[str, int]]:
 
 def test_the_package_root_holds_only_the_cli_and_the_contracts():
   assert {p.name for p in ROOT.glob('*.py')} == ROOT_MODULES
+
+
+def test_paxlike_is_the_one_top_level_package():
+  # The experiments and building blocks are paxlike.experiments and paxlike.configs: a wheel
+  # holds no top-level `configs` or `experiments` to clash with a user's own.
+  repo = ROOT.parent
+  include = tomllib.loads((repo / 'pyproject.toml').read_text())['tool']['setuptools'][
+      'packages']['find']['include']
+  packages = setuptools.find_packages(str(repo), include=include)
+  assert {p.split('.')[0] for p in packages} == {'paxlike'}
+  assert {'paxlike.configs', 'paxlike.experiments'} <= set(packages)
+  assert not (repo / 'configs').exists() and not (repo / 'experiments').exists()
 
 
 def test_no_function_is_over_60_lines():

@@ -13,7 +13,8 @@ layout section draws the same table):
   families                            what depends on the kind of model
   interop, decode                     Hugging Face checkpoints; KV-cache generation
   trainer                             the Task and everything that runs it
-  experiment                          the Experiment base users subclass
+  configs, experiment                 reusable Fiddle building blocks; the Experiment base
+  experiments                         the registered experiments (`lm.StdlibTiny`)
   cli                                 what the commands need besides main
   export                              federated program export and its executor
   deploy                              running an exported round elsewhere (Flower)
@@ -108,7 +109,8 @@ LAYERS = (
     ('families',),
     ('interop', 'decode'),
     ('trainer',),
-    ('experiment',),
+    ('configs', 'experiment'),
+    ('experiments',),
     ('cli',),
     ('export',),
     ('deploy',),
@@ -177,6 +179,19 @@ def test_the_programs_are_the_commands():
           'paxlike.__main__'} <= found
   # Imported by export.artifacts: it keeps to its layer.
   assert 'paxlike.export.run' not in found
+
+
+def test_the_experiments_and_building_blocks_have_their_layers():
+  # paxlike.configs and paxlike.experiments (top-level packages before they moved under
+  # paxlike) sit above the trainer; registry and cli find them by name, not by import.
+  graph = import_graph(ROOT)
+  assert {'paxlike.configs.fiddlers', 'paxlike.experiments.lm'} <= set(graph)
+  assert 'paxlike.configs.models' in graph['paxlike.experiments.lm']
+  level = {package: i for i, row in enumerate(LAYERS) for package in row}
+  assert level['trainer'] < level['configs'] < level['experiments'] < level['cli']
+  importers = {package_of(name) for name, targets in graph.items()
+               if any(t.startswith('paxlike.experiments') for t in targets)}
+  assert importers == {'experiments'}
 
 
 def test_only_the_cli_and_the_main_shims_import_paxlike_main():

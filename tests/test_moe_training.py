@@ -16,7 +16,7 @@ import pytest
 
 from paxlike.errors import UserError
 from paxlike.families import lm_memory
-from paxlike.interop import hf_llama
+from paxlike import interop
 from paxlike.layers import TransformerLM, moe
 from paxlike.trainer import losses
 from paxlike.core.partitioning import MeshConfig
@@ -148,10 +148,10 @@ def test_hf_import_refuses_moe_architectures_it_does_not_build_by_name(config, m
   hf = {'vocab_size': 256, 'hidden_size': 32, 'num_hidden_layers': 1, 'num_attention_heads': 2,
         'intermediate_size': 64, **config}
   with pytest.raises(UserError, match=message):
-    hf_llama.config_from_hf(hf)
+    interop.config_from_hf(hf)
   with pytest.raises(UserError, match='cannot be written as llama.*num_experts=4'):
-    hf_llama.config_to_hf(MODEL, 'llama')
-  assert hf_llama.config_to_hf(MODEL)['model_type'] == 'mixtral'  # Renormalised top-2.
+    interop.config_to_hf(MODEL, 'llama')
+  assert interop.config_to_hf(MODEL)['model_type'] == 'mixtral'  # Renormalised top-2.
 
 
 @pytest.mark.slow
@@ -187,7 +187,7 @@ def test_moe_benchmark_quick_prints_the_ratio_against_dense():
 def test_the_one_gpu_moe_size_counts_by_hand():
   """moe_1b: the 350m Llama (373,867,520) plus, in each of its 12 MoE layers, 7 more SwiGLU
   experts of 3·1024·2816 and a router of 1024·8; a token runs 2 experts of each."""
-  from configs.sizes import MOE_SIZES
+  from paxlike.configs.sizes import MOE_SIZES
   from paxlike.families import lm_flops, shapes
   model = fdl.build(MOE_SIZES['moe_1b'].model())
   moe_layer_extra = 7 * 3 * 1024 * 2816 + 1024 * 8

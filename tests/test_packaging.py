@@ -12,9 +12,10 @@ import pytest
 from paxlike.data import root
 from tests import helpers
 
-WHERE = ('import json, paxlike, configs, experiments; from paxlike.data import root; '
-         'print(json.dumps({"modules": [m.__file__ for m in (paxlike, configs, experiments)], '
-         '"data_root": str(root.data_root())}))')
+WHERE = ('import json, paxlike, paxlike.configs, paxlike.experiments; '
+         'from paxlike.data import root; '
+         'print(json.dumps({"modules": [m.__file__ for m in (paxlike, paxlike.configs, '
+         'paxlike.experiments)], "data_root": str(root.data_root())}))')
 
 
 def pip(*args: str, cwd) -> None:
@@ -31,7 +32,10 @@ def test_the_installed_wheel_runs_the_default_experiment_from_anywhere(tmp_path)
   pip('wheel', '--no-build-isolation', '-w', str(tmp_path / 'dist'), str(src), cwd=tmp_path)
   pip('install', '--target', str(site), *glob.glob(str(tmp_path / 'dist' / '*.whl')), cwd=tmp_path)
   installed = {p.name for p in site.iterdir()}
-  assert installed == {'bin', 'paxlike', 'configs', 'experiments', 'paxlike-0.1.0.dist-info'}
+  # One top-level package: the experiments and building blocks are paxlike.experiments and
+  # paxlike.configs, so a user's own `configs` or `experiments` package clashes with nothing.
+  assert installed == {'bin', 'paxlike', 'paxlike-0.1.0.dist-info'}
+  assert {'configs', 'experiments'} <= {p.name for p in (site / 'paxlike').iterdir()}
 
   elsewhere.mkdir()
   env = {k: v for k, v in helpers.cli_env().items() if k != root.DATA_DIR_ENV}

@@ -50,7 +50,7 @@ def test_empty_key_is_a_user_error(name):
 USER_MODULE = '''
 """A user's experiments, outside the paxlike checkout."""
 import fiddle as fdl
-from configs import models, tasks
+from paxlike.configs import models, tasks
 from paxlike.data import LmData
 from paxlike.experiment import Experiment
 from paxlike.registry import register
@@ -119,7 +119,11 @@ def test_dotted_name_imports_its_module_and_keeps_short_keys(user_module):
   mine = registry.get('myexps.Mine')
   assert mine.__module__ == 'myexps' and registry.origin('myexps.Mine') == 'module myexps'
   assert registry.get('Mine') is mine  # Once imported, a unique suffix finds it too.
-  assert registry.get('experiments.lm.StdlibTiny') is registry.get('lm.StdlibTiny')
+  tiny = registry.get('lm.StdlibTiny')
+  assert tiny.__module__ == 'paxlike.experiments.lm' and registry.key_of(tiny) == 'lm.StdlibTiny'
+  # Its full name, and the one from before the package moved under paxlike, find it too.
+  assert registry.get('paxlike.experiments.lm.StdlibTiny') is tiny
+  assert registry.get('experiments.lm.StdlibTiny') is tiny
 
 
 def test_unregistered_class_and_failing_import_are_user_errors(user_module):
@@ -169,13 +173,18 @@ def test_listing_shows_origin_and_first_docstring_paragraph():
       "The default job: a 2-layer byte LM on this interpreter's standard library source.")
 
 
-def test_a_users_configs_package_does_not_shadow_ours(tmp_path):
-  (tmp_path / 'configs').mkdir()
-  (tmp_path / 'configs' / '__init__.py').write_text('')
-  proc = subprocess.run([sys.executable, '-m', 'paxlike.main', '--exp=lm.StdlibTiny',
-                         '--mode=print_config'], cwd=tmp_path, env=user_env(tmp_path),
-                        capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 2
-  assert proc.stderr.strip().splitlines() == [
-      f"paxlike: error: the package 'configs' at {tmp_path / 'configs'} shadows paxlike's own "
-      f"({helpers.REPO / 'configs'}); rename yours (e.g. my_configs) or take it off PYTHONPATH"]
+def test_a_users_own_configs_and_experiments_packages_clash_with_nothing(tmp_path):
+  """paxlike installs one top-level package, so a user's `configs` (first on sys.path) is
+  theirs, paxlike's experiments still load, and their `experiments` package's key is theirs."""
+  for package in ('configs', 'experiments'):
+    (tmp_path / package).mkdir()
+    (tmp_path / package / '__init__.py').write_text('')
+  (tmp_path / 'configs' / 'models.py').write_text('LAYERS = 3\n')
+  (tmp_path / 'experiments' / 'mine.py').write_text(USER_MODULE.replace(
+      'model.num_layers = 1', 'from configs.models import LAYERS\n    model.num_layers = LAYERS'))
+  for exp, layers in (('lm.StdlibTiny', '2'), ('experiments.mine.Mine', '3')):
+    proc = subprocess.run([sys.executable, '-m', 'paxlike.main', f'--exp={exp}',
+                           '--mode=print_config'], cwd=tmp_path, env=user_env(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f'model.num_layers = {layers}\n' in proc.stdout

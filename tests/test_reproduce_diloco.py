@@ -61,7 +61,7 @@ def test_perplexity_is_read_at_equal_inner_steps():
 
 def _diloco_config(name: str):
   from paxlike import registry
-  import experiments.federated  # noqa: F401  (registers the experiments)
+  import paxlike.experiments.federated  # noqa: F401  (registers the experiments)
   return registry.get(name)().config()
 
 

@@ -69,7 +69,7 @@ def test_overrides_set_each_methods_own_server_rate():
 @pytest.mark.parametrize('name, fn', [('DigitsFedAdam', 'fed_adam'),
                                       ('DigitsFedYogi', 'fed_yogi')])
 def test_the_experiments_change_only_the_server_optimizer(name, fn):
-  import experiments.federated  # noqa: F401  (registers DigitsFedAvg)
+  import paxlike.experiments.federated  # noqa: F401  (registers DigitsFedAvg)
   from paxlike import federated, registry
   from paxlike.config import config_io
   ours = registry.get(f'{fedopt.MODULE}.{name}')().config()

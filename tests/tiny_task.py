@@ -4,7 +4,7 @@ import dataclasses
 
 import fiddle as fdl
 
-from configs import fiddlers
+from paxlike.configs import fiddlers
 from paxlike import registry
 from paxlike.config import config_io
 from paxlike.trainer import build

@@ -26,7 +26,7 @@ def _config() -> None:
   flags.DEFINE_multi_string('fdl_set', [], 'PATH=VALUE override of a task config field '
                             '(repeatable).')
   flags.DEFINE_string('fdl_config', None, 'A serialized config.json to run instead of --exp.')
-  flags.DEFINE_multi_string('fdl_fiddler', [], 'A fiddler from configs/fiddlers.py (or an '
+  flags.DEFINE_multi_string('fdl_fiddler', [], 'A fiddler from paxlike/configs/fiddlers.py (or an '
                             'allowed dotted name) applied to the config before the overrides.')
   flags.DEFINE_multi_string('allow_import', [], 'Extra module allowed in '
                             '--fdl_config/--fdl_fiddler.')

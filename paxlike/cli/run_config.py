@@ -21,14 +21,15 @@ from paxlike.config import allow_list, config_io
 from paxlike.errors import UserError
 from paxlike.trainer import job_dir, job_source, rewards
 
-FIDDLER_PACKAGES = ('configs',)
+FIDDLER_PACKAGES = ('paxlike.configs',)
 
 
 def fiddler_named(name: str, allow_import: Iterable[str] = ()) -> Callable[[fdl.Buildable], None]:
-  """A fiddler: a function of configs.fiddlers (a bare name), of `configs`, or of a module the
+  """A fiddler: a function of paxlike.configs.fiddlers (a bare name), of `paxlike.configs` (also
+  by its name from before it moved under paxlike, `configs.fiddlers.tiny`), or of a module the
   user allowed (`--allow_import`), named `module.function`."""
   module_name, _, fn_name = name.rpartition('.')
-  module_name = module_name or 'configs.fiddlers'
+  module_name = allow_list.moved_module(module_name or 'paxlike.configs.fiddlers', fn_name)
   allowed = (*FIDDLER_PACKAGES, *allow_import)
   if not any(module_name == a or module_name.startswith(a + '.') for a in allowed):
     raise UserError(f'--fdl_fiddler={name}: module {module_name} is not allowed; see --allow_import')
@@ -111,7 +112,6 @@ def run_config(job_log_dir: str | None, exp: str | None, fdl_config: str | None 
 
   `fill_from_source(cfg)` completes a new run's config from its `train.init_from` (a job dir's
   saved config is complete already)."""
-  registry.check_own_packages()
   cfg, saved = _base(job_log_dir, exp, fdl_config, allow_import, allow_change)
   for name in fiddlers:
     fiddler_named(name, allow_import)(cfg)

@@ -1,6 +1,7 @@
 """What a serialized config may name: the modules it may import (ALLOWED_MODULES), the
 functions and classes it may call (BUILDING_BLOCKS, CLASSES_ONLY, BUILTINS, dtypes), and the
-modules that moved since a config was saved (MOVED_MODULES), read under their new names."""
+modules and packages that moved since a config was saved (MOVED_MODULES, MOVED_PACKAGES), read
+under their new names."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from typing import Any, Iterable
 import jax.numpy as jnp
 import numpy as np
 
-ALLOWED_MODULES = ('builtins', 'fiddle', 'paxlike', 'experiments', 'configs', 'flax', 'optax',
-                   'jax', 'numpy', 'ml_dtypes')
+ALLOWED_MODULES = ('builtins', 'fiddle', 'paxlike', 'flax', 'optax', 'jax', 'numpy', 'ml_dtypes')
 DTYPES = ('float32', 'bfloat16', 'float16')  # The float dtypes a config may name by name.
 
 
@@ -21,12 +21,27 @@ def is_allowed(module: str, allow: Iterable[str] = ()) -> bool:
   return any(module == a or module.startswith(a + '.') for a in ALLOWED_MODULES + tuple(allow))
 
 
+def moved_module(module: str, name: str) -> str:
+  """The module that holds `module.name` now: MOVED_MODULES' new name for one of its modules;
+  for a module of MOVED_PACKAGES, the same module under its new package when that has `name`
+  (`configs.models`, `lm_tiny` -> `paxlike.configs.models`; a user's own `configs` package,
+  whose names paxlike's lacks, keeps its own); else `module` itself."""
+  if module in MOVED_MODULES:
+    return MOVED_MODULES[module]
+  for old, new in MOVED_PACKAGES.items():
+    if module == old or module.startswith(old + '.'):
+      moved = new + module[len(old):]
+      found, obj = resolve_ref(moved, name)
+      return moved if found and obj is not None else module
+  return module
+
+
 def with_moved_modules(node: Any) -> Any:
-  """`node` (parsed JSON) with every pyref to a module of MOVED_MODULES renamed."""
+  """`node` (parsed JSON) with every pyref to a moved module (`moved_module`) renamed."""
   if isinstance(node, dict):
     node = {key: with_moved_modules(value) for key, value in node.items()}
-    if node.get('type') == 'pyref' and node.get('module') in MOVED_MODULES:
-      node['module'] = MOVED_MODULES[node['module']]
+    if node.get('type') == 'pyref' and isinstance(node.get('module'), str):
+      node['module'] = moved_module(node['module'], str(node.get('name', '')))
     return node
   if isinstance(node, list):
     return [with_moved_modules(value) for value in node]
@@ -52,8 +67,8 @@ def pyrefs(node: Any) -> Iterable[tuple[str, str]]:
 # though their modules are importable for dtypes and containers.
 BUILDING_BLOCKS = ('paxlike.layers', 'paxlike.federated', 'paxlike.trainer.centralized',
                    'paxlike.core.optim', 'paxlike.trainer.task', 'paxlike.core.partitioning',
-                   'paxlike.core.algorithm', 'paxlike.trainer.rewards', 'experiments', 'configs',
-                   'optax', 'jax.nn', 'jax._src.nn')
+                   'paxlike.core.algorithm', 'paxlike.trainer.rewards', 'paxlike.experiments',
+                   'paxlike.configs', 'optax', 'jax.nn', 'jax._src.nn')
 # Building blocks that moved, under the names configs saved before each move use: a job dir
 # saved then still resumes (its config.json is read with the new names). First into the trainer
 # package (paxlike.optim -> paxlike.trainer.optim), then the contracts into the leaf package
@@ -66,6 +81,10 @@ MOVED_MODULES = {
        for package in ('paxlike', 'paxlike.trainer')
        for name in ('optim', 'partitioning', 'algorithm')},
 }
+# Packages that moved, with every module in them: the experiments and the building blocks were
+# top-level packages beside paxlike (where a user's own `configs` clashed) before they moved
+# under it, and configs saved then name them so.
+MOVED_PACKAGES = {'configs': 'paxlike.configs', 'experiments': 'paxlike.experiments'}
 # Arguments that moved into a record since a config was saved: (module, class) -> (the argument
 # that holds the record now, the record's (module, class), the names that moved into it). A job
 # dir saved before TextData grouped its row fields into `fields` still resumes.

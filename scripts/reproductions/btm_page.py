@@ -45,7 +45,7 @@ held-out sequences of the target domain.
 
 Ours: `federated.ShakespeareBtm` (paxlike.federated.btm) through the CLI with overrides
 (`python -m paxlike.main --exp=federated.ShakespeareBtm --fdl_set=algorithm.seed_steps=...`):
-the 2-layer byte LM (`configs.models.lm_tiny`, ~0.4M parameters{', shrunk' if quick else ''})
+the 2-layer byte LM (`paxlike.configs.models.lm_tiny`, ~0.4M parameters{', shrunk' if quick else ''})
 on Tiny Shakespeare's {4} domains (roles in order of first appearance cut into near-equal
 runs, i.e. stretches of plays; `data.partition=domains`), AdamW at a constant lr
 {plan['lr']:g}, {plan['local_steps']} steps of {plan['batch']} windows of {plan['seq_len']}

@@ -9,7 +9,7 @@ takes it by module (`--exp=scripts.reproductions.diloco_experiments.ShakespeareD
 import fiddle as fdl
 import optax
 
-from experiments import federated
+from paxlike.experiments import federated
 from paxlike import federated as fed_lib
 from paxlike.registry import register
 

@@ -205,7 +205,7 @@ def parameter_count(plan: dict) -> int:
   """The LM's parameter count: `lm_tiny` (ShakespeareCentralized's and ShakespeareDiLoCo's
   model) with the plan's model overrides, by paxlike's own shape count."""
   import fiddle as fdl
-  from configs import models
+  from paxlike.configs import models
   from paxlike.families.shapes import param_count
   cfg = models.lm_tiny()
   for path, value in plan['model'].items():

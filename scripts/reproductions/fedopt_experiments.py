@@ -6,7 +6,7 @@ importable module's experiment (`--exp=scripts.reproductions.fedopt_experiments.
 so these two subclasses change nothing but the algorithm. Everything else is `--fdl_set`.
 """
 
-from experiments import federated
+from paxlike.experiments import federated
 from paxlike.registry import register
 
 

@@ -2,13 +2,13 @@
 
 paxlike registers PAPA only for the Shakespeare LM (`federated.ShakespearePapa`); this
 subclass of `federated.DigitsFedAvg` keeps its MLP, client SGD and image data and swaps in the
-PAPA preset (configs.federated.papa). The registry takes it by module
+PAPA preset (paxlike.configs.federated.papa). The registry takes it by module
 (`--exp=scripts.reproductions.papa_experiments.FashionMnistPapa`); everything else is
 `--fdl_set`: the population (`algorithm.population` = `data.clients_per_round`), the variant,
 α, the period, `same_init`.
 """
 
-from experiments import federated
+from paxlike.experiments import federated
 from paxlike.registry import register
 
 

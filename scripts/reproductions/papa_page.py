@@ -42,7 +42,7 @@ CutMix, label smoothing drawn at random), 300 epochs on CIFAR; PAPA every 10 SGD
 for the soups).
 
 Ours: `FashionMnistPapa` (scripts/reproductions/papa_experiments.py, paxlike's
-`configs.federated.papa` preset on `federated.DigitsFedAvg`'s MLP and SGD) through the CLI
+`paxlike.configs.federated.papa` preset on `federated.DigitsFedAvg`'s MLP and SGD) through the CLI
 (`python -m paxlike.main --exp=scripts.reproductions.papa_experiments.FashionMnistPapa
 --fdl_set=data.dataset={plan['dataset']} ...`): a population of {plan['population']} ReLU
 MLPs with hidden layers {plan['hidden']}, each from its own random init (paxlike's

@@ -99,7 +99,7 @@ def test_numpy_load_of_a_pickle_is_refused(pickle_payload):
     # Routes to os.system and friends through modules a config may import:
     ('numpy.lib._npyio_impl', 'os.system'),  # The route the issue found.
     ('paxlike.trainer.job_dir', 'os.system'), ('optax', 'tree_utils.os.system'),
-    ('paxlike.layers.transformer', 'jax.numpy.save'), ('experiments.lm', 'fdl.build'),
+    ('paxlike.layers.transformer', 'jax.numpy.save'), ('paxlike.experiments.lm', 'fdl.build'),
 ])
 def test_calls_with_effects_and_routes_to_them_are_refused_by_name(module, name):
   text = _payload(module, name, 'x.npy', 1)

@@ -33,8 +33,8 @@ def digest(clients: Streams | list[np.ndarray]) -> str:
   return h.hexdigest()
 
 
-# The partitions of the registered experiments (experiments/federated.py), on the suite's data;
-# partition_seed is 0 throughout. Label shards (FashionMnistFedAvg) are pinned on digits: the
+# The partitions of the registered experiments (paxlike/experiments/federated.py), on the suite's
+# data; partition_seed is 0 throughout. Label shards (FashionMnistFedAvg) are pinned on digits: the
 # same code, on a data set that is the same everywhere.
 PINNED: dict[str, tuple[Callable[[], Streams | list[np.ndarray]], str]] = {
     'shakespeare by role (FedAvg, FedAdam, PAPA)': (

@@ -13,7 +13,7 @@ import fiddle as fdl
 import jax
 import numpy as np
 
-from configs import federated as fed
+from paxlike.configs import federated as fed
 from paxlike import registry
 from paxlike.config import config_io
 from paxlike.export import run, trees

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import federated as fed
+from paxlike.configs import federated as fed
 from paxlike.export import run
 from paxlike.export.__main__ import export_experiment
 from tests.export.export_task import (TINY, assert_round_matches, digits,
@@ -147,7 +147,7 @@ def test_executor_imports_no_experiment_code(fedavg_export):
   script = (f'import sys\nfrom paxlike.export import run\n'
             f'run.run_rounds(run.load({str(fedavg_export)!r}), 1)\n'
             'print(sorted(m for m in sys.modules if m.split(".")[0] in '
-            '("fiddle", "flax", "optax", "experiments", "configs") or '
+            '("fiddle", "flax", "optax") or '  # paxlike.experiments, paxlike.configs below.
             'm.startswith("paxlike.") and not m.startswith("paxlike.export") '
             f'and m not in {ROOT_IMPORTS!r}))')
   proc = subprocess.run([sys.executable, '-c', script], cwd=REPO, env=cli_env(), text=True,

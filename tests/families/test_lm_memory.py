@@ -5,7 +5,7 @@ for the compiled train step: the real trainer's step, compiled on CPU for abstra
 import jax
 import pytest
 
-from configs import fiddlers
+from paxlike.configs import fiddlers
 from paxlike import registry
 from paxlike.config import config_io
 from paxlike.errors import UserError
@@ -33,7 +33,8 @@ def xla_bytes(task) -> float:
 
 
 def preset_task(key: str, *overrides: str):
-  """`key`'s task with `overrides` (PATH=VALUE, or `fiddler:NAME` for configs/fiddlers.py)."""
+  """`key`'s task with `overrides` (PATH=VALUE, or `fiddler:NAME` for
+  paxlike/configs/fiddlers.py)."""
   registry.import_all()
   cfg = registry.get(key)().config()
   for name in [o.split(':', 1)[1] for o in overrides if o.startswith('fiddler:')]:

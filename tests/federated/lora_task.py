@@ -34,7 +34,7 @@ def write_corpus(directory: Path) -> Path:
 
 def lora_config(corpus_dir: Path, algorithm: Any = None) -> fdl.Config:
   """TextLoraFedAvg's config at test size (SMALL), on a corpus in `corpus_dir`, with
-  `algorithm` (a configs.federated preset) instead of FedAvg."""
+  `algorithm` (a paxlike.configs.federated preset) instead of FedAvg."""
   registry.import_all()
   cfg = registry.get('federated.TextLoraFedAvg')().config()
   config_io.apply_overrides(cfg, [*SMALL, f'data.files={write_corpus(corpus_dir)}'])

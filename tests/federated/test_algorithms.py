@@ -109,7 +109,7 @@ def test_paper_fedopt_first_two_rounds_by_hand(builder, deltas, want):
 ])
 def test_configs_presets_build_the_papers_server_optimizers(preset, deltas, want):
   """The configs presets at server lr 1 (hand values as above)."""
-  from configs import federated as presets
+  from paxlike.configs import federated as presets
   builder = fdl.build(getattr(presets, preset)(server_learning_rate=1.0))
   moves = _server_moves(builder(linear_loss_fn, optax.sgd(1.0)),
                         [np.full(2, d) for d in deltas])

@@ -18,7 +18,7 @@ import optax
 import pytest
 from flax import linen as nn
 
-from configs import federated as fed
+from paxlike.configs import federated as fed
 from paxlike.errors import UserError
 from paxlike.federated import server_optim
 from paxlike.federated.btm import btm

@@ -338,8 +338,8 @@ def test_ensemble_matches_bayes_rule_by_hand():
 def test_the_trainer_starts_papa_members_from_their_own_inits():
   """Through `build.setup`: member j is the model's init at key j of the run's init rng split
   per member; the soup is their mean."""
-  from configs import federated as fed
-  from experiments.federated import DigitsFedAvg
+  from paxlike.configs import federated as fed
+  from paxlike.experiments.federated import DigitsFedAvg
   from paxlike.config import config_io
   from paxlike.trainer import build, loop
   cfg = DigitsFedAvg().config()

@@ -1,7 +1,7 @@
 """Mixed precision: float32 params, bfloat16 compute, float32 loss trains as well as float32.
 
-The tiny size (configs.models.lm_tiny_llama) trains for 48 Adam steps on real text (bytes of two
-stdlib modules) from the same init and batches in float32 and in bfloat16 compute. Tolerance:
+The tiny size (paxlike.configs.models.lm_tiny_llama) trains for 48 Adam steps on real text (bytes
+of two stdlib modules) from the same init and batches in float32 and in bfloat16 compute. Tolerance:
 the held-out losses differ by less than 0.05 nats (observed: about 0.002), after both have
 fallen from ~6.2 to below 2.6 (observed: 2.43; 2.20 after 80 steps, which take 40% longer).
 """
@@ -20,7 +20,7 @@ import numpy as np
 import optax
 import pytest
 
-from configs import models
+from paxlike.configs import models
 from paxlike.trainer import losses
 
 STEPS, BATCH, SEQ = 48, 16, 64

@@ -16,7 +16,7 @@ import json, os
 os.environ['PAXLIKE_TOKEN_DIR'] = {tokens!r}
 import jax
 import numpy as np
-from configs import fiddlers
+from paxlike.configs import fiddlers
 from paxlike import registry
 from paxlike.config import config_io
 from paxlike.trainer import build, loop, reference

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import fiddlers
+from paxlike.configs import fiddlers
 from paxlike import registry
 from paxlike.config import config_io
 from paxlike.trainer import build, loop

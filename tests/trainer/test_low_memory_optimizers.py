@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import fiddlers
+from paxlike.configs import fiddlers
 from paxlike.config import config_io
 from paxlike.core import optim
 from paxlike.families import lm_memory

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import pytest
 from fiddle.experimental import serialization
 
-from configs import models
-from configs.sizes import SIZES, use_size
+from paxlike.configs import models
+from paxlike.configs.sizes import SIZES, use_size
 from paxlike.errors import UserError
 from paxlike.families import lm_flops, shapes
 from paxlike.core import partitioning
@@ -198,7 +198,7 @@ def test_the_pod_pipeline_size_splits_the_layers_over_stages_and_the_rest_over_f
   """8b_pipeline on 64 devices (stage 4 × fsdp 4 × model 4): the stacked layers' float32 kernels
   split 64 ways and their norms 16 (stage × fsdp); the embeddings and head (outside the pipeline)
   16 ways (fsdp × model) and the final norm 4."""
-  from configs import fiddlers
+  from paxlike.configs import fiddlers
   from paxlike import registry
   from paxlike.config import config_io
   from paxlike.families import lm_memory

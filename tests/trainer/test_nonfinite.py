@@ -116,7 +116,7 @@ def _overflowing_fed_adam(tmp_path):
   """DigitsFedAvg's clients with a server FedAdam, and a client sgd(1e30): the pseudo-gradient
   is ~1e30, so the server's second moment (its square) overflows float32 while the params,
   moved by m / sqrt(v) = 0, stay finite. That state must never be kept or saved."""
-  from configs import federated as fed
+  from paxlike.configs import federated as fed
   registry.import_all()
   cfg = registry.get('federated.DigitsFedAvg')().config()
   cfg.algorithm = fed.fed_adam()

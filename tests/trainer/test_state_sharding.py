@@ -33,7 +33,7 @@ def test_adam_moments_have_the_param_shardings_on_a_model_parallel_mesh():
       import json
       import jax
       import optax
-      from configs import fiddlers
+      from paxlike.configs import fiddlers
       from paxlike import registry
       from paxlike.config import config_io
       from paxlike.trainer import build

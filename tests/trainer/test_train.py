@@ -143,7 +143,7 @@ def test_mesh_that_does_not_fit_is_a_config_error(tmp_path):
 def test_print_config_shows_fields_and_model_size():
   out = run_cli('--exp=StdlibTiny', '--mode=print_config', '--fdl_fiddler=size_125m').stdout
   assert 'train.num_steps = 600' in out and 'model.d_model = 768' in out
-  assert '# params: 134,105,856' in out  # configs/sizes.py: the 125M Llama shape.
+  assert '# params: 134,105,856' in out  # paxlike/configs/sizes.py: the 125M Llama shape.
   assert '# train FLOPs per token (seq_len 128):' in out
 
 

@@ -1,12 +1,12 @@
 """Language models, trained centrally: byte-level on the built-in corpora, and on your own text
 with a real tokenizer (`TextLM`, `ShakespeareSentencePiece`); fine-tuned (SFT, LoRA) and
-post-trained (DPO, GRPO). Shared parts: experiments/_lm_parts.py."""
+post-trained (DPO, GRPO). Shared parts: paxlike/experiments/_lm_parts.py."""
 
 import fiddle as fdl
 
-from configs import models, tasks
-from experiments import _lm_parts
-from experiments._lm_parts import ALL_PROJECTIONS, ByteLm, LlamaBase as _Llama
+from paxlike.configs import models, tasks
+from paxlike.experiments import _lm_parts
+from paxlike.experiments._lm_parts import ALL_PROJECTIONS, ByteLm, LlamaBase as _Llama
 from paxlike.data import TextData, data_root
 from paxlike.data.preference_data import PreferenceData
 from paxlike.data.prompt_data import PromptData

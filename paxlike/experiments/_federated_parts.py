@@ -1,4 +1,4 @@
-"""The bases experiments/federated.py builds its experiments from (it registers nothing):
+"""The bases paxlike/experiments/federated.py builds its experiments from (it registers nothing):
 ROUNDS rounds logged, evaluated and checkpointed as EVERY says; `Federated` assembles a task
 from class attributes; `Shakespeare` and `Digits` fix a data set and its model."""
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import fiddle as fdl
 
-from configs import federated as fed
-from configs import models, optimizers, tasks
+from paxlike.configs import federated as fed
+from paxlike.configs import models, optimizers, tasks
 from paxlike.data import ImageData, LmData
 from paxlike.experiment import Experiment
 
@@ -17,7 +17,7 @@ DOMAINS = dict(partition='domains', num_clients=4, sampling='fixed')  # 4 runs o
 
 
 class Federated(Experiment):
-  """ROUNDS rounds of ALGORITHM (a configs.federated preset) with ALGORITHM_ARGS; COHORT =
+  """ROUNDS rounds of ALGORITHM (a paxlike.configs.federated preset) with ALGORITHM_ARGS; COHORT =
   (argument, n): a fixed-cohort algorithm's count, n clients per round; round options PROX_MU
   and DP (`fed.dp_adaptive`'s arguments: the DP aggregator). The model is MODEL() with
   MODEL_FIELDS, the clients' optimizer OPTIMIZER(*OPTIMIZER_ARGS), DATA the data's fields."""

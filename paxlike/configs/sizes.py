@@ -31,7 +31,7 @@ from typing import Callable
 
 import fiddle as fdl
 
-from configs import meshes, models
+from paxlike.configs import meshes, models
 from paxlike.layers import TransformerLM
 from paxlike.core.partitioning import MeshConfig
 

@@ -1,4 +1,4 @@
-"""Federated algorithm presets, as `fdl.Partial`s for `configs.tasks.task(algorithm=...)`.
+"""Federated algorithm presets, as `fdl.Partial`s for `paxlike.configs.tasks.task(algorithm=...)`.
 
 The data config alone sets a round's shape: `data.clients_per_round` clients, each running
 `data.local_steps` local steps; the algorithms read both from the batches. Fixed-cohort
@@ -9,7 +9,7 @@ building the Task checks it equals `data.clients_per_round` (`paxlike.trainer.ta
 
 import fiddle as fdl
 
-from configs import optimizers
+from paxlike.configs import optimizers
 from paxlike import federated
 from paxlike.core import optim
 from paxlike.federated import scaffold as scaffold_lib

@@ -22,7 +22,7 @@ def cnn(num_classes: int = 10) -> fdl.Config[CnnClassifier]:
 
 # Llama-like sizes: RMSNorm, SwiGLU, rope, untied embeddings, no biases. The big ones compute in
 # bfloat16 with float32 params and scan over layers; each has a recommended mesh in
-# configs/sizes.py. Parameter counts are exact (tests/test_model_sizes.py checks them).
+# paxlike/configs/sizes.py. Parameter counts are exact (tests/test_model_sizes.py checks them).
 
 
 def _llama(**fields) -> fdl.Config[TransformerLM]:

@@ -3,7 +3,7 @@
 import fiddle as fdl
 import jax.numpy as jnp
 
-from configs import meshes, optimizers, sizes
+from paxlike.configs import meshes, optimizers, sizes
 from paxlike.core import optim
 from paxlike.errors import UserError
 from paxlike.families import family_of
@@ -87,7 +87,7 @@ def adafactor(cfg: fdl.Config) -> None:
 
 def one_chip_16gb(cfg: fdl.Config) -> None:
   """The per-chip batch and memory options that fit a Llama preset's size on one 16 GB chip (a
-  TPU v5e), one device: configs/sizes.py CHIP_16GB. The 1B keeps its params in bfloat16 (no
+  TPU v5e), one device: paxlike/configs/sizes.py CHIP_16GB. The 1B keeps its params in bfloat16 (no
   float32 copy: fine for a fine-tune, lossy for a long pre-training run)."""
   name = sizes.size_of(cfg.model)
   if name not in sizes.CHIP_16GB:

@@ -10,8 +10,9 @@ mesh axis on 8 devices: `--fdl_set=mesh.ici=(2,4) --fdl_set="mesh.axes=('clients
 
 import fiddle as fdl
 
-from configs import models, optimizers, tasks
-from experiments._federated_parts import DOMAINS, EVERY, ROUNDS, Digits, Federated, Shakespeare
+from paxlike.configs import models, optimizers, tasks
+from paxlike.experiments._federated_parts import (DOMAINS, EVERY, ROUNDS, Digits, Federated,
+                                                  Shakespeare)
 from paxlike.data import ImageData, LmData, TextData, data_root
 from paxlike.data import preference_synth
 from paxlike.data.preference_data import PreferenceData

@@ -1,4 +1,5 @@
-"""Parts the LM experiments (experiments/lm.py) share; registers nothing, so no key starts here.
+"""Parts the LM experiments (paxlike/experiments/lm.py) share; registers nothing, so no key
+starts here.
 
 `ByteLm` and `LlamaBase`: the byte LMs' and the large Llama runs' base classes;
 `ALL_PROJECTIONS`: the LoRA targets of the fine-tunes; the tiny post-training tasks' configs
@@ -7,7 +8,7 @@
 
 import fiddle as fdl
 
-from configs import models, sizes, tasks
+from paxlike.configs import models, sizes, tasks
 from paxlike.data import LmData, TextData
 from paxlike.data import arithmetic_synth, preference_synth
 from paxlike.data.preference_data import PreferenceData
@@ -36,7 +37,7 @@ class ByteLm(Experiment):
 
 
 class LlamaBase(Experiment):
-  """A Llama-shaped LM of `SIZE` (configs/sizes.py: model, mesh) on bytes of this Python's
+  """A Llama-shaped LM of `SIZE` (paxlike/configs/sizes.py: model, mesh) on bytes of this Python's
   standard library, at seq 2048 in bfloat16 (float32 params), `BATCH` sequences per step.
 
   The data is byte-level (token ids < 256, so most of the 32k vocab is idle). For a real

@@ -2,7 +2,7 @@
 
 import fiddle as fdl
 
-from configs import meshes, optimizers
+from paxlike.configs import meshes, optimizers
 from paxlike.trainer.centralized import centralized
 from paxlike.trainer.task import Task, TrainConfig
 

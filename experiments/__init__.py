@@ -1,1 +1,0 @@
-"""paxlike's own experiments, one module per family; keys are `<module>.<Class>` (e.g. `lm.StdlibTiny`)."""
