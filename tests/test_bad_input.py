@@ -69,7 +69,7 @@ CASES = {
     'unknown mode': ([*TINY, '--mode=trian'], "--mode='trian' is not one of"),
     'unknown flag': ([*TINY, '--num_stepz=3'], 'Unknown command line flag'),
     'other config': ([*TINY, '--fdl_set=model.d_model=64'], 'holds a run with a different config'),
-    'unknown fiddler': ([*TINY, '--fdl_fiddler=huge'], 'no such fiddler'),
+    'unknown fiddler': ([*TINY, '--fdl_fiddler=huge'], "fiddlers has no 'huge'"),
     'fiddler off the allow-list': ([*TINY, '--fdl_fiddler=os.system'], 'is not allowed'),
 }
 

@@ -9,7 +9,6 @@ experiment the job was started from.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -17,7 +16,7 @@ from typing import Callable, Iterable, Sequence
 import fiddle as fdl
 
 from paxlike import registry
-from paxlike.config import allow_list, config_io
+from paxlike.config import allow_list, config_io, names
 from paxlike.errors import UserError
 from paxlike.trainer import job_dir, job_source, rewards
 
@@ -28,18 +27,12 @@ def fiddler_named(name: str, allow_import: Iterable[str] = ()) -> Callable[[fdl.
   """A fiddler: a function of paxlike.configs.fiddlers (a bare name), of `paxlike.configs` (also
   by its name from before it moved under paxlike, `configs.fiddlers.tiny`), or of a module the
   user allowed (`--allow_import`), named `module.function`."""
-  module_name, _, fn_name = name.rpartition('.')
-  module_name = allow_list.moved_module(module_name or 'paxlike.configs.fiddlers', fn_name)
-  allowed = (*FIDDLER_PACKAGES, *allow_import)
-  if not any(module_name == a or module_name.startswith(a + '.') for a in allowed):
-    raise UserError(f'--fdl_fiddler={name}: module {module_name} is not allowed; see --allow_import')
-  try:
-    fn = getattr(importlib.import_module(module_name), fn_name)
-  except (ImportError, AttributeError):
-    raise UserError(f'--fdl_fiddler={name}: no such fiddler') from None
-  if not inspect.isfunction(fn) or allow_list.refusal(fn, allow_import):
-    raise UserError(f'--fdl_fiddler={name}: not a fiddler function of {module_name}')
-  return fn
+  def refusal(fn: object) -> str | None:
+    return allow_list.refusal(fn, allow_import) or (
+        None if inspect.isfunction(fn) else 'it is not a function')
+  return names.resolve(name, 'fiddler', (*FIDDLER_PACKAGES, *allow_import), refusal,
+                       default_module='paxlike.configs.fiddlers',
+                       moved=allow_list.moved_module)
 
 
 def experiment_config(exp: str) -> fdl.Config:
