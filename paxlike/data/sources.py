@@ -336,7 +336,8 @@ def check_cohort(source: DataSource, num_clients: int) -> None:
 
 
 def size_stats(sizes: np.ndarray) -> dict[str, float | int]:
-  """Client count and min/median/max/total of per-client sizes."""
-  return {'num_clients': int(len(sizes)), 'min': int(sizes.min()),
+  """The population (the clients the source has; `data.num_clients` is the config field that
+  asks a partition for some) and min/median/max/total of per-client sizes."""
+  return {'population': int(len(sizes)), 'min': int(sizes.min()),
           'median': float(np.median(sizes)), 'max': int(sizes.max()),
           'total': int(sizes.sum())}

@@ -2,18 +2,20 @@
 
 A DP run (an algorithm with a `dp.DpAggregator`) is client-level DP: one round is a Gaussian
 mechanism on the sum of clipped client updates, noise multiplier z, over a cohort drawn from
-the population of `num_clients` clients. How the cohort is drawn decides the accounting:
+a population of N clients (`population`: the clients the data source has, not the config
+field `data.num_clients` that asks a partition for them). How the cohort is drawn decides the
+accounting:
 
-- 'poisson': each client joins with probability q = clients_per_round / num_clients, what
+- 'poisson': each client joins with probability q = clients_per_round / N, what
   the data sources' 'poisson' sampling does (add/remove-one-client adjacency; RDP or PLD; the
   aggregator divides by the expected cohort qN, which `cohort_bound` gives it where the run's
   algorithm is built);
 - 'without_replacement': exactly clients_per_round distinct clients, what the data sources'
-  'uniform' sampling does (replace-one-client adjacency, num_clients public: the clipped sum
+  'uniform' sampling does (replace-one-client adjacency, N public: the clipped sum
   then has sensitivity 2C, so the accountant sees z/2; RDP only, Wang et al. 2019);
 - 'full': every client every round (data sampling 'fixed'; add/remove-one, no amplification).
 
-`dp_epsilon` at `dp_delta` (the aggregator's `delta`, default 1/num_clients^1.1) is written at
+`dp_epsilon` at `dp_delta` (the aggregator's `delta`, default 1/N^1.1) is written at
 every log step; a run whose whole schedule would spend more than `max_epsilon` is refused at
 start. Size-weighted cohorts ('weighted' sampling) and pooled data (no clients) have no
 client-level guarantee and are refused too.
@@ -40,15 +42,15 @@ if TYPE_CHECKING:
 
 
 def round_event(noise_multiplier: float, sampling: str, clients_per_round: int,
-                num_clients: int) -> dp_accounting.DpEvent:
+                population: int) -> dp_accounting.DpEvent:
   """One round's DpEvent (see the module docstring for the three samplings)."""
   import dp_accounting
   if sampling == 'poisson':
     return dp_accounting.PoissonSampledDpEvent(
-        clients_per_round / num_clients, dp_accounting.GaussianDpEvent(noise_multiplier))
+        clients_per_round / population, dp_accounting.GaussianDpEvent(noise_multiplier))
   if sampling == 'without_replacement':
     return dp_accounting.SampledWithoutReplacementDpEvent(
-        num_clients, clients_per_round, dp_accounting.GaussianDpEvent(noise_multiplier / 2))
+        population, clients_per_round, dp_accounting.GaussianDpEvent(noise_multiplier / 2))
   if sampling == 'full':
     return dp_accounting.GaussianDpEvent(noise_multiplier)
   raise UserError(f'dp sampling must be one of {", ".join(SAMPLINGS)}, got {sampling!r}')
@@ -80,13 +82,13 @@ class Accountant:
   aggregator: DpAggregator
   sampling: str
   clients_per_round: int
-  num_clients: int
+  population: int  # The clients cohorts are drawn from (`population`).
   delta: float
 
   @functools.cached_property
   def event(self) -> dp_accounting.DpEvent:
     return round_event(self.aggregator.noise_multiplier, self.sampling, self.clients_per_round,
-                       self.num_clients)
+                       self.population)
 
   @functools.lru_cache(maxsize=None)
   def epsilon(self, rounds: int) -> float:
@@ -97,8 +99,8 @@ class Accountant:
 
   @property
   def sampling_rate(self) -> float:
-    """q: the chance a given client is in a round (clients_per_round / num_clients)."""
-    return self.clients_per_round / self.num_clients
+    """q: the chance a given client is in a round (clients_per_round / population)."""
+    return self.clients_per_round / self.population
 
   def describe(self, rounds: int) -> str:
     """One line: the ε `rounds` rounds spend, and what it is computed from."""
@@ -106,7 +108,7 @@ class Accountant:
               f'expected' if self.sampling == 'poisson' else
               f'{self.sampling} sampling of {self.clients_per_round}')
     return (f'dp: epsilon {self.epsilon(rounds):.4g} at delta {self.delta:.3g} after {rounds} '
-            f'rounds ({self.aggregator.accountant}, {cohort} of {self.num_clients} clients, '
+            f'rounds ({self.aggregator.accountant}, {cohort} of {self.population} clients, '
             f'noise multiplier {self.aggregator.noise_multiplier:g})')
 
 
@@ -134,12 +136,12 @@ def accountant(task) -> Accountant | None:
   if data.sampling not in DATA_SAMPLING:
     raise UserError(f'differential privacy needs uniform, Poisson or fixed cohorts, not '
                     f'data.sampling={data.sampling!r}')
-  num_clients = population(task)
+  clients = population(task)
   expected_cohort(aggregator, data)  # Checks a configured divisor against the data's.
   aggregator.update_noise_multiplier(data.clients_per_round)  # Checks adaptive's noise split.
-  delta = aggregator.delta if aggregator.delta is not None else num_clients**-1.1
+  delta = aggregator.delta if aggregator.delta is not None else clients**-1.1
   return Accountant(aggregator, DATA_SAMPLING[data.sampling], data.clients_per_round,
-                    num_clients, delta)
+                    clients, delta)
 
 
 def expected_cohort(aggregator: DpAggregator, data) -> float | None:

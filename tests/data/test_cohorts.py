@@ -100,6 +100,6 @@ def test_shakespeare_statistics(prepared):
   sizes = collections.Counter()  # Each role's training bytes, each speech with its separator.
   for row in rows.__getitems__(list(range(len(rows)))):
     sizes[row['client_id']] += len(row['text']) + 1
-  assert info['num_clients'] == len(sizes) > 16 and info['total'] == sum(sizes.values())
+  assert info['population'] == len(sizes) > 16 and info['total'] == sum(sizes.values())
   assert info['min'] == min(sizes.values()) >= 800 and info['max'] == max(sizes.values())
   assert info['median'] < info['max']

@@ -36,7 +36,7 @@ def test_fashion_mnist_is_the_full_set(prepared):
 def test_shakespeare_is_the_full_text_with_its_147_roles(prepared):
   assert len(prepare.read_split(prepare.prepared('shakespeare'), 'train')) == 5852
   info = LmData(dataset='shakespeare', partition='natural').describe()
-  assert info['num_clients'] == 147 and info['min'] >= 800
+  assert info['population'] == 147 and info['min'] >= 800
   assert info['median'] < info['max'] and info['total'] > 900_000
 
 

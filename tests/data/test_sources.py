@@ -84,7 +84,7 @@ def test_lm_pooled_stdlib_and_eval(prepared):
   assert all(np.array_equal(a['inputs'], b['inputs'])
              for a, b in zip(evals, dataclasses.replace(data).eval_batches()))
   info = data.describe()
-  assert info['num_clients'] == 1 and info['total'] > 5_000_000
+  assert info['population'] == 1 and info['total'] > 5_000_000
 
 
 def test_lm_natural_stdlib_clients_and_min_chars(prepared):
@@ -92,7 +92,7 @@ def test_lm_natural_stdlib_clients_and_min_chars(prepared):
   names = data.train_streams.names
   assert {'json', 'asyncio', 'email'} <= set(names) and 'this' not in names
   assert data.train_streams.sizes.min() >= 20_000
-  assert data.describe()['num_clients'] == len(names) < 200
+  assert data.describe()['population'] == len(names) < 200
 
 
 def test_image_rounds_pure_shapes_and_client_labels(prepared):
@@ -121,7 +121,7 @@ def test_image_small_clients_cycle_and_eval_covers_test_once(prepared):
   assert len(evals) == -(-n_test // 100) and sum(e['mask'].sum() for e in evals) == n_test
   assert evals[-1]['mask'][-1] == 0 and evals[0]['inputs'].shape == (100, 8, 8, 1)
   info = data.describe()
-  assert (info['num_clients'], info['total'], info['num_classes']) == (200, 1438, 10)
+  assert (info['population'], info['total'], info['num_classes']) == (200, 1438, 10)
 
 
 @pytest.mark.parametrize('cls,kwargs,field', [

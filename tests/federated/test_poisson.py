@@ -46,7 +46,7 @@ def _direct_epsilon(q: float, z: float, rounds: int, delta: float) -> float:
 def test_epsilon_is_dp_accountings_poisson_gaussian():
   task = _task('federated.DigitsDpFedAvg', 'data.sampling="poisson"')
   acc = privacy.accountant(task)
-  assert (acc.sampling, acc.clients_per_round, acc.num_clients, acc.delta) == (
+  assert (acc.sampling, acc.clients_per_round, acc.population, acc.delta) == (
       'poisson', K, N, 1e-5)
   for rounds in (1, 3, 100):
     assert acc.epsilon(rounds) == pytest.approx(_direct_epsilon(K / N, 6.0, rounds, 1e-5),

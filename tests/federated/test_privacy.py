@@ -20,7 +20,7 @@ def _direct_epsilon(event, rounds, delta, ledger):
 @pytest.mark.parametrize('accountant', ['rdp', 'pld'])
 def test_poisson_epsilon_is_dp_accountings_and_grows_with_rounds(accountant):
   q, z, delta = 0.05, 1.1, 1e-5
-  event = privacy.round_event(z, 'poisson', clients_per_round=5, num_clients=100)
+  event = privacy.round_event(z, 'poisson', clients_per_round=5, population=100)
   direct = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
   make = {'rdp': dp_accounting.rdp.RdpAccountant, 'pld': dp_accounting.pld.PLDAccountant}
   eps = [privacy.epsilon(event, t, delta, accountant) for t in (10, 50, 200)]
@@ -30,7 +30,7 @@ def test_poisson_epsilon_is_dp_accountings_and_grows_with_rounds(accountant):
 
 def test_fixed_size_cohorts_use_replace_one_with_twice_the_sensitivity():
   z, delta = 2.0, 1e-5
-  event = privacy.round_event(z, 'without_replacement', clients_per_round=20, num_clients=100)
+  event = privacy.round_event(z, 'without_replacement', clients_per_round=20, population=100)
   ledger = dp_accounting.rdp.RdpAccountant(
       neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
   direct = dp_accounting.SampledWithoutReplacementDpEvent(
@@ -43,7 +43,7 @@ def test_fixed_size_cohorts_use_replace_one_with_twice_the_sensitivity():
 
 def test_full_participation_is_the_plain_gaussian_mechanism():
   z, rounds, delta = 5.0, 100, 1e-5
-  event = privacy.round_event(z, 'full', clients_per_round=8, num_clients=8)
+  event = privacy.round_event(z, 'full', clients_per_round=8, population=8)
   # Composed Gaussians are one Gaussian with z/√T; its exact (ε, δ) curve (Balle & Wang 2018).
   exact = dp_accounting.pld.PLDAccountant().compose(
       dp_accounting.GaussianDpEvent(z / math.sqrt(rounds))).get_epsilon(delta)
@@ -62,8 +62,10 @@ def test_task_accountant_reads_the_cohort_from_the_data():
   task = _task('federated.DigitsDpFedAvg', 'train.num_steps=30')
   acc = privacy.checked_accountant(task)
   data, aggregator = task.data, task.algorithm.keywords['aggregator']
-  assert (acc.sampling, acc.clients_per_round, acc.num_clients) == (
-      'without_replacement', data.clients_per_round, data.num_clients)
+  # The population is the clients the source has; here as many as data.num_clients asked for.
+  assert (acc.sampling, acc.clients_per_round, acc.population) == (
+      'without_replacement', data.clients_per_round, len(data.client_sizes))
+  assert acc.population == data.num_clients
   assert acc.delta == aggregator.delta == 1e-5
   assert 1 <= acc.epsilon(task.train.num_steps) <= 10
   assert privacy.round_metrics(acc, 7) == {'dp_epsilon': acc.epsilon(7), 'dp_delta': 1e-5}

@@ -47,7 +47,7 @@ def cohort(name: str) -> list[str]:
   """ShakespeareDpFedAvg's fixed cohort of every role of the data root's text."""
   if name != 'ShakespeareDpFedAvg':
     return []
-  roles = LmData(dataset='shakespeare', partition='natural').describe()['num_clients']
+  roles = LmData(dataset='shakespeare', partition='natural').describe()['population']
   return [f'--fdl_set=data.clients_per_round={roles}']
 
 
