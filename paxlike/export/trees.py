@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from paxlike.config import allow_list
+from paxlike.config import allow_list, names
 from paxlike.errors import UserError
 
 
@@ -57,11 +57,9 @@ def _skeleton(doc: dict[str, Any]) -> Any:
 
 
 def _namedtuple(name: str) -> type:
-  module_name, _, qualname = name.rpartition('.')
-  if not allow_list.is_allowed(module_name):
-    raise UserError(f'tree node class {name} is not from an allowed module')
-  found, cls = allow_list.resolve_ref(module_name, qualname)
-  if not (found and isinstance(cls, type) and issubclass(cls, tuple)
-          and allow_list.is_allowed(cls.__module__)):
-    raise UserError(f'tree node class {name} is not a named tuple a plan may use')
-  return cls
+  def refusal(cls: Any) -> str | None:
+    if isinstance(cls, type) and issubclass(cls, tuple) and allow_list.is_allowed(cls.__module__):
+      return None
+    return 'it is not a named tuple a plan may use'
+  return names.resolve(name, 'tree node class', allow_list.ALLOWED_MODULES, refusal,
+                       allow_flag=False, moved=allow_list.moved_module)

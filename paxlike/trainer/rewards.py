@@ -17,7 +17,6 @@ non-finite one) is a RunFailure (exit 1). Either is raised before the step is ta
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
@@ -61,23 +60,14 @@ def resolve(name: str, allow: Iterable[str] = ()) -> Callable[..., Any]:
   """The function a 'module.function' name names, when a config may name it: UserError when
   the module is neither this one nor allowed (`allow`: the --allow_import modules), or has no
   such callable."""
-  from paxlike.config import allow_list  # pylint: disable=import-outside-toplevel
-  module_name, _, fn_name = str(name).rpartition('.')
+  from paxlike.config import allow_list, names  # pylint: disable=import-outside-toplevel
   allow = (*allow, __name__)
-  if not module_name or not fn_name:
-    raise UserError(f"reward function {name!r} must be named 'module.function'")
-  if not allow_list.is_allowed(module_name, allow):
-    raise UserError(f'reward function {name} is not allowed: pass '
-                    f'--allow_import={module_name.split(".")[0]} if you trust it')
-  try:
-    fn = getattr(importlib.import_module(module_name), fn_name)
-  except (ImportError, AttributeError) as error:
-    raise UserError(f'reward function {name}: cannot import it ({error})') from None
-  why = allow_list.refusal(fn, allow)
-  if why is not None or isinstance(fn, type):
-    raise UserError(f'reward function {name} is not allowed: '
-                    f'{why or "it is a class, not a function"}')
-  return fn
+
+  def refusal(fn: Any) -> str | None:
+    return allow_list.refusal(fn, allow) or (
+        'it is a class, not a function' if isinstance(fn, type) else None)
+  return names.resolve(str(name), 'reward function', (*allow_list.ALLOWED_MODULES, *allow),
+                       refusal)
 
 
 def checked_fns(fns: Any, allow: Iterable[str] = ()) -> tuple[Callable[..., Any], ...]:

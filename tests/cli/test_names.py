@@ -80,3 +80,20 @@ def test_a_module_off_the_list_a_module_object_and_a_check_are_refused(my_module
 def test_malformed_names_are_one_line():
   for name in ('score', 'my_module.', 'my_module:a..b', ''):
     assert "name it as 'module.function'" in refusal(name)
+
+
+def test_each_site_resolves_through_it(monkeypatch):
+  """Fiddlers, reward functions and tree node classes: a missing name is this resolver's line."""
+  from paxlike.cli import run_config  # pylint: disable=import-outside-toplevel
+  from paxlike.export import trees  # pylint: disable=import-outside-toplevel
+  from paxlike.trainer import rewards  # pylint: disable=import-outside-toplevel
+  seen = []
+  real = names.resolve
+  monkeypatch.setattr(names, 'resolve', lambda *a, **k: seen.append(a[1]) or real(*a, **k))
+  for resolve, name in [(run_config.fiddler_named, 'huge'),
+                        (rewards.resolve, 'paxlike.trainer.rewards.huge'),
+                        (lambda n: trees.from_json({'type': 'namedtuple', 'class': n,
+                                                    'fields': {}}), 'paxlike.core.Huge')]:
+    with pytest.raises(UserError, match="has no 'huge'|has no 'Huge'"):
+      resolve(name)
+  assert seen == ['fiddler', 'reward function', 'tree node class']

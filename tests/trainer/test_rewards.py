@@ -44,7 +44,7 @@ def test_a_user_module_is_named_only_when_allowed(user_module):
   assert rewards.resolve('my_rewards.length', ['my_rewards']) is user_module.length
   assert rewards.resolve('paxlike.trainer.rewards.exact_match') is rewards.exact_match
   for name, words in [('os.system', 'not allowed'), ('paxlike.errors.UserError', 'not allowed'),
-                      ('paxlike.trainer.rewards.nothing', 'cannot import'), ('exact', "'module.")]:
+                      ('paxlike.trainer.rewards.nothing', "has no 'nothing'"), ('exact', "'module.")]:
     with pytest.raises(UserError, match=words):
       rewards.resolve(name)
 
