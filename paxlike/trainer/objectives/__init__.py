@@ -10,6 +10,8 @@ The task's `loss` config picks the objective: the one registered for the config'
 the model's own loss). Every module of this package is imported on the first lookup and
 registers its objective (`register`), so a new objective (KTO, RLOO, PPO) is one new module
 here and nothing else. This is the only place that decides which objective a task trains.
+(A saved config.json naming a loss config class reloads only where the config allow-list,
+paxlike/config/allow_list.py, admits the class's module.)
 """
 
 from __future__ import annotations
