@@ -4,6 +4,7 @@ file and its directory are fsynced, and permissions are `mode` less the umask.""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -154,3 +155,18 @@ def test_a_directory_is_not_renamed_over_a_full_one(tmp_path):
       (tmp / 'mine').write_text('x')
   assert [p.name for p in tmp_path.iterdir()] == ['store']
   assert [p.name for p in final.iterdir()] == ['theirs']
+
+
+def test_no_other_module_renames_files_into_place():
+  """os.replace / os.rename / shutil.move appear only here, and in atomic_dirs.remove (a
+  directory moved aside to be deleted): every other write goes through paxlike.core.files."""
+  root = Path(files.__file__).parents[1]
+  found = set()
+  for path in root.rglob('*.py'):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and isinstance(node.func.value, ast.Name)
+          and (node.func.value.id, node.func.attr) in {('os', 'replace'), ('os', 'rename'),
+                                                       ('shutil', 'move')}):
+        found.add(str(path.relative_to(root)))
+  assert found == {'core/files.py', 'data/atomic_dirs.py'}
