@@ -106,7 +106,9 @@ def moved_argument(fn_or_cls: Any, name: str) -> str | None:
   return field if name in names else None
 
 
+# A new objective's loss config lives in its module under paxlike.trainer.objectives.
 CLASSES_ONLY = ('paxlike.data', 'paxlike.trainer.preference_loss', 'paxlike.trainer.grpo_loss',
+                'paxlike.trainer.objectives',
                 'flax.linen',
                 'fiddle._src.config', 'fiddle._src.partial', 'fiddle._src.tagging')
 BUILTINS = ('dict', 'tuple', 'list', 'set', 'frozenset', 'slice', 'int', 'float', 'bool',

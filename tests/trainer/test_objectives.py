@@ -164,3 +164,14 @@ def test_a_new_objective_is_one_registration_away(registered_toy, tmp_path):
   assert (tmp_path / 'scaled' / 'scaled.txt').read_text() == 'opened at step 0\n'
   with pytest.raises(UserError, match='ScaledLoss trains on sequences; PairsRows gives none'):
     objectives.for_task(ScaledLoss(), source('pairs'))
+
+
+def test_a_loss_config_class_in_an_objectives_module_may_be_saved_and_loaded():
+  """A new objective's loss config (a class in its module under paxlike.trainer.objectives)
+  passes the saved-config allow list as the built-in losses' do; its functions do not."""
+  from paxlike.config import allow_list
+  cls = type('KtoLoss', (), {'__module__': 'paxlike.trainer.objectives.kto'})
+  assert allow_list.refusal(cls) is None
+  fn = lambda: None
+  fn.__module__ = 'paxlike.trainer.objectives.kto'
+  assert 'whose functions a config may not call' in allow_list.refusal(fn)
