@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from paxlike.interop import hf_llama
+from paxlike import interop
 from paxlike.layers import TransformerLM
 from tests.helpers import cli_env, metric_rows, run_cli, run_python
 from tests.tokenizers.chat_fixtures import FAMILIES, write_chat_tokenizer, write_family
@@ -26,7 +26,7 @@ def write_source(root):
   """An HF dir (random weights, config.json, a ChatML tokenizer and template) and chat rows."""
   model = TransformerLM(**MODEL)
   params = nn.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8), np.int32))['params'])
-  hf_llama.save_hf_checkpoint(jax.tree.map(np.asarray, params), model, root / 'hf')
+  interop.save_hf_checkpoint(jax.tree.map(np.asarray, params), model, root / 'hf')
   write_family(root / 'hf', 'chatml')
   with open(root / 'chat.jsonl', 'w') as f:
     for i in range(60):

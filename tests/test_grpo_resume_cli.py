@@ -87,7 +87,7 @@ def test_kill_9_then_job_log_dir_alone_then_moved_gives_the_uninterrupted_rows(r
   out = run_cli(f'--job_log_dir={moved}', '--mode=decode', '--prompt=12+3=',
                 '--decode_length=3', '--allow_import=my_rewards', env=env(root)).stdout
   assert out.startswith('12+3=')
-  proc = run_python(['-m', 'paxlike.interop.hf_llama', f'--job_log_dir={moved}',
+  proc = run_python(['-m', 'paxlike.interop.hf', f'--job_log_dir={moved}',
                      f'--out={tmp_path / "hf"}', '--allow_import=my_rewards'], env(root), 300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert (tmp_path / 'hf' / 'tokenizer.json').read_bytes() == (

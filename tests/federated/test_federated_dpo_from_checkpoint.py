@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from paxlike.interop import hf_llama
+from paxlike import interop
 from paxlike.layers import TransformerLM
 from tests.helpers import cli_env, metric_rows, run_cli
 from tests.tokenizers.chat_fixtures import write_chat_tokenizer
@@ -29,7 +29,7 @@ def source(tmp_path_factory):
   root = tmp_path_factory.mktemp('fed_dpo_hf')
   model = TransformerLM(**MODEL)
   params = nn.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8), np.int32))['params'])
-  hf_llama.save_hf_checkpoint(jax.tree.map(np.asarray, params), model, root / 'hf')
+  interop.save_hf_checkpoint(jax.tree.map(np.asarray, params), model, root / 'hf')
   write_chat_tokenizer(root / 'hf', None, {'eos_token': '<|im_end|>',
                                            'pad_token': '<|endoftext|>'})
   rng = random.Random(0)
@@ -76,7 +76,7 @@ def test_dpo_lora_fedavg_takes_the_checkpoints_shape_and_tokenizer(source, tmp_p
   _, step, state = restore.load_latest_state(task, job, evaluator=False)
   assert step == 2
   trained = flat(jax.device_get(state.alg.params))
-  _, imported = hf_llama.load_hf_checkpoint(source / 'hf')
+  _, imported = interop.load_hf_checkpoint(source / 'hf')
   base = {k: v for k, v in trained.items() if '_lora_' not in k}
   assert set(base) == set(flat(imported)) and len(base) < len(trained)
   for name, value in flat(imported).items():

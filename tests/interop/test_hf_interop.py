@@ -11,7 +11,7 @@ import fiddle as fdl
 from safetensors.numpy import save_file
 
 from paxlike.errors import UserError
-from paxlike import interop as hf_llama
+from paxlike import interop
 from paxlike.interop import checkpoint
 
 HF_CONFIG = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -106,16 +106,16 @@ def test_import_gives_reference_logits(tmp_path, case):
   cfg = {**HF_CONFIG, **changes}
   tensors = random_checkpoint(cfg, qk_norm=qk_norm)
   write_checkpoint(tmp_path, tensors, cfg)
-  model_cfg, params = hf_llama.load_hf_checkpoint(tmp_path, qk_norm=qk_norm)
+  model_cfg, params = interop.load_hf_checkpoint(tmp_path, qk_norm=qk_norm)
   ref = reference_logits(tensors, cfg, TOKENS)
   np.testing.assert_allclose(_logits(model_cfg, params, TOKENS), ref, atol=1e-4, rtol=1e-4)
   # Scanned layers: same checkpoint, params stacked under 'blocks', same logits.
-  scan_cfg, scan_params = hf_llama.load_hf_checkpoint(tmp_path, qk_norm=qk_norm, scan_layers=True)
+  scan_cfg, scan_params = interop.load_hf_checkpoint(tmp_path, qk_norm=qk_norm, scan_layers=True)
   assert 'blocks' in scan_params and 'block_0' not in scan_params
   np.testing.assert_allclose(_logits(scan_cfg, scan_params, TOKENS), ref, atol=1e-4, rtol=1e-4)
   # Export is bitwise the original, from either tree layout.
   for c, p in ((model_cfg, params), (scan_cfg, scan_params)):
-    exported = hf_llama.export_params(p, fdl.build(c))
+    exported = interop.export_params(p, fdl.build(c))
     assert exported.keys() == tensors.keys()
     for name, value in tensors.items():
       assert exported[name].dtype == value.dtype and exported[name].tobytes() == value.tobytes(), name
@@ -129,40 +129,40 @@ def test_interleaved_rope_layout_would_not_match():
   unpermute = lambda w: w.reshape(-1, 2, h // 2, w.shape[1]).transpose(0, 2, 1, 3).reshape(w.shape)
   meta = {k: unpermute(v) if k.endswith(('q_proj.weight', 'k_proj.weight')) else v
           for k, v in tensors.items()}
-  model = fdl.build(hf_llama.config_from_hf(HF_CONFIG))
-  logits = model.apply({'params': hf_llama.import_params(meta, model)}, jnp.asarray(TOKENS))
+  model = fdl.build(interop.config_from_hf(HF_CONFIG))
+  logits = model.apply({'params': interop.import_params(meta, model)}, jnp.asarray(TOKENS))
   assert not np.allclose(np.asarray(logits), reference_logits(tensors, HF_CONFIG, TOKENS), atol=1e-2)
 
 
 def test_save_round_trip_and_bf16(tmp_path):
   tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in random_checkpoint(HF_CONFIG).items()}
   write_checkpoint(tmp_path, tensors, HF_CONFIG)
-  model_cfg, params = hf_llama.load_hf_checkpoint(tmp_path)
+  model_cfg, params = interop.load_hf_checkpoint(tmp_path)
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(params))  # upcast exactly
   out = tmp_path / 'out'
-  hf_llama.save_hf_checkpoint(params, fdl.build(model_cfg), out, dtype=ml_dtypes.bfloat16)
+  interop.save_hf_checkpoint(params, fdl.build(model_cfg), out, dtype=ml_dtypes.bfloat16)
   again = checkpoint.read_safetensors(out)
   assert again.keys() == tensors.keys()
   assert all(again[k].tobytes() == tensors[k].tobytes() for k in tensors)
   saved = json.loads((out / 'config.json').read_text())
   assert saved['torch_dtype'] == 'bfloat16'
   assert {k: saved[k] for k in HF_CONFIG} == HF_CONFIG
-  assert hf_llama.config_from_hf(saved) == model_cfg
+  assert interop.config_from_hf(saved) == model_cfg
 
 
 def test_mismatches_are_user_errors():
   cfg = HF_CONFIG
-  model = fdl.build(hf_llama.config_from_hf(cfg))
+  model = fdl.build(interop.config_from_hf(cfg))
   tensors = random_checkpoint(cfg)
   with pytest.raises(UserError, match='missing.*mlp.down_proj'):
-    hf_llama.import_params({k: v for k, v in tensors.items() if 'layers.1.mlp.down' not in k}, model)
+    interop.import_params({k: v for k, v in tensors.items() if 'layers.1.mlp.down' not in k}, model)
   with pytest.raises(UserError, match='unexpected.*layers.2'):
-    hf_llama.import_params({**tensors, 'model.layers.2.mlp.up_proj.weight': tensors['lm_head.weight']},
+    interop.import_params({**tensors, 'model.layers.2.mlp.up_proj.weight': tensors['lm_head.weight']},
                            model)
   wrong = {**tensors, 'model.layers.0.mlp.up_proj.weight': np.zeros((8, 64), np.float32)}
   with pytest.raises(UserError, match=r'up_proj.*is \[8, 64\].*needs \[96, 64\]'):
-    hf_llama.import_params(wrong, model)
+    interop.import_params(wrong, model)
   with pytest.raises(UserError, match='rope_scaling'):
-    hf_llama.config_from_hf({**cfg, 'rope_scaling': {'rope_type': 'llama3', 'factor': 8.0}})
+    interop.config_from_hf({**cfg, 'rope_scaling': {'rope_type': 'llama3', 'factor': 8.0}})
   with pytest.raises(UserError, match='gated_mlp=False'):
-    hf_llama.name_map(model.clone(gated_mlp=False))
+    interop.name_map(model.clone(gated_mlp=False))

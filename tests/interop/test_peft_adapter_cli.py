@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from paxlike.interop import checkpoint, hf_llama
+from paxlike.interop import checkpoint
 from paxlike.trainer import losses
 from tests.helpers import TINY, metric_rows, run_cli, run_python, cli_env
 from tests.interop import peft_adapters
@@ -24,10 +24,10 @@ def write_base(directory, model) -> dict[str, np.ndarray]:
   """An HF dir of `model` with random weights (not its init); returns its tensors."""
   boxed = jax.jit(model.init)(jax.random.key(3), np.zeros((1, 8), np.int32))['params']
   params = jax.tree.map(lambda x: np.asarray(x) + np.float32(0.05), nn.meta.unbox(boxed))
-  tensors = hf_llama.export_params(params, model)
+  tensors = checkpoint.export_params(params, model)
   directory.mkdir(parents=True)
   save_file(tensors, str(directory / 'model.safetensors'))
-  (directory / 'config.json').write_text(json.dumps(hf_llama.config_to_hf(model)))
+  (directory / 'config.json').write_text(json.dumps(checkpoint.config_to_hf(model)))
   return tensors
 
 

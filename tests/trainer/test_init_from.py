@@ -17,7 +17,7 @@ from paxlike.trainer import build, init_from, loop, losses
 from paxlike.core.trainable import split_params
 from paxlike.trainer.checkpoint import Checkpoints
 from paxlike.errors import RunFailure, UserError
-from paxlike.interop import hf_llama
+from paxlike import interop
 from paxlike.layers import stack_layers
 from paxlike.layers.lora import lora_mask
 from tests.helpers import TINY, metric_rows, run_cli
@@ -31,8 +31,8 @@ def write_hf_dir(directory, model, seed: int = 3):
   params = jax.tree.map(np.asarray, nn.meta.unbox(boxed))
   params = jax.tree.map(lambda x: x + np.float32(0.05), params)  # Far from any fresh init.
   directory.mkdir(parents=True, exist_ok=True)
-  save_file(hf_llama.export_params(params, model), str(directory / 'model.safetensors'))
-  (directory / 'config.json').write_text(json.dumps(hf_llama.config_to_hf(model)))
+  save_file(interop.export_params(params, model), str(directory / 'model.safetensors'))
+  (directory / 'config.json').write_text(json.dumps(interop.config_to_hf(model)))
   (directory / 'tokenizer.json').write_text('{}')
   return params
 

@@ -18,7 +18,7 @@ from paxlike.trainer import build, loop
 import fiddle as fdl
 
 from paxlike.config import config_io
-from paxlike.interop import hf_llama
+from paxlike import interop
 from paxlike.trainer import restore
 from tests.helpers import TINY, cli_env, run_cli, run_python
 from tests.tiny_task import SMALL, restored, tiny_task, with_steps
@@ -100,7 +100,7 @@ def test_the_cli_fine_tunes_an_int8_base_and_exports_what_it_computes(tmp_path):
   proc = run_python(['-m', 'paxlike.interop.hf', f'--job_log_dir={job}',
                      f'--out={tmp_path / "out"}'], cli_env(), 300)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  cfg, exported = hf_llama.load_hf_checkpoint(tmp_path / 'out')
+  cfg, exported = interop.load_hf_checkpoint(tmp_path / 'out')
   float_model = fdl.build(cfg)
   assert float_model.base_quantization == 'none' and float_model.lora_rank == 0
   task = config_io.build(config_io.load_file(job / 'config.json', []))
