@@ -17,6 +17,7 @@ import fiddle as fdl
 from paxlike.core import files as file_io
 from paxlike.data.token_source import TokenizedSource
 from paxlike.errors import UserError
+from paxlike.trainer import init_spec
 
 SOURCE_DIR = 'source'
 # An HF checkpoint dir's files besides its weights that a job may need later.
@@ -50,9 +51,8 @@ def hf_source_dir(init_from: str | None) -> Path | None:
   refuses it in one line when it loads the source)."""
   if not init_from or not init_from.startswith('hf:'):
     return None
-  from paxlike.trainer import init_from as init_from_lib  # It imports the model stack.
   try:
-    return init_from_lib.parse(init_from).path.expanduser().absolute()
+    return init_spec.parse(init_from).path.expanduser().absolute()
   except UserError:
     return None
 
