@@ -72,7 +72,7 @@ def export_job(job_dir: str | Path, out: str | Path, step: int | None = None,
   copied = job_source.tokenizer_files(tokenizer)
   generation = generation_config(job_dir, tokenizer)
   model_type = source.get('model_type')
-  checkpoint.family_for_model(model, model_type)  # Refused before anything is written.
+  checkpoint.architecture_for_model(model, model_type)  # Refused before anything is written.
   carried = {k: v for k, v in source.items() if k in hf_fields.HARMLESS}
   write_atomically(out, lambda tmp: _write(tmp, params, model, model_type, carried, copied,
                                            generation))

@@ -22,8 +22,8 @@ from safetensors.numpy import load_file, save_file
 from paxlike.errors import RunFailure, UserError
 from paxlike.families.shapes import abstract_params
 from paxlike.interop import hf_defaults
-from paxlike.interop.families import family_for_config, family_for_model
-from paxlike.interop.family import NameMap, Tensor
+from paxlike.interop.architecture import NameMap, Tensor
+from paxlike.interop.architectures import architecture_for_config, architecture_for_model
 from paxlike.interop.weight_files import Header, read_header
 from paxlike.layers import TransformerLM
 from paxlike.layers.rope import RopeScaling
@@ -36,10 +36,10 @@ def name_map(model: TransformerLM, model_type: str | None = None,
              have: Collection[str] | None = None) -> NameMap:
   """Every HF tensor of `model`'s checkpoint (as `model_type`, else the family it matches): of
   the checkpoint holding tensors `have` when given (its layout), else the one export writes."""
-  family = family_for_model(model, model_type)
-  if have is not None and family.import_names is not None:
-    return family.import_names(model, have)
-  return family.tensor_names(model)
+  arch = architecture_for_model(model, model_type)
+  if have is not None and arch.import_names is not None:
+    return arch.import_names(model, have)
+  return arch.tensor_names(model)
 
 
 def _get(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
@@ -65,14 +65,14 @@ def _as_config(value: Any) -> Any:
 def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> fdl.Config[TransformerLM]:
   """The TransformerLM config of a config.json dict (any registered family; a key it omits is
   its config class's default, `hf_defaults`), plus `overrides`."""
-  family = family_for_config(hf)
-  fields = family.model_fields(hf_defaults.filled(hf))
+  arch = architecture_for_config(hf)
+  fields = arch.model_fields(hf_defaults.filled(hf))
   return fdl.Config(TransformerLM, **{k: _as_config(v) for k, v in {**fields, **overrides}.items()})
 
 
 def config_to_hf(model: TransformerLM, model_type: str | None = None) -> dict[str, Any]:
   """config.json for `model` as `model_type` (else the family it matches)."""
-  return family_for_model(model, model_type).hf_config(model)
+  return architecture_for_model(model, model_type).hf_config(model)
 
 
 def _param(tree: Mapping[str, Any], t: Tensor, path: tuple[str, ...]) -> Any:

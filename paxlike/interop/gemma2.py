@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from paxlike.errors import UserError
 from paxlike.interop import hf_fields, llama
-from paxlike.interop.family import Family, NameMap, single
+from paxlike.interop.architecture import Architecture, NameMap, single
 from paxlike.interop.rope_config import read_rope, rope_config
 from paxlike.layers import TransformerLM
 
@@ -104,5 +104,5 @@ def hf_config(model: TransformerLM) -> dict[str, Any]:
           **rope_config(model.rope_base, model.rope_scaling)}
 
 
-FAMILY = Family('gemma2', 'Gemma2ForCausalLM', model_fields, hf_config, tensor_names,
+ARCHITECTURE = Architecture('gemma2', 'Gemma2ForCausalLM', model_fields, hf_config, tensor_names,
                 mismatches)

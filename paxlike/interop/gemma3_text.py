@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from paxlike.errors import UserError
 from paxlike.interop import gemma2, hf_fields, llama
-from paxlike.interop.family import Family, NameMap
+from paxlike.interop.architecture import Architecture, NameMap
 from paxlike.interop.rope_config import read_rope, rope_dict
 from paxlike.layers import TransformerLM
 
@@ -82,5 +82,5 @@ def hf_config(model: TransformerLM) -> dict[str, Any]:
                               'sliding_attention': rope_dict(local_base, None)}}
 
 
-FAMILY = Family('gemma3_text', 'Gemma3ForCausalLM', model_fields, hf_config, tensor_names,
-                mismatches)
+ARCHITECTURE = Architecture(
+    'gemma3_text', 'Gemma3ForCausalLM', model_fields, hf_config, tensor_names, mismatches)

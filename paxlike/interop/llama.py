@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from paxlike.errors import UserError
 from paxlike.interop import hf_fields
-from paxlike.interop.family import Family, NameMap, Tensor, single, transposed
+from paxlike.interop.architecture import Architecture, NameMap, Tensor, single, transposed
 from paxlike.interop.rope_config import read_rope, rope_config
 from paxlike.layers import TransformerLM
 
@@ -125,4 +125,5 @@ def hf_config(model: TransformerLM) -> dict[str, Any]:
           'attention_bias': model.qkv_bias, 'mlp_bias': False, 'attention_dropout': 0.0}
 
 
-FAMILY = Family('llama', 'LlamaForCausalLM', model_fields, hf_config, tensor_names, mismatches)
+ARCHITECTURE = Architecture(
+    'llama', 'LlamaForCausalLM', model_fields, hf_config, tensor_names, mismatches)

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from paxlike.errors import UserError
 from paxlike.interop import hf_fields, llama
-from paxlike.interop.family import Family
+from paxlike.interop.architecture import Architecture
 from paxlike.interop.rope_config import read_rope, rope_config
 from paxlike.layers import TransformerLM
 
@@ -41,5 +41,5 @@ def hf_config(model: TransformerLM) -> dict[str, Any]:
           'sliding_window': model.sliding_window, 'attention_dropout': 0.0}
 
 
-FAMILY = Family('mistral', 'MistralForCausalLM', model_fields, hf_config, llama.tensor_names,
-                mismatches)
+ARCHITECTURE = Architecture(
+    'mistral', 'MistralForCausalLM', model_fields, hf_config, llama.tensor_names, mismatches)

@@ -11,7 +11,7 @@ from typing import Any, Collection, Mapping
 
 from paxlike.errors import UserError
 from paxlike.interop import hf_fields, moe_family
-from paxlike.interop.family import Family, NameMap
+from paxlike.interop.architecture import Architecture, NameMap
 from paxlike.interop.rope_config import read_rope, rope_config
 from paxlike.layers import TransformerLM
 
@@ -66,5 +66,5 @@ def import_names(model: TransformerLM, have: Collection[str]) -> NameMap:
   return tensor_names(model)
 
 
-FAMILY = Family('mixtral', 'MixtralForCausalLM', model_fields, hf_config, tensor_names,
+ARCHITECTURE = Architecture('mixtral', 'MixtralForCausalLM', model_fields, hf_config, tensor_names,
                 mismatches, import_names)

@@ -40,7 +40,7 @@ import numpy as np
 
 from paxlike.errors import UserError
 from paxlike.interop import hf_fields, llama
-from paxlike.interop.family import NameMap, Tensor, expert_row, transposed
+from paxlike.interop.architecture import NameMap, Tensor, expert_row, transposed
 from paxlike.layers import TransformerLM
 
 # Keys the router and its training loss take, beside each family's own.

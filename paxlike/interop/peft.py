@@ -28,7 +28,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from paxlike.errors import UserError
-from paxlike.interop.family import NameMap
+from paxlike.interop.architecture import NameMap
 from paxlike.interop.weight_files import ADAPTER as WEIGHTS
 from paxlike.layers import lora
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from paxlike.errors import UserError
 from paxlike.interop import hf_fields, llama
-from paxlike.interop.family import Family, NameMap, fused, transposed
+from paxlike.interop.architecture import Architecture, NameMap, fused, transposed
 from paxlike.interop.rope_config import read_rope, rope_config
 from paxlike.layers import TransformerLM
 
@@ -73,4 +73,5 @@ def hf_config(model: TransformerLM) -> dict[str, Any]:
   return config
 
 
-FAMILY = Family('phi3', 'Phi3ForCausalLM', model_fields, hf_config, tensor_names, mismatches)
+ARCHITECTURE = Architecture(
+    'phi3', 'Phi3ForCausalLM', model_fields, hf_config, tensor_names, mismatches)

@@ -12,7 +12,7 @@ from typing import Any, Collection, Mapping
 
 from paxlike.errors import UserError
 from paxlike.interop import hf_fields, moe_family
-from paxlike.interop.family import Family, NameMap
+from paxlike.interop.architecture import Architecture, NameMap
 from paxlike.interop.rope_config import read_rope, rope_config
 from paxlike.layers import TransformerLM
 
@@ -65,5 +65,6 @@ def import_names(model: TransformerLM, have: Collection[str]) -> NameMap:
   return moe_family.decoder_names(model, moe_family.qwen_expert_names(model, have))
 
 
-FAMILY = Family('qwen2_moe', 'Qwen2MoeForCausalLM', model_fields, hf_config, tensor_names,
-                mismatches, import_names)
+ARCHITECTURE = Architecture(
+    'qwen2_moe', 'Qwen2MoeForCausalLM', model_fields, hf_config, tensor_names, mismatches,
+    import_names)

@@ -83,13 +83,13 @@ def test_a_lora_model_exports_merged_and_reimports(tmp_path, case):
 
 
 def test_a_from_scratch_model_exports_as_its_family_or_says_why_not():
-  assert interop.family_for_model(TransformerLM()).model_type == 'llama'
+  assert interop.architecture_for_model(TransformerLM()).model_type == 'llama'
   gemma_like = TransformerLM(norm_weight_offset=1.0, sandwich_norm=True, scale_embeddings=True,
                              sliding_window=8, global_every=2, mlp_activation='gelu_tanh')
-  assert interop.family_for_model(gemma_like).model_type == 'gemma2'
-  assert interop.family_for_model(TransformerLM(qkv_bias=True)).model_type == 'qwen2'
+  assert interop.architecture_for_model(gemma_like).model_type == 'gemma2'
+  assert interop.architecture_for_model(TransformerLM(qkv_bias=True)).model_type == 'qwen2'
   with pytest.raises(UserError, match='matches no Hugging Face family.*llama: sandwich_norm=True'):
-    interop.family_for_model(TransformerLM(sandwich_norm=True))
+    interop.architecture_for_model(TransformerLM(sandwich_norm=True))
   with pytest.raises(UserError, match='cannot be written as qwen2.*qk_norm=True'):
     interop.config_to_hf(TransformerLM(qk_norm=True, qkv_bias=True), 'qwen2')
 

@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 from paxlike.decode import generate
 from paxlike.errors import UserError
 from paxlike.interop import checkpoint
-from paxlike.interop.families import family_for_model
+from paxlike.interop.architectures import architecture_for_model
 from paxlike.layers import lora, moe
 from paxlike.trainer import init_from
 from tests.decode.test_generate import recompute_greedy
@@ -119,7 +119,7 @@ def test_save_and_reload_round_trip(tmp_path, name):
   checkpoint.save_hf_checkpoint(params, model, tmp_path / 'out')
   saved = json.loads((tmp_path / 'out' / 'config.json').read_text())
   assert saved['model_type'] == cfg['model_type']
-  assert saved['architectures'] == [family_for_model(model).architecture]
+  assert saved['architectures'] == [architecture_for_model(model).hf_class]
   for key in ('num_experts_per_tok', 'moe_intermediate_size', 'decoder_sparse_step',
               'norm_topk_prob', 'shared_expert_intermediate_size', 'num_local_experts',
               'head_dim', 'intermediate_size', 'qkv_bias', 'attention_bias'):
@@ -208,12 +208,12 @@ def test_other_moe_architectures_are_refused_naming_the_supported(model_type):
 
 def test_a_model_is_written_as_the_moe_family_it_matches():
   build = lambda name, **kw: fdl.build(checkpoint.config_from_hf(hf_config(name, 'v4'), **kw))
-  assert family_for_model(build('mixtral')).model_type == 'mixtral'
-  assert family_for_model(build('qwen2_moe')).model_type == 'qwen2_moe'
-  assert family_for_model(build('qwen3_moe_step2')).model_type == 'qwen3_moe'
+  assert architecture_for_model(build('mixtral')).model_type == 'mixtral'
+  assert architecture_for_model(build('qwen2_moe')).model_type == 'qwen2_moe'
+  assert architecture_for_model(build('qwen3_moe_step2')).model_type == 'qwen3_moe'
   # Raw top-2 weights are not Mixtral's router; without q/k norm not Qwen3-MoE's: no family.
   with pytest.raises(UserError, match='mixtral: moe_renormalize=False'):
-    family_for_model(build('mixtral', moe_renormalize=False))
+    architecture_for_model(build('mixtral', moe_renormalize=False))
   with pytest.raises(UserError, match='cannot be written as mixtral.*moe_shared_d_ff=36'):
     checkpoint.config_to_hf(build('qwen2_moe'), 'mixtral')
 

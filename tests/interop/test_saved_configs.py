@@ -51,11 +51,11 @@ def tensors_and_reference(cfg: dict, tokens: np.ndarray) -> tuple[dict, np.ndarr
 
 
 def test_the_fixtures_are_every_supported_model_type():
-  assert sorted(p.name for p in (FIXTURES / VERSION).iterdir()) == sorted(interop.FAMILIES)
+  assert sorted(p.name for p in (FIXTURES / VERSION).iterdir()) == sorted(interop.ARCHITECTURES)
 
 
 @pytest.mark.parametrize('layout', ['single', 'sharded'])
-@pytest.mark.parametrize('model_type', sorted(interop.FAMILIES))
+@pytest.mark.parametrize('model_type', sorted(interop.ARCHITECTURES))
 def test_a_config_transformers_saved_loads_to_the_reference_logits(tmp_path, model_type, layout):
   text = FIXTURES.joinpath(VERSION, model_type, 'config.json').read_text()
   cfg = json.loads(text)
@@ -71,7 +71,7 @@ def test_a_config_transformers_saved_loads_to_the_reference_logits(tmp_path, mod
   assert error < TOLERANCE
 
 
-@pytest.mark.parametrize('model_type', sorted(interop.FAMILIES))
+@pytest.mark.parametrize('model_type', sorted(interop.ARCHITECTURES))
 def test_an_omitted_key_gets_the_config_class_default(model_type):
   filled = saved(model_type, 'defaults')
   minimal = {k: filled[k] for k in ('model_type', *hf_fields.REQUIRED)}

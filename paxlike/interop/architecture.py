@@ -1,5 +1,6 @@
-"""What one Hugging Face `model_type` is to paxlike: a `Family` record (in the spirit of optax's
-two-function NamedTuple), and the tensor-map entries every family's names are built from.
+"""What one Hugging Face `model_type` is to paxlike: an `Architecture` record (in the spirit of
+optax's two-function NamedTuple; not `paxlike.families.Family`, which is a kind of paxlike model),
+and the tensor-map entries every architecture's names are built from.
 
 A family maps a config.json dict to `TransformerLM` fields and back, names each checkpoint
 tensor with the paxlike param(s) it holds, and says why a model cannot be written as it. The
@@ -68,8 +69,9 @@ def fused(paths: tuple[Path, ...], sizes: tuple[int, ...],
   return Tensor(paths, to_pax, to_hf)
 
 
-class Family(NamedTuple):
-  """One Hugging Face architecture.
+class Architecture(NamedTuple):
+  """One Hugging Face architecture (`hf_class`, e.g. LlamaForCausalLM, is config.json's
+  `architectures` entry).
 
   `model_fields(hf)`: TransformerLM fields from a config.json dict (UserError naming any field
   whose value it cannot honour); `hf_config(model)`: the config.json to export; `tensor_names
@@ -79,7 +81,7 @@ class Family(NamedTuple):
   layout (e.g. experts per expert or fused; `tensor_names` is the one export writes)."""
 
   model_type: str
-  architecture: str
+  hf_class: str
   model_fields: Callable[[Mapping[str, Any]], dict[str, Any]]
   hf_config: Callable[[TransformerLM], dict[str, Any]]
   tensor_names: Callable[[TransformerLM], NameMap]

@@ -1,6 +1,6 @@
-"""The registry of Hugging Face architectures: `model_type` -> `Family` (one module each).
+"""The registry of Hugging Face architectures: `model_type` -> `Architecture` (one module each).
 
-Adding one: write `paxlike/interop/<model_type>.py` with a `FAMILY` and list the module in
+Adding one: write `paxlike/interop/<model_type>.py` with an `ARCHITECTURE` and list the module in
 `_MODULES` (README: "Adding a model family").
 """
 
@@ -10,7 +10,7 @@ import importlib
 from typing import Any, Mapping
 
 from paxlike.errors import UserError
-from paxlike.interop.family import Family
+from paxlike.interop.architecture import Architecture
 from paxlike.layers import TransformerLM
 
 # In preference order: a model that several families could write is written as the first.
@@ -18,8 +18,8 @@ _MODULES = ('llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', 'gemma3_text
             'qwen2_moe', 'qwen3_moe')
 
 
-def _load() -> dict[str, Family]:
-  families = {}
+def _load() -> dict[str, Architecture]:
+  found = {}
   for name in _MODULES:
     try:
       module = importlib.import_module(f'paxlike.interop.{name}')
@@ -27,44 +27,44 @@ def _load() -> dict[str, Family]:
       if error.name != f'paxlike.interop.{name}':
         raise
       continue  # Not written (yet).
-    families[module.FAMILY.model_type] = module.FAMILY
-  return families
+    found[module.ARCHITECTURE.model_type] = module.ARCHITECTURE
+  return found
 
 
-FAMILIES: dict[str, Family] = _load()
+ARCHITECTURES: dict[str, Architecture] = _load()
 
 
 def supported() -> str:
-  return ', '.join(sorted(FAMILIES))
+  return ', '.join(sorted(ARCHITECTURES))
 
 
-def family_for_config(hf: Mapping[str, Any]) -> Family:
-  """The family of a config.json dict; UserError naming the supported model_types for an
+def architecture_for_config(hf: Mapping[str, Any]) -> Architecture:
+  """The architecture of a config.json dict; UserError naming the supported model_types for an
   unknown or missing one."""
   if not isinstance(hf, Mapping):
     raise UserError('config.json does not hold a JSON object')
   model_type = hf.get('model_type')
-  if model_type not in FAMILIES:
+  if model_type not in ARCHITECTURES:
     raise UserError(f'config.json model_type={model_type!r} is not supported (supported: '
                     f'{supported()})')
-  return FAMILIES[model_type]
+  return ARCHITECTURES[model_type]
 
 
-def family_for_model(model: TransformerLM, model_type: str | None = None) -> Family:
-  """The family `model` is written as: `model_type`'s (the source checkpoint's) when given,
+def architecture_for_model(model: TransformerLM, model_type: str | None = None) -> Architecture:
+  """The architecture `model` is written as: `model_type`'s (the source checkpoint's) when given,
   else the first whose `mismatches` is empty; UserError saying what prevents each."""
   if model_type is not None:
-    family = family_for_config({'model_type': model_type})
-    problems = family.mismatches(model)
+    arch = architecture_for_config({'model_type': model_type})
+    problems = arch.mismatches(model)
     if problems:
       raise UserError(f'the model cannot be written as {model_type} (its source): '
                       f'{", ".join(problems)}')
-    return family
+    return arch
   reasons = {}
-  for family in FAMILIES.values():
-    problems = family.mismatches(model)
+  for arch in ARCHITECTURES.values():
+    problems = arch.mismatches(model)
     if not problems:
-      return family
-    reasons[family.model_type] = ', '.join(problems)
+      return arch
+    reasons[arch.model_type] = ', '.join(problems)
   raise UserError('the model matches no Hugging Face family: ' + '; '.join(
       f'{name}: {why}' for name, why in reasons.items()))
