@@ -174,24 +174,24 @@ def round_rng(seed: int, step: int, stream: int) -> np.random.Generator:
   return np.random.default_rng([stream, seed % 2**64, step % 2**64])
 
 
-def poisson_slots(num_clients: int, k: int) -> int:
-  """The fixed slot count of a Poisson cohort (each of `num_clients` clients joins with
-  probability q = k / num_clients): the larger of mean + 8 sd and the binomial tail quantile
-  at POISSON_OVERFLOW, at most num_clients (then it cannot overflow)."""
+def poisson_slots(population: int, k: int) -> int:
+  """The fixed slot count of a Poisson cohort (each of `population` clients joins with
+  probability q = k / population): the larger of mean + 8 sd and the binomial tail quantile
+  at POISSON_OVERFLOW, at most population (then it cannot overflow)."""
   from scipy import stats  # Only Poisson cohorts pay for the import.
-  q = k / num_clients
+  q = k / population
   bound = max(math.ceil(k + 8 * math.sqrt(k * (1 - q))),
-              int(stats.binom.isf(POISSON_OVERFLOW, num_clients, q)))
-  return min(num_clients, bound)
+              int(stats.binom.isf(POISSON_OVERFLOW, population, q)))
+  return min(population, bound)
 
 
-def poisson_cohort(seed: int, step: int, num_clients: int, k: int) -> np.ndarray:
+def poisson_cohort(seed: int, step: int, population: int, k: int) -> np.ndarray:
   """int64 [poisson_slots]: round `step`'s clients, each in independently with probability
-  k / num_clients, in increasing order, then PADDED. RunFailure (never truncation) if more
+  k / population, in increasing order, then PADDED. RunFailure (never truncation) if more
   join than there are slots."""
   rng = round_rng(seed, step, COHORT_STREAM)
-  joined = np.flatnonzero(rng.random(num_clients) < k / num_clients)
-  slots = _cached_slots(num_clients, k)
+  joined = np.flatnonzero(rng.random(population) < k / population)
+  slots = _cached_slots(population, k)
   if len(joined) > slots:
     raise RunFailure(f'round {step}: {len(joined)} clients joined the Poisson cohort, more than '
                      f'its {slots} slots (probability < {POISSON_OVERFLOW:g} a round)')
@@ -246,10 +246,10 @@ def checked_cohort(source: DataSource, cohort: Sequence[int] | np.ndarray) -> np
   among its `client_sizes` or PADDED, the clients distinct unless the data is pooled (every
   slot then reads client 0); else a one-line UserError."""
   array = np.asarray(cohort)
-  name, slots, num_clients = type(source).__name__, source.num_slots, len(source.client_sizes)
+  name, slots, population = type(source).__name__, source.num_slots, len(source.client_sizes)
   if (array.shape != (slots,) or not (array.size == 0 or np.issubdtype(array.dtype, np.integer))
-      or ((array < PADDED) | (array >= num_clients)).any()):
-    raise UserError(f'{name}: a cohort must be {slots} client ids in [0, {num_clients}) or '
+      or ((array < PADDED) | (array >= population)).any()):
+    raise UserError(f'{name}: a cohort must be {slots} client ids in [0, {population}) or '
                     f'{PADDED} (padded), got {np.asarray(cohort).tolist()}')
   real = array[array != PADDED]
   if not source.pooled and len(np.unique(real)) != len(real):
@@ -323,16 +323,16 @@ def check_fields(obj: object, positive: Sequence[str], choices: dict[str, Sequen
                       f'got {getattr(obj, field)!r}')
 
 
-def check_cohort(source: DataSource, num_clients: int) -> None:
+def check_cohort(source: DataSource, population: int) -> None:
   """A cohort is drawn without replacement, so it cannot exceed the client count; a fixed
   cohort is every client (a client never trained is a config mistake)."""
   k = source.clients_per_round
-  if source.sampling == 'fixed' and k != num_clients:
+  if source.sampling == 'fixed' and k != population:
     raise UserError(f"{type(source).__name__}: sampling='fixed' trains every client each round, "
-                    f'so clients_per_round={k} must equal the {num_clients} clients')
-  if k > num_clients:
+                    f'so clients_per_round={k} must equal the {population} clients')
+  if k > population:
     raise UserError(f'{type(source).__name__}.clients_per_round={k} exceeds the '
-                    f'{num_clients} clients available')
+                    f'{population} clients available')
 
 
 def size_stats(sizes: np.ndarray) -> dict[str, float | int]:

@@ -50,7 +50,7 @@ class DpAggregator:
   """Clip, sum, noise, divide: the DP aggregation, and the privacy settings it is accounted by.
 
   `noise_multiplier` z is relative to the clip norm under add/remove-one-client adjacency. The
-  accounting fields (`delta`: default 1/num_clients^1.1; `max_epsilon`: a run that would spend
+  accounting fields (`delta`: default 1/population^1.1; `max_epsilon`: a run that would spend
   more is refused at start; `accountant`: 'rdp' or 'pld') are read by paxlike.trainer.privacy.
   """
 
