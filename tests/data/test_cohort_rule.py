@@ -139,7 +139,7 @@ def test_each_source_follows_the_rule_when_the_rule_changes(data, monkeypatch):
 def test_clients_are_counted_one_way_by_the_source_flower_and_privacy(data):
   count = len(data.client_sizes)
   assert count == len(getattr(data, 'client_names', data.client_sizes))
-  assert records.num_clients(data) == count
+  assert records.population(data) == count
   np.testing.assert_array_equal(records.client_sizes(data), data.client_sizes)
   task = types.SimpleNamespace(data=data)
   if data.partition == 'pooled':
@@ -213,7 +213,7 @@ def test_a_new_source_needs_only_its_client_sizes():
   for sampling, k in (('uniform', 2), ('weighted', 2), ('poisson', 2), ('fixed', 5)):
     data = Counted(sampling=sampling, clients_per_round=k)
     assert data.num_slots == (sources.poisson_slots(5, 2) if sampling == 'poisson' else k)
-    assert records.num_clients(data) == 5
+    assert records.population(data) == 5
     for step in STEPS:
       cohort = data.cohort(SEED, step)
       np.testing.assert_array_equal(cohort, sources.sample_cohort(SEED, step, data.client_sizes,

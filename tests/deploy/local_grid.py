@@ -74,7 +74,7 @@ def deploy(cfg: fdl.Config, export: Path, out: Path, rounds: int, nodes: int,
   config = out / 'config.json'
   out.mkdir(parents=True, exist_ok=again)
   config.write_text(config_io.to_json(cfg))
-  num_clients = records.num_clients(config_io.build(cfg).data)
+  num_clients = records.population(config_io.build(cfg).data)
   grid = LocalGrid({FIRST_NODE + k: SimpleNamespace(state=RecordDict(), node_config={
       'export-dir': str(export), 'config': str(config), 'log': str(out / f'node{k}.jsonl'),
       'clients': ','.join(map(str, clients)), 'state-dir': str(out / f'node{k}')})

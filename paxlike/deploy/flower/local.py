@@ -93,7 +93,7 @@ def _prepare_out(export_dir: Path, config_json: str, out: Path, rounds: int, tim
 
 
 def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, nodes: int,
-                   num_clients: int, timeout: int, restarts: int,
+                   population: int, timeout: int, restarts: int,
                    secure_aggregation: bool = False, warm: bool = True) -> None:
   """Starts the federation (TLS, only the nodes it enrolled; with `warm`, their ClientApp
   processes forked by a warm server), runs `rounds` rounds, submitting the app again up to
@@ -126,7 +126,7 @@ def run_federation(export_dir: Path, config_json: str, out: Path, rounds: int, n
       processes.wait_for_path(socket, 120, server)
     names = [f'node{k}' for k in range(nodes)]
     with ThreadPoolExecutor(8) as pool:  # Each enrollment is a `flwr` process: side by side.
-      started = list(pool.map(join, names, clients_of_nodes(num_clients, nodes)))
+      started = list(pool.map(join, names, clients_of_nodes(population, nodes)))
     watch = supervise.Supervisor(fed, dict(zip(names, started)), group.logs / 'supervisor.log')
     for attempt in range(restarts + 1):
       runner = runner if attempt == 0 else submit(attempt)
@@ -182,17 +182,17 @@ def run(argv: list[str]) -> None:
   out = Path(FLAGS.out)
   launches.resumable(out, config_json)
   task = config_io.build(cfg)
-  num_clients = records.num_clients(task.data)
-  if FLAGS.nodes > num_clients:  # A node holds clients k, k + N, ...: one would hold none.
-    raise UserError(f'--nodes={FLAGS.nodes} is more than the experiment\'s {num_clients} '
-                    f'client{"s" * (num_clients != 1)} (data.num_clients); each node must hold '
+  population = records.population(task.data)
+  if FLAGS.nodes > population:  # A node holds clients k, k + N, ...: one would hold none.
+    raise UserError(f'--nodes={FLAGS.nodes} is more than the experiment\'s {population} '
+                    f'client{"s" * (population != 1)} (data.num_clients); each node must hold '
                     'one' + (', and --secure_aggregation needs 3 nodes that hold clients'
                              if FLAGS.secure_aggregation else ''))
   launches.stop_on_signals()
   if launches.rows_done(out) != FLAGS.rounds or not (out / 'server' / 'final.npz').exists():
     try:
       run_federation(Path(FLAGS.export_dir), config_json, out, FLAGS.rounds,
-                     FLAGS.nodes, num_clients, FLAGS.round_timeout,
+                     FLAGS.nodes, population, FLAGS.round_timeout,
                      FLAGS.server_restarts, FLAGS.secure_aggregation, FLAGS.warm_clientapp)
     except OSError as error:  # Writing the run's files (runs.json, the app, credentials).
       if error.errno not in launches.NO_SPACE:

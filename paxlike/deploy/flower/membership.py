@@ -33,12 +33,12 @@ def _last_line(text: str) -> str:
 class Members:
   """The run's nodes: who was asked, who holds which client, who was refused or lost."""
 
-  def __init__(self, grid: Grid, identity: dict[str, str], num_clients: int, log: Path):
+  def __init__(self, grid: Grid, identity: dict[str, str], population: int, log: Path):
     """`identity`: the hashes a node must report ({'config_sha256': ..., 'plan_sha256': ...})."""
-    self.grid, self.identity, self.num_clients, self.log = grid, identity, num_clients, log
+    self.grid, self.identity, self.population, self.log = grid, identity, population, log
     self.asked: set[int] = set()
     self.owner: dict[int, int] = {}  # client id -> node id, for the nodes taking part.
-    self.sizes = np.zeros(num_clients, np.int64)
+    self.sizes = np.zeros(population, np.int64)
     self.keys: dict[int, str] = {}  # node -> its public key for client state handoffs.
     self.held: dict[int, list[str]] = {}  # node -> the client state versions it reported.
 
@@ -118,7 +118,7 @@ class Members:
         return (f'its {key} {str(answer.get(key, ""))[:12]} is not the run\'s '
                 f'{expected[:12]}: a different experiment or export')
     clients, sizes = list(answer['clients']), list(answer['sizes'])
-    taken = [c for c in clients if c in self.owner or not 0 <= c < self.num_clients]
+    taken = [c for c in clients if c in self.owner or not 0 <= c < self.population]
     if taken:
       return f'it claims client {taken[0]}, which is out of range or held by another node'
     for client, size in zip(clients, sizes):

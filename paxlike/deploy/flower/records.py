@@ -67,7 +67,7 @@ def client_sizes(data: DataSource) -> np.ndarray:
   return np.asarray(data.client_sizes)
 
 
-def num_clients(data: DataSource) -> int:
+def population(data: DataSource) -> int:
   """The experiment's client count: the clients its data holds."""
   return len(client_sizes(data))
 

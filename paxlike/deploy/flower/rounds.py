@@ -62,9 +62,9 @@ def slots_by_node(cohort: np.ndarray, owner: dict[int, int], padded_run: bool
   return by_node, dropped
 
 
-def clients_of_nodes(num_clients: int, nodes: int) -> list[list[int]]:
+def clients_of_nodes(population: int, nodes: int) -> list[list[int]]:
   """Node k's client ids: k, k + nodes, ... (every client on exactly one node)."""
-  return [list(range(k, num_clients, nodes)) for k in range(nodes)]
+  return [list(range(k, population, nodes)) for k in range(nodes)]
 
 
 def rng_key_data(seed: int, step: int, key_impl: str) -> np.ndarray:

@@ -228,7 +228,7 @@ def main(grid: Grid, context: Context) -> None:
     versions = slot_versions.Versions(plan, start.meta)
     identity = {'config_sha256': plan['config_sha256'],
                 'plan_sha256': membership.file_sha256(Path(export_dir) / 'plan.json')}
-    clients = records.num_clients(data)  # Below: the nodes keep the client state (versions).
+    clients = records.population(data)  # Below: the nodes keep the client state (versions).
     members = membership.Members(grid, identity, clients, out / 'nodes.jsonl')
     lost = list(start.meta.get('lost_clients', []))
     members.wait_for(clients - len(lost), timeout)
