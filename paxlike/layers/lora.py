@@ -8,12 +8,18 @@ layer computes x @ W + (alpha / r) * (x @ A) @ B.
 
 `merge_lora(params, model)` folds the adapters into the kernels (the plain model then gives the
 same logits) and `lora_mask(params)` marks the adapter leaves, for training only them.
+
+`LoraSpec.of(model)` is the one place that reads a model's LoRA fields (`lora_rank`,
+`lora_alpha`, `lora_targets`): callers ask it whether the model has adapters (`enabled`), for
+their mask, for the model with them off (`base`) and for the plain model and merged params
+(`merged`), never the model itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -82,10 +88,14 @@ def merged_kernel(kernel: jax.Array, a: jax.Array, b: jax.Array, scale: float) -
 def merge_lora(params: Any, model: nn.Module) -> Any:
   """`params` with every adapter pair folded into its kernel and removed: the same model with
   `lora_rank=0` then computes what `model` computes on `params`."""
+  return _merged_tree(params, LoraSpec.of(model).scale)
+
+
+def _merged_tree(params: Any, scale: float) -> Any:
+  """`params` with each adapter pair folded into its kernel as W + scale * A @ B."""
   if not isinstance(params, dict):
     return params
-  scale = model.lora_alpha / model.lora_rank if getattr(model, 'lora_rank', 0) else 0.0
-  out = {k: merge_lora(v, model) for k, v in params.items() if not _is_adapter(k)}
+  out = {k: _merged_tree(v, scale) for k, v in params.items() if not _is_adapter(k)}
   for name in {k[:-len('_lora_a')] for k in params if k.endswith('_lora_a')}:
     a, b = params[f'{name}_lora_a'], params[f'{name}_lora_b']
     if isinstance(out[name], dict):  # nn.Dense: {'kernel': W}.
@@ -94,3 +104,43 @@ def merge_lora(params: Any, model: nn.Module) -> Any:
       out[name] = merged_kernel(out[name], a, b, scale)
   return out
 
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+  """A model's LoRA adapters as its fields set them: `rank` 0 (or no such field) is none."""
+
+  rank: int = 0
+  alpha: float = 0.0
+  targets: tuple[str, ...] = ()
+
+  @classmethod
+  def of(cls, model: Any) -> LoraSpec:
+    """The spec `model` (a module or anything with its fields) declares."""
+    return cls(getattr(model, 'lora_rank', 0), getattr(model, 'lora_alpha', 0.0),
+               tuple(getattr(model, 'lora_targets', ())))
+
+  @property
+  def enabled(self) -> bool:
+    """Whether the model has adapters."""
+    return bool(self.rank)
+
+  @property
+  def scale(self) -> float:
+    """alpha / rank, the adapters' factor (0.0 without adapters)."""
+    return self.alpha / self.rank if self.enabled else 0.0
+
+  @property
+  def mask(self) -> Callable[[Any], Any] | None:
+    """`lora_mask` (train the adapters alone) with adapters, else None (train every leaf)."""
+    return lora_mask if self.enabled else None
+
+  def base(self, model: nn.Module) -> nn.Module:
+    """`model` with its adapters off (`lora_rank=0`); `model` itself without adapters."""
+    return model.clone(lora_rank=0) if self.enabled else model
+
+  def merged(self, model: nn.Module, params: Any) -> tuple[nn.Module, Any]:
+    """(the plain model, `params` with the adapters folded into their kernels), which compute
+    what `model` computes on `params`; (`model`, `params`) unchanged without adapters."""
+    if not self.enabled:
+      return model, params
+    return self.base(model), _merged_tree(params, self.scale)
