@@ -65,8 +65,7 @@ def export_job(job_dir: str | Path, out: str | Path, step: int | None = None,
   if model.base_quantization != 'none':  # The adapters merge into the dequantized base.
     params = quantization.dequantize_tree(params)
     model = model.clone(base_quantization='none')
-  if model.lora_rank:
-    params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
+  model, params = lora.LoraSpec.of(model).merged(model, params)
   source = _source_config(job_dir)
   tokenizer = job_source.tokenizer_of(task.data) or 'bytes'
   copied = job_source.tokenizer_files(tokenizer)

@@ -248,8 +248,8 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
   `store` (program_store.py), the prefill's and loop's traces come from it when it has them."""
   prompts = [np.asarray(p, np.int32) for p in prompts]
   # Adapters over a quantized base stay beside it (weight-only quantized decode).
-  if getattr(model, 'lora_rank', 0) and getattr(model, 'base_quantization', 'none') == 'none':
-    params, model = lora.merge_lora(params, model), model.clone(lora_rank=0)
+  if getattr(model, 'base_quantization', 'none') == 'none':
+    model, params = lora.LoraSpec.of(model).merged(model, params)
   cache_len = cache_len or model.max_len
   check_request(model, prompts, max_new_tokens, cache_len)
   if mesh is not None:

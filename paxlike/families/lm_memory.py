@@ -111,7 +111,7 @@ def keeps_reference_copy(task: Task) -> bool:
   `needs_copy`, read here from the task's fields: families import no trainer module)."""
   loss = getattr(task, 'loss', None)
   return (bool(getattr(loss, 'needs_reference', False))
-          and not getattr(task.model, 'lora_rank', 0))
+          and not lora.LoraSpec.of(task.model).enabled)
 
 
 def _ways(names: tuple[str | None, ...], mesh: dict[str, int], rules: dict[str, Any]) -> int:
@@ -245,9 +245,10 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
   # LoRA trains its adapters alone: gradients and optimizer state are theirs (a quantized base
   # is counted in its stored bytes above, and never trained).
   trained_tree, trained = nn.unbox(boxed), params
-  if getattr(model, 'lora_rank', 0):
-    marks = jax.tree.leaves(lora.lora_mask(trained_tree))
-    trained_tree = split_params(trained_tree, lora.lora_mask)[0]
+  mask = lora.LoraSpec.of(model).mask
+  if mask is not None:
+    marks = jax.tree.leaves(mask(trained_tree))
+    trained_tree = split_params(trained_tree, mask)[0]
     trained = sum(b for b, mark in zip(on_device, marks) if mark)
     total = sum(x.value.size * x.value.dtype.itemsize for x, mark in zip(leaves, marks) if mark)
   opt_state = jax.eval_shape(task.optimizer.init, trained_tree)

@@ -181,14 +181,14 @@ def check_model(adapter: Adapter, model: Any, names: NameMap) -> None:
   """UserError unless `model`'s LoRA fields are the adapter's (rank, targets, alpha / rank),
   saying what to set."""
   want = targets(adapter, names)
-  rank, alpha = getattr(model, 'lora_rank', 0), getattr(model, 'lora_alpha', 0.0)
-  same_scale = rank and math.isclose(alpha / rank, adapter.alpha / adapter.rank, rel_tol=1e-6)
-  if rank == adapter.rank and set(model.lora_targets) == set(want) and same_scale:
+  spec = lora.LoraSpec.of(model)
+  same_scale = math.isclose(spec.scale, adapter.alpha / adapter.rank, rel_tol=1e-6)
+  if spec.rank == adapter.rank and set(spec.targets) == set(want) and same_scale:
     return
   raise UserError(
       f'{adapter.directory} is a LoRA of r={adapter.rank} (scale {adapter.alpha / adapter.rank:g}) '
-      f'on {", ".join(want)}, but the model has lora_rank={rank}, lora_alpha={alpha}, '
-      f'lora_targets={tuple(model.lora_targets)}: pass --fdl_set=model.lora_rank={adapter.rank} '
+      f'on {", ".join(want)}, but the model has lora_rank={spec.rank}, lora_alpha={spec.alpha}, '
+      f'lora_targets={spec.targets}: pass --fdl_set=model.lora_rank={adapter.rank} '
       f'--fdl_set=model.lora_alpha={adapter.alpha!r} "--fdl_set=model.lora_targets={want!r}"')
 
 

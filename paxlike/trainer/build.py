@@ -16,6 +16,7 @@ import jax
 from paxlike.config import config_io
 from paxlike.core import program_store
 from paxlike.errors import UserError
+from paxlike.layers.lora import LoraSpec
 from paxlike.trainer.task import Task
 from paxlike.trainer import objectives, privacy
 from paxlike.trainer.evaluator import Evaluator, build_evaluator
@@ -84,7 +85,7 @@ def setup(task: Task, *, train_step: bool = True, evaluator: bool = True,
 def _check_trainable(task: Task) -> None:
   """UserError for a quantized base with no adapters to train (it is frozen)."""
   kind = getattr(task.model, 'base_quantization', 'none')
-  if kind != 'none' and not getattr(task.model, 'lora_rank', 0):
+  if kind != 'none' and not LoraSpec.of(task.model).enabled:
     raise UserError(f'model.base_quantization={kind!r} freezes the base: set model.lora_rank '
                     '> 0 to train LoRA adapters over it')
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from paxlike.core.loss import MaskedMeanLoss
 from paxlike.errors import UserError
+from paxlike.layers.lora import LoraSpec
 from paxlike.trainer import losses, preference
 from paxlike.trainer.grpo_loss import GrpoLoss, group_advantages, token_terms, token_weights
 
@@ -39,7 +40,7 @@ METRICS = (*LOSS_METRICS, *SAMPLE_METRICS)
 def check_task(model: nn.Module, loss: GrpoLoss, data: Any) -> None:
   """UserError when GRPO's parts disagree: a KL term without LoRA (no reference), or a prompt
   plus completion past the model's context."""
-  if loss.beta > 0 and not getattr(model, 'lora_rank', 0):
+  if loss.beta > 0 and not LoraSpec.of(model).enabled:
     raise UserError('GRPO with loss.beta > 0 keeps the policy near a reference model, the base '
                     'with the LoRA adapters off: set model.lora_rank > 0, or loss.beta=0 to '
                     'tune every weight without a reference')
@@ -81,7 +82,8 @@ def scorer(model: nn.Module, loss: GrpoLoss) -> Callable[[Any, dict], dict]:
   """`score(params, batch) -> batch` with `advantages` (from `rewards`) and, as the loss needs
   them, `old_logps` (the params that sampled) and `ref_logps` (the base, adapters off); no
   gradient. Batches lead [1, 1, N, ...] as a round's."""
-  base = model.clone(lora_rank=0) if getattr(model, 'lora_rank', 0) else None
+  spec = LoraSpec.of(model)
+  base = spec.base(model) if spec.enabled else None
 
   def score(params, batch):
     flat = jax.tree.map(lambda x: x[0, 0], batch)

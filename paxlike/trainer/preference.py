@@ -51,7 +51,8 @@ def _apply(model: nn.Module, params: Any, batch: losses.Batch, rng: jax.Array | 
 def reference_logps(model: nn.Module) -> Callable[[Any, losses.Batch], jax.Array]:
   """`ref(params, batch)`: the reference's sequence log-probabilities [N] (no gradient): the
   base of a LoRA `model` (adapters off), else the frozen copy `params` hold (reference.py)."""
-  if not getattr(model, 'lora_rank', 0):
+  spec = lora.LoraSpec.of(model)
+  if not spec.enabled:
     def ref_copy(params, batch):
       if not reference.has_copy(params):
         raise ValueError('a full fine-tune\'s DPO needs the params with their frozen copy '
@@ -59,7 +60,7 @@ def reference_logps(model: nn.Module) -> Callable[[Any, losses.Batch], jax.Array
       logits = _apply(model, reference.frozen(params), batch, None)
       return jax.lax.stop_gradient(sequence_logps(logits, batch)[0])
     return ref_copy
-  base = model.clone(lora_rank=0)
+  base = spec.base(model)
 
   def ref(params, batch):
     logits = _apply(base, jax.lax.stop_gradient(without_adapters(params)), batch, None)

@@ -26,6 +26,7 @@ from paxlike.core.loss import LossFn
 from paxlike.core.trainable import TrainableMask
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
+from paxlike.layers.lora import LoraSpec
 from paxlike.trainer import objectives, reference
 from paxlike.trainer.task import Task
 from paxlike.trainer.train_state import (TrainState, finite_groups, hyperparams_of, init_params,
@@ -94,10 +95,7 @@ def trainable_mask(task: Task) -> TrainableMask | None:
 
 def adapter_mask(task: Task) -> TrainableMask | None:
   """LoRA's `lora_mask` when the model has adapters (`model.lora_rank` > 0), else None."""
-  if not getattr(task.model, 'lora_rank', 0):
-    return None
-  from paxlike.layers.lora import lora_mask  # pylint: disable=import-outside-toplevel
-  return lora_mask
+  return LoraSpec.of(task.model).mask
 
 
 def _pipelined_model(task: Task, mesh: Mesh, batch_size: int) -> Any:

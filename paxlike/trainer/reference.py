@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 
+from paxlike.layers.lora import LoraSpec
 from paxlike.trainer.preference_loss import PreferenceLoss
 
 REFERENCE = 'frozen_reference'  # The params key of the copy (no model names a layer so).
@@ -33,7 +34,7 @@ def needs_copy(model: Any, loss: PreferenceLoss) -> bool:
   """Whether preference `loss` on `model` needs a frozen copy of the params: a kind with a
   reference (dpo, ipo) on a model without LoRA adapters (the preference objective's
   `reference_copy`, objectives/preference.py)."""
-  return loss.needs_reference and not getattr(model, 'lora_rank', 0)
+  return loss.needs_reference and not LoraSpec.of(model).enabled
 
 
 def attach(params: dict[str, Any]) -> dict[str, Any]:
