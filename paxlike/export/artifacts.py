@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from paxlike.core import files as file_io
 from paxlike.errors import UserError
 from paxlike.export import run
 from paxlike.export import split as split_lib
@@ -120,13 +121,16 @@ def export(out: Path, fn_at: Callable[[int], Callable], arguments: Sequence[str]
   _check_reproduces(run.Export(plan, programs, {}, {}), dict(zip(
       in_names, map(_host, jax.tree.leaves(args)))), dict(zip(out_names, expected)))
 
-  return _write(prepare(out), plan, programs, arguments, carried, rounds)
+  out = prepare(out)  # A bad --out is refused before anything is written.
+  with file_io.dir_written(out) as temp:  # The directory appears whole, or not at all.
+    _write(temp, plan, programs, arguments, carried, rounds)
+  return {p.name: _size(p) for p in sorted(out.iterdir())}
 
 
 def _write(out: Path, plan: dict[str, Any], programs: dict[str, Any], arguments: Sequence[str],
-           carried: dict[str, Any], rounds: Sequence[dict[str, Any]]) -> dict[str, int]:
-  """Writes the programs, the carried state (Orbax), the rounds' inputs and plan.json (last) to
-  `out`; each artifact's size in bytes."""
+           carried: dict[str, Any], rounds: Sequence[dict[str, Any]]) -> None:
+  """Writes the programs, the carried state (Orbax), the rounds' inputs and plan.json to
+  `out`."""
   for name, exported in programs.items():
     (out / f'{name}.jaxexport').write_bytes(exported.serialize())
   state = {n: _host(x) for a in arguments if a in carried
@@ -140,7 +144,6 @@ def _write(out: Path, plan: dict[str, Any], programs: dict[str, Any], arguments:
         for r in rounds])}
   np.savez(out / 'rounds.npz', **data)
   (out / 'plan.json').write_text(json.dumps(plan, indent=1) + '\n')
-  return {p.name: _size(p) for p in sorted(out.iterdir())}
 
 
 def _check_reproduces(ex: run.Export, inputs: dict[str, np.ndarray],

@@ -277,8 +277,11 @@ def main(argv: list[str]) -> None:
     sys.exit(2)
   for r, outputs in enumerate(history, 1):
     print(json.dumps({'round': r, **{n: v.item() for n, v in outputs.items() if v.size == 1}}))
-  if flags.FLAGS.out:
-    np.savez(flags.FLAGS.out, **history[-1])
+  if flags.FLAGS.out:  # np.savez's name: .npz added unless there.
+    from paxlike.core import files as file_io  # Stdlib only; the executor stays paxlike-free.
+    out = flags.FLAGS.out if flags.FLAGS.out.endswith('.npz') else flags.FLAGS.out + '.npz'
+    with file_io.open_atomic(out, binary=True) as file:
+      np.savez(file, **history[-1])
 
 
 if __name__ == '__main__':

@@ -94,6 +94,9 @@ def test_fedavg_cli_export_runs_like_training(fedavg_export, tmp_path):
   with np.load(tmp_path / 'last.npz') as last:
     assert_round_matches(dict(last), rows[1], state)
   assert printed[0]['metrics.loss'] == pytest.approx(rows[0]['loss'], rel=1e-5)
+  # Both written whole, through a temporary beside them that is gone.
+  for made in (fedavg_export, tmp_path / 'last.npz'):
+    assert [p.name for p in made.parent.iterdir() if p.name.startswith('.')] == []
 
 
 def test_plan_records_names_and_hash(fedavg_export):
