@@ -6,6 +6,7 @@ leaves only a `.tmp-` leftover, which the next writer removes."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -21,12 +22,19 @@ def replace_atomically(final: Path, lock: Path, is_complete: Callable[[Path], bo
   with prepare._locked(lock):  # pylint: disable=protected-access (the data package's flock)
     if is_complete(final):
       return
-    for stale in final.parent.glob(f'.tmp-{final.name}-*'):
+    for stale in leftovers(final):
       shutil.rmtree(stale, ignore_errors=True)
     with files.dir_written(final) as tmp:
       write(tmp)
       if final.exists():  # Torn, or another key's (a hash prefix clash).
         shutil.rmtree(final)
+
+
+def leftovers(final: Path) -> list[Path]:
+  """Killed writers' temporaries of `final` (`files.dir_written`'s `.tmp-NAME-PID-HEX8`,
+  `remove`'s `.tmp-NAME-removed-PID`), and no sibling's: a store named `NAME-x` has its own."""
+  own = re.compile(rf'\.tmp-{re.escape(final.name)}-(?:\d+-[0-9a-f]{{8}}|removed-\d+)')
+  return [p for p in final.parent.glob(f'.tmp-{final.name}-*') if own.fullmatch(p.name)]
 
 
 def remove(final: Path, lock: Path) -> None:

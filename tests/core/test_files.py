@@ -170,3 +170,23 @@ def test_no_other_module_renames_files_into_place():
                                                        ('shutil', 'move')}):
         found.add(str(path.relative_to(root)))
   assert found == {'core/files.py', 'data/atomic_dirs.py'}
+
+
+def test_a_stores_leftovers_are_its_own_temps_not_a_siblings(tmp_path):
+  """A killed writer of `store` leaves `.tmp-store-PID-HEX8`; the stores `store-1` and
+  `store-removed` beside it have temps that start the same way and must be left alone."""
+  from paxlike.data import atomic_dirs
+  final = tmp_path / 'store'
+  with pytest.raises(RuntimeError):
+    with files.dir_written(final):  # A writer that dies leaves nothing...
+      raise RuntimeError
+  killed = tmp_path / '.tmp-store-4242-0123abcd'  # ...one that is killed leaves its temp.
+  aside = tmp_path / '.tmp-store-removed-4242'
+  siblings = [tmp_path / '.tmp-store-1-4242-0123abcd', tmp_path / '.tmp-store-removed-1-99']
+  for path in (killed, aside, *siblings):
+    path.mkdir()
+  assert sorted(atomic_dirs.leftovers(final)) == sorted([killed, aside])
+  atomic_dirs.replace_atomically(final, tmp_path / 'lock', lambda p: p.exists(),
+                                 lambda tmp: (tmp / 'x').write_text('x'))
+  assert (final / 'x').read_text() == 'x' and not killed.exists() and not aside.exists()
+  assert all(path.exists() for path in siblings)
