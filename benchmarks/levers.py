@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
 from paxlike.configs import sizes  # noqa: E402
 
+
 class Lever(NamedTuple):
   """Overrides on top of the model's, paxlike/configs/fiddlers.py names applied before them, and
   environment flags (a lever with flags runs in a child process)."""
@@ -44,7 +45,7 @@ class Lever(NamedTuple):
 
 
 def _fit(exp: str, size: str) -> tuple[str, list[str]]:
-  """The experiment at seq 2048 with what paxlike/configs/sizes.py CHIP_16GB says fits one chip."""
+  """The experiment at seq 2048 as paxlike/configs/sizes.py CHIP_16GB fits it on one chip."""
   fit = sizes.CHIP_16GB[size]
   return exp, [f'data.batch_size={fit.batch}', 'data.seq_len=2048',
                f'model.remat_policy={fit.remat_policy}',
@@ -72,9 +73,8 @@ LEVERS: dict[str, dict[str, Lever]] = {
         'attention_xla': Lever(('model.attention_impl=xla',)),
         'xla_latency_hiding': Lever(env=LATENCY_HIDING),
     },
-    # The 1B's fit saves attention's outputs at batch 2 (53.6% on a v5e); at batch 4 AdamW's
-    # bf16 state (8.8 GB with the params) leaves room for 'full' remat only (47.2%), where
-    # Adafactor's factored state frees ~4 GB for 'dots' (53.5%).
+    # At batch 4, AdamW's bf16 state (8.8 GB with the params) leaves room for 'full' remat
+    # only; Adafactor's factored state frees ~4 GB for 'dots' (docs/benchmarks.md: each MFU).
     '1b': {
         'base': Lever(),
         'batch_4_remat_full': Lever(('data.batch_size=4', 'model.remat_policy=full')),
@@ -88,7 +88,7 @@ LEVERS: dict[str, dict[str, Lever]] = {
     },
 }
 
-# --quick: one lever of each kind (in process, a fiddler, a child with flags).
+# --quick: three levers of different kinds (overrides, a fiddler, a child with flags).
 QUICK_LEVERS = {'350m': ('base', 'remat_full', 'xla_latency_hiding'),
                 '1b': ('base', 'remat_dots', 'adafactor_batch_4')}
 
