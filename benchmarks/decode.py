@@ -21,7 +21,8 @@ bytes + cache bytes); at batch 1 it is ~bandwidth / parameter bytes (v5e: 819 GB
 tokens/s (decode steps only: new tokens after the first over the time after it), the fraction of
 the roofline, and the first token's latency (prefill of the prompt, `ttft_ms`). The bandwidth
 comes from the device kind (paxlike.trainer.throughput's HBM_BYTES_PER_SEC, beside its FLOPs peak);
-unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layers of d 128 (heads of 64).
+unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layers of d 128
+(heads of 64).
 `--quantizations none,int8,nf4` times each weight-only quantized base (`model.base_quantization`:
 the same weights stored int8 or NF4, dequantized in the matmuls; embeddings and norms as they
 are) with its own roofline over its own stored bytes, and its tokens/s over the bf16 model's
@@ -58,8 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--batches', default='1,8')
   parser.add_argument('--presets', default=None,
-                      help='comma-separated paxlike/configs/models.py sizes (350m, 1b): against the '
-                      'roofline')
+                      help='comma-separated paxlike/configs/models.py sizes (350m, 1b): '
+                           'against the roofline')
   parser.add_argument('--quantizations', default='none',
                       help='with --presets: comma-separated base_quantization kinds (none, int8, '
                            'nf4), each timed on the same weights')
