@@ -14,8 +14,9 @@ and `estimate_bytes` (paxlike's memory estimate), and each kind's ratios to `non
 
 `--preset 8b` (or 1b, 350m) builds paxlike/configs/models.py's preset instead (random weights,
 params other than the quantized kernels in bfloat16, remat 'full') at `--batch` × `--seq` on
-whatever accelerator there is, and adds `mfu` (6·N + attention FLOPs per token over the chip's peak, as
-the MFU benchmarks count them; a LoRA step skips the base's weight gradients, a third of that).
+whatever accelerator there is, and adds `mfu` (6·N + attention FLOPs per token over the chip's
+peak, as the MFU benchmarks count them; a LoRA step skips the base's weight gradients, a third of
+that).
 """
 
 from __future__ import annotations
