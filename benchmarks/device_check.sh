@@ -40,9 +40,11 @@
 #   part may then take up to 300 s within --budget. --budget: seconds for all parts (default
 #   500; the install, ~85 s the first time on a machine, comes before it).
 # Data: the federated part reads Shakespeare from the data root ($PAXLIKE_DATA_DIR, else
-# ../shared/data); the trainer parts read this Python's standard library. Exit code 0 whenever
-# the JSON was printed. A persistent compilation cache (JAX_COMPILATION_CACHE_DIR, default
-# /tmp/paxlike-jax-cache) makes a second run on the same machine compile less.
+# ../shared/data, else ./tpu-data: a copy carried with the checkout, `mkdir -p tpu-data && cp -r
+# ../shared/data/tinyshakespeare tpu-data/`); the trainer parts read this Python's standard
+# library. Exit code 0 whenever the JSON was printed. A persistent compilation cache
+# (JAX_COMPILATION_CACHE_DIR, default /tmp/paxlike-jax-cache) makes a second run on the same
+# machine compile less.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -115,6 +117,9 @@ trap 'rm -rf "$OUT"' EXIT
 cd "$REPO"
 # The source tree first, the machine's own packages next, what was installed last.
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}${WHEELS:+:$SITE:$SITE/pytest}"
+if [[ -z "${PAXLIKE_DATA_DIR:-}" && ! -d "$REPO/../shared/data" && -d "$REPO/tpu-data" ]]; then
+  export PAXLIKE_DATA_DIR="$REPO/tpu-data"  # A TPU machine has no ../shared: the carried copy.
+fi
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/paxlike-jax-cache}"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-2}"
 (( QUICK )) && Q=(--quick) || Q=()
