@@ -33,7 +33,7 @@ from paxlike.errors import UserError
 from paxlike.layers import quantization
 from paxlike.interop import checkpoint, peft, weight_files
 from paxlike.trainer import reference
-from paxlike.trainer.init_spec import Source, parse  # noqa: F401 (init_from.parse is public)
+from paxlike.trainer.init_spec import Source, parse
 
 RECORD = 'init_source.json'  # In the job dir: where the run's params came from.
 LORA_FIELDS = ('lora_rank', 'lora_alpha', 'lora_targets')  # The run's own, never the source's.

@@ -52,7 +52,7 @@ def hf_source_dir(init_from: str | None) -> Path | None:
   if not init_from or not init_from.startswith('hf:'):
     return None
   try:
-    return init_spec.parse(init_from).path.expanduser().absolute()
+    return init_spec.parse(init_from).path  # Absolute, as parse makes every path.
   except UserError:
     return None
 
