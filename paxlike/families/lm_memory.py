@@ -107,11 +107,10 @@ class Estimate:
 
 def keeps_reference_copy(task: Task) -> bool:
   """Whether `task` trains a preference loss with a reference (dpo, ipo) on a model without
-  LoRA adapters: then the trainer keeps a frozen copy of the params (trainer/reference.py's
-  `needs_copy`, read here from the task's fields: families import no trainer module)."""
-  loss = getattr(task, 'loss', None)
-  return (bool(getattr(loss, 'needs_reference', False))
-          and not lora.LoraSpec.of(task.model).enabled)
+  LoRA adapters: then the trainer keeps a frozen copy of the params (`LoraSpec.copies_reference`,
+  the rule trainer/reference.py's `needs_copy` asks too)."""
+  needs = bool(getattr(getattr(task, 'loss', None), 'needs_reference', False))
+  return lora.LoraSpec.of(task.model).copies_reference(needs)
 
 
 def _ways(names: tuple[str | None, ...], mesh: dict[str, int], rules: dict[str, Any]) -> int:

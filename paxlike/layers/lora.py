@@ -134,6 +134,11 @@ class LoraSpec:
     """`lora_mask` (train the adapters alone) with adapters, else None (train every leaf)."""
     return lora_mask if self.enabled else None
 
+  def copies_reference(self, needs_reference: bool) -> bool:
+    """Whether a loss that `needs_reference` (DPO, IPO) makes the trainer keep a frozen copy of
+    the params: without adapters it must; with them the reference is the model, adapters off."""
+    return needs_reference and not self.enabled
+
   def base(self, model: nn.Module) -> nn.Module:
     """`model` with its adapters off (`lora_rank=0`); `model` itself without adapters."""
     return model.clone(lora_rank=0) if self.enabled else model

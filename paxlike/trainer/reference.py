@@ -34,7 +34,7 @@ def needs_copy(model: Any, loss: PreferenceLoss) -> bool:
   """Whether preference `loss` on `model` needs a frozen copy of the params: a kind with a
   reference (dpo, ipo) on a model without LoRA adapters (the preference objective's
   `reference_copy`, objectives/preference.py)."""
-  return loss.needs_reference and not LoraSpec.of(model).enabled
+  return LoraSpec.of(model).copies_reference(loss.needs_reference)
 
 
 def attach(params: dict[str, Any]) -> dict[str, Any]:

@@ -105,3 +105,9 @@ def test_the_scan_sees_each_way_of_asking(tmp_path):
   (tmp_path / 'layers' / 'lora.py').write_text("r = getattr(model, 'lora_rank', 0)\n")
   assert probes(tmp_path) == ['layers/blocks.py:2', 'trainer/step.py:1', 'trainer/step.py:2',
                               'trainer/step.py:3', 'trainer/step.py:4']
+
+
+def test_a_reference_copy_is_kept_only_without_adapters_for_a_loss_that_needs_one():
+  plain, adapted = LoraSpec.of(TransformerLM()), LoraSpec(rank=4, alpha=8.0, targets=('query',))
+  assert plain.copies_reference(True) and not plain.copies_reference(False)
+  assert not adapted.copies_reference(True) and not adapted.copies_reference(False)
