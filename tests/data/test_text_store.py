@@ -130,7 +130,7 @@ def test_a_store_without_manifest_is_rebuilt_and_stale_builds_removed(tmp_path, 
   store = token_store.open_or_build(files, F(), BytesTokenizer(), 1)
   (store.path / 'manifest.json').unlink()  # As if torn.
   (store.path / 'tokens-00000.bin').write_bytes(b'garbage')
-  stale = token_dir / f'.tmp-{store.path.name}-99999'
+  stale = token_dir / f'.tmp-{store.path.name}-99999-0123abcd'  # A killed writer's temp.
   stale.mkdir()
   CountingBytes.calls = 0
   rebuilt = token_store.open_or_build(files, F(), CountingBytes(), 1)
