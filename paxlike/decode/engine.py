@@ -32,7 +32,7 @@ from paxlike.core import partitioning
 from paxlike.core import program_store
 from paxlike.decode.sampling import Sampling, sample
 from paxlike.errors import UserError
-from paxlike.layers import lora
+from paxlike.layers import lora, stacking
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,12 +244,14 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
   one padded with idle rows, so every batch runs the same compiled prefill and loop; batch i > 0
   samples from key `fold_in(key(seed), i)`. `on_first_token` is called once the first batch's
   first tokens are on the host side. With `mesh`, runs under it and `rules` (default
-  `partitioning.DEFAULT_RULES`). LoRA adapters are merged into the kernels first. With a
+  `partitioning.DEFAULT_RULES`). LoRA adapters are merged into the kernels first, and a scanned
+  stack of local and global layers is unrolled (`stacking.decode_layout`). With a
   `store` (program_store.py), the prefill's and loop's traces come from it when it has them."""
   prompts = [np.asarray(p, np.int32) for p in prompts]
   # Adapters over a quantized base stay beside it (weight-only quantized decode).
   if getattr(model, 'base_quantization', 'none') == 'none':
     model, params = lora.LoraSpec.of(model).merged(model, params)
+  model, params = stacking.decode_layout(model, params)
   cache_len = cache_len or model.max_len
   check_request(model, prompts, max_new_tokens, cache_len)
   if mesh is not None:

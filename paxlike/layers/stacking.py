@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from paxlike.layers import lm_features
+
 
 def stack_layers(params: dict[str, Any], num_layers: int, group: int = 1) -> dict[str, Any]:
   """Unrolled params ('block_{i}') -> scanned params ('blocks', leaves stacked on axis 0); with
@@ -32,3 +34,16 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
   layers = {f'block_{s * len(groups) + j}': jax.tree.map(lambda x, s=s: x[s], tree)
             for s in range(steps) for j, tree in enumerate(groups)}
   return {**rest, **layers}
+
+
+def decode_layout(model: Any, params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+  """(model, params) to decode with: a scanned stack of local and global layers unrolled, so
+  that each layer's KV cache is sized by its own kind (a local layer's ring holds only its
+  window, see `kv_cache`), where a scanned step's traced kind keeps a full cache in every
+  layer. Any other model and its params as they are."""
+  if not (getattr(model, 'scan_layers', False) and lm_features.mixed_layers(model)):
+    return model, params
+  return model.clone(scan_layers=False), _unstacked(params)
+
+
+_unstacked = jax.jit(unstack_layers)  # One program, not a dispatch per layer and leaf.

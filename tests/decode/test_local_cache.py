@@ -2,7 +2,8 @@
 and decodes as the full cache does: the scanned model of the same weights (its traced
 local/global flags keep a full cache per layer) and the whole model rerun without a cache give
 the same greedy tokens and logits within float tolerance, for prompts shorter and longer than
-the window and generations that run past it."""
+the window and generations that run past it. `generate` decodes a scanned stack of mixed layers
+unrolled (`stacking.decode_layout`), so there too the local layers hold only their window."""
 
 import flax.linen as nn
 import jax
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from paxlike.decode import generate
-from paxlike.layers import TransformerLM, kv_cache, stack_layers
+from paxlike.layers import TransformerLM, kv_cache, stack_layers, stacking
 from tests.decode.test_generate import params_of, prompts_of, recompute_greedy
 
 WINDOW, CACHE = 4, 32
@@ -121,3 +122,36 @@ def test_ring_slots_and_writes_wrap():
   assert ring.tolist() == [[6, 4, 5]]
   ring = kv_cache.ring_write(ring, jnp.asarray([[7]]), jnp.int32(7), axis=1)
   assert ring.tolist() == [[6, 7, 5]]
+
+
+# Gemma 3's pattern (five local, one global) at test size: 5 layers, every 3rd global, so the
+# stack is no multiple of the pattern; and a scanned MoE stack (two layers a step) of Gemma 2's.
+GEMMA3 = {**GEMMA2, 'num_layers': 5, 'global_every': 3}
+GEMMA2_MOE = {**GEMMA2, 'num_experts': 2, 'experts_per_token': 1, 'moe_every': 2,
+              'capacity_factor': None}
+
+
+@pytest.mark.parametrize('fields', [GEMMA2, GEMMA3, GEMMA2_MOE], ids=['gemma2', 'gemma3', 'moe'])
+def test_a_scanned_mixed_stack_decodes_unrolled_with_windowed_caches(fields):
+  model = TransformerLM(**fields)
+  params = params_of(model)
+  group = model.moe_every if model.num_experts else 1
+  scanned = model.clone(scan_layers=True)
+  stacked = stack_layers(params, model.num_layers, group)
+  layout, unrolled = stacking.decode_layout(scanned, stacked)
+  assert not layout.scan_layers
+  jax.tree.map(np.testing.assert_array_equal, unrolled, params)  # The same weights, unstacked.
+  slots = {name: s[2] for name, s in cache_shapes(layout, unrolled, 6).items()}
+  assert slots == {f'block_{i}': WINDOW if model.is_local_layer(i) else CACHE
+                   for i in range(model.num_layers)}
+  prompts = prompts_of([3, 9], seed=7)
+  got = generate(scanned, stacked, prompts, max_new_tokens=10, cache_len=CACHE)
+  want = generate(model, params, prompts, max_new_tokens=10, cache_len=CACHE)
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)
+
+
+def test_a_uniform_or_unrolled_model_keeps_its_layout():
+  for model in (TransformerLM(**MISTRAL, scan_layers=True), TransformerLM(**GEMMA2)):
+    params = {'x': np.zeros(2)}
+    assert stacking.decode_layout(model, params) == (model, params)
