@@ -49,7 +49,7 @@ test: setup
 BENCHMARKS := overhead federated_round checkpoint_cost startup cpu_step
 
 bench: setup
-	@for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py || exit 1; done
+	@for b in $(BENCHMARKS); do $(PY) -m benchmarks.$$b || exit 1; done
 
 # The peers paxlike is measured against (benchmarks/peers/), in a venv of their own: never
 # paxlike's dependencies, never imported by the suite. PyPI's torch wheel (CUDA build, ~5.6 GB

@@ -1,12 +1,12 @@
 """MFU through the real trainer next to a bare jitted step of the same model, in one process,
 on whatever accelerator there is (TPU or GPU; the peak comes from the device kind).
 
-    python benchmarks/accelerator_mfu.py               # lm.Llama350M on a TPU (lm.Llama1B on a GPU)
-    python benchmarks/accelerator_mfu.py --exp lm.Llama1B --fdl_set=data.batch_size=4
-    python benchmarks/accelerator_mfu.py --only=bare --fdl_set=model.remat_policy=full  # a lever
-    python benchmarks/accelerator_mfu.py --only=bare --profile /tmp/prof   # + where time goes
-    python benchmarks/accelerator_mfu.py --only=federated   # the FedAvg round row alone
-    python benchmarks/accelerator_mfu.py --quick       # tiny shapes on any device (CPU: tests)
+    python -m benchmarks.accelerator_mfu               # lm.Llama350M on a TPU (lm.Llama1B on a GPU)
+    python -m benchmarks.accelerator_mfu --exp lm.Llama1B --fdl_set=data.batch_size=4
+    python -m benchmarks.accelerator_mfu --only=bare --fdl_set=model.remat_policy=full  # a lever
+    python -m benchmarks.accelerator_mfu --only=bare --profile /tmp/prof   # + where time goes
+    python -m benchmarks.accelerator_mfu --only=federated   # the FedAvg round row alone
+    python -m benchmarks.accelerator_mfu --quick       # tiny shapes on any device (CPU: tests)
     benchmarks/accelerator_mfu_cuda.sh                 # NVIDIA only: makes a CUDA venv, runs this
     benchmarks/device_check.sh                         # every accelerator part, TPU or GPU
 
@@ -40,8 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 # --quick: a 2-layer d64 model at seq 32 (LM) and a 4-client, 2-local-step round (federated).
 QUICK_MODEL = ['model.num_layers=2', 'model.d_model=64', 'model.num_heads=4',

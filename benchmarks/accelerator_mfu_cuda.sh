@@ -93,4 +93,4 @@ fi
 [[ -x "$PYTHON_BIN" ]] || command -v "$PYTHON_BIN" >/dev/null || die "no interpreter at $PYTHON_BIN"
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout --signal=TERM --kill-after=15 "$TIME_LIMIT" "$PYTHON_BIN" benchmarks/accelerator_mfu.py "$@"
+exec timeout --signal=TERM --kill-after=15 "$TIME_LIMIT" "$PYTHON_BIN" -m benchmarks.accelerator_mfu "$@"

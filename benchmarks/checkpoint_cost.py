@@ -1,6 +1,6 @@
 """Step time with async Orbax checkpoints every 10 steps against none.
 
-    python benchmarks/checkpoint_cost.py [--exp lm.StdlibTiny] [--steps 30] [--every 10] [--quick]
+    python -m benchmarks.checkpoint_cost [--exp lm.StdlibTiny] [--steps 30] [--every 10] [--quick]
 
 Runs the trainer's loop shape on `build.setup(task)`: `round_inputs` then `Trainer.step` each
 step, reading back the previous step's metrics (≤ 2 in flight); on a checkpoint step it reads
@@ -14,7 +14,7 @@ spills into the next window. `ratio` is async / none step time (median of the re
 (`save_call_ms` per save) and the rest (background writes); `--profile FILE` writes a cProfile
 of one extra `async` window (main thread only) and logs its top entries; `--saves_only N`
 runs N saves back to back and prints their CPU ms per save, for a profiler that sees every
-thread (`py-spy record -r 250 -f raw -o RAW -- python benchmarks/checkpoint_cost.py
+thread (`py-spy record -r 250 -f raw -o RAW -- python -m benchmarks.checkpoint_cost
 --saves_only 40`), and `--pyspy_raw RAW --pyspy_rate 250 --saves_only 40` sums that profile's
 busy Python time per save by thread and by function.
 `save_cpu_ms` is the CPU time (all threads) one save costs, measured alone after the windows;
@@ -33,14 +33,12 @@ import os
 import pstats
 import re
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 GOAL = 1.03
 

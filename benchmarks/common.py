@@ -1,7 +1,9 @@
 """Shared benchmark helpers: the ≤2-in-flight timing loop, alternating A/B repeats, medians,
 child processes that report JSON, and the one JSON line each benchmark prints.
 
-Not a benchmark itself: running it (as `make bench` runs every benchmarks/*.py) prints nothing.
+Every benchmark runs as a module from the repository root (`python -m benchmarks.NAME`), so it
+imports `benchmarks.common` and this checkout's paxlike with nothing put on `sys.path`; its
+children run the same way (`-m`, from the root). Not a benchmark itself.
 Imports no JAX at module level, so a parent process stays light and its children choose
 their own device count.
 """
@@ -158,12 +160,6 @@ def _result(args: Sequence[str], returncode: int, out: str) -> dict[str, Any]:
   if returncode != 0 or not lines:
     raise RuntimeError(f'{" ".join(args)} exited {returncode}')
   return json.loads(lines[-1])
-
-
-def add_repo_to_path() -> None:
-  """Lets `python benchmarks/X.py` import paxlike, configs and experiments from this checkout."""
-  if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 def machine() -> dict[str, Any]:

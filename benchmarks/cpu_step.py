@@ -1,6 +1,6 @@
 """Whole-process steps/s of paxlike's CPU train step against a minimal flax.linen step.
 
-    python benchmarks/cpu_step.py [--steps 20,120] [--repeats 3] [--mesh 4x2|8] [--quick]
+    python -m benchmarks.cpu_step [--steps 20,120] [--repeats 3] [--mesh 4x2|8] [--quick]
 
 The shape: a 2-layer d128 byte LM (4 heads, d_ff 512, vocab 256), seq 64, global batch 32,
 float32, on a 4×2 ('data', 'model') mesh of 8 forced CPU devices. Two whole processes:
@@ -34,11 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 GOAL_STEPS_PER_SEC = 12.0
 LAYERS, D_MODEL, HEADS, D_FF, VOCAB, SEQ, BATCH = 2, 128, 4, 512, 256, 64, 32
@@ -147,7 +145,7 @@ def whole_run(mode: str, steps: int, mesh: str = '4x2') -> tuple[float, float]:
                  f'--fdl_set=train.num_steps={steps}', '--fdl_set=train.log_every=50',
                  f'--fdl_set=train.eval_every={steps}', f'--fdl_set=train.checkpoint_every={steps}']
     else:
-      command = [__file__, f'--child={steps}']
+      command = ['-m', __spec__.name, f'--child={steps}']
     cpu_before, start = _children_cpu_seconds(), time.perf_counter()
     proc = subprocess.run([sys.executable, *command], cwd=common.REPO, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

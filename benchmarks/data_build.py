@@ -2,7 +2,7 @@
 `build` section of benchmarks/data_pipeline.py), and the data start-up of a run whose store
 exists (run directly).
 
-    python benchmarks/data_build.py [--quick] [--corpus_mb 1024] [--repeats 5]
+    python -m benchmarks.data_build [--quick] [--corpus_mb 1024] [--repeats 5]
 
 Start-up (this file run directly; one JSON line): a corpus of `corpus_mb` MB of text in 16
 files whose store exists (written through token_store.Writer under the key TextData looks
@@ -53,8 +53,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 BATCH = 1 << 16  # Lines per library call.
 
@@ -273,7 +272,8 @@ def startup(args) -> dict[str, Any]:
   runs: dict[str, list[dict]] = {'startup': [], 'verify': []}
 
   def child(name: str, extra: dict[str, str]) -> float:
-    runs[name].append(common.run_child([__file__, '--startup_child', files], {**env, **extra}))
+    runs[name].append(common.run_child(['-m', __spec__.name, '--startup_child', files],
+                                       {**env, **extra}))
     return runs[name][-1]['seconds']
 
   common.alternate({'startup': lambda: child('startup', {}),

@@ -1,6 +1,6 @@
 """TextData's pipeline: the token store's build, the loader and memory, against what they serve.
 
-    python benchmarks/data_pipeline.py [--quick] [--only build,loader,steps,packing,rss]
+    python -m benchmarks.data_pipeline [--quick] [--only build,loader,steps,packing,rss]
 
 Prints one JSON object (progress on stderr):
 - `build` (benchmarks/data_build.py): for a SentencePiece and a Hugging Face BPE tokenizer
@@ -28,14 +28,12 @@ import functools
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
-from benchmarks import data_build  # noqa: E402
+from benchmarks import common
+from benchmarks import data_build
 
 SECTIONS = ('build', 'loader', 'steps', 'packing', 'rss')
 H200_BF16_FLOPS, MFU = 989e12, 0.4
@@ -263,7 +261,8 @@ def rss_by_size(args) -> dict:
     start = time.perf_counter()
     TextData(files=str(root / 'tiny.txt'), seq_len=512).round_batches(0, 0)  # Caches the plan.
     plan_s = time.perf_counter() - start
-    child = [__file__, '--rss_child', str(root / 'tiny.txt'), '20' if args.quick else '200']
+    child = ['-m', __spec__.name, '--rss_child', str(root / 'tiny.txt'),
+             '20' if args.quick else '200']
     measured = common.run_child(child, env)
     out[f'{size:g}'] = {'store_mb': round(measured['store_mb'], 1),
                         'rss_anon_mb': round(measured['rss_anon_mb'], 1), 'plan_s': plan_s}

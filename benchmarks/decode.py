@@ -1,7 +1,7 @@
 """Tokens/s and time to first token of the KV-cache decoder and of the full-recompute reference.
 
-    python benchmarks/decode.py [--new_tokens 256] [--prompt_len 32] [--repeats 3] [--quick]
-    python benchmarks/decode.py --family gemma2   (or all: every dense family)
+    python -m benchmarks.decode [--new_tokens 256] [--prompt_len 32] [--repeats 3] [--quick]
+    python -m benchmarks.decode --family gemma2   (or all: every dense family)
 
 Models: `lm.StdlibTiny`'s (paxlike/configs/models.py lm_tiny; its rope lets the cache outgrow
 max_len 128) and a 4-layer d256 Llama (vocab 256, d_ff 688, max_len 288), random float32 weights, at
@@ -43,12 +43,9 @@ import argparse
 import functools
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -145,33 +145,33 @@ run() {
 
 PROFILE="$OUT/profile_350m"
 if (( QUICK )); then
-  run mfu_350m 0 -- benchmarks/accelerator_mfu.py --quick --no-federated --profile "$PROFILE"
-  run mfu_1b 0 -- benchmarks/accelerator_mfu.py --quick --no-federated --exp lm.Llama1B
-  run levers 0 -- benchmarks/levers.py --quick --time-limit 240
-  run levers_1b 0 -- benchmarks/levers.py --quick --model 1b --time-limit 240
-  run qlora_8b 0 -- benchmarks/qlora.py --quick --kinds int8,nf4
+  run mfu_350m 0 -- -m benchmarks.accelerator_mfu --quick --no-federated --profile "$PROFILE"
+  run mfu_1b 0 -- -m benchmarks.accelerator_mfu --quick --no-federated --exp lm.Llama1B
+  run levers 0 -- -m benchmarks.levers --quick --time-limit 240
+  run levers_1b 0 -- -m benchmarks.levers --quick --model 1b --time-limit 240
+  run qlora_8b 0 -- -m benchmarks.qlora --quick --kinds int8,nf4
 else
   M350=$("$PYTHON_BIN" -c 'from benchmarks import levers; print(" ".join("--fdl_set=" + o for o in levers.MODELS["350m"][1]))')
   M1B=$("$PYTHON_BIN" -c 'from benchmarks import levers; print(" ".join("--fdl_set=" + o for o in levers.MODELS["1b"][1]))')
   # shellcheck disable=SC2086
-  run mfu_350m 100 -- benchmarks/accelerator_mfu.py --exp lm.Llama350M $M350 --no-federated \
+  run mfu_350m 100 -- -m benchmarks.accelerator_mfu --exp lm.Llama350M $M350 --no-federated \
     --steps 8 --warmup 2 --profile "$PROFILE" --profile-steps 2
   # shellcheck disable=SC2086
-  run mfu_1b 160 -- benchmarks/accelerator_mfu.py --exp lm.Llama1B $M1B --no-federated \
+  run mfu_1b 160 -- -m benchmarks.accelerator_mfu --exp lm.Llama1B $M1B --no-federated \
     --steps 5 --warmup 1
-  run levers 100 -- benchmarks/levers.py --steps 4 --warmup 1 --time-limit 90
-  run levers_1b 240 -- benchmarks/levers.py --model 1b --steps 4 --warmup 1 --time-limit 230
-  run qlora_8b 360 -- benchmarks/qlora.py --preset 8b --batch 1 --seq 2048 --kinds int8,nf4 \
+  run levers 100 -- -m benchmarks.levers --steps 4 --warmup 1 --time-limit 90
+  run levers_1b 240 -- -m benchmarks.levers --model 1b --steps 4 --warmup 1 --time-limit 230
+  run qlora_8b 360 -- -m benchmarks.qlora --preset 8b --batch 1 --seq 2048 --kinds int8,nf4 \
     --steps 2 --repeats 1
 fi
-run decode 150 -- benchmarks/decode.py --presets 350m,1b --batches 1,32 --new_tokens 128 \
+run decode 150 -- -m benchmarks.decode --presets 350m,1b --batches 1,32 --new_tokens 128 \
   --prompt_len 128 --repeats 2 "${Q[@]}"
-run tpu_tests 100 -- benchmarks/tpu_tests.py
-run lora_1b 120 -- benchmarks/lora.py --preset 1b --sides lora --steps 10 --repeats 2 "${Q[@]}"
-run federated 60 -- benchmarks/accelerator_mfu.py --only=federated --steps 3 --warmup 1 "${Q[@]}"
-run dpo 70 -- benchmarks/dpo_step.py --steps 3 --repeats 3 "${Q[@]}"
-run grpo 60 -- benchmarks/grpo_step.py --steps 3 "${Q[@]}"
-run decode_quant 240 -- benchmarks/decode.py --presets 1b --batches 1,32 --new_tokens 128 \
+run tpu_tests 100 -- -m benchmarks.tpu_tests
+run lora_1b 120 -- -m benchmarks.lora --preset 1b --sides lora --steps 10 --repeats 2 "${Q[@]}"
+run federated 60 -- -m benchmarks.accelerator_mfu --only=federated --steps 3 --warmup 1 "${Q[@]}"
+run dpo 70 -- -m benchmarks.dpo_step --steps 3 --repeats 3 "${Q[@]}"
+run grpo 60 -- -m benchmarks.grpo_step --steps 3 "${Q[@]}"
+run decode_quant 240 -- -m benchmarks.decode --presets 1b --batches 1,32 --new_tokens 128 \
   --prompt_len 128 --repeats 2 --quantizations none,int8,nf4 "${Q[@]}"
 
 "$PYTHON_BIN" - "$OUT" "$PARTS" "$QUICK" "$((SECONDS - START))" <<'EOF'

@@ -1,6 +1,6 @@
 """A DPO train step against an SFT step on the same tokens, with LoRA and as a full fine-tune.
 
-    python benchmarks/dpo_step.py [--steps 5] [--repeats 5] [--rank 8] [--quick]
+    python -m benchmarks.dpo_step [--steps 5] [--repeats 5] [--rank 8] [--quick]
 
 A 2-layer d128 Llama-shaped TransformerLM (vocab 256, 4 heads, d_ff 512, seq 128) trained by
 paxlike's centralized algorithm with AdamW on one batch of `P` = 8 preference pairs laid out as
@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 GOAL = 2.2  # DPO (LoRA, adapters-off reference) over SFT on the same tokens, at most.
 

@@ -1,6 +1,6 @@
 """FedAvg rounds/s as paxlike runs it against a FedJAX-style per-client loop.
 
-    python benchmarks/federated_round.py [--cohorts 4,16,64] [--local-steps 4] [--chunk N] [--quick]
+    python -m benchmarks.federated_round [--cohorts 4,16,64] [--local-steps 4] [--chunk N] [--quick]
 
 The task is `--exp` (default federated.ShakespeareFedAvg: `paxlike.configs.models.lm_tiny()` on Tiny
 Shakespeare by role) with `data.seq_len`, `data.batch_size`, `data.clients_per_round` and
@@ -30,16 +30,14 @@ import argparse
 import dataclasses
 import functools
 import math
-import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
-from paxlike.data import sources  # noqa: E402
-from paxlike.data.lm import LmData  # noqa: E402
+from benchmarks import common
+from paxlike.data import sources
+from paxlike.data.lm import LmData
 
 GOALS = {'cpu': 1.0}  # Elsewhere 5.0.
 MODES = ('paxlike', 'loop', 'vmapped')
@@ -333,9 +331,10 @@ def main(argv: list[str] | None = None) -> None:
   results = []
   for cohort in cohorts:
     common.log(f'federated_round: cohort {cohort}')
-    row = common.run_child([__file__, '--child=time', f'--cohorts={cohort}', *forwarded], env)
+    row = common.run_child(['-m', __spec__.name, '--child=time', f'--cohorts={cohort}',
+                            *forwarded], env)
     if not args.no_rss:  # One process per mode, run side by side: they measure memory only.
-      outs = common.run_children([[__file__, '--child=memory', f'--mode={mode}',
+      outs = common.run_children([['-m', __spec__.name, '--child=memory', f'--mode={mode}',
                                    f'--cohorts={cohort}', *forwarded] for mode in MODES], env)
       row['peak_rss_mb'] = {mode: out['peak_rss_mb'] for mode, out in zip(MODES, outs)}
     results.append(row)

@@ -1,6 +1,6 @@
 """A federated round on a local Flower federation against the same round in the simulation.
 
-    python benchmarks/flower_round.py [--rounds 4] [--nodes 2] [--clients 5] [--cohort 3]
+    python -m benchmarks.flower_round [--rounds 4] [--nodes 2] [--clients 5] [--cohort 3]
 
 The task is federated.DigitsFedAvg with `--clients` clients, `--cohort` a round, 2 local steps
 on batches of 8. Three ways to run its rounds, on the same cohorts (the simulation's):
@@ -29,8 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 
 def _flags(clients: int, cohort: int) -> list[str]:

@@ -1,6 +1,6 @@
 """A GRPO step's time split into sampling and training, beside the decoder alone.
 
-    python benchmarks/grpo_step.py [--prompts 16] [--generations 8] [--new_tokens 32]
+    python -m benchmarks.grpo_step [--prompts 16] [--generations 8] [--new_tokens 32]
                                    [--steps 5] [--quick]
 
 The task is `lm.GrpoTiny` (the 2-layer byte LM with LoRA rank 8, exact-match reward on short
@@ -18,13 +18,11 @@ GRPO step adds nothing to sampling when it is ~1). Medians over the steps after 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

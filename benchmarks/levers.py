@@ -2,9 +2,9 @@
 timed as a bare jitted train step (benchmarks/accelerator_mfu.py's) of one model. Edit the
 tables below.
 
-    python benchmarks/levers.py                      # every lever on MODELS[LEVER_MODEL]
-    python benchmarks/levers.py --only base,unrolled_layers --model 1b --steps 5
-    python benchmarks/levers.py --quick              # tiny shapes on any device (CPU: tests)
+    python -m benchmarks.levers                      # every lever on MODELS[LEVER_MODEL]
+    python -m benchmarks.levers --only base,unrolled_layers --model 1b --steps 5
+    python -m benchmarks.levers --quick              # tiny shapes on any device (CPU: tests)
 
 Levers with only overrides run one after another in this process (one TPU open, each its own
 compile); a lever with `env` runs in a child process (XLA and libtpu read their flags when the
@@ -27,12 +27,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
-from paxlike.configs import sizes  # noqa: E402
+from benchmarks import common
+from paxlike.configs import sizes
 
 
 class Lever(NamedTuple):
@@ -136,7 +134,7 @@ def in_child(args: argparse.Namespace, name: str, time_left: float) -> dict[str,
   lever = LEVERS[args.model][name]
   for key, value in lever.env.items():
     env[key] = f'{env.get(key, "")} {value}'.strip()
-  cmd = [sys.executable, 'benchmarks/accelerator_mfu.py', '--only=bare',
+  cmd = [sys.executable, '-m', 'benchmarks.accelerator_mfu', '--only=bare',
          f'--exp={MODELS[args.model][0]}', f'--steps={args.steps}', f'--warmup={args.warmup}',
          *[f'--fdl_set={o}' for o in overrides(args, name)],
          *[f'--fiddler={f}' for f in lever.fiddlers],

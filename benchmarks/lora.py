@@ -1,6 +1,6 @@
 """LoRA against full fine-tuning: train-step time and optimizer-state bytes.
 
-    python benchmarks/lora.py [--steps 20] [--repeats 3] [--rank 8] [--quick]
+    python -m benchmarks.lora [--steps 20] [--repeats 3] [--rank 8] [--quick]
 
 A 4-layer d256 Llama-shaped TransformerLM (vocab 256, 4 heads, d_ff 1024, seq 128, batch 8),
 trained by paxlike's centralized algorithm with AdamW: `full` trains every param, `lora` gives
@@ -23,11 +23,8 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

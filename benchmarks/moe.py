@@ -1,6 +1,6 @@
 """A MoE train step against a dense one with the same active parameters, on the same mesh.
 
-    python benchmarks/moe.py [--devices 8] [--mesh data=2,expert=4] [--steps 10] [--repeats 3]
+    python -m benchmarks.moe [--devices 8] [--mesh data=2,expert=4] [--steps 10] [--repeats 3]
                              [--quick] [--no-dropless]
 
 The MoE model is a TransformerLM (vocab 256, 2 layers, d 128, 4 heads, seq 128, batch 16) whose
@@ -33,10 +33,8 @@ import math
 import re
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -151,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     child(args)
     return
   forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
-  common.emit(common.run_child([__file__, *forwarded, '--child'],
+  common.emit(common.run_child(['-m', __spec__.name, *forwarded, '--child'],
                                env=common.child_env(args.devices)))
 
 

@@ -1,6 +1,6 @@
 """paxlike's train step against a hand-written `jax.jit` + optax step of the same model.
 
-    python benchmarks/overhead.py [--devices 1,8] [--steps 30] [--repeats 5] [--quick]
+    python -m benchmarks.overhead [--devices 1,8] [--steps 30] [--repeats 5] [--quick]
 
 For each device count a child process (`XLA_FLAGS=--xla_force_host_platform_device_count=N`)
 builds the experiment through the registry, `config_io.build` and `build.setup`, then times, in
@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 GOAL = 0.97
 
@@ -149,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
   machine = common.machine()
   for devices in (int(d) for d in args.devices.split(',')):
     common.log(f'overhead: {args.exp} on {devices} device(s)')
-    results[str(devices)] = common.run_child([__file__, '--child', *forwarded],
+    results[str(devices)] = common.run_child(['-m', __spec__.name, '--child', *forwarded],
                                              env=common.child_env(devices))
   ratio = min(r['ratio'] for r in results.values())
   common.emit({

@@ -1,8 +1,8 @@
 """GPipe's measured bubble fraction against its formula (p - 1) / (m + p - 1).
 
-    python benchmarks/pipeline.py [--stages 2,4] [--microbatches 4,8] [--steps 1] [--repeats 5]
+    python -m benchmarks.pipeline [--stages 2,4] [--microbatches 4,8] [--steps 1] [--repeats 5]
                                   [--circular R]   # also the circular schedule of R passes
-    python benchmarks/pipeline.py --quick      # 2 stages, 2 and 4 microbatches, tiny (tests)
+    python -m benchmarks.pipeline --quick      # 2 stages, 2 and 4 microbatches, tiny (tests)
 
 A child on 8 forced CPU devices times a train step (forward and backward, jit) of a residual
 MLP stack (`--layers` layers, d `--d`, hidden 4d, microbatches of `--rows` rows x `--tokens`
@@ -33,11 +33,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 DEVICES = 8
 
@@ -183,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
   if args.child:
     return child(args)
   forwarded = list(argv if argv is not None else sys.argv[1:])
-  result = common.run_child([__file__, '--child', *forwarded], env=common.child_env(DEVICES))
+  result = common.run_child(['-m', __spec__.name, '--child', *forwarded],
+                            env=common.child_env(DEVICES))
   model = {'layers': args.layers, 'd': args.d, 'hidden': 4 * args.d, 'rows_per_microbatch':
            args.rows, 'tokens': args.tokens, 'step': 'value_and_grad, float32'}
   common.emit({'benchmark': 'pipeline', 'quick': args.quick, 'devices': DEVICES, 'model': model,

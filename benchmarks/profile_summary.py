@@ -2,7 +2,7 @@
 
 Not a benchmark itself (running it as a script summarizes a trace directory you name):
 
-    python benchmarks/profile_summary.py DIR [--steps N] [--top 25]
+    python -m benchmarks.profile_summary DIR [--steps N] [--top 25]
 
 `trace(fn, directory, steps)` runs `fn()` `steps` times (≤ 2 in flight) under
 `jax.profiler.trace(create_perfetto_trace=True)`; `summarize(directory, steps)` reads the
@@ -30,8 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 CATEGORIES = ('matmul', 'attention', 'other_custom_call', 'fusion', 'copy', 'collective', 'host',
               'control')

@@ -1,7 +1,7 @@
 """LoRA over a quantized base (QLoRA) against LoRA over the float base: step time and memory.
 
-    python benchmarks/qlora.py [--steps 20] [--repeats 3] [--rank 8] [--quick]
-    python benchmarks/qlora.py --preset 8b --batch 1 --seq 2048 --kinds int8,nf4  # one TPU chip
+    python -m benchmarks.qlora [--steps 20] [--repeats 3] [--rank 8] [--quick]
+    python -m benchmarks.qlora --preset 8b --batch 1 --seq 2048 --kinds int8,nf4  # one TPU chip
 
 A 4-layer d256 Llama-shaped TransformerLM (vocab 256, 4 heads of 64, d_ff 1024, seq 128, batch
 8, bf16 compute), rank-`--rank` adapters on every projection, AdamW on the adapters alone
@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
-from benchmarks.lora import nbytes, rates  # noqa: E402
+from benchmarks import common
+from benchmarks.lora import nbytes, rates
 
 TARGETS = ('query', 'key', 'value', 'out', 'wi_gate', 'wi_up', 'wo')
 

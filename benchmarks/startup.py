@@ -1,6 +1,6 @@
 """Time from process start to the first finished train step, split into phases.
 
-    python benchmarks/startup.py [--exp lm.StdlibTiny] [--repeats 3] [--quick] [--keep]
+    python -m benchmarks.startup [--exp lm.StdlibTiny] [--repeats 3] [--quick] [--keep]
 
 Each repeat is a fresh child process. The parent notes the wall clock just before it starts the
 child; the child times each phase around its own code (so the phases adding up to `total_s`
@@ -27,10 +27,7 @@ T0 = time.time()  # The child's first statement: the end of interpreter start-up
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
 
 COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
@@ -132,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
   machine = common.machine()
   runs = []
   for r in range(args.repeats):
-    child = [__file__, f'--exp={args.exp}', *(f'--set={s}' for s in args.set),
+    child = ['-m', __spec__.name, f'--exp={args.exp}', *(f'--set={s}' for s in args.set),
              *(['--keep'] if args.keep else [])]
     runs.append(common.run_child([*child, f'--child={time.time()!r}']))
     common.log(f'  run {r + 1}/{args.repeats}: ' +

@@ -1,7 +1,7 @@
 """Runs the TPU test folder (tests/tpu) with pytest in this process and prints its outcome as one
 JSON object: counts per outcome and, per failed test, its last error line.
 
-    python benchmarks/tpu_tests.py [PYTEST_ARGS...]     # tests/tpu unless a path is given
+    python -m benchmarks.tpu_tests [PYTEST_ARGS...]     # tests/tpu unless a path is given
 
 Only tests/tpu's own conftest is loaded (`--confcutdir`), not the CPU suite's (its data root and
 compilation settings), so this needs pytest and paxlike's dependencies, nothing of the suite's.
@@ -14,10 +14,8 @@ from __future__ import annotations
 import collections
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 
 class Outcomes:

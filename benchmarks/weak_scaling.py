@@ -1,7 +1,7 @@
 """Weak scaling of a federated round: cohort and devices grow together; FAX's claim is a flat line.
 
-    python benchmarks/weak_scaling.py [--devices 1,2,4,8] [--clients-per-device 4] [--png PATH]
-    python benchmarks/weak_scaling.py --quick      # 1 and 2 devices, a tiny round (tests)
+    python -m benchmarks.weak_scaling [--devices 1,2,4,8] [--clients-per-device 4] [--png PATH]
+    python -m benchmarks.weak_scaling --quick      # 1 and 2 devices, a tiny round (tests)
 
 For each device count n, a child process runs `--exp` (default federated.ShakespeareFedAvg, the
 tiny LM) with cohort n × `--clients-per-device` on a ('clients', 'data') = (n, 1) mesh, and times
@@ -22,8 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 QUICK_MODEL = ['model.num_layers=1', 'model.d_model=32', 'model.num_heads=2', 'model.d_ff=64']
 
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
   points = []
   for n in counts:
     common.log(f'weak_scaling: {n} {platform} device(s), cohort {n * args.clients_per_device}')
-    points.append(common.run_child([__file__, f'--child={n}', *forwarded],
+    points.append(common.run_child(['-m', __spec__.name, f'--child={n}', *forwarded],
                                    env=child_env(platform, n)))
   for p in points:
     p['efficiency'] = points[0]['round_s'] / p['round_s']

@@ -73,31 +73,51 @@ def script_code(path: str | Path, *args: str) -> str:
   return _SCRIPT.format(argv=[path, *args], directory=os.path.dirname(path))
 
 
-# Put before a benchmark's script_code: its own `python CHILD.py ARGS` and `python -c CODE`
+# `python -m MODULE ARGS` (from the repository root) as a `-c` the fork server runs.
+_MODULE = """
+import runpy, sys
+sys.argv = {argv!r}
+runpy.run_module({module!r}, run_name='__main__', alter_sys=True)
+"""
+
+
+def module_code(module: str, *args: str) -> str:
+  """`python -m MODULE ARGS` as the `-c SCRIPT` a fork server runs (_MODULE)."""
+  return _MODULE.format(argv=[module, *args], module=module)
+
+
+# Put before a benchmark's module_code: its own `python -m CHILD ARGS` and `python -c CODE`
 # children (benchmarks/common.py START) are forked in turn, from a server forked from it first
 # (ForkServer.here), instead of each importing paxlike again. Not for a benchmark that times a
 # child's start-up (benchmarks/startup.py) or reads its children's CPU (benchmarks/cpu_step.py).
 _FORKING_CHILDREN = """
 from benchmarks import common
 from tests.forked_cli import ForkServer
-from tests.helpers import script_code
+from tests.helpers import module_code
 server = ForkServer.here()
 
 def start(argv, **kwargs):
-  if argv[1].endswith('.py'):  # python CHILD.py ARGS: as the `-c` the server runs.
-    argv = [argv[0], '-c', script_code(*argv[1:])]
+  if argv[1] == '-m':  # python -m CHILD ARGS: as the `-c` the server runs.
+    argv = [argv[0], '-c', module_code(*argv[2:])]
   return server.popen(argv, **kwargs)
 
 common.START = start
 """
 
 
-def run_file(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600,
-             fork_children: bool = False) -> subprocess.CompletedProcess:
-  """`python SCRIPT ARGS` for a repository script (a benchmark, say; SCRIPT relative to REPO),
-  forked from the worker's fork server like `run_python`'s runs, capturing text output; with
-  `fork_children`, a benchmark whose children are forked too (_FORKING_CHILDREN)."""
-  code = script_code(REPO / script, *args)
+def run_file(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600
+             ) -> subprocess.CompletedProcess:
+  """`python SCRIPT ARGS` for a repository script (SCRIPT relative to REPO), forked from the
+  worker's fork server like `run_python`'s runs, capturing text output."""
+  return run_python(['-c', script_code(REPO / script, *args)], env or cli_env(1), timeout)
+
+
+def run_module(module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600,
+               fork_children: bool = False) -> subprocess.CompletedProcess:
+  """`python -m MODULE ARGS` from the repository root (a benchmark: `benchmarks.NAME`), forked
+  as `run_file`'s runs are; with `fork_children`, a benchmark whose children are forked too
+  (_FORKING_CHILDREN)."""
+  code = module_code(module, *args)
   return run_python(['-c', _FORKING_CHILDREN + code if fork_children else code],
                     env or cli_env(1), timeout)
 

@@ -9,20 +9,21 @@ import sys
 import fiddle as fdl
 import pytest
 
-from tests.helpers import REPO, cli_env, run_file, run_python
+from tests.helpers import REPO, cli_env, run_file, run_module, run_python
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
 
 def run_json(*args: str, timeout: float = 600, env: dict | None = None,
              fork_children: bool = False) -> dict:
-  """Runs a repo script (python file, forked as `run_file` does, with its own children too when
-  `fork_children`; or an executable), asserts exit 0 and one JSON line."""
+  """Runs a benchmark (a module, `python -m benchmarks.NAME` forked as `run_module` does, with
+  its own children too when `fork_children`; or an executable script), asserts exit 0 and one
+  JSON line."""
   if args[0].endswith('.sh'):
     proc = subprocess.run(list(args), cwd=REPO, text=True, capture_output=True, timeout=timeout,
                           env=env or cli_env(1))
   else:
-    proc = run_file(*args, env=env, timeout=timeout, fork_children=fork_children)
+    proc = run_module(*args, env=env, timeout=timeout, fork_children=fork_children)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()
   assert len(lines) == 1, proc.stdout
@@ -31,7 +32,7 @@ def run_json(*args: str, timeout: float = 600, env: dict | None = None,
 
 @pytest.mark.slow
 def test_overhead_compares_the_same_work_on_1_and_8_devices():
-  out = run_json('benchmarks/overhead.py', '--quick', fork_children=True)
+  out = run_json('benchmarks.overhead', '--quick', fork_children=True)
   assert out['benchmark'] == 'overhead' and set(out['devices']) == {'1', '8'}
   for devices, row in out['devices'].items():
     assert row['devices'] == int(devices)
@@ -53,7 +54,7 @@ def test_overhead_compares_the_same_work_on_1_and_8_devices():
 
 @pytest.mark.slow
 def test_federated_round_times_real_data_and_its_modes_compute_the_same_round():
-  out = run_json('benchmarks/federated_round.py', '--quick', fork_children=True)
+  out = run_json('benchmarks.federated_round', '--quick', fork_children=True)
   assert out['benchmark'] == 'federated_round'
   # It times the experiment's own data: a fallback to synthetic bytes (the benchmark's escape
   # hatch when the data layer fails) would time something else, and must fail here.
@@ -76,7 +77,7 @@ def test_federated_round_times_real_data_and_its_modes_compute_the_same_round():
 
 
 def test_checkpoint_cost_saves_in_every_async_window_and_splits_the_extra_time():
-  out = run_json('benchmarks/checkpoint_cost.py', '--quick')
+  out = run_json('benchmarks.checkpoint_cost', '--quick')
   assert out['benchmark'] == 'checkpoint_cost' and out['ratio'] > 0
   assert out['steps_per_sec'] > 0 and out['baseline_steps_per_sec'] > 0
   # --quick: 1 repeat of 4 steps with a save every 2: the timed async window saved twice.
@@ -94,7 +95,7 @@ def test_checkpoint_cost_saves_in_every_async_window_and_splits_the_extra_time()
 @pytest.mark.slow
 @pytest.mark.bench
 def test_cpu_step_times_whole_runs_of_paxlike_and_the_flax_baseline():
-  out = run_json('benchmarks/cpu_step.py', '--quick')
+  out = run_json('benchmarks.cpu_step', '--quick')
   assert out['benchmark'] == 'cpu_step' and out['steps'] == [2, 4]
   assert out['shape']['mesh'] == [4, 2] and out['shape']['d_ff'] == 512
   # Rates from two run lengths: noisy at 2 extra steps, but both processes ran and exited 0.
@@ -108,7 +109,7 @@ def test_cpu_step_times_whole_runs_of_paxlike_and_the_flax_baseline():
 def test_startup_phases_add_up_to_the_total():
   # Each phase is timed on its own (benchmarks/startup.py), so this sum is a check: it fails
   # if work runs outside every phase or compile time is counted twice or missed.
-  out = run_json('benchmarks/startup.py', '--quick')
+  out = run_json('benchmarks.startup', '--quick')
   phases = ('interpreter_s', 'import_s', 'init_s', 'compile_s', 'data_s', 'first_step_s')
   assert all(out[k] >= 0 for k in phases) and out['compile_s'] > 0
   assert sum(out[k] for k in phases) == pytest.approx(out['total_s'], abs=0.01)
@@ -127,7 +128,7 @@ def test_accelerator_mfu_quick_times_trainer_and_bare_step_and_the_federated_rou
   rate / peak."""
   from paxlike.configs.models import lm_125m
   from paxlike.families import lm_flops
-  out = run_json('benchmarks/accelerator_mfu.py', '--quick', '--peak-tflops=0.5')
+  out = run_json('benchmarks.accelerator_mfu', '--quick', '--peak-tflops=0.5')
   default = 'lm.Llama1B' if _platform() == 'gpu' else 'lm.Llama350M'
   assert out['quick'] and out['platform'] == _platform() and out['exp'] == default
   lm, fed = out['lm'], out['federated']
@@ -152,7 +153,7 @@ def test_accelerator_mfu_quick_times_trainer_and_bare_step_and_the_federated_rou
 def test_accelerator_mfu_without_quick_skips_on_cpu():
   if _platform() != 'cpu':
     pytest.skip('an accelerator host runs the full benchmark: benchmarks/device_check.sh')
-  out = run_json('benchmarks/accelerator_mfu.py')
+  out = run_json('benchmarks.accelerator_mfu')
   assert out['benchmark'] == 'accelerator_mfu' and 'skipped' in out
   assert out['exp'] == 'lm.Llama350M'
 
@@ -160,7 +161,7 @@ def test_accelerator_mfu_without_quick_skips_on_cpu():
 def test_accelerator_mfu_forced_cudnn_without_a_gpu_is_one_line_exit_2():
   if _platform() == 'gpu':
     pytest.skip('cuDNN is there: the quick run above uses it')
-  proc = run_file('benchmarks/accelerator_mfu.py', '--quick', '--only=bare',
+  proc = run_module('benchmarks.accelerator_mfu', '--quick', '--only=bare',
                   '--fdl_set=model.attention_impl=cudnn')
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and lines[-1].startswith('accelerator_mfu: error: '), \
@@ -221,7 +222,7 @@ def test_device_check_rejects_unknown_parts():
 @pytest.mark.bench
 def test_weak_scaling_quick_grows_cohort_with_devices_and_plots(tmp_path):
   png = tmp_path / 'weak.png'
-  out = run_json('benchmarks/weak_scaling.py', '--quick', f'--png={png}',
+  out = run_json('benchmarks.weak_scaling', '--quick', f'--png={png}',
                  fork_children=True)
   assert out['benchmark'] == 'weak_scaling' and out['png'] == str(png)
   assert png.read_bytes()[:8] == PNG
@@ -282,7 +283,7 @@ def test_plot_metrics_writes_a_png(tmp_path):
 
 @pytest.mark.bench
 def test_decode_presets_quick_reports_each_batch_and_the_roofline_inputs():
-  out = run_json('benchmarks/decode.py', '--presets', '350m', '--quick',
+  out = run_json('benchmarks.decode', '--presets', '350m', '--quick',
                  '--quantizations', 'none,int8,nf4')
   preset = out['350m']
   # The quick preset: 2 layers of d 128, vocab 512, bf16 weights (what the roofline reads).
@@ -308,7 +309,7 @@ def test_hbm_bandwidth_comes_from_the_device_kind():
 
 @pytest.mark.bench
 def test_lora_preset_quick_reports_steps_per_sec_of_the_lora_side_only():
-  out = run_json('benchmarks/lora.py', '--preset', '1b', '--sides', 'lora', '--quick')
+  out = run_json('benchmarks.lora', '--preset', '1b', '--sides', 'lora', '--quick')
   assert 'full' not in out and out['model']['preset'] == '1b'
   lora = out['lora']
   assert lora['steps_per_sec'] == pytest.approx(1e3 / lora['ms_per_step'])
@@ -317,7 +318,7 @@ def test_lora_preset_quick_reports_steps_per_sec_of_the_lora_side_only():
 
 @pytest.mark.bench
 def test_qlora_quick_reports_each_bases_bytes_and_step_time():
-  out = run_json('benchmarks/qlora.py', '--quick')
+  out = run_json('benchmarks.qlora', '--quick')
   none, int8, nf4 = out['none'], out['int8'], out['nf4']
   # int8 stores a byte per kernel weight, NF4 half a byte: the params shrink in that order.
   assert nf4['param_bytes'] < int8['param_bytes'] < none['param_bytes']

@@ -1,14 +1,10 @@
-"""benchmarks/checkpoint_cost.py --pyspy_raw: a --saves_only run's py-spy stacks summed into busy
-ms per save by thread, the main thread counted only inside the saves, idle waits not at all."""
-
-import sys
+"""python -m benchmarks.checkpoint_cost --pyspy_raw: a --saves_only run's py-spy stacks summed
+into busy ms per save by thread, the main thread counted only inside the saves, idle waits not at
+all."""
 
 import pytest
 
-from tests.helpers import REPO
-
-sys.path.insert(0, str(REPO))
-from benchmarks import checkpoint_cost  # noqa: E402
+from benchmarks import checkpoint_cost
 
 RAW = '\n'.join([
     # Start-up imports on the main thread (before any save): not save time.

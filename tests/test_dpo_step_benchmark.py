@@ -11,7 +11,7 @@ from tests.test_benchmarks import run_json
 
 @pytest.mark.slow
 def test_dpo_step_benchmark_compares_the_same_tokens():
-  out = run_json('benchmarks/dpo_step.py', '--quick')
+  out = run_json('benchmarks.dpo_step', '--quick')
   assert out['benchmark'] == 'dpo_step' and out['goal'] == 2.2
   sides = ('sft_lora', 'dpo_lora', 'sft_lora_chosen', 'sft_full', 'dpo_full', 'sft_full_chosen')
   assert all(out[s]['ms_per_step'] > 0 for s in sides)

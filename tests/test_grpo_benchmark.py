@@ -1,4 +1,4 @@
-"""benchmarks/grpo_step.py --quick: a GRPO step's parts add up to the step and its sampling is
+"""python -m benchmarks.grpo_step --quick: a GRPO step's parts add up to the step and its sampling is
 timed beside the decoder alone, in one JSON object."""
 
 import pytest
@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_grpo_step_splits_the_step_into_sampling_and_training():
-  out = run_json('benchmarks/grpo_step.py', '--quick')
+  out = run_json('benchmarks.grpo_step', '--quick')
   assert out['benchmark'] == 'grpo_step' and out['steps_timed'] == 1
   parts = ('sample', 'host', 'score', 'update')
   assert sum(out[f'{p}_ms'] for p in parts) == pytest.approx(out['step_ms'])

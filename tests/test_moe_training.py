@@ -20,7 +20,7 @@ from paxlike import interop
 from paxlike.layers import TransformerLM, moe
 from paxlike.trainer import losses
 from paxlike.core.partitioning import MeshConfig
-from tests.helpers import (kill_after_first_checkpoint, metric_rows, run_cli, run_file,
+from tests.helpers import (kill_after_first_checkpoint, metric_rows, run_cli, run_module,
                            run_script)
 
 # lm.StdlibMoe at test size: one MoE layer of 4 experts (top-2) at d 32, seq 32, batch 8.
@@ -171,7 +171,7 @@ def test_finetuning_from_an_unsupported_moe_checkpoint_is_one_line_exit_2(tmp_pa
 
 @pytest.mark.slow
 def test_moe_benchmark_quick_prints_the_ratio_against_dense():
-  proc = run_file('benchmarks/moe.py', '--quick', '--devices=2', '--mesh=expert=2',
+  proc = run_module('benchmarks.moe', '--quick', '--devices=2', '--mesh=expert=2',
                     '--experts=4')
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -17,7 +17,7 @@ from paxlike.data import store_check
 from paxlike.data import text_files
 from paxlike.data import token_store
 from paxlike.tokenizers import BytesTokenizer
-from tests.helpers import run_file
+from tests.helpers import run_module
 
 F = text_files.Fields
 WATCHED: set[str] = set()  # Corpus paths whose opens OPENED records (one hook per process).
@@ -193,7 +193,7 @@ def test_the_verify_data_flag_asks_every_process_for_a_full_check(monkeypatch):
 
 @pytest.mark.slow
 def test_the_startup_benchmark_sees_a_plain_start_read_no_corpus_and_a_verify_read_it_all():
-  proc = run_file('benchmarks/data_build.py', '--quick', timeout=300)
+  proc = run_module('benchmarks.data_build', '--quick', timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   assert out['benchmark'] == 'data_startup' and out['same_store'] and out['corpus_mb'] == 4

@@ -6,13 +6,13 @@ import json
 import pytest
 
 from tests.fixture_data import SHAKESPEARE_SLICE
-from tests.helpers import run_file
+from tests.helpers import run_module
 
 
 def run_json(*args: str, timeout: float) -> dict:
-  """`python benchmarks/data_pipeline.py ARGS`'s one JSON line, after asserting exit 0: forked,
+  """`python -m benchmarks.data_pipeline ARGS`'s one JSON line, after asserting exit 0: forked,
   with its child processes (the rss section's) forked in turn."""
-  proc = run_file('benchmarks/data_pipeline.py', *args, timeout=timeout, fork_children=True)
+  proc = run_module('benchmarks.data_pipeline', *args, timeout=timeout, fork_children=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()
   assert len(lines) == 1, proc.stdout

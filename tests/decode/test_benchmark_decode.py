@@ -1,13 +1,13 @@
-"""benchmarks/decode.py --quick: one JSON object with both decoders' tokens/s and time to first
+"""python -m benchmarks.decode --quick: one JSON object with both decoders' tokens/s and time to first
 token per model and batch, and the same greedy tokens from both."""
 
 import json
 
-from tests.helpers import run_file
+from tests.helpers import run_module
 
 
 def test_decode_benchmark_quick_times_both_decoders_and_they_agree():
-  proc = run_file('benchmarks/decode.py', '--quick')
+  proc = run_module('benchmarks.decode', '--quick')
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout)
   assert out['benchmark'] == 'decode' and out['quick']
@@ -21,7 +21,7 @@ def test_decode_benchmark_quick_times_both_decoders_and_they_agree():
 
 
 def test_decode_benchmark_times_a_family_beside_the_llama():
-  proc = run_file('benchmarks/decode.py', '--quick', '--family', 'gemma3_text')
+  proc = run_module('benchmarks.decode', '--quick', '--family', 'gemma3_text')
   assert proc.returncode == 0, proc.stderr[-3000:]
   row = json.loads(proc.stdout)['families']['gemma3_text']
   assert row['tokens_per_sec'] > 0 and row['llama_tokens_per_sec'] > 0

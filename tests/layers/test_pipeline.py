@@ -11,7 +11,7 @@ from jax.sharding import AbstractMesh
 
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
-from tests.helpers import cli_env, run_file, run_script
+from tests.helpers import cli_env, run_module, run_script
 
 # A TransformerLM (scan_layers=True) whose 4 DecoderBlocks run as a 4-stage pipeline on a 4 stage
 # x 2 data mesh, on a packed batch (segment ids and positions travel with each microbatch), each
@@ -169,7 +169,7 @@ def test_bad_input_is_one_user_error_line(layers, batch, microbatches, repeats, 
 
 
 def test_benchmark_quick_prints_bubbles_against_the_formula():
-  proc = run_file('benchmarks/pipeline.py', '--quick', '--circular=2',
+  proc = run_module('benchmarks.pipeline', '--quick', '--circular=2',
                     env=cli_env(1, JAX_PLATFORMS='cpu'), timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -142,10 +142,11 @@ def test_lora_resumes_bitwise(lora_placed, tmp_path):
 
 
 def test_benchmark_quick_run():
-  """benchmarks/lora.py --quick: AdamW's state is its count plus two moments of exactly the
+  """python -m benchmarks.lora --quick: AdamW's state is its count plus two moments of exactly the
   trained params on each side; LoRA trains a small fraction."""
-  out = run_script('import runpy, sys; sys.argv = ["lora.py", "--quick"]; '
-                   'runpy.run_path("benchmarks/lora.py", run_name="__main__")', devices=1)
+  out = run_script('import runpy, sys; sys.argv = ["benchmarks.lora", "--quick"]; '
+                   'runpy.run_module("benchmarks.lora", run_name="__main__", alter_sys=True)',
+                   devices=1)
   result = json.loads(out.strip().splitlines()[-1])
   for name in ('full', 'lora'):
     side = result[name]
