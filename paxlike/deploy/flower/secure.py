@@ -28,7 +28,7 @@ import numpy as np
 
 from paxlike.export import run as executor
 
-CLIPPING_RANGE = 64.0  # A DP-FedAvg round's scaled stats reached 18.5: Flower's 8 is too tight.
+CLIPPING_RANGE = 64.0  # Flower's 8 clips DP-FedAvg's scaled stats (docs/flower.md, SecAgg+).
 QUANTIZATION_RANGE = 2**27  # One level: 128 / 2^27 ≈ 9.5e-7 of the scaled value.
 MODULUS_RANGE = 2**32
 MAX_NODES = MODULUS_RANGE // QUANTIZATION_RANGE - 1  # The modular sum cannot wrap: 31.
