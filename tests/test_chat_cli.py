@@ -5,13 +5,11 @@ template that does not compile as one line, exit 2."""
 import json
 import re
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
-from paxlike import interop
 from paxlike.layers import TransformerLM
+from tests.hf_fixtures import write_random_checkpoint
 from tests.helpers import cli_env, metric_rows, run_cli, run_python
 from tests.tokenizers.chat_fixtures import FAMILIES, write_chat_tokenizer, write_family
 
@@ -24,9 +22,7 @@ REPLY = re.compile(r'<\|im_start\|>assistant\n(.*?)<\|im_end\|>', re.DOTALL)
 
 def write_source(root):
   """An HF dir (random weights, config.json, a ChatML tokenizer and template) and chat rows."""
-  model = TransformerLM(**MODEL)
-  params = nn.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8), np.int32))['params'])
-  interop.save_hf_checkpoint(jax.tree.map(np.asarray, params), model, root / 'hf')
+  write_random_checkpoint(TransformerLM(**MODEL), root / 'hf')
   write_family(root / 'hf', 'chatml')
   with open(root / 'chat.jsonl', 'w') as f:
     for i in range(60):

@@ -12,6 +12,7 @@ import pytest
 
 from paxlike import interop
 from paxlike.layers import TransformerLM
+from tests.hf_fixtures import write_random_checkpoint
 from tests.helpers import cli_env, metric_rows, run_cli, run_python
 
 pytestmark = pytest.mark.slow
@@ -24,9 +25,7 @@ MODEL = dict(vocab_size=512, num_layers=2, d_model=64, num_heads=4, num_kv_heads
 def source(tmp_path_factory):
   """An HF dir (random weights, config.json, a BPE tokenizer.json) and SFT JSONL rows."""
   root = tmp_path_factory.mktemp('sft')
-  model = TransformerLM(**MODEL)
-  params = nn.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8), np.int32))['params'])
-  interop.save_hf_checkpoint(jax.tree.map(np.asarray, params), model, root / 'hf')
+  write_random_checkpoint(TransformerLM(**MODEL), root / 'hf')
   with open(root / 'sft.jsonl', 'w') as f:
     for i in range(300):
       f.write(json.dumps({'prompt': f'Q: {i} plus {i}?\nA:', 'completion': f' {2 * i}'}) + '\n')

@@ -6,7 +6,6 @@ base is bitwise the checkpoint's weights."""
 import json
 import random
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from flax import traverse_util
 
 from paxlike import interop
 from paxlike.layers import TransformerLM
+from tests.hf_fixtures import write_random_checkpoint
 from tests.helpers import cli_env, metric_rows, run_cli
 from tests.tokenizers.chat_fixtures import write_chat_tokenizer
 
@@ -27,9 +27,7 @@ MODEL = dict(vocab_size=384, num_layers=2, d_model=64, num_heads=4, num_kv_heads
 def source(tmp_path_factory):
   """An HF dir (random weights, config.json, a BPE tokenizer.json) and four clients' pairs."""
   root = tmp_path_factory.mktemp('fed_dpo_hf')
-  model = TransformerLM(**MODEL)
-  params = nn.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8), np.int32))['params'])
-  interop.save_hf_checkpoint(jax.tree.map(np.asarray, params), model, root / 'hf')
+  write_random_checkpoint(TransformerLM(**MODEL), root / 'hf')
   write_chat_tokenizer(root / 'hf', None, {'eos_token': '<|im_end|>',
                                            'pad_token': '<|endoftext|>'})
   rng = random.Random(0)
