@@ -70,6 +70,19 @@ LEVERS: dict[str, dict[str, Lever]] = {
         'unrolled_layers': Lever(('model.scan_layers=False',)),
         'attention_xla': Lever(('model.attention_impl=xla',)),
         'xla_latency_hiding': Lever(env=LATENCY_HIDING),
+        # bf16 params (no float32 copy) and Adafactor free HBM for a larger batch or 'dots':
+        # each fits one v5e by print_config's estimate (docs/benchmarks.md, the 350M's levers).
+        'bf16_batch_8_remat_dots': Lever(('data.batch_size=8', 'model.remat_policy=dots',
+                                          'model.param_dtype=bfloat16')),
+        'bf16_batch_6': Lever(('data.batch_size=6', 'model.param_dtype=bfloat16')),
+        'adafactor_bf16_batch_8_remat_dots': Lever(
+            ('data.batch_size=8', 'model.remat_policy=dots', 'model.param_dtype=bfloat16'),
+            fiddlers=('adafactor',)),
+        'adafactor_bf16_batch_6': Lever(('data.batch_size=6', 'model.param_dtype=bfloat16'),
+                                        fiddlers=('adafactor',)),
+        'adafactor_bf16_batch_16_remat_full': Lever(
+            ('data.batch_size=16', 'model.remat_policy=full', 'model.param_dtype=bfloat16'),
+            fiddlers=('adafactor',)),
     },
     # At batch 4, AdamW's bf16 state (8.8 GB with the params) leaves room for 'full' remat
     # only; Adafactor's factored state frees ~4 GB for 'dots' (docs/benchmarks.md: each MFU).

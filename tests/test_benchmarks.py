@@ -205,6 +205,19 @@ def test_device_check_quick_runs_its_parts_and_prints_one_json_object():
   assert out['parts']['levers']['wall_s'] >= 0
 
 
+def test_every_lever_names_fields_and_fiddlers_that_build():
+  """A lever is run only on a TPU, in device time: a misspelt field or fiddler must fail here
+  (on CPU, in a fraction of a second each), not there."""
+  import argparse
+  from benchmarks import accelerator_mfu, levers
+  for model, table in levers.LEVERS.items():
+    args = argparse.Namespace(quick=False, model=model)
+    for name, lever in table.items():
+      task = accelerator_mfu.task_of(levers.MODELS[model][0], list(lever.fiddlers),
+                                     levers.overrides(args, name))
+      assert task.data.seq_len == 2048, (model, name)
+
+
 def test_device_check_records_parts_the_budget_leaves_no_time_for():
   out = run_json('benchmarks/device_check.sh', '--quick', '--python', sys.executable,
                  '--parts', 'mfu_350m,levers', '--budget', '5')
