@@ -7,7 +7,8 @@ A 4-layer d256 Llama-shaped TransformerLM (vocab 256, 4 heads of 64, d_ff 1024, 
 8, bf16 compute), rank-`--rank` adapters on every projection, AdamW on the adapters alone
 (`centralized(..., trainable=lora_mask)`), with the base's kernels stored as each of `--kinds`
 (`model.base_quantization`: none = float32, int8, nf4 with double quantization). Timed in
-alternating repeats with at most 2 steps in flight. Prints one JSON object: per kind
+alternating repeats with at most 2 steps in flight (a `--preset`'s kinds one after another,
+each freed before the next: an 8B's int8 and NF4 bases would not fit one chip together). Prints one JSON object: per kind
 `ms_per_step` (median), `param_bytes` (the stored params), `xla_bytes` (XLA's figure for the
 compiled step: its peak on an accelerator, arguments + outputs − aliased + temporaries on CPU)
 and `estimate_bytes` (paxlike's memory estimate), and each kind's ratios to `none`.
@@ -117,11 +118,15 @@ def main(argv: list[str] | None = None) -> None:
           'mask': jnp.ones((1, 1, batch, seq), jnp.float32)}
   kinds = args.kinds.split(',')
   models = {k: model.clone(base_quantization=k) for k in kinds}
-  sides = {}
+  sides, times = {}, {}
   for kind in kinds:
     common.log(f'qlora: compiling {kind}')
     sides[kind] = side(models[kind], data, steps)
-  times = common.alternate({k: s[0] for k, s in sides.items()}, repeats)
+    if args.preset:  # One base at a time: an 8B's int8 and NF4 bases do not fit together.
+      times[kind] = [sides[kind][0]() for _ in range(repeats)]
+      sides[kind] = (None, *sides[kind][1:])  # Its state goes with the timer.
+  if not args.preset:
+    times = common.alternate({k: s[0] for k, s in sides.items()}, repeats)
   result = {'model': {**shape, 'seq_len': seq, 'batch': batch}, 'lora_rank': args.rank,
             'steps': steps, 'repeats': repeats, 'device_kind': jax.devices()[0].device_kind}
   for kind, (_, params, xla) in sides.items():
