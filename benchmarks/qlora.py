@@ -8,10 +8,11 @@ A 4-layer d256 Llama-shaped TransformerLM (vocab 256, 4 heads of 64, d_ff 1024, 
 (`centralized(..., trainable=lora_mask)`), with the base's kernels stored as each of `--kinds`
 (`model.base_quantization`: none = float32, int8, nf4 with double quantization). Timed in
 alternating repeats with at most 2 steps in flight (a `--preset`'s kinds one after another,
-each freed before the next: an 8B's int8 and NF4 bases would not fit one chip together). Prints one JSON object: per kind
-`ms_per_step` (median), `param_bytes` (the stored params), `xla_bytes` (XLA's figure for the
-compiled step: its peak on an accelerator, arguments + outputs − aliased + temporaries on CPU)
-and `estimate_bytes` (paxlike's memory estimate), and each kind's ratios to `none`.
+each freed before the next: an 8B's int8 and NF4 bases would not fit one chip together).
+Prints one JSON object: per kind `ms_per_step` (median), `param_bytes` (the stored params),
+`xla_bytes` (XLA's figure for the compiled step: its peak on an accelerator, arguments +
+outputs − aliased + temporaries on CPU) and `estimate_bytes` (paxlike's memory estimate), and
+each kind's ratios to `none`.
 
 `--preset 8b` (or 1b, 350m) builds paxlike/configs/models.py's preset instead (random weights,
 params other than the quantized kernels in bfloat16, remat 'full') at `--batch` × `--seq` on

@@ -1,5 +1,5 @@
-"""python -m benchmarks.grpo_step --quick: a GRPO step's parts add up to the step and its sampling is
-timed beside the decoder alone, in one JSON object."""
+"""python -m benchmarks.grpo_step --quick: a GRPO step's parts add up to the step and its
+sampling is timed beside the decoder alone, in one JSON object."""
 
 import pytest
 

@@ -1,5 +1,5 @@
-"""python -m benchmarks.decode --quick: one JSON object with both decoders' tokens/s and time to first
-token per model and batch, and the same greedy tokens from both."""
+"""python -m benchmarks.decode --quick: one JSON object with both decoders' tokens/s and time to
+first token per model and batch, and the same greedy tokens from both."""
 
 import json
 

@@ -2,7 +2,7 @@
 
 Run them on a TPU machine (one program at a time holds the chip: no -n):
 
-    python -m benchmarks.tpu_tests            # or: python -m pytest tests/tpu --confcutdir=tests/tpu
+    python -m benchmarks.tpu_tests     # or: python -m pytest tests/tpu --confcutdir=tests/tpu
 
 benchmarks/device_check.sh runs them as its `tpu_tests` part. Whether there is a TPU is asked
 without starting JAX's backends where it can be (no libtpu, or JAX_PLATFORMS without tpu), so the
