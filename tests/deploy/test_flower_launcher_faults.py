@@ -34,8 +34,9 @@ time.sleep(600)
 """
 
 
-def _with_token(token: str) -> list[int]:
-  return [pid for pid, (_, cmd, _) in fp.processes().items() if token in cmd]
+def _with_token(token: str, but: int | None = None) -> list[int]:
+  """The processes whose command line holds `token`, but process `but`."""
+  return [pid for pid, (_, cmd, _) in fp.processes().items() if token in cmd and pid != but]
 
 
 def test_a_group_owner_killed_with_sigkill_takes_its_groups_and_their_sessions_down(tmp_path):
@@ -48,7 +49,8 @@ def test_a_group_owner_killed_with_sigkill_takes_its_groups_and_their_sessions_d
                            start_new_session=True)
   try:
     assert owner.stdout.readline().strip() == 'started'
-    fp.wait_until(lambda: len(_with_token(token)) == 3, 30, 'the three sleepers')
+    # The owner's own command line holds the token too: it is not one of the three.
+    fp.wait_until(lambda: len(_with_token(token, owner.pid)) == 3, 30, 'the three sleepers')
     os.killpg(owner.pid, signal.SIGKILL)
     owner.wait()
     began = time.monotonic()
