@@ -36,12 +36,16 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
   return {**rest, **layers}
 
 
-def decode_layout(model: Any, params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-  """(model, params) to decode with: a scanned stack of local and global layers unrolled, so
-  that each layer's KV cache is sized by its own kind (a local layer's ring holds only its
-  window, see `kv_cache`), where a scanned step's traced kind keeps a full cache in every
-  layer. Any other model and its params as they are."""
-  if not (getattr(model, 'scan_layers', False) and lm_features.mixed_layers(model)):
+def decode_layout(model: Any, params: dict[str, Any], cache_size: int
+                  ) -> tuple[Any, dict[str, Any]]:
+  """(model, params) to decode with a cache of `cache_size` slots: a scanned stack of local and
+  global layers whose window is shorter than the cache unrolled, so that each layer's cache is
+  sized by its own kind (a local layer's ring holds only its window, see `kv_cache`), where a
+  scanned step's traced kind keeps a full cache in every layer. Any other model and its params
+  as they are: when the window spans the cache, unrolling would copy the params for nothing."""
+  window = getattr(model, 'sliding_window', None)
+  if not (getattr(model, 'scan_layers', False) and lm_features.mixed_layers(model)
+          and window is not None and window < cache_size):
     return model, params
   return model.clone(scan_layers=False), _unstacked(params)
 

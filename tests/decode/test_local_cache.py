@@ -138,7 +138,7 @@ def test_a_scanned_mixed_stack_decodes_unrolled_with_windowed_caches(fields):
   group = model.moe_every if model.num_experts else 1
   scanned = model.clone(scan_layers=True)
   stacked = stack_layers(params, model.num_layers, group)
-  layout, unrolled = stacking.decode_layout(scanned, stacked)
+  layout, unrolled = stacking.decode_layout(scanned, stacked, CACHE)
   assert not layout.scan_layers
   jax.tree.map(np.testing.assert_array_equal, unrolled, params)  # The same weights, unstacked.
   slots = {name: s[2] for name, s in cache_shapes(layout, unrolled, 6).items()}
@@ -151,7 +151,13 @@ def test_a_scanned_mixed_stack_decodes_unrolled_with_windowed_caches(fields):
     np.testing.assert_array_equal(g, w)
 
 
-def test_a_uniform_or_unrolled_model_keeps_its_layout():
-  for model in (TransformerLM(**MISTRAL, scan_layers=True), TransformerLM(**GEMMA2)):
+def test_a_model_that_unrolling_would_not_shrink_keeps_its_layout():
+  """Uniform layers, an unrolled stack, and a window that spans the cache (a ring of the whole
+  cache): the model and params as they are, no copy."""
+  scanned = TransformerLM(**GEMMA2, scan_layers=True)
+  for model, cache in ((TransformerLM(**MISTRAL, scan_layers=True), CACHE),
+                       (TransformerLM(**GEMMA2), CACHE), (scanned, WINDOW)):
     params = {'x': np.zeros(2)}
-    assert stacking.decode_layout(model, params) == (model, params)
+    assert stacking.decode_layout(model, params, cache) == (model, params)
+  assert not stacking.decode_layout(scanned, stack_layers(params_of(TransformerLM(**GEMMA2)), 4),
+                                    WINDOW + 1)[0].scan_layers
