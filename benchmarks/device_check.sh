@@ -159,7 +159,7 @@ else
   # shellcheck disable=SC2086
   run mfu_1b 160 -- -m benchmarks.accelerator_mfu --exp lm.Llama1B $M1B --no-federated \
     --steps 5 --warmup 1
-  run levers 100 -- -m benchmarks.levers --steps 4 --warmup 1 --time-limit 90
+  run levers 240 -- -m benchmarks.levers --steps 4 --warmup 1 --time-limit 230
   run levers_1b 240 -- -m benchmarks.levers --model 1b --steps 4 --warmup 1 --time-limit 230
   run qlora_8b 360 -- -m benchmarks.qlora --preset 8b --batch 1 --seq 2048 --kinds int8,nf4 \
     --steps 2 --repeats 1
