@@ -245,8 +245,8 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
   samples from key `fold_in(key(seed), i)`. `on_first_token` is called once the first batch's
   first tokens are on the host side. With `mesh`, runs under it and `rules` (default
   `partitioning.DEFAULT_RULES`). LoRA adapters are merged into the kernels first, and a scanned
-  stack of local and global layers is unrolled where its windows are shorter than the cache
-  (`stacking.decode_layout`). With a
+  stack of local and global layers is unrolled where its local layers' rings save more than
+  the params' bytes (`stacking.decode_layout`). With a
   `store` (program_store.py), the prefill's and loop's traces come from it when it has them."""
   prompts = [np.asarray(p, np.int32) for p in prompts]
   # Adapters over a quantized base stay beside it (weight-only quantized decode).
@@ -257,11 +257,11 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
   if mesh is not None:
     rules = partitioning.rules_for_mesh(rules or partitioning.DEFAULT_RULES, mesh)
   cache_size, width = shapes_for(max(map(len, prompts)), max_new_tokens, cache_len)
-  model, params = stacking.decode_layout(model, params, cache_size)
-  options = Options(cache_size, Sampling(temperature, top_k, top_p), eos_id)
-  run = decoder(model, options, mesh, rules, store)
   rows = batch_size or len(prompts)
   rows += -rows % _batch_shards(mesh, rules)
+  model, params = stacking.decode_layout(model, params, cache_size, rows)
+  options = Options(cache_size, Sampling(temperature, top_k, top_p), eos_id)
+  run = decoder(model, options, mesh, rules, store)
   limit, key, out = np.int32(max_new_tokens), jax.random.key(seed), []
   for i in range(0, len(prompts), rows):
     batch = prompts[i:i + rows]

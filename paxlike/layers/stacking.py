@@ -36,18 +36,31 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
   return {**rest, **layers}
 
 
-def decode_layout(model: Any, params: dict[str, Any], cache_size: int
+def decode_layout(model: Any, params: dict[str, Any], cache_size: int, rows: int
                   ) -> tuple[Any, dict[str, Any]]:
-  """(model, params) to decode with a cache of `cache_size` slots: a scanned stack of local and
-  global layers whose window is shorter than the cache unrolled, so that each layer's cache is
+  """(model, params) to decode `rows` rows with a cache of `cache_size` slots: a scanned stack
+  of local and global layers unrolled where that saves memory, so that each layer's cache is
   sized by its own kind (a local layer's ring holds only its window, see `kv_cache`), where a
-  scanned step's traced kind keeps a full cache in every layer. Any other model and its params
-  as they are: when the window spans the cache, unrolling would copy the params for nothing."""
-  window = getattr(model, 'sliding_window', None)
-  if not (getattr(model, 'scan_layers', False) and lm_features.mixed_layers(model)
-          and window is not None and window < cache_size):
+  scanned step's traced kind keeps a full cache in every layer. Unrolling copies the params
+  (the caller's stacked ones stay), so it is done only where the cache bytes it saves exceed
+  the params' bytes; any other model and its params as they are."""
+  if not (getattr(model, 'scan_layers', False) and lm_features.mixed_layers(model)):
+    return model, params
+  if ring_savings(model, cache_size, rows) <= sum(x.nbytes for x in jax.tree.leaves(params)):
     return model, params
   return model.clone(scan_layers=False), _unstacked(params)
+
+
+def ring_savings(model: Any, cache_size: int, rows: int) -> int:
+  """The key and value bytes that rings of `sliding_window` slots in the local layers save
+  against full caches of `cache_size` slots, for `rows` rows (0 without a shorter window)."""
+  window = model.sliding_window
+  if window is None or window >= cache_size:
+    return 0
+  local = sum(lm_features.is_local_layer(model, i) for i in range(model.num_layers))
+  kv_heads = model.num_kv_heads or model.num_heads
+  per_slot = 2 * kv_heads * model.head_size() * jnp.dtype(model.dtype).itemsize
+  return rows * local * (cache_size - window) * per_slot
 
 
 _unstacked = jax.jit(unstack_layers)  # One program, not a dispatch per layer and leaf.

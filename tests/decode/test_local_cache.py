@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paxlike.decode import generate
+from paxlike.decode import engine, generate
 from paxlike.layers import TransformerLM, kv_cache, stack_layers, stacking
 from tests.decode.test_generate import params_of, prompts_of, recompute_greedy
 
@@ -131,33 +131,67 @@ GEMMA2_MOE = {**GEMMA2, 'num_experts': 2, 'experts_per_token': 1, 'moe_every': 2
               'capacity_factor': None}
 
 
+def kv_bytes(model, params, width: int, rows: int) -> int:
+  """The key and value bytes of the cache a prefill of `rows` rows makes (CACHE slots)."""
+  tokens = jnp.zeros((rows, width), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(width), tokens.shape)
+  _, cache = jax.eval_shape(lambda p: model.apply(
+      {'params': p}, tokens, positions=positions, decode=True, cache_len=CACHE,
+      mutable=['cache']), params)
+  return sum(leaf.size * leaf.dtype.itemsize
+             for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+             if jax.tree_util.keystr(path).endswith(("['key']", "['value']")))
+
+
+def models_given_to_the_decoder(monkeypatch) -> list:
+  """The models `generate` compiles its decoder for, from now on."""
+  seen, real = [], engine.decoder
+  monkeypatch.setattr(engine, 'decoder', lambda model, *args: seen.append(model) or
+                      real(model, *args))
+  return seen
+
+
+ROWS = 64  # Enough rows for the test models' rings to save more than their params' bytes.
+
+
 @pytest.mark.parametrize('fields', [GEMMA2, GEMMA3, GEMMA2_MOE], ids=['gemma2', 'gemma3', 'moe'])
-def test_a_scanned_mixed_stack_decodes_unrolled_with_windowed_caches(fields):
+def test_a_scanned_mixed_stack_decodes_unrolled_with_windowed_caches(fields, monkeypatch):
   model = TransformerLM(**fields)
   params = params_of(model)
   group = model.moe_every if model.num_experts else 1
   scanned = model.clone(scan_layers=True)
   stacked = stack_layers(params, model.num_layers, group)
-  layout, unrolled = stacking.decode_layout(scanned, stacked, CACHE)
+  # What the rings save, against the caches themselves: the scanned stack's full ones less the
+  # unrolled model's.
+  saved = kv_bytes(scanned, stacked, 6, ROWS) - kv_bytes(model, params, 6, ROWS)
+  assert stacking.ring_savings(scanned, CACHE, ROWS) == saved > 0
+  assert saved > sum(x.nbytes for x in jax.tree.leaves(params))
+  layout, unrolled = stacking.decode_layout(scanned, stacked, CACHE, ROWS)
   assert not layout.scan_layers
   jax.tree.map(np.testing.assert_array_equal, unrolled, params)  # The same weights, unstacked.
   slots = {name: s[2] for name, s in cache_shapes(layout, unrolled, 6).items()}
   assert slots == {f'block_{i}': WINDOW if model.is_local_layer(i) else CACHE
                    for i in range(model.num_layers)}
-  prompts = prompts_of([3, 9], seed=7)
+  decoded = models_given_to_the_decoder(monkeypatch)
+  prompts = prompts_of([3, 9, 5, 1] * (ROWS // 4), seed=7)
   got = generate(scanned, stacked, prompts, max_new_tokens=10, cache_len=CACHE)
+  assert [m.scan_layers for m in decoded] == [False]
   want = generate(model, params, prompts, max_new_tokens=10, cache_len=CACHE)
   for g, w in zip(got, want):
     np.testing.assert_array_equal(g, w)
 
 
-def test_a_model_that_unrolling_would_not_shrink_keeps_its_layout():
-  """Uniform layers, an unrolled stack, and a window that spans the cache (a ring of the whole
-  cache): the model and params as they are, no copy."""
-  scanned = TransformerLM(**GEMMA2, scan_layers=True)
-  for model, cache in ((TransformerLM(**MISTRAL, scan_layers=True), CACHE),
-                       (TransformerLM(**GEMMA2), CACHE), (scanned, WINDOW)):
-    params = {'x': np.zeros(2)}
-    assert stacking.decode_layout(model, params, cache) == (model, params)
-  assert not stacking.decode_layout(scanned, stack_layers(params_of(TransformerLM(**GEMMA2)), 4),
-                                    WINDOW + 1)[0].scan_layers
+def test_a_model_that_unrolling_would_not_shrink_enough_keeps_its_layout(monkeypatch):
+  """Uniform layers, an unrolled stack, a window that spans the cache (a ring of the whole
+  cache), and rings that save less than the params' bytes (two rows): the model and params as
+  they are, no copy."""
+  model = TransformerLM(**GEMMA2)
+  scanned, stacked = model.clone(scan_layers=True), stack_layers(params_of(model), 4)
+  for layout, params, cache, rows in (
+      (TransformerLM(**MISTRAL, scan_layers=True), {'x': np.zeros(2)}, CACHE, ROWS),
+      (model, {'x': np.zeros(2)}, CACHE, ROWS), (scanned, stacked, WINDOW, ROWS),
+      (scanned, stacked, CACHE, 2)):
+    assert stacking.decode_layout(layout, params, cache, rows) == (layout, params)
+  decoded = models_given_to_the_decoder(monkeypatch)
+  generate(scanned, stacked, prompts_of([3, 9], seed=7), max_new_tokens=4, cache_len=CACHE)
+  assert [m.scan_layers for m in decoded] == [True]
