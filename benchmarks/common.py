@@ -1,9 +1,10 @@
 """Shared benchmark helpers: the ≤2-in-flight timing loop, alternating A/B repeats, medians,
 child processes that report JSON, and the one JSON line each benchmark prints.
 
-Every benchmark runs as a module from the repository root (`python -m benchmarks.NAME`), so it
-imports `benchmarks.common` and this checkout's paxlike with nothing put on `sys.path`; its
-children run the same way (`-m`, from the root). Not a benchmark itself.
+Every benchmark here (not the peers' scripts in peers/) runs as a module from the repository
+root (`python -m benchmarks.NAME`), so it imports `benchmarks.common` and this checkout's
+paxlike with nothing put on `sys.path`; its children run the same way (`rerun`). Not a
+benchmark itself.
 Imports no JAX at module level, so a parent process stays light and its children choose
 their own device count.
 """
@@ -110,6 +111,16 @@ def child_env(devices: int = 1, **extra: str) -> dict[str, str]:
   if not path or path.split(os.pathsep)[0] != str(REPO):  # Not twice: the same environment.
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(REPO), path]))
   return env
+
+
+def rerun(spec: Any, *args: str) -> list[str]:
+  """The `python` arguments that run the calling benchmark (`spec`: its module's `__spec__`)
+  again with `args`: `-m NAME ARGS`, for `run_child` (whose children start in the repository
+  root). SystemExit naming the command for a script run by its path, which has no spec."""
+  if spec is None:
+    raise SystemExit('a benchmark runs as a module from the repository root: '
+                     'python -m benchmarks.NAME')
+  return ['-m', spec.name, *args]
 
 
 def run_child(args: Sequence[str], env: dict[str, str] | None = None,

@@ -145,7 +145,7 @@ def whole_run(mode: str, steps: int, mesh: str = '4x2') -> tuple[float, float]:
                  f'--fdl_set=train.num_steps={steps}', '--fdl_set=train.log_every=50',
                  f'--fdl_set=train.eval_every={steps}', f'--fdl_set=train.checkpoint_every={steps}']
     else:
-      command = ['-m', __spec__.name, f'--child={steps}']
+      command = common.rerun(__spec__, f'--child={steps}')
     cpu_before, start = _children_cpu_seconds(), time.perf_counter()
     proc = subprocess.run([sys.executable, *command], cwd=common.REPO, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -272,7 +272,7 @@ def startup(args) -> dict[str, Any]:
   runs: dict[str, list[dict]] = {'startup': [], 'verify': []}
 
   def child(name: str, extra: dict[str, str]) -> float:
-    runs[name].append(common.run_child(['-m', __spec__.name, '--startup_child', files],
+    runs[name].append(common.run_child(common.rerun(__spec__, '--startup_child', files),
                                        {**env, **extra}))
     return runs[name][-1]['seconds']
 

@@ -261,8 +261,8 @@ def rss_by_size(args) -> dict:
     start = time.perf_counter()
     TextData(files=str(root / 'tiny.txt'), seq_len=512).round_batches(0, 0)  # Caches the plan.
     plan_s = time.perf_counter() - start
-    child = ['-m', __spec__.name, '--rss_child', str(root / 'tiny.txt'),
-             '20' if args.quick else '200']
+    child = common.rerun(__spec__, '--rss_child', str(root / 'tiny.txt'),
+                         '20' if args.quick else '200')
     measured = common.run_child(child, env)
     out[f'{size:g}'] = {'store_mb': round(measured['store_mb'], 1),
                         'rss_anon_mb': round(measured['rss_anon_mb'], 1), 'plan_s': plan_s}

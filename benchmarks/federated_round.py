@@ -331,11 +331,12 @@ def main(argv: list[str] | None = None) -> None:
   results = []
   for cohort in cohorts:
     common.log(f'federated_round: cohort {cohort}')
-    row = common.run_child(['-m', __spec__.name, '--child=time', f'--cohorts={cohort}',
-                            *forwarded], env)
+    row = common.run_child(common.rerun(__spec__, '--child=time', f'--cohorts={cohort}',
+                                        *forwarded), env)
     if not args.no_rss:  # One process per mode, run side by side: they measure memory only.
-      outs = common.run_children([['-m', __spec__.name, '--child=memory', f'--mode={mode}',
-                                   f'--cohorts={cohort}', *forwarded] for mode in MODES], env)
+      outs = common.run_children([common.rerun(__spec__, '--child=memory', f'--mode={mode}',
+                                               f'--cohorts={cohort}', *forwarded)
+                                  for mode in MODES], env)
       row['peak_rss_mb'] = {mode: out['peak_rss_mb'] for mode, out in zip(MODES, outs)}
     results.append(row)
   headline = next((r for r in results if r['cohort'] == 16), results[len(results) // 2])

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     child(args)
     return
   forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
-  common.emit(common.run_child(['-m', __spec__.name, *forwarded, '--child'],
+  common.emit(common.run_child(common.rerun(__spec__, *forwarded, '--child'),
                                env=common.child_env(args.devices)))
 
 

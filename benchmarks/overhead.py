@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
   machine = common.machine()
   for devices in (int(d) for d in args.devices.split(',')):
     common.log(f'overhead: {args.exp} on {devices} device(s)')
-    results[str(devices)] = common.run_child(['-m', __spec__.name, '--child', *forwarded],
+    results[str(devices)] = common.run_child(common.rerun(__spec__, '--child', *forwarded),
                                              env=common.child_env(devices))
   ratio = min(r['ratio'] for r in results.values())
   common.emit({

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
   if args.child:
     return child(args)
   forwarded = list(argv if argv is not None else sys.argv[1:])
-  result = common.run_child(['-m', __spec__.name, '--child', *forwarded],
+  result = common.run_child(common.rerun(__spec__, '--child', *forwarded),
                             env=common.child_env(DEVICES))
   model = {'layers': args.layers, 'd': args.d, 'hidden': 4 * args.d, 'rows_per_microbatch':
            args.rows, 'tokens': args.tokens, 'step': 'value_and_grad, float32'}

@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> None:
   machine = common.machine()
   runs = []
   for r in range(args.repeats):
-    child = ['-m', __spec__.name, f'--exp={args.exp}', *(f'--set={s}' for s in args.set),
-             *(['--keep'] if args.keep else [])]
+    child = common.rerun(__spec__, f'--exp={args.exp}', *(f'--set={s}' for s in args.set),
+                         *(['--keep'] if args.keep else []))
     runs.append(common.run_child([*child, f'--child={time.time()!r}']))
     common.log(f'  run {r + 1}/{args.repeats}: ' +
                ' '.join(f'{k} {v:.2f}' for k, v in runs[-1].items()))

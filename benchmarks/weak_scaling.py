@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
   points = []
   for n in counts:
     common.log(f'weak_scaling: {n} {platform} device(s), cohort {n * args.clients_per_device}')
-    points.append(common.run_child(['-m', __spec__.name, f'--child={n}', *forwarded],
+    points.append(common.run_child(common.rerun(__spec__, f'--child={n}', *forwarded),
                                    env=child_env(platform, n)))
   for p in points:
     p['efficiency'] = points[0]['round_s'] / p['round_s']

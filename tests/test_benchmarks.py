@@ -205,17 +205,30 @@ def test_device_check_quick_runs_its_parts_and_prints_one_json_object():
   assert out['parts']['levers']['wall_s'] >= 0
 
 
-def test_every_lever_names_fields_and_fiddlers_that_build():
-  """A lever is run only on a TPU, in device time: a misspelt field or fiddler must fail here
-  (on CPU, in a fraction of a second each), not there."""
+def test_every_lever_names_fields_fiddlers_and_values_that_build():
+  """A lever is run only on a TPU, in device time: a misspelt field or fiddler, or a value the
+  model refuses (a remat policy it lacks, say), must fail here (on CPU, in a fraction of a
+  second each), not there."""
   import argparse
   from benchmarks import accelerator_mfu, levers
+  from paxlike.layers import lm_checks
   for model, table in levers.LEVERS.items():
     args = argparse.Namespace(quick=False, model=model)
     for name, lever in table.items():
       task = accelerator_mfu.task_of(levers.MODELS[model][0], list(lever.fiddlers),
                                      levers.overrides(args, name))
       assert task.data.seq_len == 2048, (model, name)
+      lm_checks.check_model(task.model, task.data.seq_len)
+
+
+def test_a_benchmark_reruns_itself_as_its_module_and_a_script_run_by_path_is_told_how():
+  import importlib.util
+  from benchmarks import common
+  spec = importlib.util.find_spec('benchmarks.overhead')
+  assert common.rerun(spec, '--child', '--quick') == ['-m', 'benchmarks.overhead', '--child',
+                                                      '--quick']
+  with pytest.raises(SystemExit, match='python -m benchmarks.NAME'):
+    common.rerun(None, '--child')
 
 
 def test_device_check_records_parts_the_budget_leaves_no_time_for():
