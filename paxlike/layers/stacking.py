@@ -1,5 +1,6 @@
 """Unrolled ('block_{i}') and scanned ('blocks', stacked on a leading 'layers' axis) params of
-a `TransformerLM`, one from the other."""
+a `TransformerLM`, one from the other, and which of the two a decode runs on
+(`decode_layout`)."""
 
 from __future__ import annotations
 
