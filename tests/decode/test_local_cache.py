@@ -25,16 +25,22 @@ MISTRAL = dict(vocab_size=64, num_layers=2, d_model=32, num_heads=4, num_kv_head
                max_len=CACHE, sliding_window=WINDOW)
 
 
-def cache_shapes(model, params, width: int) -> dict:
-  """{layer: key shape} of the cache a prefill of `width` columns makes."""
-  tokens = jnp.zeros((2, width), jnp.int32)
+def prefill_cache(model, params, width: int, rows: int = 2) -> dict:
+  """The shapes of the cache ({layer: its variables}) a prefill of `rows` rows of `width`
+  columns makes, with CACHE slots."""
+  tokens = jnp.zeros((rows, width), jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(width), tokens.shape)
   _, cache = jax.eval_shape(lambda p: model.apply(
       {'params': p}, tokens, positions=positions, decode=True, cache_len=CACHE,
       mutable=['cache']), params)
+  return cache['cache']
+
+
+def cache_shapes(model, params, width: int) -> dict:
+  """{layer: key shape} of the cache a prefill of `width` columns makes."""
   return {name: next(leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(layer)
                      if jax.tree_util.keystr(path).endswith("['key']"))
-          for name, layer in cache['cache'].items()}
+          for name, layer in prefill_cache(model, params, width).items()}
 
 
 def test_local_layers_cache_only_their_window():
@@ -133,11 +139,7 @@ GEMMA2_MOE = {**GEMMA2, 'num_experts': 2, 'experts_per_token': 1, 'moe_every': 2
 
 def kv_bytes(model, params, width: int, rows: int) -> int:
   """The key and value bytes of the cache a prefill of `rows` rows makes (CACHE slots)."""
-  tokens = jnp.zeros((rows, width), jnp.int32)
-  positions = jnp.broadcast_to(jnp.arange(width), tokens.shape)
-  _, cache = jax.eval_shape(lambda p: model.apply(
-      {'params': p}, tokens, positions=positions, decode=True, cache_len=CACHE,
-      mutable=['cache']), params)
+  cache = prefill_cache(model, params, width, rows)
   return sum(leaf.size * leaf.dtype.itemsize
              for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
              if jax.tree_util.keystr(path).endswith(("['key']", "['value']")))

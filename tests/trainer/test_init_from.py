@@ -6,7 +6,6 @@ import json
 import shutil
 
 import fiddle as fdl
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -20,16 +19,15 @@ from paxlike.errors import RunFailure, UserError
 from paxlike import interop
 from paxlike.layers import stack_layers
 from paxlike.layers.lora import lora_mask
+from tests.hf_fixtures import random_params
 from tests.helpers import TINY, metric_rows, run_cli
 from tests.tiny_task import SMALL, tiny_config, tiny_task
 
 
 def write_hf_dir(directory, model, seed: int = 3):
   """An HF Llama dir for `model` with random weights (not the model's init), and its params."""
-  # Jitted: eagerly, every op of the init compiles on its own.
-  boxed = jax.jit(model.init)(jax.random.key(seed), np.zeros((1, 8), np.int32))['params']
-  params = jax.tree.map(np.asarray, nn.meta.unbox(boxed))
-  params = jax.tree.map(lambda x: x + np.float32(0.05), params)  # Far from any fresh init.
+  shifted = lambda x: x + np.float32(0.05)  # Far from any fresh init.
+  params = jax.tree.map(shifted, random_params(model, seed))
   directory.mkdir(parents=True, exist_ok=True)
   save_file(interop.export_params(params, model), str(directory / 'model.safetensors'))
   (directory / 'config.json').write_text(json.dumps(interop.config_to_hf(model)))
