@@ -27,6 +27,9 @@ unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layer
 the same weights stored int8 or NF4, dequantized in the matmuls; embeddings and norms as they
 are) with its own roofline over its own stored bytes, and its tokens/s over the bf16 model's
 (`vs_none`). Rows sit under the preset, then the kind: `out['1b']['int8']['batch_32']`.
+`--layouts scanned,unrolled` also times each kind with its layers unrolled (the stacked params
+split per layer, `model.scan_layers=False`: no per-layer slicing of stacked weights inside the
+decode loop), under `KIND_unrolled`, its `vs_none` over the scanned bf16 model.
 
 `--family NAME` instead times batch-1 greedy KV-cache decoding of that Hugging Face family's
 model (`paxlike.interop`, built from a config.json of the Llama's size: 4 layers, d 256, 4
@@ -61,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--quantizations', default='none',
                       help='with --presets: comma-separated base_quantization kinds (none, int8, '
                            'nf4), each timed on the same weights')
+  parser.add_argument('--layouts', default='scanned',
+                      help='with --presets: scanned, unrolled or both (comma-separated)')
   parser.add_argument('--family', default=None,
                       help='an HF model_type (or all): its batch-1 decoding beside the Llama')
   args = parser.parse_args(argv)
@@ -259,8 +264,7 @@ def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> 
   import jax.numpy as jnp
   import numpy as np
   from paxlike.decode import engine
-  model = preset_model(name, args.quick)
-  from paxlike.layers import quantization
+  from paxlike.layers import quantization, stacking
   model = preset_model(name, args.quick)
   init = jax.jit(lambda key: jax.tree.map(lambda x: x.astype(model.dtype), nn.unbox(
       model.init(key, jnp.zeros((1, 8), jnp.int32)))['params']))
@@ -268,18 +272,22 @@ def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> 
   cache_size, _ = engine.shapes_for(args.prompt_len, args.new_tokens, model.max_len)
   head = model.head_size()
   out = {'param_dtype': jnp.dtype(model.dtype).name, 'cache_size': cache_size}
-  for kind in args.quantizations.split(','):
+  layouts = args.layouts.split(',')
+  for kind, layout in ((k, l) for k in args.quantizations.split(',') for l in layouts):
     # The same weights stored as the kind's model stores them (embeddings and norms as they are).
     params = (float_params if kind == 'none' else
               jax.jit(lambda p, kind=kind: quantization.quantize_tree(p, kind))(float_params))
     kind_model = model.clone(base_quantization=kind)
+    if layout == 'unrolled' and model.scan_layers:
+      params = jax.jit(stacking.unstack_layers)(params)
+      kind_model = kind_model.clone(scan_layers=False)
     param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     rows = {'param_bytes': param_bytes}
     rng = np.random.default_rng(0)
     for batch in (int(b) for b in args.batches.split(',')):
       prompts = [rng.integers(1, model.vocab_size, args.prompt_len).astype(np.int32)
                  for _ in range(batch)]
-      common.log(f'decode: {name} {kind} batch {batch}')
+      common.log(f'decode: {name} {kind} {layout} batch {batch}')
       row, _ = measure(lambda: kv_cache(kind_model, params, prompts, args.new_tokens,
                                         model.max_len), args.repeats)
       cache_bytes = (2 * model.num_layers * (model.num_kv_heads or model.num_heads) * head
@@ -288,12 +296,12 @@ def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> 
         roofline = batch * bandwidth / (param_bytes + cache_bytes)
         row.update(roofline_tokens_per_sec=round(roofline, 1),
                    fraction_of_roofline=round(row['decode_tokens_per_sec'] / roofline, 4))
-      if kind != 'none' and 'none' in out:
+      if (kind, layout) != ('none', 'scanned') and 'none' in out:
         row['vs_none'] = round(row['decode_tokens_per_sec']
                                / out['none'][f'batch_{batch}']['decode_tokens_per_sec'], 4)
       rows[f'batch_{batch}'] = row
     del params
-    out[kind] = rows
+    out[kind if layout == 'scanned' else f'{kind}_unrolled'] = rows
     # On stderr as each kind ends: a run killed at its time limit still shows what it measured.
     common.log(f'decode: {name} so far: {json.dumps(out)}')
   return out

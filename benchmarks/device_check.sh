@@ -22,19 +22,20 @@
 #   levers     levers.py: each lever's bare-step MFU (the tables in benchmarks/levers.py), 350M
 #   levers_1b  the same for the 1B's levers (Adafactor, remat, batch: the way to 50% MFU)
 #   decode     decode.py --presets: batch 1 and 32 tokens/s of the 350M and 1B models against
-#              the HBM roofline, and the first token's latency
+#              the HBM roofline, and the first token's latency, layers scanned and unrolled
 #   tpu_tests  tpu_tests.py: pytest on tests/tpu (splash vs XLA attention, TPU vs CPU step)
 #   lora_1b    lora.py --preset 1b: a LoRA fine-tune step of the 1B model, steps/s and MFU
 #   federated  accelerator_mfu.py --only=federated: federated.ShakespeareFedAvg, 125M, cohort 16
 #   dpo, grpo  dpo_step.py, grpo_step.py: step times (GRPO's sampling share of the step)
 #   qlora_8b   qlora.py --preset 8b: a LoRA step of Llama-3-8B shapes over an int8 and an NF4
-#              base at batch 1 × 2048: ms/step, MFU, the params' and XLA's bytes
+#              base at batch 1 × 2048: ms/step, MFU, the params' and XLA's bytes, and a profile
+#              of one step of each
 #   decode_quant  decode.py --quantizations: the 1B's decode tokens/s with its base bf16, int8
 #              and NF4 (weight-only), each against its own roofline
-# Seen on a v5e (2026-12-07, JAX 0.10.2): the install 83 s (once per machine); mfu_350m 76 s,
-# tpu_tests 81 s, grpo 39 s; mfu_1b, decode, lora_1b, dpo and qlora_8b ran past the limits they
-# had then (80, 60, 40, 25, 170 s), the limits below are what they need. A part cut by the
-# budget runs alone with --parts (e.g. --parts levers --budget 300).
+# Seen on a v5e (2026-12-07, JAX 0.10.2): the install 76-83 s (once per machine); mfu_350m 76 s,
+# mfu_1b 77 s, decode 51 s, tpu_tests 81 s, grpo 39 s, qlora_8b 320 s (its NF4 step took 10 s);
+# levers and decode_quant ran past 240 and 196 s (NF4 decode). A part cut by the budget runs
+# alone with --parts (e.g. --parts levers --budget 300).
 # The models' shapes for the MFU parts (batch, remat) are MODELS in benchmarks/levers.py.
 # --quick: tiny shapes on any device (CPU here: the test suite's check of this script); each
 #   part may then take up to 300 s within --budget. --budget: seconds for all parts (default
@@ -161,11 +162,11 @@ else
     --steps 5 --warmup 1
   run levers 240 -- -m benchmarks.levers --steps 4 --warmup 1 --time-limit 230
   run levers_1b 240 -- -m benchmarks.levers --model 1b --steps 4 --warmup 1 --time-limit 230
-  run qlora_8b 360 -- -m benchmarks.qlora --preset 8b --batch 1 --seq 2048 --kinds int8,nf4 \
-    --steps 2 --repeats 1
+  run qlora_8b 420 -- -m benchmarks.qlora --preset 8b --batch 1 --seq 2048 --kinds int8,nf4 \
+    --steps 2 --repeats 1 --profile "$OUT/profile_qlora_8b" --profile-steps 1
 fi
-run decode 150 -- -m benchmarks.decode --presets 350m,1b --batches 1,32 --new_tokens 128 \
-  --prompt_len 128 --repeats 2 "${Q[@]}"
+run decode 180 -- -m benchmarks.decode --presets 350m,1b --batches 1,32 --new_tokens 128 \
+  --prompt_len 128 --repeats 2 --layouts scanned,unrolled "${Q[@]}"
 run tpu_tests 100 -- -m benchmarks.tpu_tests
 run lora_1b 120 -- -m benchmarks.lora --preset 1b --sides lora --steps 10 --repeats 2 "${Q[@]}"
 run federated 60 -- -m benchmarks.accelerator_mfu --only=federated --steps 3 --warmup 1 "${Q[@]}"

@@ -12,7 +12,9 @@ each freed before the next: an 8B's int8 and NF4 bases would not fit one chip to
 Prints one JSON object: per kind `ms_per_step` (median), `param_bytes` (the stored params),
 `xla_bytes` (XLA's figure for the compiled step: its peak on an accelerator, arguments +
 outputs − aliased + temporaries on CPU) and `estimate_bytes` (paxlike's memory estimate), and
-each kind's ratios to `none`.
+each kind's ratios to `none`. `--profile DIR` then traces `--profile-steps` steps of each kind
+into DIR/KIND with `jax.profiler` and adds `profile`, where the device time goes
+(benchmarks/profile_summary.py).
 
 `--preset 8b` (or 1b, 350m) builds paxlike/configs/models.py's preset instead (random weights,
 params other than the quantized kernels in bfloat16, remat 'full') at `--batch` × `--seq` on
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 from benchmarks import common
 from benchmarks.lora import nbytes, rates
@@ -42,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help='a paxlike/configs/models.py size')
   parser.add_argument('--batch', type=int, default=1, help='with --preset')
   parser.add_argument('--seq', type=int, default=2048, help='with --preset')
+  parser.add_argument('--profile', type=Path, help='trace each kind\'s steps into DIR/KIND')
+  parser.add_argument('--profile-steps', type=int, default=2)
   return parser.parse_args(argv)
 
 
@@ -66,8 +71,8 @@ def base_model(args: argparse.Namespace):
   return model, shape, seq, batch
 
 
-def side(model, batch, steps: int):
-  """(time `steps` steps -> seconds, stored param bytes, XLA's bytes for the step)."""
+def side(model, batch):
+  """(run one step -> its loss, stored param bytes, XLA's bytes for the step)."""
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
@@ -90,7 +95,14 @@ def side(model, batch, steps: int):
     return metrics['loss']
 
   jax.block_until_ready(one())
-  return (lambda: common.timed_loop(one, steps)), param_bytes, build.compiled_bytes(step)
+  return one, param_bytes, build.compiled_bytes(step)
+
+
+def profiled(one, directory: Path, steps: int) -> dict:
+  """Where `steps` calls of `one` spend the device's time (a trace kept in `directory`)."""
+  from benchmarks import profile_summary
+  wall = profile_summary.trace(one, directory, steps)
+  return {'dir': str(directory), **profile_summary.summarize(directory, steps, wall_s=wall)}
 
 
 def estimate_bytes(model, seq: int, batch: int) -> float:
@@ -119,15 +131,20 @@ def main(argv: list[str] | None = None) -> None:
           'mask': jnp.ones((1, 1, batch, seq), jnp.float32)}
   kinds = args.kinds.split(',')
   models = {k: model.clone(base_quantization=k) for k in kinds}
-  sides, times = {}, {}
+  sides, times, profiles = {}, {}, {}
   for kind in kinds:
     common.log(f'qlora: compiling {kind}')
-    sides[kind] = side(models[kind], data, steps)
+    sides[kind] = side(models[kind], data)
     if args.preset:  # One base at a time: an 8B's int8 and NF4 bases do not fit together.
-      times[kind] = [sides[kind][0]() for _ in range(repeats)]
-      sides[kind] = (None, *sides[kind][1:])  # Its state goes with the timer.
+      times[kind] = [common.timed_loop(sides[kind][0], steps) for _ in range(repeats)]
+      if args.profile:
+        profiles[kind] = profiled(sides[kind][0], args.profile / kind, args.profile_steps)
+      sides[kind] = (None, *sides[kind][1:])  # Its state goes with its step.
   if not args.preset:
-    times = common.alternate({k: s[0] for k, s in sides.items()}, repeats)
+    times = common.alternate(
+        {k: (lambda one=s[0]: common.timed_loop(one, steps)) for k, s in sides.items()}, repeats)
+    if args.profile:
+      profiles = {k: profiled(s[0], args.profile / k, args.profile_steps) for k, s in sides.items()}
   result = {'model': {**shape, 'seq_len': seq, 'batch': batch}, 'lora_rank': args.rank,
             'steps': steps, 'repeats': repeats, 'device_kind': jax.devices()[0].device_kind}
   for kind, (_, params, xla) in sides.items():
@@ -137,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
       row['estimate_bytes'] = estimate_bytes(models[kind], seq, batch)
     else:
       row.update(rates(models[kind], seq, batch, row['ms_per_step']))
+    if kind in profiles:
+      row['profile'] = profiles[kind]
     result[kind] = row
   if 'none' in result:
     for kind in kinds[1:] if kinds[0] == 'none' else [k for k in kinds if k != 'none']:

@@ -327,6 +327,15 @@ def test_decode_presets_quick_reports_each_batch_and_the_roofline_inputs():
             batch]['decode_tokens_per_sec'], rel=1e-3)
 
 
+@pytest.mark.bench
+def test_decode_presets_time_the_unrolled_layout_on_the_same_weights():
+  out = run_json('benchmarks.decode', '--presets', '350m', '--quick', '--quantizations', 'nf4',
+                 '--layouts', 'scanned,unrolled', '--batches', '1')
+  scanned, unrolled = out['350m']['nf4'], out['350m']['nf4_unrolled']
+  assert unrolled['param_bytes'] == scanned['param_bytes']
+  assert unrolled['batch_1']['decode_tokens_per_sec'] > 0 and 'vs_none' not in unrolled['batch_1']
+
+
 def test_hbm_bandwidth_comes_from_the_device_kind():
   from paxlike.trainer import throughput
   assert throughput.hbm_bytes_per_sec('TPU v5 lite') == 819e9
@@ -351,3 +360,13 @@ def test_qlora_quick_reports_each_bases_bytes_and_step_time():
   assert int8['params_vs_none'] == pytest.approx(int8['param_bytes'] / none['param_bytes'])
   assert all(row['ms_per_step'] > 0 and row['xla_bytes'] > row['param_bytes']
              for row in (none, int8, nf4))
+
+
+@pytest.mark.bench
+def test_qlora_profile_says_where_each_bases_step_spends_its_time(tmp_path):
+  out = run_json('benchmarks.qlora', '--quick', '--kinds', 'int8,nf4', '--profile',
+                 str(tmp_path), '--profile-steps', '1')
+  for kind in ('int8', 'nf4'):
+    profile = out[kind]['profile']
+    assert profile['dir'] == str(tmp_path / kind) and any((tmp_path / kind).rglob('*.xplane.pb'))
+    assert profile['ops_ms_per_step'] > 0 and profile['top_ops']

@@ -95,6 +95,16 @@ _ADVICE = ('lower data.batch_size, set model.remat_policy=\'full\', shrink the o
            'over a quantized base (model.lora_rank=16, model.base_quantization=\'nf4\')')
 
 
+def advice(task: Task) -> str:
+  """What would make `task`'s step fit: `_ADVICE`, and for a federated round with a cohort,
+  training fewer of its clients at a time first."""
+  clients = getattr(task.data, 'clients_per_round', 1)
+  if clients <= 1:
+    return _ADVICE
+  return (f'train fewer of the round\'s {clients} clients at a time (algorithm.client_chunk, '
+          f'e.g. {max(1, clients // 4)}), ' + _ADVICE)
+
+
 def memory_budget(task: Task) -> tuple[float | None, str]:
   """The bytes a device may use (`train.memory_budget_gb`, else the device's `bytes_limit`
   where JAX reports one; None on XLA:CPU) and where that number came from."""
@@ -131,12 +141,12 @@ def _fitting(compile_step: Callable[..., Any], task: Task, program: Program,
   except jax.errors.JaxRuntimeError as error:
     first = str(error).splitlines()[0] if str(error) else ''
     if 'RESOURCE_EXHAUSTED' in first or 'out of memory' in first.lower():
-      raise UserError(f'the train step does not fit in device memory: {first}; {_ADVICE}'
+      raise UserError(f'the train step does not fit in device memory: {first}; {advice(task)}'
                       ) from None
     raise
   budget, source = memory_budget(task)
   needed = compiled_bytes(step)
   if budget is not None and needed is not None and needed > budget:
     raise UserError(f'the train step needs {needed / 1e9:.2f} GB per device (XLA\'s compiled '
-                    f'figure) but {source} allows {budget / 1e9:.2f} GB; {_ADVICE}')
+                    f'figure) but {source} allows {budget / 1e9:.2f} GB; {advice(task)}')
   return step

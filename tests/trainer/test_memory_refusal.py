@@ -9,7 +9,9 @@ import sys
 import pytest
 from absl import app
 
-from paxlike import main
+from paxlike import main, registry
+from paxlike.config import config_io
+from paxlike.configs import fiddlers
 from paxlike.errors import UserError
 from paxlike.trainer import build, program
 from tests.helpers import TINY
@@ -35,6 +37,26 @@ def test_setup_refuses_a_step_over_the_budget_with_both_numbers_and_accepts_one_
   fits = build.setup(tiny_task(f'train.memory_budget_gb={needed * 1.01 / 1e9!r}'),
                      evaluator=False)
   assert build.compiled_bytes(fits.step) == needed
+
+
+def federated_task(*overrides: str):
+  """federated.StdlibDiLoCo (a cohort of 4 replicas) at the `tiny` fiddler's size, with rows
+  enough that activations outweigh the state (117 MB all at once, 54 MB one at a time)."""
+  registry.import_all()
+  cfg = registry.get('federated.StdlibDiLoCo')().config()
+  fiddlers.tiny(cfg)
+  config_io.apply_overrides(cfg, ['data.seq_len=64', 'data.batch_size=16', 'data.local_steps=2',
+                                *overrides])
+  return config_io.build(cfg)
+
+
+def test_a_federated_round_over_the_budget_is_told_to_train_fewer_clients_at_a_time():
+  needed = xla_figure(federated_task('algorithm.client_chunk=4'))  # All 4 at once.
+  # The advice is real: one client at a time needs less memory for the same round.
+  assert xla_figure(federated_task('algorithm.client_chunk=1')) < needed
+  over = federated_task('algorithm.client_chunk=4', f'train.memory_budget_gb={needed * 0.99 / 1e9!r}')
+  with pytest.raises(UserError, match=r"the round's 4 clients at a time \(algorithm.client_chunk"):
+    build.setup(over, evaluator=False)
 
 
 def test_the_cli_exits_2_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
