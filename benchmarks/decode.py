@@ -27,9 +27,12 @@ unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layer
 the same weights stored int8 or NF4, dequantized in the matmuls; embeddings and norms as they
 are) with its own roofline over its own stored bytes, and its tokens/s over the bf16 model's
 (`vs_none`). Rows sit under the preset, then the kind: `out['1b']['int8']['batch_32']`.
-`--layouts scanned,unrolled` also times each kind with its layers unrolled (the stacked params
-split per layer, `model.scan_layers=False`: no per-layer slicing of stacked weights inside the
-decode loop), under `KIND_unrolled`, its `vs_none` over the scanned bf16 model.
+`--layouts` (default auto: what `model.decode_layers` picks on the platform) times each kind
+decoded as each of: `scan` (one stacked cache, rewritten whole by the layer scan every token),
+`loop` (a loop over the layers, params sliced from the stack in the program, a cache per layer
+written in place), `unrolled` (the params split per layer beforehand, `scan_layers=False`);
+rows of a layout other than the first under `KIND_LAYOUT`, with `vs_none` over the first
+layout's bf16 model.
 
 `--family NAME` instead times batch-1 greedy KV-cache decoding of that Hugging Face family's
 model (`paxlike.interop`, built from a config.json of the Llama's size: 4 layers, d 256, 4
@@ -64,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--quantizations', default='none',
                       help='with --presets: comma-separated base_quantization kinds (none, int8, '
                            'nf4), each timed on the same weights')
-  parser.add_argument('--layouts', default='scanned',
-                      help='with --presets: scanned, unrolled or both (comma-separated)')
+  parser.add_argument('--layouts', default='auto',
+                      help='with --presets: comma-separated auto, scan, loop, unrolled')
   parser.add_argument('--family', default=None,
                       help='an HF model_type (or all): its batch-1 decoding beside the Llama')
   args = parser.parse_args(argv)
@@ -281,6 +284,8 @@ def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> 
     if layout == 'unrolled' and model.scan_layers:
       params = jax.jit(stacking.unstack_layers)(params)
       kind_model = kind_model.clone(scan_layers=False)
+    elif layout in ('scan', 'loop'):
+      kind_model = kind_model.clone(decode_layers=layout)
     param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     rows = {'param_bytes': param_bytes}
     rng = np.random.default_rng(0)
@@ -296,12 +301,12 @@ def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> 
         roofline = batch * bandwidth / (param_bytes + cache_bytes)
         row.update(roofline_tokens_per_sec=round(roofline, 1),
                    fraction_of_roofline=round(row['decode_tokens_per_sec'] / roofline, 4))
-      if (kind, layout) != ('none', 'scanned') and 'none' in out:
+      if (kind, layout) != ('none', layouts[0]) and 'none' in out:
         row['vs_none'] = round(row['decode_tokens_per_sec']
                                / out['none'][f'batch_{batch}']['decode_tokens_per_sec'], 4)
       rows[f'batch_{batch}'] = row
     del params
-    out[kind if layout == 'scanned' else f'{kind}_unrolled'] = rows
+    out[kind if layout == layouts[0] else f'{kind}_{layout}'] = rows
     # On stderr as each kind ends: a run killed at its time limit still shows what it measured.
     common.log(f'decode: {name} so far: {json.dumps(out)}')
   return out

@@ -44,8 +44,11 @@ def decode_layout(model: Any, params: dict[str, Any], cache_size: int, rows: int
   sized by its own kind (a local layer's ring holds only its window, see `kv_cache`), where a
   scanned step's traced kind keeps a full cache in every layer. Unrolling copies the params
   (the caller's stacked ones stay), so it is done only where the cache bytes it saves exceed
-  the params' bytes; any other model and its params as they are."""
+  the params' bytes; any other model (one that decodes by a loop over its layers, too) and its
+  params as they are."""
   if not (getattr(model, 'scan_layers', False) and lm_features.mixed_layers(model)):
+    return model, params
+  if model.loops_to_decode():  # Each layer decodes with its own kind's cache already.
     return model, params
   if ring_savings(model, cache_size, rows) <= sum(x.nbytes for x in jax.tree.leaves(params)):
     return model, params

@@ -70,8 +70,13 @@ class TransformerLM(nn.Module):
   Efficiency: `dtype` is the compute dtype (params stay `param_dtype`; logits
   are always float32). `scan_layers` runs the layers as one `nn.scan`: params
   live under 'blocks' with a leading 'layers' axis instead of 'block_{i}' (see
-  `stack_layers`). `remat_policy` is 'none', 'full' (recompute the whole block
-  in the backward pass), 'dots' (keep the matmul outputs, recompute the rest) or
+  `stack_layers`). A scanned stack decodes (`decode_layers`) by 'scan', one stacked cache that
+  the scan rewrites whole every token, or by 'loop', a loop over the layers with params sliced
+  from the stack inside the program and a cache per layer written in place (a local layer's a
+  ring of its window); 'auto' loops on accelerators and scans on CPU, where the loop's hoisted
+  float32 copies of the weights would double a large model's memory. `remat_policy` is 'none',
+  'full' (recompute the whole block in the backward pass), 'dots' (keep the matmul outputs,
+  recompute the rest) or
   'dots_attention' (also keep the attention kernel's outputs: splash's forward is not run
   again). `fused_qkv` computes q, k and v with one matmul (same params).
   `attention_impl` names the attention kernel; 'auto' picks the fastest this platform runs
@@ -126,6 +131,7 @@ class TransformerLM(nn.Module):
   attn_logit_softcap: float | None = None
   final_logit_softcap: float | None = None
   scan_layers: bool = False
+  decode_layers: str = 'auto'  # How a scanned stack decodes: 'scan', 'loop' or 'auto'.
   remat_policy: str = 'none'
   attention_impl: str = 'auto'  # 'auto', 'xla', 'cudnn' or 'splash': see attention_kernels.
   fused_qkv: bool = False  # q, k and v by one 2-D matmul (see CausalSelfAttention).
@@ -247,6 +253,8 @@ class TransformerLM(nn.Module):
         block = self._block(f'block_{i}', self.is_moe_layer(i), self.is_local_layer(i))
         x = block(x, deterministic, decode, cache_len, segment_ids, positions)
       return x
+    if decode and not self.is_initializing() and self.loops_to_decode():
+      return self._looped_layers(x, cache_len, segment_ids, positions)
     group = self.moe_every if self.num_experts else 1
     flags = lm_features.scanned_local_flags(self, group)  # None: every layer alike.
     scan = nn.scan(
@@ -265,6 +273,34 @@ class TransformerLM(nn.Module):
       body = BlockGroup(tuple(self._block(None, self.is_moe_layer(j), uniform)
                               for j in range(group)), name='blocks')
     x, _ = scan(body, x, segment_ids, positions, *(() if flags is None else (flags,)))
+    return x
+
+  def loops_to_decode(self) -> bool:
+    """Whether this model's scanned stack decodes by a loop over its layers (`decode_layers`)."""
+    if not self.scan_layers:
+      return False
+    if self.decode_layers == 'auto':
+      return jax.default_backend() != 'cpu'
+    return self.decode_layers == 'loop'
+
+  def _looped_layers(self, x: jax.Array, cache_len: int | None,
+                     segment_ids: jax.Array | None, positions: jax.Array | None) -> jax.Array:
+    """The scanned stack ('blocks') decoding as a loop over its layers: each layer's params
+    sliced from the stack, its cache its own ('layer_{i}', sized by its kind)."""
+    stacked = self.variables['params']['blocks']
+    group = self.moe_every if self.num_experts else 1
+    for step in range(self.num_layers // group):
+      params = jax.tree.map(lambda p, step=step: p[step], stacked)
+      for j in range(group):
+        i = step * group + j
+        block = self._block(None, self.is_moe_layer(i), self.is_local_layer(i))
+        name = f'layer_{i}'
+        variables = {'params': params if group == 1 else params[f'layer_{j}']}
+        if self.has_variable('cache', name):
+          variables['cache'] = self.get_variable('cache', name)
+        x, mutated = block.apply(variables, x, True, True, cache_len, segment_ids, positions,
+                                 mutable=['cache'])
+        self.put_variable('cache', name, mutated['cache'])
     return x
 
   def _pipelined(self, x: jax.Array, segment_ids: jax.Array | None,

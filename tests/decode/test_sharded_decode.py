@@ -1,6 +1,7 @@
 """Decoding with the params sharded over an 8-device CPU mesh (FSDP x tensor parallel): the same
 greedy tokens as on one device, also through traces kept in a program store, with the cache
-split like the kv activations."""
+split like the kv activations; for an unrolled stack and a scanned one decoded by a scan and by
+a loop over its layers."""
 
 import textwrap
 
@@ -20,9 +21,10 @@ SCRIPT = textwrap.dedent("""
     rules = partitioning.rules_for_mesh(cfg.rules, mesh)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 128, n).astype(np.int32) for n in (5, 11, 2)]
-    for scan in (False, True):
+    for scan, way in ((False, 'auto'), (True, 'scan'), (True, 'loop')):
       model = TransformerLM(vocab_size=128, num_layers=2, d_model=64, num_heads=8, num_kv_heads=4,
-                            d_ff=128, max_len=64, tied_embeddings=False, scan_layers=scan)
+                            d_ff=128, max_len=64, tied_embeddings=False, scan_layers=scan,
+                            decode_layers=way)
       init = jnp.zeros((1, 4), jnp.int32)
       params = nn.unbox(model.clone(scan_layers=False).init(jax.random.key(0), init))['params']
       params = jax.tree.map(lambda x: x * 2.0, params)
@@ -51,10 +53,11 @@ SCRIPT = textwrap.dedent("""
       run = engine.decoder(model, options, mesh, rules)
       tokens, lengths = engine.left_pad(prompts + [prompts[0]], 0)
       state = run.prefill(sharded, tokens, lengths, np.ones(4, bool), jax.random.key(0))
-      attention = state.cache['blocks' if scan else 'block_0']['attention']
-      spec = tuple(attention['key'].sharding.spec) + (None,) * 5
-      assert spec[int(scan):int(scan) + 4] == ('fsdp', 'model', None, None), spec
-      print('scan', scan, 'cache spec', spec[:4 + int(scan)])
+      stacked = way == 'scan'  # One cache for the stack, layers first.
+      layer = 'blocks' if stacked else 'layer_0' if scan else 'block_0'
+      spec = tuple(state.cache[layer]['attention']['key'].sharding.spec) + (None,) * 5
+      assert spec[int(stacked):int(stacked) + 4] == ('fsdp', 'model', None, None), spec
+      print('scan', scan, way, 'cache spec', spec[:4 + int(stacked)])
     print('SHARDED_DECODE_OK')
 """)
 
