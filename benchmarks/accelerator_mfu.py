@@ -17,8 +17,9 @@ per-step rng), the previous step's metrics read back to the host and checked for
 `jax.jit` step (mean cross-entropy, grads, update; params and optimizer state donated unless
 `--no-donate`) on one fixed on-device batch. `ratio` = trainer / bare steps per second (goal
 ≥ 0.97). federated: `federated.ShakespeareFedAvg` with the 125M LM (`size_125m`), cohort 16
-vmapped 4 at a time (`algorithm.client_chunk=4`: all 16 at once need 38.5 GB of temporaries on
-a v5e), 4 local steps, timed like the trainer; its FLOPs count every client's every local step. A side
+(all at once would need 38.5 GB of temporaries on a v5e, so the trainer trains the clients that
+fit at a time, `build.fitting_client_chunk`, said on stderr), 4 local steps, timed like the
+trainer; its FLOPs count every client's every local step. A side
 that fails (e.g. out of memory) is reported as `trainer_error` / `bare_error` (one line); the
 other still runs.
 
@@ -49,7 +50,7 @@ QUICK_MODEL = ['model.num_layers=2', 'model.d_model=64', 'model.num_heads=4',
 QUICK_LM = [*QUICK_MODEL, 'data.seq_len=32', 'data.batch_size=8', 'data.eval_batch_size=8',
             'data.num_eval_batches=1']
 QUICK_FEDERATED = [*QUICK_MODEL, 'data.clients_per_round=4', 'data.local_steps=2']
-FEDERATED = ['data.clients_per_round=16', 'data.local_steps=4', 'algorithm.client_chunk=4']
+FEDERATED = ['data.clients_per_round=16', 'data.local_steps=4']
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

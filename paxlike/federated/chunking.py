@@ -3,7 +3,8 @@
 One client at a time (`lax.map`) on CPU, where vmapping the cohort runs the same ops on
 cohort-times larger operands that fall out of cache; all at once on accelerators, where one
 client's kernels are too small to fill the chip, and wherever the `clients` mesh axis really
-shards the cohort (chunks would run one after another, each gathered). The figures:
+shards the cohort (chunks would run one after another, each gathered); there, unless all at
+once would not fit the device's memory (`clients_that_fit`, from the trainer). The figures:
 docs/benchmarks.md (benchmarks/federated_round.py).
 """
 
@@ -21,6 +22,7 @@ from paxlike.federated.primitives import CLIENTS_AXIS
 
 CPU_CLIENT_CHUNK = 1
 _ALL_AT_ONCE = contextvars.ContextVar('paxlike_all_clients_at_once', default=False)
+_THAT_FIT = contextvars.ContextVar('paxlike_clients_that_fit', default=None)
 
 
 @contextlib.contextmanager
@@ -34,6 +36,29 @@ def all_clients_at_once() -> Iterator[None]:
     _ALL_AT_ONCE.reset(token)
 
 
+@contextlib.contextmanager
+def clients_that_fit(chunk: int | None) -> Iterator[None]:
+  """Within: an unset `client_chunk` that the platform would map all at once maps `chunk`
+  clients at a time instead (None: as the platform would), what `build` finds fits memory."""
+  token = _THAT_FIT.set(chunk)
+  try:
+    yield
+  finally:
+    _THAT_FIT.reset(token)
+
+
+def fitting_chunk(cohort: int, fixed: float, activations: float, budget: float) -> int | None:
+  """Clients of a `cohort` to train at a time so that `fixed` bytes plus their share of
+  `activations` (the bytes of all at once) fit `budget`: None when all fit at once, else the
+  largest divisor of the cohort that fits (1 when even one client does not)."""
+  if fixed + activations <= budget:
+    return None
+  for chunk in range(cohort - 1, 0, -1):
+    if cohort % chunk == 0 and fixed + activations * chunk / cohort <= budget:
+      return chunk
+  return 1
+
+
 def default_client_chunk(platform: str, clients_axis_size: int) -> int | None:
   """Clients per chunk for a round on `platform` ('cpu', 'gpu', 'tpu') whose mesh splits the
   cohort over `clients_axis_size` devices; None means all clients at once (vmapped)."""
@@ -43,8 +68,9 @@ def default_client_chunk(platform: str, clients_axis_size: int) -> int | None:
 
 
 def resolve_client_chunk(client_chunk: int | None) -> int | None:
-  """`client_chunk` if the config set it, else the default for the ambient mesh's platform
-  (said once on stderr). Call while tracing the round."""
+  """`client_chunk` if the config set it, else the default for the ambient mesh's platform,
+  where that is all at once the chunk `clients_that_fit` says fits memory (said once on
+  stderr). Call while tracing the round."""
   if client_chunk is not None or _ALL_AT_ONCE.get():
     return client_chunk
   mesh = jax.sharding.get_abstract_mesh()
@@ -52,6 +78,8 @@ def resolve_client_chunk(client_chunk: int | None) -> int | None:
   platform = jax.default_backend() if device is None else device.platform
   clients = 1 if mesh.empty else dict(mesh.shape).get(CLIENTS_AXIS, 1)
   chosen = default_client_chunk(platform, clients)
+  if chosen is None:
+    chosen = _THAT_FIT.get()
   _say_once(f'federated rounds: client_chunk unset, using {chosen} on {platform} '
             f'({"all clients at once" if chosen is None else "clients per chunk"})')
   return chosen
