@@ -62,6 +62,14 @@ def test_nf4_codes_pack_two_a_byte_and_unpack_to_every_value():
   np.testing.assert_array_equal(qz._unpack(packed, 0), codes)
 
 
+def test_nf4_values_look_every_code_up_in_the_codebook_exactly_without_a_gather():
+  codes = jnp.asarray(np.random.default_rng(0).integers(0, 16, (64, 3)), jnp.uint8)
+  got = jax.jit(qz.nf4_values)(codes)
+  assert got.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(got), qz.NF4_CODEBOOK[np.asarray(codes)])
+  assert 'gather' not in jax.jit(qz.nf4_values).lower(codes).as_text()
+
+
 def test_double_quantization_keeps_the_absmax_within_half_an_int8_step_of_256():
   w = _weights((512, 8, 64), seed=2)
   single = qz.quantize(w, 'nf4', 1, double=False)
