@@ -17,8 +17,8 @@ per-step rng), the previous step's metrics read back to the host and checked for
 `jax.jit` step (mean cross-entropy, grads, update; params and optimizer state donated unless
 `--no-donate`) on one fixed on-device batch. `ratio` = trainer / bare steps per second (goal
 ≥ 0.97). federated: `federated.ShakespeareFedAvg` with the 125M LM (`size_125m`), cohort 16
-(all at once would need 38.5 GB of temporaries on a v5e, so the trainer trains the clients that
-fit at a time, `build.fitting_client_chunk`, said on stderr), 4 local steps, timed like the
+(all at once needed 38.5 GB of temporaries on a v5e; the trainer then retries with fewer
+clients at a time until XLA's figure fits, said on stderr), 4 local steps, timed like the
 trainer; its FLOPs count every client's every local step. A side
 that fails (e.g. out of memory) is reported as `trainer_error` / `bare_error` (one line); the
 other still runs.

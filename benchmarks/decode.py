@@ -27,12 +27,11 @@ unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layer
 the same weights stored int8 or NF4, dequantized in the matmuls; embeddings and norms as they
 are) with its own roofline over its own stored bytes, and its tokens/s over the bf16 model's
 (`vs_none`). Rows sit under the preset, then the kind: `out['1b']['int8']['batch_32']`.
-`--layouts` (default auto: what `model.decode_layers` picks on the platform) times each kind
-decoded as each of: `scan` (one stacked cache, rewritten whole by the layer scan every token),
-`loop` (a loop over the layers, params sliced from the stack in the program, a cache per layer
-written in place), `unrolled` (the params split per layer beforehand, `scan_layers=False`);
-rows of a layout other than the first under `KIND_LAYOUT`, with `vs_none` over the first
-layout's bf16 model.
+`--layouts` (default scan) times each kind decoded as each of: `scan` (one stacked cache, which
+the layer scan takes in and gives out whole every token), `loop` (`model.decode_layers='loop'`:
+a loop over the layers, params sliced from the stack in the program, a cache per layer),
+`unrolled` (the params split per layer beforehand, `scan_layers=False`); rows of a layout other
+than the first under `KIND_LAYOUT`, with `vs_none` over the first layout's bf16 model.
 
 `--family NAME` instead times batch-1 greedy KV-cache decoding of that Hugging Face family's
 model (`paxlike.interop`, built from a config.json of the Llama's size: 4 layers, d 256, 4
@@ -67,11 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--quantizations', default='none',
                       help='with --presets: comma-separated base_quantization kinds (none, int8, '
                            'nf4), each timed on the same weights')
-  parser.add_argument('--layouts', default='auto',
-                      help='with --presets: comma-separated auto, scan, loop, unrolled')
+  parser.add_argument('--layouts', default='scan',
+                      help='with --presets: comma-separated scan, loop, unrolled')
   parser.add_argument('--family', default=None,
                       help='an HF model_type (or all): its batch-1 decoding beside the Llama')
   args = parser.parse_args(argv)
+  unknown = set(args.layouts.split(',')) - {'scan', 'loop', 'unrolled'}
+  if unknown:
+    parser.error(f'--layouts takes scan, loop and unrolled, not {", ".join(sorted(unknown))}')
   if args.quick:
     args.new_tokens, args.prompt_len, args.reference_tokens, args.repeats = 8, 8, 2, 1
     args.batches = '1,2'
@@ -281,13 +283,16 @@ def run_preset(name: str, args: argparse.Namespace, bandwidth: float | None) -> 
     params = (float_params if kind == 'none' else
               jax.jit(lambda p, kind=kind: quantization.quantize_tree(p, kind))(float_params))
     kind_model = model.clone(base_quantization=kind)
-    if layout == 'unrolled' and model.scan_layers:
+    if layout == 'unrolled':
       params = jax.jit(stacking.unstack_layers)(params)
       kind_model = kind_model.clone(scan_layers=False)
-    elif layout in ('scan', 'loop'):
+    else:
       kind_model = kind_model.clone(decode_layers=layout)
     param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-    rows = {'param_bytes': param_bytes}
+    cache = jax.eval_shape(lambda p, m=kind_model: m.apply(
+        {'params': p}, jnp.zeros((1, 8), jnp.int32), positions=jnp.arange(8)[None], decode=True,
+        cache_len=cache_size, mutable=['cache'])[1]['cache'], params)
+    rows = {'param_bytes': param_bytes, 'cache_entries': sorted(cache)}
     rng = np.random.default_rng(0)
     for batch in (int(b) for b in args.batches.split(',')):
       prompts = [rng.integers(1, model.vocab_size, args.prompt_len).astype(np.int32)

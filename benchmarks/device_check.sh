@@ -22,8 +22,8 @@
 #   levers     levers.py: each lever's bare-step MFU (the tables in benchmarks/levers.py), 350M
 #   levers_1b  the same for the 1B's levers (Adafactor, remat, batch: the way to 50% MFU)
 #   decode     decode.py --presets: batch 1 and 32 tokens/s of the 350M and 1B models against
-#              the HBM roofline, and the first token's latency, decoded by a loop over the
-#              layers (the default there), a scan, and unrolled
+#              the HBM roofline, and the first token's latency, decoded by a scan over the
+#              layers (the default), a loop over them, and unrolled
 #   tpu_tests  tpu_tests.py: pytest on tests/tpu (splash vs XLA attention, TPU vs CPU step)
 #   lora_1b    lora.py --preset 1b: a LoRA fine-tune step of the 1B model, steps/s and MFU
 #   federated  accelerator_mfu.py --only=federated: federated.ShakespeareFedAvg, 125M, cohort 16
@@ -167,10 +167,10 @@ else
     --steps 2 --repeats 1 --profile "$OUT/profile_qlora_8b" --profile-steps 1
 fi
 run decode 210 -- -m benchmarks.decode --presets 350m,1b --batches 1,32 --new_tokens 128 \
-  --prompt_len 128 --repeats 2 --layouts loop,scan,unrolled "${Q[@]}"
+  --prompt_len 128 --repeats 2 --layouts scan,loop,unrolled "${Q[@]}"
 run tpu_tests 100 -- -m benchmarks.tpu_tests
 run lora_1b 120 -- -m benchmarks.lora --preset 1b --sides lora --steps 10 --repeats 2 "${Q[@]}"
-run federated 60 -- -m benchmarks.accelerator_mfu --only=federated --steps 3 --warmup 1 "${Q[@]}"
+run federated 150 -- -m benchmarks.accelerator_mfu --only=federated --steps 3 --warmup 1 "${Q[@]}"
 run dpo 70 -- -m benchmarks.dpo_step --steps 3 --repeats 3 "${Q[@]}"
 run grpo 60 -- -m benchmarks.grpo_step --steps 3 "${Q[@]}"
 run decode_quant 240 -- -m benchmarks.decode --presets 1b --batches 1,32 --new_tokens 128 \

@@ -332,11 +332,17 @@ def test_decode_presets_time_each_layout_on_the_same_weights():
   out = run_json('benchmarks.decode', '--presets', '350m', '--quick', '--quantizations', 'nf4',
                  '--layouts', 'scan,loop,unrolled', '--batches', '1')
   preset = out['350m']
+  # Each layout's own cache: one stacked for the scan, one per layer for the loop and unrolled.
+  assert preset['nf4']['cache_entries'] == ['blocks']
+  assert preset['nf4_loop']['cache_entries'] == ['layer_0', 'layer_1']
+  assert preset['nf4_unrolled']['cache_entries'] == ['block_0', 'block_1']
   assert preset['nf4_loop']['param_bytes'] == preset['nf4_unrolled']['param_bytes'] == preset[
       'nf4']['param_bytes']
   for name in ('nf4', 'nf4_loop', 'nf4_unrolled'):
     assert preset[name]['batch_1']['decode_tokens_per_sec'] > 0
     assert 'vs_none' not in preset[name]['batch_1']  # No bf16 row to compare with.
+  bad = run_module('benchmarks.decode', '--presets', '350m', '--quick', '--layouts', 'scanned')
+  assert bad.returncode == 2 and '--layouts takes scan, loop and unrolled' in bad.stderr
 
 
 def test_hbm_bandwidth_comes_from_the_device_kind():

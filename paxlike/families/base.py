@@ -40,9 +40,6 @@ class Family(NamedTuple):
   summary(model, data): `--mode=print_config`'s lines: params, FLOPs, the attention kernel.
   kernel_line(model, data): '# attention kernel: NAME\\n' where the model has one, else ''.
   memory_summary(task): per-device memory estimate lines ('' where the family has none).
-  memory_estimate(task, devices): the per-device estimate on `devices` devices (its `total` and
-    its `activations`, the part that grows with the clients a round trains at once); None
-    where the family has none.
   mix_ensemble(apply, members, inputs, log_prior): the log-probs of an ensemble of stacked
     members (BTM's experts), as evaluation scores it.
   shrink(model_config): makes a model config small, in place (the `tiny` fiddler).
@@ -59,7 +56,6 @@ class Family(NamedTuple):
   summary: Callable[[Any, Any], str]
   kernel_line: Callable[[Any, Any], str]
   memory_summary: Callable[[Any], str]
-  memory_estimate: Callable[[Any, int], Any]
   mix_ensemble: Callable[[Apply, Any, jax.Array, jax.Array], jax.Array]
   shrink: Callable[[Any], None]
 

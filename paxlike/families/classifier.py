@@ -60,10 +60,6 @@ def no_memory_estimate(task: Any) -> str:
   return ''
 
 
-def no_estimate(task: Any, devices: int) -> None:
-  del task, devices
-
-
 def unchanged(model_config: Any) -> None:
   """Classifiers are small already."""
   del model_config
@@ -74,5 +70,4 @@ FAMILY = Family(
     check_data=check_data,
     items_per_step=mask_items, step_flops=step_flops, input_sample=input_sample,
     summary=summary, kernel_line=no_kernel, memory_summary=no_memory_estimate,
-    memory_estimate=no_estimate,
     mix_ensemble=mixture_log_probs, shrink=unchanged)

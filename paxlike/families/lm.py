@@ -84,7 +84,6 @@ FAMILY = Family(
     name='lm', item='tokens', can_decode=True, complete=complete, check_data=check_data,
     items_per_step=mask_items, step_flops=step_flops, input_sample=input_sample,
     summary=summary, kernel_line=kernel_line, memory_summary=lm_memory.summary,
-    memory_estimate=lm_memory.estimate,
     mix_ensemble=ensemble_log_probs, shrink=shrink)
 
 

@@ -39,7 +39,7 @@ def all_clients_at_once() -> Iterator[None]:
 @contextlib.contextmanager
 def clients_that_fit(chunk: int | None) -> Iterator[None]:
   """Within: an unset `client_chunk` that the platform would map all at once maps `chunk`
-  clients at a time instead (None: as the platform would), what `build` finds fits memory."""
+  clients at a time instead (None: as the platform would), what the trainer found fits memory."""
   token = _THAT_FIT.set(chunk)
   try:
     yield
@@ -47,16 +47,9 @@ def clients_that_fit(chunk: int | None) -> Iterator[None]:
     _THAT_FIT.reset(token)
 
 
-def fitting_chunk(cohort: int, fixed: float, activations: float, budget: float) -> int | None:
-  """Clients of a `cohort` to train at a time so that `fixed` bytes plus their share of
-  `activations` (the bytes of all at once) fit `budget`: None when all fit at once, else the
-  largest divisor of the cohort that fits (1 when even one client does not)."""
-  if fixed + activations <= budget:
-    return None
-  for chunk in range(cohort - 1, 0, -1):
-    if cohort % chunk == 0 and fixed + activations * chunk / cohort <= budget:
-      return chunk
-  return 1
+def clients_fitted() -> int | None:
+  """The chunk `clients_that_fit` set around this call (None: none)."""
+  return _THAT_FIT.get()
 
 
 def default_client_chunk(platform: str, clients_axis_size: int) -> int | None:

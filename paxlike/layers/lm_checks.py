@@ -52,8 +52,8 @@ def check_model(model: Any, seq_len: int) -> None:
   if model.base_quantization != 'none' and model.num_experts:
     raise ValueError('base_quantization covers dense layers only; a MoE model\'s experts '
                      'cannot be stored quantized (set num_experts=0 or base_quantization=none)')
-  if model.decode_layers not in ('auto', 'scan', 'loop'):
-    raise ValueError(f"decode_layers must be 'auto', 'scan' or 'loop', got {model.decode_layers!r}")
+  if model.decode_layers not in ('scan', 'loop'):
+    raise ValueError(f"decode_layers must be 'scan' or 'loop', got {model.decode_layers!r}")
   if model.remat_policy not in REMAT_POLICIES:
     raise ValueError(f'remat_policy must be one of {list(REMAT_POLICIES)}, '
                      f'got {model.remat_policy!r}')

@@ -71,14 +71,12 @@ class TransformerLM(nn.Module):
   are always float32). `scan_layers` runs the layers as one `nn.scan`: params
   live under 'blocks' with a leading 'layers' axis instead of 'block_{i}' (see
   `stack_layers`). A scanned stack decodes (`decode_layers`) by 'scan', one stacked cache that
-  the scan rewrites whole every token, or by 'loop', a loop over the layers with params sliced
-  from the stack inside the program and a cache per layer written in place (a local layer's a
-  ring of its window); 'auto' loops on accelerators and scans on CPU, where the loop's hoisted
-  float32 copies of the weights would double a large model's memory. `remat_policy` is 'none',
+  the layer scan takes in and gives out whole every token, or by 'loop', a loop over the layers
+  with each layer's params sliced from the stack inside the program and a cache of its own (a
+  local layer's the ring of its window, with no copy of the params). `remat_policy` is 'none',
   'full' (recompute the whole block in the backward pass), 'dots' (keep the matmul outputs,
-  recompute the rest) or
-  'dots_attention' (also keep the attention kernel's outputs: splash's forward is not run
-  again). `fused_qkv` computes q, k and v with one matmul (same params).
+  recompute the rest) or 'dots_attention' (also keep the attention kernel's outputs: splash's
+  forward is not run again). `fused_qkv` computes q, k and v with one matmul (same params).
   `attention_impl` names the attention kernel; 'auto' picks the fastest this platform runs
   (`attention_kernel` says which).
 
@@ -131,7 +129,7 @@ class TransformerLM(nn.Module):
   attn_logit_softcap: float | None = None
   final_logit_softcap: float | None = None
   scan_layers: bool = False
-  decode_layers: str = 'auto'  # How a scanned stack decodes: 'scan', 'loop' or 'auto'.
+  decode_layers: str = 'scan'  # How a scanned stack decodes: 'scan' or 'loop'.
   remat_policy: str = 'none'
   attention_impl: str = 'auto'  # 'auto', 'xla', 'cudnn' or 'splash': see attention_kernels.
   fused_qkv: bool = False  # q, k and v by one 2-D matmul (see CausalSelfAttention).
@@ -244,7 +242,7 @@ class TransformerLM(nn.Module):
   def _layers(self, x: jax.Array, deterministic: bool, decode: bool, cache_len: int | None,
               segment_ids: jax.Array | None, positions: jax.Array | None) -> jax.Array:
     """All decoder layers, unrolled ('block_{i}') or scanned ('blocks', stacked on 'layers';
-    a decode cache is stacked the same way)."""
+    a decode cache is stacked the same way, or with `decode_layers='loop'` one per layer)."""
     if (self.scan_layers and not decode and not self.is_initializing()
         and pipeline.stage_count(jax.sharding.get_abstract_mesh()) > 1):
       return self._pipelined(x, segment_ids, positions)
@@ -254,7 +252,7 @@ class TransformerLM(nn.Module):
         x = block(x, deterministic, decode, cache_len, segment_ids, positions)
       return x
     if decode and not self.is_initializing() and self.loops_to_decode():
-      return self._looped_layers(x, cache_len, segment_ids, positions)
+      return self._looped_layers(x, deterministic, cache_len, segment_ids, positions)
     group = self.moe_every if self.num_experts else 1
     flags = lm_features.scanned_local_flags(self, group)  # None: every layer alike.
     scan = nn.scan(
@@ -277,13 +275,9 @@ class TransformerLM(nn.Module):
 
   def loops_to_decode(self) -> bool:
     """Whether this model's scanned stack decodes by a loop over its layers (`decode_layers`)."""
-    if not self.scan_layers:
-      return False
-    if self.decode_layers == 'auto':
-      return jax.default_backend() != 'cpu'
-    return self.decode_layers == 'loop'
+    return self.scan_layers and self.decode_layers == 'loop'
 
-  def _looped_layers(self, x: jax.Array, cache_len: int | None,
+  def _looped_layers(self, x: jax.Array, deterministic: bool, cache_len: int | None,
                      segment_ids: jax.Array | None, positions: jax.Array | None) -> jax.Array:
     """The scanned stack ('blocks') decoding as a loop over its layers: each layer's params
     sliced from the stack, its cache its own ('layer_{i}', sized by its kind)."""
@@ -298,8 +292,8 @@ class TransformerLM(nn.Module):
         variables = {'params': params if group == 1 else params[f'layer_{j}']}
         if self.has_variable('cache', name):
           variables['cache'] = self.get_variable('cache', name)
-        x, mutated = block.apply(variables, x, True, True, cache_len, segment_ids, positions,
-                                 mutable=['cache'])
+        x, mutated = block.apply(variables, x, deterministic, True, cache_len, segment_ids,
+                                 positions, mutable=['cache'])
         self.put_variable('cache', name, mutated['cache'])
     return x
 

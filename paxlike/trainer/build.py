@@ -17,7 +17,6 @@ import jax
 from paxlike.config import config_io
 from paxlike.core import partitioning, program_store
 from paxlike.errors import UserError
-from paxlike.families import family_of
 from paxlike.federated import chunking
 from paxlike.layers.lora import LoraSpec
 from paxlike.trainer.task import Task
@@ -77,9 +76,8 @@ def setup(task: Task, *, train_step: bool = True, evaluator: bool = True,
   objective = objectives.of_task(task)
   step, trained = None, program  # An objective's own step (GRPO's samples first) may place
   if train_step:                 # its batches by a program of its own.
-    with chunking.clients_that_fit(fitting_client_chunk(task)):
-      step, trained = (objective.train_step(task, program) if objective.train_step else
-                       (_fitting(compile_train_step, task, program, kept), program))
+    step, trained = (objective.train_step(task, program) if objective.train_step else
+                     (_fitting_round(task, program, kept), program))
   return Trainer(task=task, program=program, step=step,
                  evaluator=build_evaluator(task, program, kept) if evaluator else None,
                  reporters=build_reporters(task, trained, accountant) if train_step else None,
@@ -100,43 +98,49 @@ _ADVICE = ('lower data.batch_size, set model.remat_policy=\'full\', shrink the o
 
 
 def advice(task: Task) -> str:
-  """What would make `task`'s step fit: `_ADVICE`, and for a federated round with a cohort,
-  training fewer of its clients at a time first."""
+  """What would make `task`'s step fit: `_ADVICE`, and first, for a federated round that trains
+  more than one client at a time, training fewer."""
   clients = getattr(task.data, 'clients_per_round', 1)
-  if clients <= 1:
+  at_once = _configured_chunk(task) or chunking.clients_fitted() or (
+      1 if chunking.default_client_chunk(jax.default_backend(), 1) else clients)
+  if min(at_once, clients) <= 1:
     return _ADVICE
-  return (f'train fewer of the round\'s {clients} clients at a time (algorithm.client_chunk, '
-          f'e.g. {max(1, clients // 4)}), ' + _ADVICE)
+  return (f'train fewer of the round\'s {clients} clients at a time than {min(at_once, clients)} '
+          f'(algorithm.client_chunk), ' + _ADVICE)
 
 
-# paxlike's estimate ran below XLA's figure for a federated round on a v5e (33.2 against 38.5
-# GB of temporaries alone, the 125M LM's cohort of 16), so a chunk is chosen to fit this share.
-FIT_SHARE = 0.8
+def _fitting_round(task: Task, program: Program, kept: Kept | None) -> Any:
+  """`_fitting(compile_train_step, ...)`; for a federated round whose config leaves
+  `algorithm.client_chunk` unset where the platform would train the whole cohort at once, a
+  refusal for memory retries the round with fewer clients at a time (each next smaller divisor
+  of the cohort, by XLA's own figure, said on stderr) until one fits or one client is refused."""
+  chunk = None
+  while True:
+    try:
+      with chunking.clients_that_fit(chunk):
+        return _fitting(compile_train_step, task, program,
+                        kept if kept is None or chunk is None else
+                        Kept(kept.store, (*kept.key, ('client_chunk', chunk))))
+    except DoesNotFit as refused:
+      fewer = _fewer_clients(task, chunk)
+      if fewer is None:
+        raise
+      print(f'federated rounds: {chunk or task.data.clients_per_round} clients at a time do '
+            f'not fit ({refused}); trying {fewer}', file=sys.stderr, flush=True)
+      chunk = fewer
 
 
-def fitting_client_chunk(task: Task) -> int | None:
-  """The clients a round trains at a time where the platform would train them all at once but
-  they would not fit: by the family's memory estimate against FIT_SHARE of the device's budget,
-  the largest divisor of the cohort that fits (said on stderr). None where all fit, where
-  nothing says (no budget, no estimate) or where the config or platform chooses."""
+def _fewer_clients(task: Task, chunk: int | None) -> int | None:
+  """The next smaller divisor of the cohort than `chunk` (None: the whole cohort) to train at a
+  time, where setup chooses that (see `_fitting_round`); None where it does not or none is left."""
   cohort = getattr(task.data, 'clients_per_round', 1)
-  budget, source = memory_budget(task)
-  if cohort <= 1 or budget is None or _configured_chunk(task) is not None:
+  if cohort <= 1 or _configured_chunk(task) is not None:
     return None
   mesh = dict(zip(task.mesh.axes, partitioning.mesh_shape(task.mesh, jax.device_count())))
-  if chunking.default_client_chunk(jax.default_backend(),
-                                   mesh.get(partitioning.CLIENTS_AXIS, 1)) is not None:
-    return None  # The platform trains them in chunks already.
-  estimate = family_of(task.model).memory_estimate(task, jax.device_count())
-  if estimate is None:
-    return None
-  chunk = chunking.fitting_chunk(cohort, estimate.total - estimate.activations,
-                                 estimate.activations, budget * FIT_SHARE)
-  if chunk is not None:
-    print(f'federated rounds: all {cohort} clients at once need ~{estimate.total / 1e9:.1f} GB '
-          f'per device by paxlike\'s estimate, {source} allows {budget / 1e9:.2f} GB: {chunk} '
-          f'at a time where algorithm.client_chunk is unset', file=sys.stderr, flush=True)
-  return chunk
+  clients_axis = mesh.get(partitioning.CLIENTS_AXIS, 1)
+  if clients_axis > 1 or chunking.default_client_chunk(jax.default_backend(), 1) is not None:
+    return None  # The mesh splits the cohort, or the platform trains it in chunks already.
+  return next((d for d in range((chunk or cohort) - 1, 0, -1) if cohort % d == 0), None)
 
 
 def _configured_chunk(task: Task) -> int | None:
@@ -170,6 +174,10 @@ def compiled_bytes(step: Any) -> float | None:
   return float(peak) if jax.default_backend() != 'cpu' and peak > 0 else float(whole)
 
 
+class DoesNotFit(UserError):
+  """A train step refused for memory: XLA's figure over the budget, or out of it compiling."""
+
+
 def _fitting(compile_step: Callable[..., Any], task: Task, program: Program,
              kept: Kept | None) -> Any:
   """`compile_step(task, program, kept)`, refused (a UserError naming both numbers) when XLA
@@ -180,12 +188,12 @@ def _fitting(compile_step: Callable[..., Any], task: Task, program: Program,
   except jax.errors.JaxRuntimeError as error:
     first = str(error).splitlines()[0] if str(error) else ''
     if 'RESOURCE_EXHAUSTED' in first or 'out of memory' in first.lower():
-      raise UserError(f'the train step does not fit in device memory: {first}; {advice(task)}'
-                      ) from None
+      raise DoesNotFit(f'the train step does not fit in device memory: {first}; {advice(task)}'
+                       ) from None
     raise
   budget, source = memory_budget(task)
   needed = compiled_bytes(step)
   if budget is not None and needed is not None and needed > budget:
-    raise UserError(f'the train step needs {needed / 1e9:.2f} GB per device (XLA\'s compiled '
-                    f'figure) but {source} allows {budget / 1e9:.2f} GB; {advice(task)}')
+    raise DoesNotFit(f'the train step needs {needed / 1e9:.2f} GB per device (XLA\'s compiled '
+                     f'figure) but {source} allows {budget / 1e9:.2f} GB; {advice(task)}')
   return step

@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent("""
     rules = partitioning.rules_for_mesh(cfg.rules, mesh)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 128, n).astype(np.int32) for n in (5, 11, 2)]
-    for scan, way in ((False, 'auto'), (True, 'scan'), (True, 'loop')):
+    for scan, way in ((False, 'scan'), (True, 'scan'), (True, 'loop')):
       model = TransformerLM(vocab_size=128, num_layers=2, d_model=64, num_heads=8, num_kv_heads=4,
                             d_ff=128, max_len=64, tied_embeddings=False, scan_layers=scan,
                             decode_layers=way)
@@ -53,7 +53,7 @@ SCRIPT = textwrap.dedent("""
       run = engine.decoder(model, options, mesh, rules)
       tokens, lengths = engine.left_pad(prompts + [prompts[0]], 0)
       state = run.prefill(sharded, tokens, lengths, np.ones(4, bool), jax.random.key(0))
-      stacked = way == 'scan'  # One cache for the stack, layers first.
+      stacked = scan and way == 'scan'  # One cache for the stack, layers first.
       layer = 'blocks' if stacked else 'layer_0' if scan else 'block_0'
       spec = tuple(state.cache[layer]['attention']['key'].sharding.spec) + (None,) * 5
       assert spec[int(stacked):int(stacked) + 4] == ('fsdp', 'model', None, None), spec

@@ -12,7 +12,6 @@ from absl import app
 from paxlike import main, registry
 from paxlike.config import config_io
 from paxlike.configs import fiddlers
-from paxlike.families import lm_memory
 from paxlike.federated import chunking
 from paxlike.errors import UserError
 from paxlike.trainer import build, program
@@ -58,38 +57,25 @@ def test_a_federated_round_over_the_budget_is_told_to_train_fewer_clients_at_a_t
   assert xla_figure(federated_task('algorithm.client_chunk=1')) < needed
   over = federated_task('algorithm.client_chunk=4',
                         f'train.memory_budget_gb={needed * 0.99 / 1e9!r}')
-  with pytest.raises(UserError, match=r"the round's 4 clients at a time \(algorithm.client_chunk"):
+  with pytest.raises(UserError, match=r"fewer of the round's 4 clients at a time than 4 \("):
     build.setup(over, evaluator=False)
 
 
-def test_the_clients_that_fit_are_the_largest_divisor_of_the_cohort_within_the_budget():
-  # The 125M LM's round on a v5e by the estimate: 2.2 GB that stay, 31 GB of activations for
-  # 16 clients at once, 80% of 15.75 GiB: 4 at a time (8 would need 17.7 GB).
-  assert chunking.fitting_chunk(16, 2.2, 31.0, 0.8 * 16.9) == 4
-  assert chunking.fitting_chunk(16, 2.2, 31.0, 40.0) is None  # All fit.
-  assert chunking.fitting_chunk(6, 1.0, 6.0, 4.5) == 3  # Divisors only: 4 would fit, 3 divides.
-  assert chunking.fitting_chunk(6, 1.0, 60.0, 5.0) == 1  # Not even one fits: XLA refuses then.
-
-
-def test_a_round_that_would_not_fit_all_at_once_trains_the_clients_that_fit(monkeypatch, capsys):
-  # As on an accelerator, where an unset client_chunk maps the whole cohort at once.
+def test_a_round_that_does_not_fit_all_at_once_retries_with_fewer_clients(monkeypatch, capsys):
+  # As on an accelerator, where an unset client_chunk maps the whole cohort of 4 at once.
   monkeypatch.setattr(chunking, 'default_client_chunk', lambda platform, clients: None)
-  estimate = lm_memory.estimate(federated_task(), 1)
-  fixed = estimate.total - estimate.activations
-  # Half the cohort fits the budget's share by the estimate, all of it does not.
-  gb = (fixed + 0.75 * estimate.activations) / build.FIT_SHARE / 1e9
-  budget = f'train.memory_budget_gb={gb!r}'
-  task = federated_task(budget)
-  assert build.fitting_client_chunk(task) == 2
-  fitted = build.setup(task, evaluator=False)
-  assert '4 clients at once need' in capsys.readouterr().err
-  # The step compiled is the round that trains 2 clients at a time.
-  assert build.compiled_bytes(fitted.step) == xla_figure(federated_task('algorithm.client_chunk=2'))
-  assert build.compiled_bytes(fitted.step) < xla_figure(federated_task('algorithm.client_chunk=4'))
-  # A chunk the config sets is its own, and CPU's rule (one at a time) stands unpatched.
-  assert build.fitting_client_chunk(federated_task('algorithm.client_chunk=4', budget)) is None
-  monkeypatch.undo()
-  assert build.fitting_client_chunk(task) is None
+  two, four = (xla_figure(federated_task(f'algorithm.client_chunk={n}')) for n in (2, 4))
+  budget = f'train.memory_budget_gb={(two + four) / 2 / 1e9!r}'  # 2 at a time fit, 4 do not.
+  fitted = build.setup(federated_task(budget), evaluator=False)
+  assert build.compiled_bytes(fitted.step) == two  # The step compiled is the 2-at-a-time round.
+  assert '4 clients at a time do not fit' in capsys.readouterr().err
+  # A chunk the config sets is the config's: refused, not retried.
+  with pytest.raises(UserError, match=r"fewer of the round's 4 clients at a time than 4"):
+    build.setup(federated_task('algorithm.client_chunk=4', budget), evaluator=False)
+  # Where not even one client at a time fits, the last refusal stands.
+  tiny = f'train.memory_budget_gb={xla_figure(federated_task("algorithm.client_chunk=1")) / 2e9!r}'
+  with pytest.raises(UserError, match='does not fit|needs'):
+    build.setup(federated_task(tiny), evaluator=False)
 
 
 def test_the_cli_exits_2_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
