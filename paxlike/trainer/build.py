@@ -120,13 +120,14 @@ def _fitting_round(task: Task, program: Program, kept: Kept | None) -> Any:
       with chunking.clients_that_fit(chunk):
         return _fitting(compile_train_step, task, program,
                         kept if kept is None or chunk is None else
-                        Kept(kept.store, (*kept.key, ('client_chunk', chunk))))
+                        Kept(kept.store, (kept.key, ('client_chunk', chunk))))
     except DoesNotFit as refused:
       fewer = _fewer_clients(task, chunk)
       if fewer is None:
         raise
+      reason = str(refused).split('; ')[0]
       print(f'federated rounds: {chunk or task.data.clients_per_round} clients at a time do '
-            f'not fit ({refused}); trying {fewer}', file=sys.stderr, flush=True)
+            f'not fit ({reason}); trying {fewer}', file=sys.stderr, flush=True)
       chunk = fewer
 
 
