@@ -361,21 +361,15 @@ def test_lora_preset_quick_reports_steps_per_sec_of_the_lora_side_only():
 
 
 @pytest.mark.bench
-def test_qlora_quick_reports_each_bases_bytes_and_step_time():
-  out = run_json('benchmarks.qlora', '--quick')
+def test_qlora_quick_reports_each_bases_bytes_step_time_and_profile(tmp_path):
+  out = run_json('benchmarks.qlora', '--quick', '--profile', str(tmp_path), '--profile-steps', '1')
   none, int8, nf4 = out['none'], out['int8'], out['nf4']
   # int8 stores a byte per kernel weight, NF4 half a byte: the params shrink in that order.
   assert nf4['param_bytes'] < int8['param_bytes'] < none['param_bytes']
   assert int8['params_vs_none'] == pytest.approx(int8['param_bytes'] / none['param_bytes'])
   assert all(row['ms_per_step'] > 0 and row['xla_bytes'] > row['param_bytes']
              for row in (none, int8, nf4))
-
-
-@pytest.mark.bench
-def test_qlora_profile_says_where_each_bases_step_spends_its_time(tmp_path):
-  out = run_json('benchmarks.qlora', '--quick', '--kinds', 'int8,nf4', '--profile',
-                 str(tmp_path), '--profile-steps', '1')
-  for kind in ('int8', 'nf4'):
+  for kind in ('none', 'int8', 'nf4'):  # Where each step's time goes, its trace kept.
     profile = out[kind]['profile']
     assert profile['dir'] == str(tmp_path / kind) and any((tmp_path / kind).rglob('*.xplane.pb'))
     assert profile['ops_ms_per_step'] > 0 and profile['top_ops']
