@@ -105,9 +105,8 @@ def dequantize(q: dict[str, jax.Array], dtype: Any = jnp.float32) -> jax.Array:
 
 def nf4_values(codes: jax.Array) -> jax.Array:
   """`NF4_CODEBOOK[codes]` in float32, as the sum over the 16 codes of each value where the code
-  is it: exact (one term is nonzero), and elementwise, so it stays inside the dequantizing
-  fusion where a gather from the 16-entry table does not (and needs an int32 index array the
-  size of the kernel)."""
+  is it: exact (one term is nonzero) and elementwise, with no gather from the 16-entry table and
+  no int32 index array the size of the kernel."""
   values = jnp.zeros(codes.shape, jnp.float32)
   for code, value in enumerate(NF4_CODEBOOK):
     values = values + jnp.float32(value) * (codes == code).astype(jnp.float32)

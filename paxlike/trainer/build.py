@@ -101,11 +101,11 @@ def advice(task: Task) -> str:
   """What would make `task`'s step fit: `_ADVICE`, and first, for a federated round that trains
   more than one client at a time, training fewer."""
   clients = getattr(task.data, 'clients_per_round', 1)
-  at_once = _configured_chunk(task) or chunking.clients_fitted() or (
-      1 if chunking.default_client_chunk(jax.default_backend(), 1) else clients)
-  if min(at_once, clients) <= 1:
+  at_once = min(clients, _configured_chunk(task) or chunking.clients_fitted()
+                or _platform_chunk(task) or clients)
+  if at_once <= 1:
     return _ADVICE
-  return (f'train fewer of the round\'s {clients} clients at a time than {min(at_once, clients)} '
+  return (f'train fewer of the round\'s {clients} clients at a time than {at_once} '
           f'(algorithm.client_chunk), ' + _ADVICE)
 
 
@@ -135,13 +135,22 @@ def _fewer_clients(task: Task, chunk: int | None) -> int | None:
   """The next smaller divisor of the cohort than `chunk` (None: the whole cohort) to train at a
   time, where setup chooses that (see `_fitting_round`); None where it does not or none is left."""
   cohort = getattr(task.data, 'clients_per_round', 1)
-  if cohort <= 1 or _configured_chunk(task) is not None:
+  if cohort <= 1 or _configured_chunk(task) is not None or _platform_chunk(task) is not None:
     return None
-  mesh = dict(zip(task.mesh.axes, partitioning.mesh_shape(task.mesh, jax.device_count())))
-  clients_axis = mesh.get(partitioning.CLIENTS_AXIS, 1)
-  if clients_axis > 1 or chunking.default_client_chunk(jax.default_backend(), 1) is not None:
-    return None  # The mesh splits the cohort, or the platform trains it in chunks already.
+  if _clients_axis(task) > 1:
+    return None  # The mesh splits the cohort: chunks would run one after another, gathered.
   return next((d for d in range((chunk or cohort) - 1, 0, -1) if cohort % d == 0), None)
+
+
+def _clients_axis(task: Task) -> int:
+  """The devices the task's mesh splits a round's cohort over."""
+  mesh = dict(zip(task.mesh.axes, partitioning.mesh_shape(task.mesh, jax.device_count())))
+  return mesh.get(partitioning.CLIENTS_AXIS, 1)
+
+
+def _platform_chunk(task: Task) -> int | None:
+  """The clients at a time this platform trains where the config leaves it unset (None: all)."""
+  return chunking.default_client_chunk(jax.default_backend(), _clients_axis(task))
 
 
 def _configured_chunk(task: Task) -> int | None:
