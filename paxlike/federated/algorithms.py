@@ -25,7 +25,8 @@ from paxlike.core.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort
 from paxlike.core.loss import LossFn
 from paxlike.federated import lora, server_optim, stragglers
 from paxlike.federated.chunking import resolve_client_chunk
-from paxlike.federated.clients import client_update, cohort_metrics, placed_init
+from paxlike.federated.clients import (client_update, cohort_metrics, fresh_client_update,
+                                       placed_init)
 from paxlike.federated.options import RoundOptions, round_options
 from paxlike.federated.primitives import (federated_broadcast, federated_map, federated_program,
                                           federated_sum, federated_weighted_mean)
@@ -116,6 +117,7 @@ def pseudo_gradient_round(loss_fn: LossFn, client_optimizer: optax.GradientTrans
   `state.params`, so it declares that it trains a part of them as well (`over_trainable`:
   federated LoRA, lora.frozen_base)."""
   update = client_update(loss_fn, client_optimizer, options.prox_mu)
+  fresh = fresh_client_update(update, client_optimizer)
   weighting, aggregator = options.weighting, options.aggregator
 
   def init(params):
@@ -136,18 +138,20 @@ def pseudo_gradient_round(loss_fn: LossFn, client_optimizer: optax.GradientTrans
     @federated_program(clients=clients)
     def round_(state, batches, weights, rng):
       start = federated_broadcast(state.params)
-      opt_state = (federated_map(client_optimizer.init, start) if num_replicas is None
-                   else state.client_opt_state)
       keys = jax.random.split(rng, clients)
-      client_params, opt_state, stats = federated_map(
-          update, (start, opt_state, batches, keys),
-          chunk=resolve_client_chunk(options.client_chunk))
+      chunk = resolve_client_chunk(options.client_chunk)
+      if num_replicas is None:  # Each client's optimizer starts fresh and ends with the round.
+        client_params, client_lr, stats = federated_map(fresh, (start, batches, keys), chunk)
+      else:
+        client_params, opt_state, stats = federated_map(
+            update, (start, state.client_opt_state, batches, keys), chunk)
+        client_lr = optim.learning_rate_of(opt_state)
       pseudo_grad, aggregator_state, aggregator_metrics = aggregate(
           aggregator, state, start, client_params, kept_weights, rng, present is not None)
       params, server_opt_state = server_step(
           server_optimizer, state, pseudo_grad, None if present is None or aggregator
           else federated_sum(kept_weights) == 0)
-      metrics = {**cohort_metrics(stats, weights, pseudo_grad, opt_state, clients, present),
+      metrics = {**cohort_metrics(stats, weights, pseudo_grad, client_lr, clients, present),
                  **stragglers.counts(present, straggled), **aggregator_metrics,
                  **server_metrics(server_opt_state)}
       kept = state.client_opt_state if num_replicas is None else opt_state

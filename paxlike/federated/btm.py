@@ -135,7 +135,8 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
       merged = jax.tree.map(lambda m, p: m.astype(p.dtype),
                             federated_weighted_mean(experts, mix), state.params)
       pseudo_grad = jax.tree.map(lambda p, m: p - m, state.params, merged)
-      metrics = cohort_metrics(stats, weights, pseudo_grad, opt_state, clients)
+      metrics = cohort_metrics(stats, weights, pseudo_grad, optim.learning_rate_of(opt_state),
+                               clients)
       return state._replace(params=merged, experts=experts, opt_state=opt_state,
                             domain_examples=seen, round=state.round + 1), metrics
 

@@ -79,16 +79,29 @@ def round_metrics(stats: dict[str, jax.Array], pseudo_grad: Any, learning_rate: 
 
 
 def cohort_metrics(stats: dict[str, jax.Array], weights: jax.Array, pseudo_grad: Any,
-                   client_opt_state: Any, clients: int | jax.Array,
+                   client_learning_rate: jax.Array | None, clients: int | jax.Array,
                    present: jax.Array | None = None) -> dict[str, jax.Array]:
   """`round_metrics` of client-placed stats (their weighted mean; with `present`, over the real
-  clients only, see stragglers.real_client_mean) and client optimizer states (every client
-  runs the same schedule: their mean rate). Call inside the federated program."""
-  learning_rate = optim.learning_rate_of(client_opt_state)
+  clients only, see stragglers.real_client_mean) and the clients' learning rates (every client
+  runs the same schedule: their mean; None where the optimizer's is not readable). Call inside
+  the federated program."""
   mean = (federated_weighted_mean(stats, weights) if present is None
           else stragglers.real_client_mean(stats, weights, present))
-  return round_metrics(mean, pseudo_grad,
-                       None if learning_rate is None else federated_mean(learning_rate), clients)
+  return round_metrics(mean, pseudo_grad, None if client_learning_rate is None
+                       else federated_mean(client_learning_rate), clients)
+
+
+def fresh_client_update(update: ClientUpdate, optimizer: optax.GradientTransformation
+                        ) -> Callable[[Any, Any, jax.Array], tuple[Any, Any, dict]]:
+  """`update` from a fresh `optimizer` state made on the client: `(params, batches, rng) ->
+  (params, learning rate or None, stats)`. The rest of the state ends where it is made, so a
+  round that maps its clients a chunk at a time never holds N optimizer states."""
+
+  def fresh(params, batches, rng):
+    params, opt_state, stats = update(params, optimizer.init(params), batches, rng)
+    return params, optim.learning_rate_of(opt_state), stats
+
+  return fresh
 
 
 def placed_init(optimizer: optax.GradientTransformation, clients: int) -> Callable[[Any], tuple]:

@@ -40,6 +40,9 @@ F = TypeVar('F', bound=Callable[..., Any])
 
 _CLIENTS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     'federated_clients', default=None)
+# This program's broadcasts: id(client-placed leaf) -> (that leaf, the server value it copies).
+_BROADCASTS: contextvars.ContextVar[dict[int, tuple[Any, Any]] | None] = contextvars.ContextVar(
+    'federated_broadcasts', default=None)
 
 
 # Placement.
@@ -53,10 +56,11 @@ def federated_program(clients: int) -> Callable[[F], F]:
   def decorator(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-      token = _CLIENTS.set(clients)
+      token, broadcasts = _CLIENTS.set(clients), _BROADCASTS.set({})
       try:
         return fn(*args, **kwargs)
       finally:
+        _BROADCASTS.reset(broadcasts)
         _CLIENTS.reset(token)
 
     return wrapper  # type: ignore[return-value]
@@ -228,8 +232,12 @@ ad.primitive_transposes[mean_p] = _transpose(lambda ct, n: broadcast_p.bind(ct, 
 def federated_broadcast(x: PyTree) -> PyTree:
   """Server → clients: adds a leading axis of size N to every leaf."""
   clients = _num_clients('federated_broadcast')
-  out = jax.tree.map(lambda v: broadcast_p.bind(jnp.asarray(v), clients=clients), x)
-  return _constrain_clients(out)
+  server = jax.tree.map(jnp.asarray, x)
+  out = _constrain_clients(jax.tree.map(lambda v: broadcast_p.bind(v, clients=clients), server))
+  table = _BROADCASTS.get()
+  if table is not None:
+    table.update((id(o), (o, v)) for o, v in zip(jax.tree.leaves(out), jax.tree.leaves(server)))
+  return out
 
 
 def federated_sum(x: PyTree) -> PyTree:
@@ -256,7 +264,9 @@ def federated_map(fn: Callable[..., PyTree], arg: PyTree, chunk: int | None = No
   (`lax.map(batch_size=k)`: vmap inside a chunk, a loop over chunks): the same result with
   1/(clients/k) of the activation memory, and on CPU often faster (smaller operands stay in
   cache). Chunks run one after another, so collectives over 'clients' are unavailable there,
-  and with a sharded `clients` mesh axis keep the default.
+  and with a sharded `clients` mesh axis keep the default. A chunked map reads an argument that
+  is this program's `federated_broadcast` output as the server value it copies, so the N
+  copies are never made (the loop over chunks would have to hold them all).
   """
   clients = _num_clients('federated_map')
   args = arg if isinstance(arg, tuple) else (arg,)
@@ -272,8 +282,25 @@ def federated_map(fn: Callable[..., PyTree], arg: PyTree, chunk: int | None = No
       warnings.warn(f"federated_map(chunk={chunk}) over a sharded 'clients' mesh axis runs the "
                     'chunks one after another, gathering each; use chunk=None there.',
                     stacklevel=2)
-    out = jax.lax.map(lambda a: fn(*a), args, batch_size=chunk)
+    out = _chunked_map(fn, args, chunk)
   return _constrain_clients(out)
+
+
+def _chunked_map(fn: Callable[..., PyTree], args: tuple, chunk: int) -> PyTree:
+  """`lax.map(batch_size=chunk)` of `fn` over the leaves of `args` that are not broadcasts;
+  a broadcast leaf enters every client's call as its server value."""
+  leaves, tree = jax.tree.flatten(args)
+  table = _BROADCASTS.get() or {}
+  server = [table[id(x)][1] if id(x) in table and table[id(x)][0] is x else None for x in leaves]
+  mapped = [x for x, s in zip(leaves, server) if s is None]
+  if not mapped:  # lax.map needs one mapped leaf to count the clients by.
+    return jax.lax.map(lambda a: fn(*a), args, batch_size=chunk)
+
+  def one(mapped_leaves: list[Any]) -> PyTree:
+    rest = iter(mapped_leaves)
+    return fn(*jax.tree.unflatten(tree, [next(rest) if s is None else s for s in server]))
+
+  return jax.lax.map(one, mapped, batch_size=chunk)
 
 
 def federated_weighted_sums(x: PyTree, w: jax.Array, name: str = 'federated_weighted_sums'

@@ -104,7 +104,7 @@ def scaffold(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_clien
       control_step = federated_mean(jax.tree.map(
           jnp.subtract, client_controls, state.client_controls))
       control = jax.tree.map(jnp.add, state.control, control_step)
-      metrics = cohort_metrics(stats, weights, pseudo_grad, optax.EmptyState(), clients)
+      metrics = cohort_metrics(stats, weights, pseudo_grad, None, clients)
       metrics['control_norm'] = optax.tree.norm(control)
       return ScaffoldState(optax.apply_updates(state.params, updates), server_opt_state,
                            control, client_controls), metrics
