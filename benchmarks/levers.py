@@ -75,6 +75,10 @@ LEVERS: dict[str, dict[str, Lever]] = {
             fiddlers=('adafactor',)),
         'adafactor_bf16_batch_6': Lever(('data.batch_size=6', 'model.param_dtype=bfloat16'),
                                         fiddlers=('adafactor',)),
+        # The best lever measured so far with the layers unrolled (1.03x at the old base).
+        'adafactor_bf16_batch_6_unrolled': Lever(
+            ('data.batch_size=6', 'model.param_dtype=bfloat16', 'model.scan_layers=False'),
+            fiddlers=('adafactor',)),
         'adafactor_bf16_batch_16_remat_full': Lever(
             ('data.batch_size=16', 'model.remat_policy=full', 'model.param_dtype=bfloat16'),
             fiddlers=('adafactor',)),

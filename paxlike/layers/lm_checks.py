@@ -21,6 +21,9 @@ def _dots_and_kernels(prim: Any, *avals: Any, **params: Any) -> bool:
   return prim.name == 'pallas_call' or _dots(prim, *avals, **params)
 
 
+# How a scanned stack decodes (TransformerLM.decode_layers; stacking.decode_layout).
+DECODE_LAYERS = ('unrolled', 'scan', 'loop')
+
 # 'dots' saves matmul outputs without batch dims (the projections, not the [T, T] attention
 # scores), so the backward pass recomputes only the cheap elementwise ops and attention;
 # 'dots_attention' keeps the attention kernel's outputs too (the same as 'dots' where
@@ -52,8 +55,9 @@ def check_model(model: Any, seq_len: int) -> None:
   if model.base_quantization != 'none' and model.num_experts:
     raise ValueError('base_quantization covers dense layers only; a MoE model\'s experts '
                      'cannot be stored quantized (set num_experts=0 or base_quantization=none)')
-  if model.decode_layers not in ('scan', 'loop'):
-    raise ValueError(f"decode_layers must be 'scan' or 'loop', got {model.decode_layers!r}")
+  if model.decode_layers not in DECODE_LAYERS:
+    raise ValueError(f"decode_layers must be one of {', '.join(DECODE_LAYERS)}, "
+                     f'got {model.decode_layers!r}')
   if model.remat_policy not in REMAT_POLICIES:
     raise ValueError(f'remat_policy must be one of {list(REMAT_POLICIES)}, '
                      f'got {model.remat_policy!r}')

@@ -4,7 +4,7 @@ a `TransformerLM`, one from the other, and which of the two a decode runs on
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -37,22 +37,53 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
   return {**rest, **layers}
 
 
-def decode_layout(model: Any, params: dict[str, Any], cache_size: int, rows: int
+def decode_layout(model: Any, params: dict[str, Any], cache_size: int, rows: int,
+                  stats_of: Callable[[Any], dict[str, int] | None] = lambda d: d.memory_stats()
                   ) -> tuple[Any, dict[str, Any]]:
-  """(model, params) to decode `rows` rows with a cache of `cache_size` slots: a scanned stack
-  of local and global layers unrolled where that saves memory, so that each layer's cache is
+  """(model, params) to decode `rows` rows with a cache of `cache_size` slots.
+
+  A scanned stack with `decode_layers='unrolled'` (the default) is unrolled, its params split
+  per layer by one program (a copy: the caller's stacked ones stay), where every device holding
+  them has room for the copy by `stats_of` (a device's memory stats; CPU reports none and
+  always has room); where one has not, it decodes as with 'scan'. With 'scan', a stack of local
+  and global layers is unrolled only where that saves memory: so that each layer's cache is
   sized by its own kind (a local layer's ring holds only its window, see `kv_cache`), where a
-  scanned step's traced kind keeps a full cache in every layer. Unrolling copies the params
-  (the caller's stacked ones stay), so it is done only where the cache bytes it saves exceed
-  the params' bytes; any other model (one that decodes by a loop over its layers, too) and its
+  scanned step's traced kind keeps a full cache in every layer, if the cache bytes saved exceed
+  the params' bytes. Any other model (one that decodes by a loop over its layers, too) and its
   params as they are."""
-  if not (getattr(model, 'scan_layers', False) and lm_features.mixed_layers(model)):
+  if not getattr(model, 'scan_layers', False) or model.loops_to_decode():
     return model, params
-  if model.loops_to_decode():  # Each layer decodes with its own kind's cache already.
+  if model.decode_layers == 'unrolled':
+    if room_for_a_copy(params, stats_of):
+      return model.clone(scan_layers=False), _unstacked(params)
+    model = model.clone(decode_layers='scan')
+  if not lm_features.mixed_layers(model):
     return model, params
   if ring_savings(model, cache_size, rows) <= sum(x.nbytes for x in jax.tree.leaves(params)):
     return model, params
   return model.clone(scan_layers=False), _unstacked(params)
+
+
+def room_for_a_copy(params: dict[str, Any],
+                    stats_of: Callable[[Any], dict[str, int] | None]) -> bool:
+  """Whether each device that holds `params` (host arrays: the first device) has room for a
+  second copy of its share beside what it holds, with a fifth of its memory left over for the
+  cache and the decode program; a device without a limit in its stats has room."""
+  leaves = jax.tree.leaves(params)
+  share: dict[Any, int] = {}
+  for x in leaves:
+    if isinstance(x, jax.Array):
+      for shard in x.addressable_shards:
+        share[shard.device] = share.get(shard.device, 0) + shard.data.nbytes
+    else:
+      first = jax.local_devices()[0]
+      share[first] = share.get(first, 0) + np.asarray(x).nbytes
+  for device, nbytes in share.items():
+    stats = stats_of(device) or {}
+    limit = stats.get('bytes_limit')
+    if limit and stats.get('bytes_in_use', 0) + nbytes > 0.8 * limit:
+      return False
+  return True
 
 
 def ring_savings(model: Any, cache_size: int, rows: int) -> int:

@@ -161,7 +161,7 @@ def test_a_scanned_mixed_stack_decodes_unrolled_with_windowed_caches(fields, mon
   model = TransformerLM(**fields)
   params = params_of(model)
   group = model.moe_every if model.num_experts else 1
-  scanned = model.clone(scan_layers=True)
+  scanned = model.clone(scan_layers=True, decode_layers='scan')
   stacked = stack_layers(params, model.num_layers, group)
   # What the rings save, against the caches themselves: the scanned stack's full ones less the
   # unrolled model's.
@@ -187,13 +187,41 @@ def test_a_model_that_unrolling_would_not_shrink_enough_keeps_its_layout(monkeyp
   """Uniform layers, an unrolled stack, a window that spans the cache (a ring of the whole
   cache), and rings that save less than the params' bytes (two rows): the model and params as
   they are, no copy."""
-  model = TransformerLM(**GEMMA2)
+  model = TransformerLM(**GEMMA2, decode_layers='scan')
   scanned, stacked = model.clone(scan_layers=True), stack_layers(params_of(model), 4)
   for layout, params, cache, rows in (
-      (TransformerLM(**MISTRAL, scan_layers=True), {'x': np.zeros(2)}, CACHE, ROWS),
+      (TransformerLM(**MISTRAL, scan_layers=True, decode_layers='scan'), {'x': np.zeros(2)},
+       CACHE, ROWS),
       (model, {'x': np.zeros(2)}, CACHE, ROWS), (scanned, stacked, WINDOW, ROWS),
       (scanned, stacked, CACHE, 2)):
     assert stacking.decode_layout(layout, params, cache, rows) == (layout, params)
   decoded = models_given_to_the_decoder(monkeypatch)
   generate(scanned, stacked, prompts_of([3, 9], seed=7), max_new_tokens=4, cache_len=CACHE)
   assert [m.scan_layers for m in decoded] == [True]
+
+
+def test_a_scanned_stack_decodes_unrolled_by_default_where_a_copy_fits(monkeypatch):
+  """The default ('unrolled') splits a uniform stack's params per layer, the same weights, and
+  decodes the unrolled model's tokens; a device without room for the copy decodes the stack
+  by 'scan' (memory stats as a TPU reports them)."""
+  model = TransformerLM(**MISTRAL)
+  params = params_of(model)
+  scanned, stacked = model.clone(scan_layers=True), stack_layers(params, model.num_layers)
+  layout, unrolled = stacking.decode_layout(scanned, stacked, CACHE, 2)
+  assert not layout.scan_layers
+  jax.tree.map(np.testing.assert_array_equal, unrolled, params)
+  on_device = jax.device_put(stacked)
+  held = sum(x.nbytes for x in jax.tree.leaves(on_device))
+  full = lambda device: {'bytes_limit': 10 * held, 'bytes_in_use': int(7.5 * held)}
+  roomy = lambda device: {'bytes_limit': 10 * held, 'bytes_in_use': int(6.5 * held)}
+  assert not stacking.room_for_a_copy(on_device, full)
+  assert stacking.room_for_a_copy(on_device, roomy)
+  layout, kept = stacking.decode_layout(scanned, on_device, CACHE, 2, stats_of=full)
+  assert (layout.scan_layers, layout.decode_layers, kept) == (True, 'scan', on_device)
+  decoded = models_given_to_the_decoder(monkeypatch)
+  prompts = prompts_of([3, 9, 5], seed=2)
+  got = generate(scanned, stacked, prompts, max_new_tokens=8, cache_len=CACHE)
+  assert [m.scan_layers for m in decoded] == [False]
+  want = generate(model, params, prompts, max_new_tokens=8, cache_len=CACHE)
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)

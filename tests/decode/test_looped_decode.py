@@ -1,7 +1,8 @@
 """A scanned stack decodes by a loop over its layers with `decode_layers='loop'`: each layer's
 params sliced from the stack inside the program, a cache of its own, a local layer's the ring of
 its window. Its greedy tokens equal the unrolled model's of the same weights bitwise, for plain,
-mixed local/global and MoE stacks; 'scan' (the default) keeps one stacked cache."""
+mixed local/global and MoE stacks; 'scan' keeps one stacked cache, and 'unrolled' (the
+default) splits the params per layer first (tests/decode/test_local_cache.py)."""
 
 import numpy as np
 import pytest
@@ -35,15 +36,15 @@ def test_a_looped_stack_decodes_as_its_unrolled_model_with_a_cache_per_layer(fie
   np.testing.assert_array_equal(got[0], recompute_greedy(model, params, prompts[0], 10))
 
 
-def test_scan_keeps_one_stacked_cache_and_is_the_default():
+def test_unrolled_is_the_default_and_scan_keeps_one_stacked_cache():
   scanned = TransformerLM(**GEMMA2, scan_layers=True)
   stacked = params_of(scanned)
-  assert scanned.decode_layers == 'scan' and not scanned.loops_to_decode()
-  assert list(cache_shapes(scanned, stacked, 6)) == ['blocks']
+  assert scanned.decode_layers == 'unrolled' and not scanned.loops_to_decode()
+  assert list(cache_shapes(scanned.clone(decode_layers='scan'), stacked, 6)) == ['blocks']
   assert scanned.clone(decode_layers='loop').loops_to_decode()
   assert not TransformerLM(**GEMMA2, decode_layers='loop').loops_to_decode()  # Not scanned.
 
 
 def test_an_unknown_way_to_decode_is_refused():
-  with pytest.raises(ValueError, match="decode_layers must be 'scan' or 'loop'"):
+  with pytest.raises(ValueError, match="decode_layers must be one of unrolled, scan, loop"):
     lm_checks.check_model(TransformerLM(**LLAMA, scan_layers=True, decode_layers='unroll'), 8)

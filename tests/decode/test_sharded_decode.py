@@ -1,7 +1,7 @@
 """Decoding with the params sharded over an 8-device CPU mesh (FSDP x tensor parallel): the same
 greedy tokens as on one device, also through traces kept in a program store, with the cache
-split like the kv activations; for an unrolled stack and a scanned one decoded by a scan and by
-a loop over its layers."""
+split like the kv activations; for an unrolled stack and a scanned one decoded by a scan, by a
+loop over its layers and unrolled (its params split per layer under the mesh)."""
 
 import textwrap
 
@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent("""
     rules = partitioning.rules_for_mesh(cfg.rules, mesh)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 128, n).astype(np.int32) for n in (5, 11, 2)]
-    for scan, way in ((False, 'scan'), (True, 'scan'), (True, 'loop')):
+    for scan, way in ((False, 'scan'), (True, 'scan'), (True, 'loop'), (True, 'unrolled')):
       model = TransformerLM(vocab_size=128, num_layers=2, d_model=64, num_heads=8, num_kv_heads=4,
                             d_ff=128, max_len=64, tied_embeddings=False, scan_layers=scan,
                             decode_layers=way)
@@ -53,7 +53,9 @@ SCRIPT = textwrap.dedent("""
       run = engine.decoder(model, options, mesh, rules)
       tokens, lengths = engine.left_pad(prompts + [prompts[0]], 0)
       state = run.prefill(sharded, tokens, lengths, np.ones(4, bool), jax.random.key(0))
-      stacked = scan and way == 'scan'  # One cache for the stack, layers first.
+      # One cache for the stack, layers first (decoder() takes the model as given: unrolling
+      # is generate's layout, checked above).
+      stacked = scan and way != 'loop'
       layer = 'blocks' if stacked else 'layer_0' if scan else 'block_0'
       spec = tuple(state.cache[layer]['attention']['key'].sharding.spec) + (None,) * 5
       assert spec[int(stacked):int(stacked) + 4] == ('fsdp', 'model', None, None), spec
