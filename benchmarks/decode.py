@@ -27,7 +27,8 @@ unknown (CPU) leaves the fraction null. `--quick` shrinks the presets to 2 layer
 the same weights stored int8 or NF4, dequantized in the matmuls; embeddings and norms as they
 are) with its own roofline over its own stored bytes, and its tokens/s over the bf16 model's
 (`vs_none`). Rows sit under the preset, then the kind: `out['1b']['int8']['batch_32']`.
-`--layouts` (default scan) times each kind decoded as each of: `scan` (one stacked cache, which
+`--layouts` (default unrolled, as a scanned stack decodes by default) times each kind decoded
+as each of: `scan` (one stacked cache, which
 the layer scan takes in and gives out whole every token), `loop` (`model.decode_layers='loop'`:
 a loop over the layers, params sliced from the stack in the program, a cache per layer),
 `unrolled` (the params split per layer beforehand, `scan_layers=False`); rows of a layout other
@@ -66,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--quantizations', default='none',
                       help='with --presets: comma-separated base_quantization kinds (none, int8, '
                            'nf4), each timed on the same weights')
-  parser.add_argument('--layouts', default='scan',
+  parser.add_argument('--layouts', default='unrolled',
                       help='with --presets: comma-separated scan, loop, unrolled')
   parser.add_argument('--family', default=None,
                       help='an HF model_type (or all): its batch-1 decoding beside the Llama')

@@ -22,8 +22,8 @@
 #   levers     levers.py: each lever's bare-step MFU (the tables in benchmarks/levers.py), 350M
 #   levers_1b  the same for the 1B's levers (Adafactor, remat, batch: the way to 50% MFU)
 #   decode     decode.py --presets: batch 1 and 32 tokens/s of the 350M and 1B models against
-#              the HBM roofline, and the first token's latency, decoded by a scan over the
-#              layers (the default), a loop over them, and unrolled
+#              the HBM roofline, and the first token's latency, decoded unrolled (the default)
+#              and by a scan over the layers (no params copy)
 #   tpu_tests  tpu_tests.py: pytest on tests/tpu (splash vs XLA attention, TPU vs CPU step)
 #   lora_1b    lora.py --preset 1b: a LoRA fine-tune step of the 1B model, steps/s and MFU
 #   federated  accelerator_mfu.py --only=federated: federated.ShakespeareFedAvg, 125M, cohort 16
@@ -33,9 +33,10 @@
 #              of one step of each
 #   decode_quant  decode.py --quantizations: the 1B's decode tokens/s with its base bf16, int8
 #              and NF4 (weight-only), each against its own roofline
-# Seen on a v5e (2026-12-07, JAX 0.10.2): the install 76-83 s (once per machine); mfu_350m 76 s,
-# mfu_1b 77 s, decode 51 s, tpu_tests 81 s, grpo 39 s, qlora_8b 320 s (its NF4 step took 10 s);
-# levers and decode_quant ran past 240 and 196 s (NF4 decode). A part cut by the budget runs
+# Seen on a v5e (2026-12-07, JAX 0.10.2): the install 67-83 s (once per machine); mfu_350m 76 s,
+# mfu_1b 77 s, decode (scan only) 51 s, tpu_tests 81 s, grpo 39 s, federated 67 s, qlora_8b
+# under 300 s; levers ran past 240 s, decode by three layouts past 210 s, and decode_quant's NF4
+# rows take ~150 s (NF4 decodes at 32 tokens/s). A part cut by the budget runs
 # alone with --parts (e.g. --parts levers --budget 300).
 # The models' shapes for the MFU parts (batch, remat) are MODELS in benchmarks/levers.py.
 # --quick: tiny shapes on any device (CPU here: the test suite's check of this script); each
@@ -166,15 +167,15 @@ else
   run qlora_8b 420 -- -m benchmarks.qlora --preset 8b --batch 1 --seq 2048 --kinds int8,nf4 \
     --steps 2 --repeats 1 --profile "$OUT/profile_qlora_8b" --profile-steps 1
 fi
-run decode 210 -- -m benchmarks.decode --presets 350m,1b --batches 1,32 --new_tokens 128 \
-  --prompt_len 128 --repeats 2 --layouts scan,loop,unrolled "${Q[@]}"
+run decode 240 -- -m benchmarks.decode --presets 350m,1b --batches 1,32 --new_tokens 128 \
+  --prompt_len 128 --repeats 2 --layouts unrolled,scan "${Q[@]}"
 run tpu_tests 100 -- -m benchmarks.tpu_tests
 run lora_1b 120 -- -m benchmarks.lora --preset 1b --sides lora --steps 10 --repeats 2 "${Q[@]}"
 run federated 150 -- -m benchmarks.accelerator_mfu --only=federated --steps 3 --warmup 1 "${Q[@]}"
 run dpo 70 -- -m benchmarks.dpo_step --steps 3 --repeats 3 "${Q[@]}"
 run grpo 60 -- -m benchmarks.grpo_step --steps 3 "${Q[@]}"
 run decode_quant 240 -- -m benchmarks.decode --presets 1b --batches 1,32 --new_tokens 128 \
-  --prompt_len 128 --repeats 2 --quantizations none,int8,nf4 "${Q[@]}"
+  --prompt_len 128 --repeats 2 --quantizations none,int8,nf4 --layouts unrolled "${Q[@]}"
 
 "$PYTHON_BIN" - "$OUT" "$PARTS" "$QUICK" "$((SECONDS - START))" <<'EOF'
 import json, pathlib, sys
