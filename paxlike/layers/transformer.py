@@ -79,7 +79,8 @@ class TransformerLM(nn.Module):
   the HBM roofline unrolled, 73% by the loop and 55% by the scan (docs/benchmarks.md).
   `remat_policy` is 'none', 'full' (recompute the whole block in the backward pass), 'dots'
   (keep the matmul outputs, recompute the rest) or 'dots_attention' (also keep the attention
-  kernel's outputs: splash's forward is not run again). `fused_qkv` computes q, k and v with one matmul (same params).
+  kernel's outputs: splash's forward is not run again). `fused_qkv` computes q, k and v with
+  one matmul (same params).
   `attention_impl` names the attention kernel; 'auto' picks the fastest this platform runs
   (`attention_kernel` says which).
 
