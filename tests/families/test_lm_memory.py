@@ -5,6 +5,7 @@ for the compiled train step: the real trainer's step, compiled on CPU for abstra
 import jax
 import pytest
 
+from paxlike.configs import federated as fed_presets
 from paxlike.configs import fiddlers
 from paxlike import registry
 from paxlike.config import config_io
@@ -137,4 +138,31 @@ def test_lora_over_a_quantized_base_is_within_15_percent_of_xla(kind):
       f'model.base_quantization={kind!r}'))
   est = lm_memory.estimate(task, 1)
   assert est.gradients < est.params / 20 and est.optimizer < est.params / 10
+  assert est.total == pytest.approx(xla_bytes(task), rel=TOLERANCE)
+
+
+def stdlib_round(algorithm, chunk: int):
+  """federated.StdlibDiLoCo's 4 clients (tiny model, 2 local steps of 16 × 64 tokens) under
+  `algorithm` (a paxlike.configs.federated preset), `chunk` clients at a time."""
+  registry.import_all()
+  cfg = registry.get('federated.StdlibDiLoCo')().config()
+  fiddlers.tiny(cfg)
+  cfg.algorithm = algorithm
+  cfg.algorithm.client_chunk = chunk
+  config_io.apply_overrides(cfg, ['data.seq_len=64', 'data.batch_size=16', 'data.local_steps=2'])
+  return config_io.build(cfg)
+
+
+@pytest.mark.parametrize('name, chunk', [('fed_avg', 1), ('fed_avg', 4), ('diloco', 1),
+                                         ('diloco', 4), ('papa', 1)])
+def test_a_federated_rounds_estimate_is_within_15_percent_of_xla(name, chunk):
+  """The round's own terms: the algorithm's state, `chunk` clients' working copies, the stacked
+  outputs of a chunked round. The estimate once multiplied a step's activations by the cohort
+  and the local steps: 15x XLA's figure one client at a time."""
+  algorithm = getattr(fed_presets, name)(**({} if name == 'fed_avg' else
+                                           {'num_replicas' if name == 'diloco' else
+                                            'population': 4}))
+  task = stdlib_round(algorithm, chunk)
+  est = lm_memory.estimate(task, 1)
+  assert est.clients == f'{chunk} of 4 clients at a time'
   assert est.total == pytest.approx(xla_bytes(task), rel=TOLERANCE)
