@@ -291,23 +291,31 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
   # is one more buffer of its size (the 1B's stacked MLP kernels: 1 GB) while the activations
   # are gone; the peak is the larger of the two.
   activations = max(activations, max(on_device, default=0.0))
-  reference_bytes = params if keeps_reference_copy(task) else 0.0
+  step = Estimate(devices, mesh, params, optimizer, trained, activations,
+                  reference=params if keeps_reference_copy(task) else 0.0)
   if not is_round(task):
-    return Estimate(devices, mesh, params, optimizer, trained, activations, reference_bytes)
-  state, kept = _algorithm_state(task, nn.unbox(boxed), trained_tree)
+    return step
   share = params / max(sum(x.value.size * x.value.dtype.itemsize for x in leaves), 1)
-  clients_ways = mesh.get(partitioning.CLIENTS_AXIS, 1)
+  return _round(task, step, *_algorithm_state(task, nn.unbox(boxed), trained_tree), share)
+
+
+def _round(task: Task, step: Estimate, state: float, kept: float, share: float) -> Estimate:
+  """A federated round's estimate from one client's local `step`: the algorithm's `state`
+  bytes, of which `kept` are kept per client, both times the device's `share` of the params
+  (`step.gradients` are the trained params' bytes: each client's working copy of them)."""
+  clients_ways = step.mesh.get(partitioning.CLIENTS_AXIS, 1)
   state, kept = state * share, kept * share / clients_ways  # Client-placed: split over clients.
-  cohort = data.clients_per_round // clients_ways
+  cohort = task.data.clients_per_round // clients_ways
   chunk = min(_client_chunk(task, clients_ways) or cohort, cohort)
   if chunk < cohort:  # The chunks' outputs: every client's trained params, what the state keeps.
-    stacked, kept_again = cohort * trained, kept
+    stacked, kept_again = cohort * step.gradients, kept
   else:  # All at once: the clients' own copies are those (and what the state keeps, the carry).
     stacked, kept_again = 0.0, -kept
-  return Estimate(devices, mesh, params + chunk * trained + stacked,
-                  state - params + chunk * optimizer + kept_again, chunk * trained,
-                  chunk * activations, reference_bytes,
-                  clients=f'{chunk} of {cohort} clients at a time')
+  return dataclasses.replace(
+      step, params=step.params + chunk * step.gradients + stacked,
+      optimizer=state - step.params + chunk * step.optimizer + kept_again,
+      gradients=chunk * step.gradients, activations=chunk * step.activations,
+      clients=f'{chunk} of {cohort} clients at a time')
 
 
 def is_round(task: Task) -> bool:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paxlike.core import optim
+from paxlike.core.optim import learning_rate_of
 from paxlike.core.algorithm import (Algorithm, AlgorithmConfigError, FixedCohort, cast_like,
                                     check_weighting, client_weights, cohort_size)
 from paxlike.federated.clients import client_update, cohort_metrics, placed_init, round_metrics
@@ -82,7 +82,7 @@ def seed_round(update: Any, branch: Any, like: dict[str, Any], state: BtmState, 
   params, seed_opt_state, stats = update(state.params, state.seed_opt_state, pool(batches), rng)
   pseudo_grad = jax.tree.map(lambda p, n: p - n, state.params, params)
   clients = jax.tree.leaves(batches)[0].shape[0]
-  metrics = round_metrics(stats, pseudo_grad, optim.learning_rate_of(seed_opt_state), clients)
+  metrics = round_metrics(stats, pseudo_grad, learning_rate_of(seed_opt_state), clients)
   experts, opt_state = branch(params)
   return BtmState(params, experts, opt_state, jnp.zeros_like(state.domain_examples),
                   state.round + 1, seed_opt_state), cast_like(metrics, like)
@@ -135,8 +135,7 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
       merged = jax.tree.map(lambda m, p: m.astype(p.dtype),
                             federated_weighted_mean(experts, mix), state.params)
       pseudo_grad = jax.tree.map(lambda p, m: p - m, state.params, merged)
-      metrics = cohort_metrics(stats, weights, pseudo_grad, optim.learning_rate_of(opt_state),
-                               clients)
+      metrics = cohort_metrics(stats, weights, pseudo_grad, learning_rate_of(opt_state), clients)
       return state._replace(params=merged, experts=experts, opt_state=opt_state,
                             domain_examples=seen, round=state.round + 1), metrics
 

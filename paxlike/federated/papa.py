@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from paxlike.core import optim
+from paxlike.core.optim import learning_rate_of
 from paxlike.core.algorithm import Algorithm, AlgorithmConfigError, FixedCohort, cast_like, cohort_size
 from paxlike.federated.clients import client_update, cohort_metrics, placed_init
 from paxlike.federated.chunking import resolve_client_chunk
@@ -145,8 +145,7 @@ def papa(loss_fn: LossFn, optimizer: optax.GradientTransformation, population: i
       members = jax.lax.cond(averaged, average, lambda m, _: m, members, average_rng)
       soup = cast_like(population_mean(members), state.params)
       pseudo_grad = jax.tree.map(lambda p, s: p - s, state.params, soup)
-      metrics = cohort_metrics(stats, weights, pseudo_grad, optim.learning_rate_of(opt_state),
-                               clients)
+      metrics = cohort_metrics(stats, weights, pseudo_grad, learning_rate_of(opt_state), clients)
       metrics['averaged'] = averaged.astype(jnp.int32)
       return PapaState(soup, members, opt_state, count), metrics
 
