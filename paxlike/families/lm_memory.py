@@ -33,8 +33,8 @@ The activations, per token, at the start of the backward pass (measured against 
   largest leaf (the 1B's stacked MLP kernels: 1 GB): the larger of that and the activations;
 - the head's kernel cast to the compute dtype is held whatever the batch;
 - an optimizer whose moments are narrower than float32 (bf16 moments) or factored (Adafactor)
-  materializes a float32 tree of updates as large as the params (seen on XLA:CPU; optax's
-  float32 AdamW updates in place);
+  materializes a float32 tree of updates as large as the trained params (LoRA's: its
+  adapters'; seen on XLA:CPU; optax's float32 AdamW updates in place);
 - preference pairs: a batch of `batch_size` pairs holds 2 · batch_size sequences (the
   reference's forward pass keeps nothing for the backward one);
 - a MoE layer's MLP instead keeps its router's float32 logits (E; with 'dots') and, with
@@ -285,8 +285,8 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
     dequantized = _layer_elements(model.clone(base_quantization='none'), sample, mesh, rules)
     dequantized *= jnp.dtype(model.dtype).itemsize
     activations += dequantized / (1 if model.remat_policy == 'none' else model.num_layers)
-  if _updates_materialized(opt_state):  # A float32 tree of updates the size of the params.
-    activations += params
+  if _updates_materialized(opt_state):  # A float32 tree of updates the size of what trains.
+    activations += trained
   # After the backward pass the optimizer updates a leaf at a time: the largest leaf's update
   # is one more buffer of its size (the 1B's stacked MLP kernels: 1 GB) while the activations
   # are gone; the peak is the larger of the two.

@@ -127,15 +127,18 @@ def test_one_chip_16gb_refuses_the_8b_naming_what_would_fit_it():
 
 
 @XLA_CPU_010
-@pytest.mark.parametrize('kind', ['none', 'int8', 'nf4'])
-def test_lora_over_a_quantized_base_is_within_15_percent_of_xla(kind):
+@pytest.mark.parametrize('kind, params', [('none', 'float32'), ('int8', 'float32'),
+                                          ('nf4', 'float32'), ('int8', 'bfloat16')])
+def test_lora_over_a_quantized_base_is_within_15_percent_of_xla(kind, params):
   """Params dominate here (4 layers of d 512, one sequence of 64): the stored kernels' bytes,
-  the adapters' gradients and moments alone, one layer's kernels dequantized at a time."""
+  the adapters' gradients and moments alone, one layer's kernels dequantized at a time. bf16
+  adapters have bf16 moments, whose float32 update tree is the adapters' size, not the params'
+  (counting the params there put the 8B's LoRA step at 1.8x the v5e's figure)."""
   task = config_io.build(tiny_config(
       'model.num_layers=4', 'model.d_model=512', 'model.num_heads=8', 'model.d_ff=1024',
       'model.max_len=64', 'data.seq_len=64', 'data.batch_size=1', "model.remat_policy='dots'",
       'model.dtype=bfloat16', 'model.scan_layers=True', 'model.lora_rank=8',
-      f'model.base_quantization={kind!r}'))
+      f'model.base_quantization={kind!r}', f'model.param_dtype={params}'))
   est = lm_memory.estimate(task, 1)
   assert est.gradients < est.params / 20 and est.optimizer < est.params / 10
   assert est.total == pytest.approx(xla_bytes(task), rel=TOLERANCE)
