@@ -245,8 +245,9 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
   samples from key `fold_in(key(seed), i)`. `on_first_token` is called once the first batch's
   first tokens are on the host side. With `mesh`, runs under it and `rules` (default
   `partitioning.DEFAULT_RULES`). LoRA adapters are merged into the kernels first, and a scanned
-  stack of local and global layers is unrolled where its local layers' rings save more than
-  the params' bytes (`stacking.decode_layout`). With a `store` (program_store.py), the
+  stack decodes as `model.decode_layers` says (`stacking.decode_layout`: by default unrolled,
+  its params split per layer once, where the devices have room for the copy). With a `store`
+  (program_store.py), the
   prefill's and loop's traces come from it when it has them."""
   prompts = [np.asarray(p, np.int32) for p in prompts]
   # Adapters over a quantized base stay beside it (weight-only quantized decode).

@@ -66,24 +66,21 @@ def decode_layout(model: Any, params: dict[str, Any], cache_size: int, rows: int
 
 def room_for_a_copy(params: dict[str, Any],
                     stats_of: Callable[[Any], dict[str, int] | None]) -> bool:
-  """Whether each device that holds `params` (host arrays: the first device) has room for a
-  second copy of its share beside what it holds, with a fifth of its memory left over for the
-  cache and the decode program; a device without a limit in its stats has room."""
-  leaves = jax.tree.leaves(params)
-  share: dict[Any, int] = {}
-  for x in leaves:
-    if isinstance(x, jax.Array):
-      for shard in x.addressable_shards:
-        share[shard.device] = share.get(shard.device, 0) + shard.data.nbytes
-    else:
-      first = jax.local_devices()[0]
-      share[first] = share.get(first, 0) + np.asarray(x).nbytes
-  for device, nbytes in share.items():
-    stats = stats_of(device) or {}
-    limit = stats.get('bytes_limit')
-    if limit and stats.get('bytes_in_use', 0) + nbytes > 0.8 * limit:
-      return False
-  return True
+  """Whether each device that holds `params` (host arrays: every local device, which the copy
+  may be placed on) has room for what unstacking them adds, by the compiled program's own
+  figure (its outputs, and its arguments not already on a device), with a fifth of its memory
+  left over for the cache and the decode program; a device without a limit has room."""
+  devices = {d for x in jax.tree.leaves(params) if isinstance(x, jax.Array) for d in x.devices()}
+  on_host = any(not isinstance(x, jax.Array) for x in jax.tree.leaves(params))
+  limits = {d: (stats_of(d) or {}) for d in devices | (set(jax.local_devices()) if on_host
+                                                       else set())}
+  if not any(stats.get('bytes_limit') for stats in limits.values()):
+    return True  # CPU: no limit to check, and nothing compiled to find it.
+  analysis = _unstacked.lower(params).compile().memory_analysis()
+  added = analysis.output_size_in_bytes + analysis.temp_size_in_bytes + (
+      analysis.argument_size_in_bytes if on_host else 0)
+  return all(stats.get('bytes_in_use', 0) + added <= 0.8 * stats['bytes_limit']
+             for stats in limits.values() if stats.get('bytes_limit'))
 
 
 def ring_savings(model: Any, cache_size: int, rows: int) -> int:
