@@ -19,7 +19,8 @@ VARIANTS = {
     'gqa_qknorm_untied': dict(num_kv_heads=2, qk_norm=True, tied_embeddings=False),
     'window_mqa': dict(sliding_window=5, num_kv_heads=1),
     'learned_positions': dict(rope=False, use_rmsnorm=False, gated_mlp=False),
-    'scanned_remat': dict(scan_layers=True, num_kv_heads=2, remat_policy='full'),
+    'scanned_remat': dict(scan_layers=True, num_kv_heads=2, remat_policy='full'),  # Unrolled.
+    'scanned_by_scan': dict(scan_layers=True, num_kv_heads=2, decode_layers='scan'),
 }
 
 
