@@ -335,9 +335,9 @@ def _client_chunk(task: Task, clients_ways: int, devices: int) -> int | None:
   """The clients a round trains at a time: `algorithm.client_chunk`, else the platform's
   default (None: all at once): this host's for its own device count, an accelerator's for the
   pod sizes print_config adds."""
-  configured = getattr(task.algorithm, 'keywords', {}).get('client_chunk')
   platform = jax.default_backend() if devices == jax.device_count() else 'tpu'
-  return configured or chunking.default_client_chunk(platform, clients_ways)
+  return (chunking.configured_client_chunk(task.algorithm)
+          or chunking.default_client_chunk(platform, clients_ways))
 
 
 def _algorithm_state(task: Task, params: Any) -> tuple[float, float]:

@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 import functools
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 import jax
 
@@ -50,6 +50,11 @@ def clients_that_fit(chunk: int | None) -> Iterator[None]:
 def clients_fitted() -> int | None:
   """The chunk `clients_that_fit` set around this call (None: none)."""
   return _THAT_FIT.get()
+
+
+def configured_client_chunk(algorithm: Any) -> int | None:
+  """The `client_chunk` an algorithm's config (a partial of its builder) sets; None: unset."""
+  return getattr(algorithm, 'keywords', {}).get('client_chunk')
 
 
 def default_client_chunk(platform: str, clients_axis_size: int) -> int | None:

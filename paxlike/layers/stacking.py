@@ -54,8 +54,9 @@ def decode_layout(model: Any, params: dict[str, Any], cache_size: int, rows: int
   if not getattr(model, 'scan_layers', False) or model.loops_to_decode():
     return model, params
   if model.decode_layers == 'unrolled':
-    if room_for_a_copy(params, stats_of):
-      return model.clone(scan_layers=False), _unstacked(params)
+    unstack = unstacking_that_fits(params, stats_of)
+    if unstack is not None:
+      return model.clone(scan_layers=False), unstack(params)
     model = model.clone(decode_layers='scan')
   if not lm_features.mixed_layers(model):
     return model, params
@@ -64,23 +65,27 @@ def decode_layout(model: Any, params: dict[str, Any], cache_size: int, rows: int
   return model.clone(scan_layers=False), _unstacked(params)
 
 
-def room_for_a_copy(params: dict[str, Any],
-                    stats_of: Callable[[Any], dict[str, int] | None]) -> bool:
-  """Whether each device that holds `params` (host arrays: every local device, which the copy
-  may be placed on) has room for what unstacking them adds, by the compiled program's own
-  figure (its outputs, and its arguments not already on a device), with a fifth of its memory
-  left over for the cache and the decode program; a device without a limit has room."""
+def unstacking_that_fits(params: dict[str, Any],
+                         stats_of: Callable[[Any], dict[str, int] | None]
+                         ) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+  """The program that unstacks `params`, where each device that holds them (host arrays: every
+  local device, which the copy may be placed on) has room for what it adds, by its own
+  compiled figure (its outputs and temporaries, and its arguments not already on a device),
+  with a fifth of its memory left over for the cache and the decode program; else None. A
+  device without a limit has room."""
   devices = {d for x in jax.tree.leaves(params) if isinstance(x, jax.Array) for d in x.devices()}
   on_host = any(not isinstance(x, jax.Array) for x in jax.tree.leaves(params))
   limits = {d: (stats_of(d) or {}) for d in devices | (set(jax.local_devices()) if on_host
                                                        else set())}
   if not any(stats.get('bytes_limit') for stats in limits.values()):
-    return True  # CPU: no limit to check, and nothing compiled to find it.
-  analysis = _unstacked.lower(params).compile().memory_analysis()
+    return _unstacked  # CPU: no limit to check, and nothing compiled to find it.
+  compiled = _unstacked.lower(params).compile()  # Measured, then run: compiled once.
+  analysis = compiled.memory_analysis()
   added = analysis.output_size_in_bytes + analysis.temp_size_in_bytes + (
       analysis.argument_size_in_bytes if on_host else 0)
-  return all(stats.get('bytes_in_use', 0) + added <= 0.8 * stats['bytes_limit']
+  fits = all(stats.get('bytes_in_use', 0) + added <= 0.8 * stats['bytes_limit']
              for stats in limits.values() if stats.get('bytes_limit'))
+  return compiled if fits else None
 
 
 def ring_savings(model: Any, cache_size: int, rows: int) -> int:

@@ -101,8 +101,9 @@ def advice(task: Task) -> str:
   """What would make `task`'s step fit: `_ADVICE`, and first, for a federated round that trains
   more than one client at a time, training fewer."""
   clients = getattr(task.data, 'clients_per_round', 1)
-  at_once = min(clients, _configured_chunk(task) or chunking.clients_fitted()
-                or _platform_chunk(task) or clients)
+  configured = chunking.configured_client_chunk(task.algorithm)
+  at_once = min(clients, configured or chunking.clients_fitted() or _platform_chunk(task)
+                or clients)
   if at_once <= 1:
     return _ADVICE
   return (f'train fewer of the round\'s {clients} clients at a time than {at_once} '
@@ -135,7 +136,8 @@ def _fewer_clients(task: Task, chunk: int | None) -> int | None:
   """The next smaller divisor of the cohort than `chunk` (None: the whole cohort) to train at a
   time, where setup chooses that (see `_fitting_round`); None where it does not or none is left."""
   cohort = getattr(task.data, 'clients_per_round', 1)
-  if cohort <= 1 or _configured_chunk(task) is not None or _platform_chunk(task) is not None:
+  if (cohort <= 1 or chunking.configured_client_chunk(task.algorithm) is not None
+      or _platform_chunk(task) is not None):
     return None
   if _clients_axis(task) > 1:
     return None  # The mesh splits the cohort: chunks would run one after another, gathered.
@@ -151,11 +153,6 @@ def _clients_axis(task: Task) -> int:
 def _platform_chunk(task: Task) -> int | None:
   """The clients at a time this platform trains where the config leaves it unset (None: all)."""
   return chunking.default_client_chunk(jax.default_backend(), _clients_axis(task))
-
-
-def _configured_chunk(task: Task) -> int | None:
-  """The `client_chunk` the task's algorithm was configured with (None: left unset)."""
-  return getattr(task.algorithm, 'keywords', {}).get('client_chunk')
 
 
 def memory_budget(task: Task) -> tuple[float | None, str]:

@@ -214,8 +214,9 @@ def test_a_scanned_stack_decodes_unrolled_by_default_where_a_copy_fits(monkeypat
   held = sum(x.nbytes for x in jax.tree.leaves(on_device))
   full = lambda device: {'bytes_limit': 10 * held, 'bytes_in_use': int(7.5 * held)}
   roomy = lambda device: {'bytes_limit': 10 * held, 'bytes_in_use': int(6.5 * held)}
-  assert not stacking.room_for_a_copy(on_device, full)
-  assert stacking.room_for_a_copy(on_device, roomy)
+  assert stacking.unstacking_that_fits(on_device, full) is None
+  unstack = stacking.unstacking_that_fits(on_device, roomy)
+  jax.tree.map(np.testing.assert_array_equal, unstack(on_device), params)
   layout, kept = stacking.decode_layout(scanned, on_device, CACHE, 2, stats_of=full)
   assert (layout.scan_layers, layout.decode_layers, kept) == (True, 'scan', on_device)
   decoded = models_given_to_the_decoder(monkeypatch)
