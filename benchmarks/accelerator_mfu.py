@@ -150,6 +150,7 @@ def bare_step(task: Any, donate: bool) -> Any:
     state, loss = step(state, tokens)
     return loss
 
+  one.compile = lambda: step.lower(state, tokens).compile()  # For its memory figures.
   return one
 
 
@@ -183,11 +184,27 @@ def time_bare(task: Any, args: argparse.Namespace, row: dict[str, Any], mfu: Any
   row['bare_setup_s'] = round(time.time() - began, 1)
   rate = args.steps / common.timed_loop(one, args.steps)
   row.update(bare_steps_per_sec=rate, bare_mfu=mfu(rate, 1), donate=args.donate)
+  row.update(memory_gb(task, one, row['attention_kernel']))
   if args.profile:
     common.log(f'accelerator_mfu: profiling {args.profile_steps} bare steps into {args.profile}')
     wall = profile_summary.trace(one, args.profile, args.profile_steps)
     row['profile'] = {'dir': str(args.profile),
                       **profile_summary.summarize(args.profile, args.profile_steps, wall_s=wall)}
+
+
+def memory_gb(task: Any, one: Any, kernel: str) -> dict[str, float]:
+  """XLA's figures for the compiled bare step (its peak where the platform reports one; a
+  second compile, from the persistent cache where one is set) beside print_config's estimate
+  for one device (`lm_memory.estimate`)."""
+  from paxlike.families import lm_memory
+  stats = one.compile().memory_analysis()
+  out = {'estimate_gb': lm_memory.estimate(task, 1, kernel=kernel).total / 1e9}
+  if stats is not None:
+    out['xla_temp_gb'] = stats.temp_size_in_bytes / 1e9
+    out['xla_args_gb'] = stats.argument_size_in_bytes / 1e9
+    if getattr(stats, 'peak_memory_in_bytes', None):
+      out['xla_peak_gb'] = stats.peak_memory_in_bytes / 1e9
+  return {key: round(value, 3) for key, value in out.items()}
 
 
 def measure(task: Any, args: argparse.Namespace, peak: float | None, bare: bool = True,

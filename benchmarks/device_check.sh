@@ -13,7 +13,8 @@
 # is appended to PYTHONPATH, and any JAX, jaxlib, libtpu or numpy pip put there is removed, so the
 # machine's own stay in use. paxlike itself runs from this source tree (on PYTHONPATH).
 #
-# Parts, in order (levers_1b, qlora_8b and decode_quant run only when --parts names them; each
+# Parts, in order (levers_1b, qlora_8b, decode_quant and attention run only when --parts names
+# them; each
 # part its own process under a wall-clock limit; one that fails or runs out of
 # time is recorded with its exit code and last stderr line, and the rest still run):
 #   mfu_350m   accelerator_mfu.py: lm.Llama350M at seq 2048 through the trainer and as a bare
@@ -33,6 +34,9 @@
 #              of one step of each
 #   decode_quant  decode.py --quantizations: the 1B's decode tokens/s with its base bf16, int8
 #              and NF4 (weight-only), each against its own roofline
+#   attention  attention_kernels.py: JAX's and tokamax's splash kernels (block sizes, layouts,
+#              schedulers) and XLA's, forward and backward ms at the 350M's shapes (16 heads of
+#              64) and at 8 heads of 128
 # Seen on a v5e (2026-12-07, JAX 0.10.2): the install 67-83 s (once per machine); mfu_350m 76 s,
 # mfu_1b 77 s, decode (scan only) 51 s, tpu_tests 81 s, grpo 39 s, federated 67 s, qlora_8b
 # under 300 s; levers ran past 240 s, decode by three layouts past 210 s, and decode_quant's NF4
@@ -57,14 +61,14 @@ BUDGET=500
 QUICK=0
 ALL_PARTS="mfu_350m,mfu_1b,levers,decode,tpu_tests,lora_1b,federated,dpo,grpo"
 # Not run unless named in --parts (each needs a call of its own on one chip).
-MORE_PARTS="levers_1b,qlora_8b,decode_quant"
+MORE_PARTS="levers_1b,qlora_8b,decode_quant,attention"
 PARTS="$ALL_PARTS"
 SITE="${PAXLIKE_TPU_SITE:-/tmp/paxlike-tpu-site}"
 INDEX="${PAXLIKE_TPU_INDEX:-file:///opt/pypi/simple}"
 # What paxlike needs beside JAX (ENVIRONMENT.md's TPU section), from the index or the wheels.
 PACKAGES="flax==0.12.8 optax orbax-checkpoint absl-py sentencepiece tokenizers safetensors
   pyarrow jinja2 filelock flatbuffers scikit-learn matplotlib fiddle grain array_record clu
-  dp-accounting tensorboardX tensorflow-datasets==4.9.10 mpmath<1.4 attrs<24"
+  dp-accounting tensorboardX tensorflow-datasets==4.9.10 mpmath<1.4 attrs<24 tokamax"
 
 die() { echo "device_check: error: $*" >&2; exit 2; }
 say() { echo "device_check: $*" >&2; }
@@ -174,6 +178,9 @@ run lora_1b 120 -- -m benchmarks.lora --preset 1b --sides lora --steps 10 --repe
 run federated 150 -- -m benchmarks.accelerator_mfu --only=federated --steps 3 --warmup 1 "${Q[@]}"
 run dpo 70 -- -m benchmarks.dpo_step --steps 3 --repeats 3 "${Q[@]}"
 run grpo 60 -- -m benchmarks.grpo_step --steps 3 "${Q[@]}"
+run attention 200 -- -m benchmarks.attention_kernels --heads 16x64,8x128 --steps 10 \
+  --variants paxlike,splash_512,splash_1024_kseq,tokamax_1024,tokamax_512,tokamax_1024_sched,tokamax_512_sched,tokamax_1024_dq3,xla \
+  "${Q[@]}"
 run decode_quant 240 -- -m benchmarks.decode --presets 1b --batches 1,32 --new_tokens 128 \
   --prompt_len 128 --repeats 2 --quantizations none,int8,nf4 --layouts unrolled "${Q[@]}"
 

@@ -64,27 +64,16 @@ LATENCY_HIDING = {'LIBTPU_INIT_ARGS': '--xla_tpu_enable_latency_hiding_scheduler
 LEVERS: dict[str, dict[str, Lever]] = {
     '350m': {
         'base': Lever(),
-        # bf16 params (no float32 copy) and Adafactor free HBM for a larger batch or 'dots':
-        # each fits one v5e by print_config's estimate (docs/benchmarks.md, the 350M's levers).
-        # First after the base: a run cut by its time limit measures these before the rest.
-        'bf16_batch_8_remat_dots': Lever(('data.batch_size=8', 'model.remat_policy=dots',
-                                          'model.param_dtype=bfloat16')),
-        'bf16_batch_6': Lever(('data.batch_size=6', 'model.param_dtype=bfloat16')),
-        'adafactor_bf16_batch_8_remat_dots': Lever(
-            ('data.batch_size=8', 'model.remat_policy=dots', 'model.param_dtype=bfloat16'),
-            fiddlers=('adafactor',)),
-        'adafactor_bf16_batch_6': Lever(('data.batch_size=6', 'model.param_dtype=bfloat16'),
-                                        fiddlers=('adafactor',)),
-        # The best lever measured so far with the layers unrolled (1.03x at the old base).
-        'adafactor_bf16_batch_6_unrolled': Lever(
-            ('data.batch_size=6', 'model.param_dtype=bfloat16', 'model.scan_layers=False'),
-            fiddlers=('adafactor',)),
-        'adafactor_bf16_batch_16_remat_full': Lever(
-            ('data.batch_size=16', 'model.remat_policy=full', 'model.param_dtype=bfloat16'),
-            fiddlers=('adafactor',)),
+        # The shape the preset had until the fifth TPU session: 16 heads of 64 (the same params
+        # and FLOPs; twice the attention scores, where a TPU's attention kernel spends its time).
+        'heads_16x64': Lever(('model.num_heads=16',)),
+        # The fit with a float32 copy of the params (and float32 Adam moments).
+        'float32_params_batch_4': Lever(('data.batch_size=4', 'model.param_dtype=float32')),
+        'adafactor': Lever(fiddlers=('adafactor',)),
+        'batch_8_remat_dots': Lever(('data.batch_size=8', 'model.remat_policy=dots')),
+        'batch_16_remat_full': Lever(('data.batch_size=16', 'model.remat_policy=full')),
         'remat_dots': Lever(('model.remat_policy=dots',)),
         'remat_full': Lever(('model.remat_policy=full',)),
-        'batch_8_remat_full': Lever(('data.batch_size=8', 'model.remat_policy=full')),
         'unrolled_layers': Lever(('model.scan_layers=False',)),
         'attention_xla': Lever(('model.attention_impl=xla',)),
         'xla_latency_hiding': Lever(env=LATENCY_HIDING),

@@ -189,9 +189,18 @@ def test_accelerator_mfu_cuda_sh_rejects_bad_arguments():
 @pytest.mark.bench
 def test_device_check_quick_runs_its_parts_and_prints_one_json_object():
   out = run_json('benchmarks/device_check.sh', '--quick', '--python', sys.executable,
-                 '--parts', 'levers,tpu_tests', '--budget', '900')
+                 '--parts', 'levers,tpu_tests,attention', '--budget', '900')
   assert out['benchmark'] == 'device_check' and out['quick']
-  assert set(out['parts']) == {'levers', 'tpu_tests'}
+  assert set(out['parts']) == {'levers', 'tpu_tests', 'attention'}
+  # Interpreted off a TPU: each kernel that builds agrees with XLA's attention in float32
+  # within bf16's error; tokamax's variants are errors where tokamax is not installed.
+  rows = out['parts']['attention']['rows']
+  assert out['parts']['attention']['interpret'] and '2x64/paxlike' in rows
+  for name, row in rows.items():
+    if 'error' in row:
+      assert name.split('/')[1].startswith('tokamax'), (name, row)
+      continue
+    assert row['fwd_ms'] > 0 and row['fwd_bwd_ms'] > 0 and row['max_abs_err'] < 0.05, (name, row)
   levers = out['parts']['levers']['levers']
   assert set(levers) == {'base', 'remat_full', 'xla_latency_hiding'}
   assert levers['remat_full']['remat_policy'] == 'full' and levers['base']['remat_policy'] == 'dots_attention'

@@ -87,8 +87,9 @@ def adafactor(cfg: fdl.Config) -> None:
 
 def one_chip_16gb(cfg: fdl.Config) -> None:
   """The per-chip batch and memory options that fit a Llama preset's size on one 16 GB chip (a
-  TPU v5e), one device: paxlike/configs/sizes.py CHIP_16GB. The 1B keeps its params in bfloat16 (no
-  float32 copy: fine for a fine-tune, lossy for a long pre-training run)."""
+  TPU v5e), one device: paxlike/configs/sizes.py CHIP_16GB. The 350M and the 1B keep their params
+  in bfloat16 (no float32 copy: fine for a fine-tune, lossy for a long pre-training run; the
+  350M with float32 params fits at batch 4, 54.3% MFU on a v5e where bf16 gave 57.5%)."""
   name = sizes.size_of(cfg.model)
   if name not in sizes.CHIP_16GB:
     fits = ', '.join(sorted(sizes.CHIP_16GB))

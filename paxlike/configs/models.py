@@ -50,8 +50,11 @@ def lm_125m() -> fdl.Config[TransformerLM]:
 
 
 def lm_350m() -> fdl.Config[TransformerLM]:
-  """373,867,520 parameters: GPT-3 Medium shapes (24 × 1024, 16 heads), SwiGLU d_ff 2816."""
-  return _llama(vocab_size=32_000, num_layers=24, d_model=1024, num_heads=16, d_ff=2816,
+  """373,867,520 parameters: GPT-3 Medium's depth and width (24 × 1024), SwiGLU d_ff 2816, and
+  8 heads of 128, Llama's head width. GPT-3 Medium's 16 heads of 64 have the same params and
+  FLOPs but twice the attention scores: a TPU's attention kernel spends its time per score,
+  and one v5e trained them at 37.1% MFU against 58.2% (docs/benchmarks.md)."""
+  return _llama(vocab_size=32_000, num_layers=24, d_model=1024, num_heads=8, d_ff=2816,
                 max_len=2048, dtype=jnp.bfloat16, scan_layers=True, remat_policy='dots')
 
 

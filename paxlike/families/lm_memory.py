@@ -34,7 +34,8 @@ The activations, per token, at the start of the backward pass (measured against 
 - the head's kernel cast to the compute dtype is held whatever the batch;
 - an optimizer whose moments are narrower than float32 (bf16 moments) or factored (Adafactor)
   materializes a float32 tree of updates as large as the trained params (LoRA's: its
-  adapters'; seen on XLA:CPU; optax's float32 AdamW updates in place);
+  adapters'; seen on XLA:CPU, not on a TPU, whose XLA fuses it into the update; optax's
+  float32 AdamW updates in place);
 - preference pairs: a batch of `batch_size` pairs holds 2 · batch_size sequences (the
   reference's forward pass keeps nothing for the backward one);
 - a MoE layer's MLP instead keeps its router's float32 logits (E; with 'dots') and, with
@@ -235,7 +236,10 @@ def _updates_materialized(opt_state: Any) -> bool:
   """Whether the optimizer's update is a whole float32 tree beside the step's activations:
   seen on XLA:CPU for moments stored narrower than float32 (bf16 moments: read up, updated,
   rounded back) and for Adafactor's factored moments (its update is normalized by its own
-  RMS); optax's float32 AdamW updates in place, a leaf at a time. Not yet measured on a TPU."""
+  RMS); optax's float32 AdamW updates in place, a leaf at a time. On a TPU (`updates_fused`:
+  the splash kernel's platform) XLA fuses them into the update: the 350M's one-chip fit, bf16
+  params and moments, peaked at 12.81 GB there, where counting them made 15.18 GB and leaving
+  them out 13.68 (docs/benchmarks.md, fifth session)."""
   nodes = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, optax.FactoredState))
   return any(isinstance(x, optax.FactoredState)
              or (jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4 and x.ndim)
@@ -288,7 +292,8 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
     dequantized = _layer_elements(model.clone(base_quantization='none'), sample, mesh, rules)
     dequantized *= jnp.dtype(model.dtype).itemsize
     activations += dequantized / (1 if model.remat_policy == 'none' else model.num_layers)
-  if _updates_materialized(opt_state):  # A float32 tree of updates the size of what trains.
+  updates_fused = kernel == 'splash'  # A TPU's XLA (see _updates_materialized).
+  if not updates_fused and _updates_materialized(opt_state):  # float32 updates, as trained.
     activations += trained * 4 / _mean_itemsize(trained_tree)
   # After the backward pass the optimizer updates a leaf at a time: the largest leaf's update
   # is one more buffer of its size (the 1B's stacked MLP kernels: 1 GB) while the activations
