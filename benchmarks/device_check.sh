@@ -34,9 +34,9 @@
 #              of one step of each
 #   decode_quant  decode.py --quantizations: the 1B's decode tokens/s with its base bf16, int8
 #              and NF4 (weight-only), each against its own roofline
-#   attention  attention_kernels.py: JAX's and tokamax's splash kernels (block sizes, layouts,
-#              schedulers) and XLA's, forward and backward ms at the 350M's shapes (16 heads of
-#              64) and at 8 heads of 128
+#   attention  attention_kernels.py: JAX's splash kernel as paxlike calls it and with its keys
+#              sequence-minor, tokamax's, and XLA's attention, forward and backward ms at 6 × 2048
+#              with 16 heads of 64 and 8 of 128 (each backward compiles in ~27 s on a v5e)
 # Seen on a v5e (2026-12-07, JAX 0.10.2): the install 67-83 s (once per machine); mfu_350m 76 s,
 # mfu_1b 77 s, decode (scan only) 51 s, tpu_tests 81 s, grpo 39 s, federated 67 s, qlora_8b
 # under 300 s; levers ran past 240 s, decode by three layouts past 210 s, and decode_quant's NF4
@@ -178,9 +178,8 @@ run lora_1b 120 -- -m benchmarks.lora --preset 1b --sides lora --steps 10 --repe
 run federated 150 -- -m benchmarks.accelerator_mfu --only=federated --steps 3 --warmup 1 "${Q[@]}"
 run dpo 70 -- -m benchmarks.dpo_step --steps 3 --repeats 3 "${Q[@]}"
 run grpo 60 -- -m benchmarks.grpo_step --steps 3 "${Q[@]}"
-run attention 200 -- -m benchmarks.attention_kernels --heads 16x64,8x128 --steps 10 \
-  --variants paxlike,splash_512,splash_1024_kseq,tokamax_1024,tokamax_512,tokamax_1024_sched,tokamax_512_sched,tokamax_1024_dq3,xla \
-  "${Q[@]}"
+run attention 300 -- -m benchmarks.attention_kernels --heads 16x64,8x128 --steps 10 \
+  --variants paxlike,splash_1024_kseq,tokamax_1024,xla "${Q[@]}"
 run decode_quant 240 -- -m benchmarks.decode --presets 1b --batches 1,32 --new_tokens 128 \
   --prompt_len 128 --repeats 2 --quantizations none,int8,nf4 --layouts unrolled "${Q[@]}"
 
