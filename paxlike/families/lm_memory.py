@@ -236,8 +236,8 @@ def _updates_materialized(opt_state: Any) -> bool:
   """Whether the optimizer's update is a whole float32 tree beside the step's activations:
   seen on XLA:CPU for moments stored narrower than float32 (bf16 moments: read up, updated,
   rounded back) and for Adafactor's factored moments (its update is normalized by its own
-  RMS); optax's float32 AdamW updates in place, a leaf at a time. On a TPU (`updates_fused`:
-  the splash kernel's platform) XLA fuses them into the update: the 350M's one-chip fit, bf16
+  RMS); optax's float32 AdamW updates in place, a leaf at a time. On a TPU (an estimate with
+  the splash kernel, the TPU's) XLA fuses them into the update: the 350M's one-chip fit, bf16
   params and moments, peaked at 12.81 GB there, where counting them made 15.18 GB and leaving
   them out 13.68 (docs/benchmarks.md, fifth session)."""
   nodes = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, optax.FactoredState))
