@@ -48,9 +48,11 @@ class Algorithm(NamedTuple):
   it instead of `init(init_params(rng))`.
 
   What the algorithm needs, declared for the code that checks or reads it: `fixed_cohort`
-  (None: any cohort; see FixedCohort), read by the cohort check and the exporter, and
+  (None: any cohort; see FixedCohort), read by the cohort check and the exporter;
   `aggregator`, how client updates become the server's update (None: their weighted mean),
-  read by the privacy accountant.
+  read by the privacy accountant; and `pools_cohort`, whether some round trains the whole
+  cohort's batches as one model (BTM's seed phase), read by the memory estimate: that round's
+  activations are the cohort's whatever `client_chunk` says.
 
   What it can do: `over_trainable(mask) -> Algorithm`, the same algorithm training only the
   leaves `mask` (a `trainable.TrainableMask`) marks, the rest frozen in `state.params`: what
@@ -65,6 +67,7 @@ class Algorithm(NamedTuple):
   fixed_cohort: FixedCohort | None = None
   aggregator: Any = None
   over_trainable: Callable[[Any], 'Algorithm'] | None = None
+  pools_cohort: bool = False
 
 
 # builder(loss_fn, optimizer) -> Algorithm: what `Task.algorithm` holds (a `fdl.Partial` of one).

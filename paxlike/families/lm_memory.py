@@ -60,11 +60,12 @@ for each of the c clients a copy of the trained params, its optimizer state, its
 and one local step's activations; and, trained a chunk at a time, the N clients' trained params
 stacked for the aggregate, with a new copy of what the state keeps per client (all at once,
 those are the c clients' own; a slot that keeps its own params, PAPA's members, returns them
-as kept state). Within 15% of XLA:CPU's figure for FedAvg, DiLoCo and PAPA, one client at a
-time and all at once, where a local step's activations outweigh the params
-(tests/families/test_lm_memory.py); where the params outweigh them it comes out ~0.8 of it (the
-aggregation's own temporaries are not counted), and BTM's ~0.6 (its seed phase, a centralized
-step on the pooled cohort in the same program, is not counted).
+as kept state). A round that trains the pooled cohort as one model (BTM's seed phase, in the
+same program as its experts' rounds: `Algorithm.pools_cohort`) holds the whole cohort's
+activations whatever the chunk. Within 15% of XLA:CPU's figure for FedAvg, DiLoCo, PAPA and
+BTM with and without a seed phase, one client at a time and all at once, where a local step's
+activations outweigh the params (tests/families/test_lm_memory.py); where the params outweigh
+them it comes out ~0.8 of it (the aggregation's own temporaries are not counted).
 
 How close: within 4% of XLA's figure for the 125M, 350M and 1B presets at seq 2048, on CPU
 (arguments + outputs − aliased + temporaries) and on a TPU v5e (`peak_memory_in_bytes`, the
@@ -307,11 +308,12 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
   return _round(task, step, *_algorithm_state(task, nn.unbox(boxed)), share)
 
 
-def _round(task: Task, step: Estimate, state: float, per_slot: float, share: float) -> Estimate:
+def _round(task: Task, step: Estimate, state: float, per_slot: float, pooled: bool,
+           share: float) -> Estimate:
   """A federated round's estimate from one client's local `step`: the algorithm's `state`
   bytes, `per_slot` of them kept for each cohort slot (a fixed cohort's), both times the
   device's `share` of the params (`step.gradients` are the trained params' bytes: each
-  client's working copy of them)."""
+  client's working copy of them); `pooled`: some round trains the cohort's batches at once."""
   clients_ways = step.mesh.get(partitioning.CLIENTS_AXIS, 1)
   cohort = task.data.clients_per_round // clients_ways
   state, per_slot = state * share, per_slot * share
@@ -326,7 +328,8 @@ def _round(task: Task, step: Estimate, state: float, per_slot: float, share: flo
   return dataclasses.replace(
       step, params=step.params + chunk * step.gradients + stacked,
       optimizer=state - step.params + chunk * step.optimizer + kept_again,
-      gradients=chunk * step.gradients, activations=chunk * step.activations,
+      gradients=chunk * step.gradients,
+      activations=(cohort if pooled else chunk) * step.activations,
       clients=f'{chunk} of {cohort} clients at a time')
 
 
@@ -345,9 +348,10 @@ def _client_chunk(task: Task, clients_ways: int, devices: int) -> int | None:
           or chunking.default_client_chunk(platform, clients_ways))
 
 
-def _algorithm_state(task: Task, params: Any) -> tuple[float, float]:
+def _algorithm_state(task: Task, params: Any) -> tuple[float, float, bool]:
   """(bytes of the algorithm's state, bytes it keeps for each slot of a fixed cohort: what a
-  cohort one larger adds; 0 where the clients start fresh each round), from init's shapes."""
+  cohort one larger adds, 0 where the clients start fresh each round; whether some round pools
+  the cohort, `Algorithm.pools_cohort`), from init's shapes."""
 
   def never_called(*args: Any) -> None:
     raise AssertionError("the memory estimate traces only the algorithm's init")
@@ -362,8 +366,8 @@ def _algorithm_state(task: Task, params: Any) -> tuple[float, float]:
   algorithm = task.algorithm(never_called, task.optimizer)
   state, fixed = state_bytes(algorithm), algorithm.fixed_cohort
   if fixed is None:
-    return state, 0.0
-  return state, state_bytes(fixed.resized(fixed.size + 1)) - state
+    return state, 0.0, algorithm.pools_cohort
+  return (state, state_bytes(fixed.resized(fixed.size + 1)) - state, algorithm.pools_cohort)
 
 
 def _mean_itemsize(tree: Any) -> float:

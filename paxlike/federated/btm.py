@@ -151,4 +151,4 @@ def btm(loss_fn: LossFn, optimizer: optax.GradientTransformation, num_experts: i
       loss_fn, optimizer, n, merge_weights, seed_steps, client_chunk, weighting, aggregator,
       prox_mu))
   return Algorithm(init, next, functools.partial(expert_ensemble, merge_weights),
-                   fixed_cohort=fixed)
+                   fixed_cohort=fixed, pools_cohort=seed_steps > 0)
