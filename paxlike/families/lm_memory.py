@@ -65,7 +65,8 @@ same program as its experts' rounds: `Algorithm.pools_cohort`) holds the whole c
 activations whatever the chunk. Within 15% of XLA:CPU's figure for FedAvg, DiLoCo, PAPA and
 BTM with and without a seed phase, one client at a time and all at once, where a local step's
 activations outweigh the params (tests/families/test_lm_memory.py); where the params outweigh
-them it comes out ~0.8 of it (the aggregation's own temporaries are not counted).
+them it comes out 0.8-1.0 of it (the aggregation's own temporaries are not counted; PAPA with
+every client at once is the 0.8).
 
 How close: within 4% of XLA's figure for the 125M, 350M and 1B presets at seq 2048, on CPU
 (arguments + outputs − aliased + temporaries) and on a TPU v5e (`peak_memory_in_bytes`, the
@@ -367,7 +368,7 @@ def _algorithm_state(task: Task, params: Any) -> tuple[float, float, bool]:
   state, fixed = state_bytes(algorithm), algorithm.fixed_cohort
   if fixed is None:
     return state, 0.0, algorithm.pools_cohort
-  return (state, state_bytes(fixed.resized(fixed.size + 1)) - state, algorithm.pools_cohort)
+  return state, state_bytes(fixed.resized(fixed.size + 1)) - state, algorithm.pools_cohort
 
 
 def _mean_itemsize(tree: Any) -> float:
