@@ -14,9 +14,8 @@
 # machine's own stay in use. paxlike itself runs from this source tree (on PYTHONPATH).
 #
 # Parts, in order (levers_1b, qlora_8b, decode_quant and attention run only when --parts names
-# them; each
-# part its own process under a wall-clock limit; one that fails or runs out of
-# time is recorded with its exit code and last stderr line, and the rest still run):
+# them; each part its own process under a wall-clock limit; one that fails or runs out of time
+# is recorded with its exit code and last stderr line, and the rest still run):
 #   mfu_350m   accelerator_mfu.py: lm.Llama350M at seq 2048 through the trainer and as a bare
 #              step, MFU and trainer/bare, and a profile of the bare step (where the time goes)
 #   mfu_1b     the same for lm.Llama1B (TinyLlama-1.1B shapes), without the profile

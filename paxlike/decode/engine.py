@@ -247,8 +247,7 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[np.ndarray], *,
   `partitioning.DEFAULT_RULES`). LoRA adapters are merged into the kernels first, and a scanned
   stack decodes as `model.decode_layers` says (`stacking.decode_layout`: by default unrolled,
   its params split per layer once, where the devices have room for the copy). With a `store`
-  (program_store.py), the
-  prefill's and loop's traces come from it when it has them."""
+  (program_store.py), the prefill's and loop's traces come from it when it has them."""
   prompts = [np.asarray(p, np.int32) for p in prompts]
   # Adapters over a quantized base stay beside it (weight-only quantized decode).
   if getattr(model, 'base_quantization', 'none') == 'none':

@@ -260,24 +260,25 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
   paths = jax.tree_util.tree_flatten_with_path(
       boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
   leaves = [x for _, x in paths]
-  total = sum(x.value.size * x.value.dtype.itemsize for x in leaves)
+  stored = sum(x.value.size * x.value.dtype.itemsize for x in leaves)
   on_device = [x.value.size * x.value.dtype.itemsize / _ways(x.names, mesh, rules) for x in leaves]
   params = sum(on_device)
   layer_params = sum(b for (path, _), b in zip(paths, on_device)
                      if str(getattr(path[0], 'key', '')).startswith('block'))
   # LoRA trains its adapters alone: gradients and optimizer state are theirs (a quantized base
   # is counted in its stored bytes above, and never trained).
-  trained_tree, trained = nn.unbox(boxed), params
+  trained_tree, trained, trained_stored = nn.unbox(boxed), params, stored
   mask = lora.LoraSpec.of(model).mask
   if mask is not None:
     marks = jax.tree.leaves(mask(trained_tree))
     trained_tree = split_params(trained_tree, mask)[0]
     trained = sum(b for b, mark in zip(on_device, marks) if mark)
-    total = sum(x.value.size * x.value.dtype.itemsize for x, mark in zip(leaves, marks) if mark)
+    trained_stored = sum(x.value.size * x.value.dtype.itemsize
+                         for x, mark in zip(leaves, marks) if mark)
   opt_state = jax.eval_shape(task.optimizer.init, trained_tree)
   optimizer = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(opt_state))
   # Optimizer states mirror the trained params and are sharded like them.
-  optimizer *= trained / max(total, 1)
+  optimizer *= trained / max(trained_stored, 1)
   batch_ways = math.prod(mesh.get(a, 1) for a in partitioning.BATCH_AXES)
   rows = data.batch_size * data.rows_per_item  # A pair: 2 sequences.
   tokens = rows * data.seq_len / batch_ways  # A round's: one client's local step.
@@ -305,7 +306,7 @@ def estimate(task: Task, devices: int, kernel: str | None = None) -> Estimate:
                   reference=params if keeps_reference_copy(task) else 0.0)
   if not is_round(task):
     return step
-  share = params / max(sum(x.value.size * x.value.dtype.itemsize for x in leaves), 1)
+  share = params / max(stored, 1)  # This device's part of the params.
   return _round(task, step, *_algorithm_state(task, nn.unbox(boxed)), share)
 
 

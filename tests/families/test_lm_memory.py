@@ -150,7 +150,7 @@ def stdlib_round(algorithm, chunk: int):
   return config_io.build(cfg)
 
 
-ROUND_PRESETS = {'fed_avg': lambda: fed_presets.fed_avg(),
+ROUND_PRESETS = {'fed_avg': fed_presets.fed_avg,
                  'diloco': lambda: fed_presets.diloco(num_replicas=4),
                  'papa': lambda: fed_presets.papa(population=4),
                  'btm': lambda: fed_presets.btm(4),
